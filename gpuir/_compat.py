@@ -1,0 +1,63 @@
+"""Optional imports, checked lazily: nothing heavy happens at import time.
+
+``has_cupy()`` answers "is CuPy importable"; ``cuda_device()`` answers "can a CUDA
+device actually be used", with the reason when it cannot. The two differ: CuPy
+imports fine on a machine without a GPU, and only device calls fail there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+
+
+def optional_import(module: str, extra: str) -> ModuleType:
+    """Import ``module`` or raise ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"{module} is not installed: pip install 'gpuir[{extra}]' ({e})"
+        ) from e
+
+
+@functools.cache
+def has_cupy() -> bool:
+    """True when some CuPy wheel (cupy-cuda12x, cupy-cuda13x, ...) imports."""
+    try:
+        importlib.import_module("cupy")
+        return True
+    except Exception:
+        return False
+
+
+@functools.cache
+def cuda_device() -> tuple[bool, str]:
+    """Whether a CUDA device can be used through CuPy, and why (not).
+
+    Returns
+    -------
+    (usable, reason) : (bool, str)
+        ``reason`` names the device when usable, else says what is missing.
+    """
+    if os.environ.get("GPUIR_DISABLE_GPU"):
+        return False, "GPUIR_DISABLE_GPU is set"
+    if not has_cupy():
+        return False, "CuPy is not installed (pip install 'gpuir[gpu]', or 'gpuir[gpu-cuda13]')"
+    import cupy
+
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDA driver missing, no device, ...
+        return False, f"CuPy is installed but no CUDA device can be used ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "CuPy is installed but reports no CUDA device"
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        cupy.zeros(1).sum()  # a real allocation and launch
+    except Exception as e:
+        return False, f"a CUDA device is visible but unusable ({type(e).__name__}: {e})"
+    return True, f"CUDA device 0: {name}"

@@ -1,0 +1,171 @@
+"""The BM25 variants: idf and term-frequency components, shared by every backend.
+
+The definitions follow bm25s (Lù, 2024), itself following Kamphuis et al.
+(ECIR 2020), so that every variant can be checked against it:
+
+=========  ======================================  ==============================================
+method     idf(t)                                   tfc(tf, dl)  with  L = 1 - b + b * dl / avgdl
+=========  ======================================  ==============================================
+lucene     log(1 + (N - df + 0.5) / (df + 0.5))     tf / (tf + k1 * L)
+robertson  log(max(1, (N - df + 0.5) / (df + 0.5))) tf / (tf + k1 * L)
+atire      log(N / df)                              tf * (k1 + 1) / (tf + k1 * L)
+bm25l      log((N + 1) / (df + 0.5))                (k1 + 1) * (c + delta) / (k1 + c + delta), c = tf / L
+bm25+      log((N + 1) / df)                        tf * (k1 + 1) / (tf + k1 * L) + delta
+=========  ======================================  ==============================================
+
+``score(q, d) = sum over query tokens t of idf(t) * tfc(tf(t, d), |d|)``.
+
+* **Repeated query terms count once per occurrence**: a query token that occurs
+  r times contributes r times its weight (as in bm25s, and as Lucene's boolean
+  query of repeated clauses does).
+* For bm25l and bm25+, ``tfc(0) != 0``: a query term absent from a document still
+  contributes ``idf * tfc(0)``. Backends compute this as
+  ``sum_{t in q, t in d} [w(t, d) - w0(t)] + sum_{t in q} w0(t)`` with
+  ``w0(t) = idf(t) * tfc(0)``, exactly as bm25s does; only documents that contain
+  at least one query term are candidates for the top-k.
+* Query tokens missing from the vocabulary are ignored.
+
+Postings always store the raw integer tf; length normalisation happens here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+#: Method names, in the order of their integer codes (used by the CUDA kernels).
+METHODS: tuple[str, ...] = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    """Parameters of a BM25 variant.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`METHODS`. Default ``"lucene"``.
+    k1 : float
+        Term-frequency saturation, > 0. Default 1.2.
+    b : float
+        Length normalisation, in [0, 1]. Default 0.75.
+    delta : float
+        Lower bound of a present term's contribution (bm25l, bm25+ only). Default 0.5.
+    """
+
+    method: str = "lucene"
+    k1: float = 1.2
+    b: float = 0.75
+    delta: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"unknown BM25 method {self.method!r}: choose one of {', '.join(METHODS)}"
+            )
+        if not np.isfinite(self.k1) or self.k1 <= 0:
+            raise ValueError(f"k1 must be a positive number, got {self.k1!r}")
+        if not (0.0 <= self.b <= 1.0):
+            raise ValueError(f"b must lie in [0, 1], got {self.b!r}")
+        if not np.isfinite(self.delta) or self.delta < 0:
+            raise ValueError(f"delta must be a non-negative number, got {self.delta!r}")
+
+    @property
+    def code(self) -> int:
+        """Integer code of the method, as the CUDA kernels take it."""
+        return METHODS.index(self.method)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BM25Params":
+        return cls(**{k: d[k] for k in ("method", "k1", "b", "delta") if k in d})
+
+
+def idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
+    """Inverse document frequency of each term.
+
+    Parameters
+    ----------
+    df : ndarray, shape (V,), integer, host
+        Number of documents containing each term (>= 1 for every indexed term).
+    n_docs : int
+        Number of documents N.
+    method : str
+        One of :data:`METHODS`.
+
+    Returns
+    -------
+    ndarray, shape (V,), float64, host
+    """
+    df = np.asarray(df, dtype=np.float64)
+    n = float(n_docs)
+    with np.errstate(divide="ignore"):
+        if method == "lucene":
+            out = np.log1p((n - df + 0.5) / (df + 0.5))
+        elif method == "robertson":
+            out = np.log(np.maximum(1.0, (n - df + 0.5) / (df + 0.5)))
+        elif method == "atire":
+            out = np.log(n / df)
+        elif method == "bm25l":
+            out = np.log((n + 1.0) / (df + 0.5))
+        elif method == "bm25+":
+            out = np.log((n + 1.0) / df)
+        else:
+            raise ValueError(f"unknown BM25 method {method!r}")
+    # bm25s leaves idf = 0 for a term with df = 0 (it cannot occur in an index).
+    return np.where(df > 0, out, 0.0)
+
+
+def tfc(tf: np.ndarray, doc_len: np.ndarray, avgdl: float, params: BM25Params) -> np.ndarray:
+    """Term-frequency component of BM25.
+
+    Parameters
+    ----------
+    tf : ndarray, shape (P,), integer or float, host
+        Raw term frequencies (0 allowed: the absent-term value for bm25l/bm25+).
+    doc_len : ndarray, shape (P,) or scalar, host
+        Length in tokens of the document each tf belongs to.
+    avgdl : float
+        Mean document length over the collection (> 0).
+    params : BM25Params
+
+    Returns
+    -------
+    ndarray, shape (P,), float32, host
+        Computed in float32, the precision the GPU kernels use.
+    """
+    f32 = np.float32
+    tf = np.asarray(tf, dtype=f32)
+    k1, b, delta = f32(params.k1), f32(params.b), f32(params.delta)
+    norm = f32(1) - b + b * (np.asarray(doc_len, dtype=f32) / f32(avgdl))
+    m = params.method
+    if m in ("lucene", "robertson"):
+        return tf / (k1 * norm + tf)
+    if m == "atire":
+        return (tf * (k1 + f32(1))) / (tf + k1 * norm)
+    if m == "bm25l":
+        c = tf / norm
+        return ((k1 + f32(1)) * (c + delta)) / (k1 + c + delta)
+    if m == "bm25+":
+        return ((k1 + f32(1)) * tf) / (k1 * norm + tf) + delta
+    raise ValueError(f"unknown BM25 method {m!r}")
+
+
+def absent_weight(idf_values: np.ndarray, params: BM25Params) -> np.ndarray:
+    """``w0(t) = idf(t) * tfc(0)``: what an absent query term contributes.
+
+    Zero for lucene, robertson and atire.
+
+    Parameters
+    ----------
+    idf_values : ndarray, shape (V,), float, host
+
+    Returns
+    -------
+    ndarray, shape (V,), float32, host
+    """
+    t0 = tfc(np.zeros(1), np.ones(1), 1.0, params)[0]
+    return (np.asarray(idf_values, dtype=np.float32) * t0).astype(np.float32)

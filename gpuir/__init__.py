@@ -1,1 +1,25 @@
-"""gpuir."""
+"""gpuir: GPU-accelerated retrieval for long-term agent and conversational memory.
+
+The public names; everything heavy (CuPy, torch, FAISS) loads lazily.
+"""
+
+from .analysis import ANALYZERS, Analyzer
+from .bm25 import METHODS, BM25Params
+from .engine import BM25Index
+from .index.csr import CSRIndex
+from .index.storage import IndexFormatError
+from .results import SearchResults
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANALYZERS",
+    "Analyzer",
+    "BM25Index",
+    "BM25Params",
+    "CSRIndex",
+    "IndexFormatError",
+    "METHODS",
+    "SearchResults",
+    "__version__",
+]

@@ -1,0 +1,164 @@
+"""The analyzer: text -> tokens, configured by name, saved with the index.
+
+Pipeline: optional Unicode normalisation (NFKC) -> optional lowercasing ->
+regular-expression token pattern (Unicode-aware ``\\w``) -> optional stopword
+removal -> optional stemming (PyStemmer: Snowball English or Porter).
+
+Named configurations (:data:`ANALYZERS`):
+
+==========  ==================  ========  =========  =========  =======
+name        pattern             lower     stopwords  stemmer    NFKC
+==========  ==================  ========  =========  =========  =======
+default     ``\\w+``              yes       en         english    yes
+bm25s       ``(?u)\\b\\w\\w+\\b``     yes       en         english    no
+porter      ``\\w+``              yes       en         porter     yes
+nostem      ``\\w+``              yes       en         --         yes
+nostop      ``\\w+``              yes       --         english    yes
+plain       ``\\w+``              yes       --         --         yes
+en-large    ``\\w+``              yes       en-large   english    yes
+==========  ==================  ========  =========  =========  =======
+
+``bm25s`` reproduces ``bm25s.tokenize(texts, stopwords="en",
+stemmer=Stemmer.Stemmer("english"))`` exactly: lowercase, its token pattern, its
+33-word English list (Lucene's), stopwords removed *before* stemming.
+
+Stopword lists ship in ``gpuir/data``: ``en`` is Lucene's/bm25s's 33 English
+stopwords; ``en-large`` is NLTK's 179-word English list (bm25s's ``en_plus``).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Iterable
+
+STOPWORD_LISTS = {"en": "stopwords_en.txt", "en-large": "stopwords_en_large.txt"}
+STEMMERS = ("english", "porter")
+
+
+@cache
+def stopwords(name: str) -> frozenset[str]:
+    """The shipped stopword list ``name`` ("en" or "en-large")."""
+    if name not in STOPWORD_LISTS:
+        raise ValueError(f"unknown stopword list {name!r}: choose one of {', '.join(STOPWORD_LISTS)}")
+    text = resources.files("gpuir").joinpath("data", STOPWORD_LISTS[name]).read_text("utf-8")
+    return frozenset(w for w in text.split() if w)
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """Everything that determines tokenisation; saved in the index manifest."""
+
+    pattern: str = r"\w+"
+    lowercase: bool = True
+    stopwords: str | None = "en"
+    stemmer: str | None = "english"
+    normalize: str | None = "NFKC"
+
+    def __post_init__(self) -> None:
+        if self.stopwords is not None and self.stopwords not in STOPWORD_LISTS:
+            raise ValueError(
+                f"unknown stopword list {self.stopwords!r}: choose one of {', '.join(STOPWORD_LISTS)} or None"
+            )
+        if self.stemmer is not None and self.stemmer not in STEMMERS:
+            raise ValueError(f"unknown stemmer {self.stemmer!r}: choose one of {', '.join(STEMMERS)} or None")
+        if self.normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
+            raise ValueError(f"normalize must be None, NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
+        try:
+            re.compile(self.pattern)
+        except re.error as e:
+            raise ValueError(f"invalid token pattern {self.pattern!r}: {e}") from None
+
+
+ANALYZERS: dict[str, AnalyzerConfig] = {
+    "default": AnalyzerConfig(),
+    "bm25s": AnalyzerConfig(pattern=r"(?u)\b\w\w+\b", normalize=None),
+    "porter": AnalyzerConfig(stemmer="porter"),
+    "nostem": AnalyzerConfig(stemmer=None),
+    "nostop": AnalyzerConfig(stopwords=None),
+    "plain": AnalyzerConfig(stopwords=None, stemmer=None),
+    "en-large": AnalyzerConfig(stopwords="en-large"),
+}
+
+
+class Analyzer:
+    """Turns text into index tokens.
+
+    Parameters
+    ----------
+    spec : str, dict, AnalyzerConfig or Analyzer
+        A name from :data:`ANALYZERS`, a configuration dict (as saved in a
+        manifest; an optional ``"name"`` key is ignored), or a config.
+    """
+
+    def __init__(self, spec: "str | dict[str, Any] | AnalyzerConfig | Analyzer" = "default"):
+        if isinstance(spec, Analyzer):
+            spec = spec.config
+        if isinstance(spec, str):
+            if spec not in ANALYZERS:
+                raise ValueError(f"unknown analyzer {spec!r}: choose one of {', '.join(ANALYZERS)}")
+            self.name: str | None = spec
+            cfg = ANALYZERS[spec]
+        elif isinstance(spec, dict):
+            d = dict(spec)
+            self.name = d.pop("name", None)
+            unknown = set(d) - set(AnalyzerConfig.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown analyzer setting(s): {', '.join(sorted(unknown))}")
+            cfg = AnalyzerConfig(**d)
+        elif isinstance(spec, AnalyzerConfig):
+            self.name, cfg = None, spec
+        else:
+            raise TypeError(f"analyzer must be a name, dict or AnalyzerConfig, got {type(spec).__name__}")
+        self.cfg = cfg
+        self._findall = re.compile(cfg.pattern).findall
+        self._stop = stopwords(cfg.stopwords) if cfg.stopwords else frozenset()
+        self._stem_cache: dict[str, str] = {}
+        self._stemmer = None
+        if cfg.stemmer:
+            import Stemmer  # PyStemmer
+
+            self._stemmer = Stemmer.Stemmer(cfg.stemmer)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration as a JSON-able dict (with ``name`` when it has one)."""
+        d = asdict(self.cfg)
+        if self.name:
+            d["name"] = self.name
+        return d
+
+    def __repr__(self) -> str:
+        return f"Analyzer({self.name or self.config!r})"
+
+    def __call__(self, text: str) -> list[str]:
+        """Tokens of ``text``, in order, repeats kept."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        cfg = self.cfg
+        if cfg.normalize:
+            text = unicodedata.normalize(cfg.normalize, text)
+        if cfg.lowercase:
+            text = text.lower()
+        toks = self._findall(text)
+        if self._stop:
+            stop = self._stop
+            toks = [t for t in toks if t not in stop]
+        if self._stemmer is not None and toks:
+            cache_ = self._stem_cache
+            missing = [t for t in set(toks) if t not in cache_]
+            if missing:
+                for t, s in zip(missing, self._stemmer.stemWords(missing)):
+                    cache_[t] = s
+                if len(cache_) > 2_000_000:  # bound memory on huge vocabularies
+                    cache_.clear()
+                    return self._stemmer.stemWords(toks)
+            toks = [cache_[t] for t in toks]
+        return toks
+
+    def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:
+        """Tokens of each text."""
+        return [self(t) for t in texts]

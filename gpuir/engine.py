@@ -1,0 +1,190 @@
+"""`BM25Index`: the user-facing sparse engine (analyse, index, search, save, load)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .analysis import Analyzer
+from .backends import make_scorer, resolve_backend
+from .backends.base import Scorer
+from .bm25 import BM25Params
+from .filters import normalize_filters
+from .index.build import DEFAULT_CHUNK_SIZE, build_csr
+from .index.csr import CSRIndex
+from .index.storage import load_index, save_index
+from .results import SearchResults, empty_results
+
+
+class BM25Index:
+    """A BM25 index over a document collection, searchable on any backend.
+
+    Build one with :meth:`build`, or load one with :meth:`load`.
+
+    Parameters
+    ----------
+    csr : CSRIndex
+        The inverted index arrays (host, possibly memory-mapped).
+    params : BM25Params
+        BM25 variant and parameters.
+    """
+
+    def __init__(self, csr: CSRIndex, params: BM25Params | None = None):
+        self.csr = csr
+        self.params = params or BM25Params()
+        self.analyzer = Analyzer(csr.analyzer or "default")
+        self._scorers: dict[tuple[str, BM25Params], Scorer] = {}
+        self._id_to_num: dict[str, int] | None = None
+
+    # -- construction ------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        texts: Iterable[str],
+        ids: Sequence[str] | Iterable[str] | None = None,
+        analyzer: "str | dict | Analyzer" = "default",
+        method: str = "lucene",
+        k1: float = 1.2,
+        b: float = 0.75,
+        delta: float = 0.5,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        progress: bool | None = None,
+    ) -> "BM25Index":
+        """Index a stream of documents (see :func:`gpuir.index.build.build_csr`).
+
+        Parameters
+        ----------
+        texts : iterable of str
+        ids : sequence of str, optional
+            Unique user ids, one per document; default "0", "1", ...
+        analyzer : analyzer name (see :data:`gpuir.analysis.ANALYZERS`), config or Analyzer
+        method, k1, b, delta : BM25 variant and parameters (see :class:`BM25Params`)
+        chunk_size : int
+            Documents per build chunk.
+        progress : bool or None
+            Progress bar; None shows one on a terminal only.
+        """
+        params = BM25Params(method=method, k1=k1, b=b, delta=delta)
+        csr = build_csr(texts, analyzer, ids=ids, chunk_size=chunk_size, progress=progress)
+        return cls(csr, params)
+
+    def with_params(self, **changes: Any) -> "BM25Index":
+        """The same index arrays under other BM25 parameters (no copy)."""
+        return BM25Index(self.csr, replace(self.params, **changes))
+
+    # -- properties ----------------------------------------------------------------
+    @property
+    def ids(self) -> list[str]:
+        """The user's id of each document, indexed by document number."""
+        return self.csr.ids
+
+    @property
+    def n_docs(self) -> int:
+        return self.csr.n_docs
+
+    def __len__(self) -> int:
+        return self.csr.n_docs
+
+    def __repr__(self) -> str:
+        return (
+            f"BM25Index(n_docs={self.csr.n_docs}, n_terms={self.csr.n_terms}, "
+            f"n_postings={self.csr.n_postings}, {self.params}, analyzer={self.analyzer!r})"
+        )
+
+    @property
+    def id_to_num(self) -> dict[str, int]:
+        """User id -> document number."""
+        if self._id_to_num is None:
+            self._id_to_num = {d: i for i, d in enumerate(self.csr.ids)}
+        return self._id_to_num
+
+    # -- search --------------------------------------------------------------------
+    def scorer(self, backend: str = "auto", **opts: Any) -> Scorer:
+        """The cached :class:`Scorer` for a backend ("auto" resolves first)."""
+        name, _ = resolve_backend(backend)
+        key = (name, self.params)
+        if key not in self._scorers:
+            self._scorers[key] = make_scorer(name, self.csr, self.params, **opts)
+        return self._scorers[key]
+
+    def query_terms(self, queries: Sequence[str]) -> list[np.ndarray]:
+        """Analyse queries into term ids (repeats kept, unknown terms dropped).
+
+        Returns
+        -------
+        list of ndarray (n_i,), int64, host
+        """
+        return [self.csr.term_ids(self.analyzer(q)) for q in queries]
+
+    def search(
+        self,
+        queries: "str | Sequence[str]",
+        k: int = 10,
+        filters: Any = None,
+        backend: str = "auto",
+    ) -> SearchResults:
+        """Top-k documents of each query.
+
+        Parameters
+        ----------
+        queries : str or sequence of B str
+        k : int
+            Results per query, >= 1 (may exceed the number of documents; rows are
+            padded with id -1 and score -inf).
+        filters : optional
+            Per-query document filters applied before top-k: None, one NumPy
+            bool mask (N,) or allow-list for all queries, or a list of B items,
+            each None, a bool mask (N,), or an allow-list of document numbers
+            (int) or user ids (str). See :func:`gpuir.filters.normalize_filters`.
+        backend : {"auto", "numpy", "cupy"}
+
+        Returns
+        -------
+        SearchResults
+            ids (B, k) int64 document numbers (map with ``self.ids``), scores
+            (B, k) float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
+            say what ran and why.
+        """
+        if isinstance(queries, str):
+            queries = [queries]
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
+        if bad:
+            raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
+        name, reason = resolve_backend(backend)
+        allow = normalize_filters(filters, len(queries), self.n_docs, self.id_to_num)
+        t0 = time.perf_counter()
+        terms = self.query_terms(queries)
+        t_an = time.perf_counter() - t0
+        if not queries:
+            res = empty_results(0, int(k))
+        else:
+            res = self.scorer(name).search(terms, int(k), allow)
+        res.meta.setdefault("timings", {})["analyze_s"] = t_an
+        res.meta.update(backend=name, backend_reason=reason)
+        return res
+
+    # -- persistence -----------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Save atomically to directory ``path`` (see :mod:`gpuir.index.storage`)."""
+        save_index(self.csr, path, extra={"bm25": self.params.to_dict()})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> "BM25Index":
+        """Load an index saved by :meth:`save`.
+
+        Parameters
+        ----------
+        path : index directory
+        mmap : bool
+            Memory-map the arrays read-only.
+        verify : bool
+            Check the files' sha256 checksums (reads every byte once).
+        """
+        csr, manifest = load_index(path, mmap=mmap, verify=verify)
+        return cls(csr, BM25Params.from_dict(manifest.get("bm25", {})))

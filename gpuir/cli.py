@@ -1,0 +1,211 @@
+"""The ``gpuir`` command line (also ``python -m gpuir``).
+
+Exit status: 0 on success, 2 on bad input (the message names what to fix, with
+file and line for JSONL), 1 on an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from typing import Sequence
+
+from . import __version__
+from .analysis import ANALYZERS
+from .bm25 import METHODS
+from .jsonl import InputError, read_jsonl
+
+#: Modules that add sub-commands through ``register(subparsers)``.
+SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli")
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from .engine import BM25Index
+
+    ids: list[str] = []
+
+    def texts():
+        for lineno, obj in read_jsonl(args.corpus, {args.id_field: (str, int), args.text_field: str}):
+            ids.append(str(obj[args.id_field]))
+            yield obj[args.text_field]
+
+    idx = BM25Index.build(
+        texts(), ids=_LazyIds(ids), analyzer=args.analyzer, method=args.method,
+        k1=args.k1, b=args.b, delta=args.delta, progress=None,
+    )
+    idx.save(args.index_dir)
+    print(
+        f"indexed {idx.n_docs} documents, {idx.csr.n_terms} terms, {idx.csr.n_postings} postings "
+        f"-> {args.index_dir}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+class _LazyIds:
+    """Ids collected while the texts stream is consumed (the build reads them per chunk)."""
+
+    def __init__(self, ids: list[str]):
+        self._ids = ids
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i < len(self._ids):
+                yield self._ids[i]
+                i += 1
+            else:
+                return
+
+
+def _read_queries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    if args.query is not None:
+        return ["0"], [args.query]
+    qids, texts = [], []
+    for lineno, obj in read_jsonl(args.queries, {"id": (str, int), "text": str}):
+        qids.append(str(obj["id"]))
+        texts.append(obj["text"])
+    return qids, texts
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from .engine import BM25Index
+
+    if args.k < 1:
+        raise InputError(f"-k must be a positive integer, got {args.k}")
+    idx = BM25Index.load(args.index_dir)
+    qids, texts = _read_queries(args)
+    out = sys.stdout
+    for start in range(0, len(texts), 1024):
+        res = idx.search(texts[start : start + 1024], k=args.k, backend=args.backend)
+        for i in range(len(res)):
+            hits = res.hits(i, idx.ids)
+            qid = qids[start + i]
+            if args.format == "jsonl":
+                out.write(json.dumps({"query_id": qid, "hits": [{"id": d, "score": s} for d, s in hits]}) + "\n")
+            else:
+                for rank, (d, s) in enumerate(hits, 1):
+                    out.write(f"{qid} Q0 {d} {rank} {s:.6f} gpuir\n")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from ._compat import cuda_device, has_cupy
+    from .backends import resolve_backend
+
+    usable, why = cuda_device()
+    info = {
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "backends": {
+            "numpy": {"usable": True, "reason": "always available (the reference backend)"},
+            "cupy": {"usable": usable, "installed": has_cupy(), "reason": why},
+        },
+    }
+    try:
+        name, reason = resolve_backend("auto")
+        info["auto"] = {"backend": name, "reason": reason}
+    except ValueError as e:
+        info["auto"] = {"backend": None, "reason": str(e)}
+    if importlib.util.find_spec("gpuir.gpu_info") is not None:
+        from .gpu_info import gpu_report
+
+        info["gpu"] = gpu_report()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"gpuir {info['version']} (Python {info['python']})")
+    print("backends:")
+    for b, d in info["backends"].items():
+        print(f"  {b:6s} {'usable' if d['usable'] else 'unusable'}: {d['reason']}")
+    print(f"auto picks: {info['auto']['backend']} ({info['auto']['reason']})")
+    if "gpu" in info:
+        print("gpu: " + json.dumps(info["gpu"]))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(
+        n_records=args.records, n_queries=args.queries, seed=args.seed,
+        batch_size=args.batch_size, k=args.k, backend=args.backend,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuir", description="GPU-accelerated retrieval for agent memory.")
+    p.add_argument("--version", action="version", version=f"gpuir {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    pi = sub.add_parser("index", help="build an index from a JSONL corpus")
+    pi.add_argument("corpus", metavar="CORPUS.jsonl")
+    pi.add_argument("index_dir", metavar="INDEX_DIR")
+    pi.add_argument("--id-field", default="id")
+    pi.add_argument("--text-field", default="text")
+    pi.add_argument("--analyzer", default="default", choices=sorted(ANALYZERS))
+    pi.add_argument("--method", default="lucene", choices=METHODS)
+    pi.add_argument("--k1", type=float, default=1.2)
+    pi.add_argument("--b", type=float, default=0.75)
+    pi.add_argument("--delta", type=float, default=0.5, help="bm25l / bm25+ only")
+    pi.set_defaults(func=_cmd_index)
+
+    ps = sub.add_parser("search", help="search an index")
+    ps.add_argument("index_dir", metavar="INDEX_DIR")
+    g = ps.add_mutually_exclusive_group(required=True)
+    g.add_argument("--query", metavar="TEXT")
+    g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id": ..., "text": ...} per line')
+    ps.add_argument("-k", type=int, default=10)
+    ps.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
+    ps.set_defaults(func=_cmd_search)
+
+    pf = sub.add_parser("info", help="version, usable backends, what 'auto' picks and why")
+    pf.add_argument("--json", action="store_true", help="machine-readable output")
+    pf.set_defaults(func=_cmd_info)
+
+    pd = sub.add_parser("demo", help="the main job: synthetic agent memory, index, batched search, figures")
+    pd.add_argument("--records", type=int, default=200_000)
+    pd.add_argument("--queries", type=int, default=2_000)
+    pd.add_argument("--seed", type=int, default=0)
+    pd.add_argument("--batch-size", type=int, default=256)
+    pd.add_argument("-k", type=int, default=10)
+    pd.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    pd.set_defaults(func=_cmd_demo)
+
+    for mod in SUBCOMMAND_MODULES:
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod).register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .index.storage import IndexFormatError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InputError, IndexFormatError, ValueError, TypeError) as e:
+        print(f"gpuir {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # internal error
+        import traceback
+
+        traceback.print_exc()
+        print(f"gpuir {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

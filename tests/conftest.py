@@ -11,6 +11,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests never reach a model hub: everything loads from installed packages.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 from pathlib import Path
 
 import pytest

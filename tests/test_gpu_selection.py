@@ -1,0 +1,143 @@
+"""Backend selection without a GPU: explicit cupy fails with the fix, auto picks numpy and says why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuir._compat import cuda_device
+from gpuir.backends import make_scorer, resolve_backend
+
+NO_GPU = not cuda_device()[0]
+needs_no_gpu = pytest.mark.skipif(not NO_GPU, reason="this machine has a usable GPU")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("GPUIR_BACKEND", raising=False)
+
+
+@pytest.fixture
+def tiny_index():
+    from gpuir.engine import BM25Index
+
+    return BM25Index.build(["alpha beta", "beta gamma", "gamma delta alpha"], progress=False)
+
+
+@needs_no_gpu
+def test_explicit_cupy_without_device_says_the_fix():
+    with pytest.raises(ValueError) as ei:
+        resolve_backend("cupy")
+    msg = str(ei.value)
+    assert "cupy" in msg and "gpuir[gpu]" in msg and "numpy" in msg
+
+
+@needs_no_gpu
+def test_search_with_cupy_without_device_raises(tiny_index):
+    with pytest.raises(ValueError, match="gpuir\\[gpu\\]"):
+        tiny_index.search("alpha", k=2, backend="cupy")
+
+
+@needs_no_gpu
+def test_cupy_scorer_constructor_without_device_says_the_fix(tiny_index):
+    with pytest.raises(RuntimeError, match="backend='numpy'"):
+        make_scorer("cupy", tiny_index.csr, tiny_index.params)
+
+
+@needs_no_gpu
+def test_auto_picks_numpy_and_says_why(tiny_index):
+    name, reason = resolve_backend("auto")
+    assert name == "numpy"
+    assert "no GPU" in reason or "no CUDA" in reason or "GPUIR_DISABLE_GPU" in reason
+    res = tiny_index.search("alpha", k=2)
+    assert res.meta["backend"] == "numpy"
+    assert res.meta["backend_reason"] == reason
+
+
+def test_env_override_numpy(monkeypatch, tiny_index):
+    monkeypatch.setenv("GPUIR_BACKEND", "numpy")
+    name, reason = resolve_backend("auto")
+    assert name == "numpy" and "GPUIR_BACKEND" in reason
+    assert tiny_index.search("alpha", k=2).meta["backend"] == "numpy"
+
+
+@needs_no_gpu
+def test_env_override_cupy_without_device(monkeypatch):
+    monkeypatch.setenv("GPUIR_BACKEND", "cupy")
+    with pytest.raises(ValueError, match="GPUIR_BACKEND"):
+        resolve_backend("auto")
+    # An explicit argument wins over the environment.
+    assert resolve_backend("numpy")[0] == "numpy"
+
+
+def test_env_override_unknown(monkeypatch):
+    monkeypatch.setenv("GPUIR_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="auto, numpy, cupy"):
+        resolve_backend("auto")
+
+
+def test_unknown_backend_argument():
+    with pytest.raises(ValueError, match="choose one of"):
+        resolve_backend("cuda")
+
+
+def test_gpu_report_never_raises():
+    from gpuir.gpu_info import gpu_report
+
+    rep = gpu_report()
+    assert isinstance(rep["usable"], bool) and rep["reason"]
+    assert "nvml" in rep and isinstance(rep["nvml"]["available"], bool)
+    if not rep["nvml"]["available"]:
+        assert rep["nvml"]["reason"]
+
+
+@needs_no_gpu
+def test_parity_cli_exits_2_without_gpu(tmp_path, tiny_index, capsys):
+    from gpuir.cli import main
+
+    tiny_index.save(tmp_path / "idx")
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "1", "text": "alpha"}\n')
+    assert main(["parity", str(tmp_path / "idx"), "--queries", str(q)]) == 2
+    assert "no GPU" in capsys.readouterr().err
+
+
+@needs_no_gpu
+def test_parity_report_raises_without_gpu(tiny_index):
+    from gpuir.parity import NoGPUError, parity_report
+
+    with pytest.raises(NoGPUError, match="GPU"):
+        parity_report(tiny_index, ["alpha"], k=2)
+
+
+def test_topk_agree_is_tie_aware():
+    from gpuir.parity import topk_agree
+
+    s = np.array([[3.0, 2.0, 1.0]], np.float32)
+    # Same top-k except documents tied at the k-th score: agree.
+    assert topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 8]]), s)[0]
+    # A difference above the k-th score: disagree.
+    assert not topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 6, 9]]), s)[0]
+    # Different numbers of hits: disagree.
+    ids2 = np.array([[5, 7, -1]])
+    s2 = np.array([[3.0, 2.0, -np.inf]], np.float32)
+    assert not topk_agree(np.array([[5, 7, 9]]), s, ids2, s2)[0]
+    # Scores off by more than float32 tolerance: disagree.
+    assert not topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s + 0.01)[0]
+    # Float32 rounding: agree.
+    assert topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s * np.float32(1 + 1e-7))[0]
+
+
+def test_read_qrels(tmp_path):
+    from gpuir.parity import read_qrels
+
+    trec = tmp_path / "t.txt"
+    trec.write_text("q1 0 d1 1\nq1 0 d2 2\nq2 0 d3 0\n")
+    assert read_qrels(trec) == {"q1": {"d1": 1, "d2": 2}, "q2": {"d3": 0}}
+    beir = tmp_path / "b.tsv"
+    beir.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert read_qrels(beir) == {"q1": {"d1": 1}}
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("q1 d1\n")
+    with pytest.raises(ValueError, match="bad.tsv:1"):
+        read_qrels(bad)

@@ -30,10 +30,11 @@ import io
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -769,7 +770,16 @@ def load(name: str, path: str | os.PathLike | None = None, **options: Any) -> Ev
 
 
 __all__ = [
-    "EvalDataset", "EvalQuery", "LOCOMO_CATEGORIES", "LONGMEMEVAL_TYPES",
-    "load", "load_locomo", "load_longmemeval", "load_beir",
-    "parse_locomo_date", "parse_longmemeval_date", "split_evidence", "data_dir",
+    "LOCOMO_CATEGORIES",
+    "LONGMEMEVAL_TYPES",
+    "EvalDataset",
+    "EvalQuery",
+    "data_dir",
+    "load",
+    "load_beir",
+    "load_locomo",
+    "load_longmemeval",
+    "parse_locomo_date",
+    "parse_longmemeval_date",
+    "split_evidence",
 ]

@@ -93,9 +93,7 @@ __global__ void __launch_bounds__(THREADS) bm25_score(
             const int d = doc_ids[i];
             if (allow != nullptr && !gpuir::test_bit(allow, d)) continue;
             const float tc = gpuir::tfc<METHOD>((float)tfs[i], (float)doc_lens[d], k1, b, delta, avgdl);
-            float v = __fadd_rn(__fmul_rn(w, tc), -z);
-            if (m != 1.0f) v = __fmul_rn(v, m);
-            atomicAdd(srow + d, v);
+            atomicAdd(srow + d, gpuir::posting_weight(w, tc, z, m));
             atomicOr(trow + (d >> 5), 1u << (d & 31));
         }
     }

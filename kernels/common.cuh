@@ -8,9 +8,13 @@
 //   * No <cstdint>: NVRTC ships without the C++ standard library, so 64-bit
 //     integers are spelled `long long` / `unsigned long long`.
 //   * BM25 arithmetic uses the explicit round-to-nearest intrinsics
-//     (__fadd_rn, __fmul_rn, __fdiv_rn) so that no multiply-add is contracted
-//     into an FMA and every operation rounds exactly as NumPy's float32 does.
-//     The loader also passes --fmad=false.
+//     (__fadd_rn, __fmul_rn, __fdiv_rn, through add_rn/mul_rn/div_rn below) so
+//     that no multiply-add is contracted into an FMA and every operation rounds
+//     exactly as NumPy's float32 does. The loader also passes --fmad=false.
+//     CuPy's RawModule always appends -ftz=true (subnormals flush to zero);
+//     BM25 values are never subnormal, see gpuir/backends/kernels.py.
+//   * Helpers marked __host__ __device__ are also compiled into a host program
+//     by tests/test_kernel_logic.py and checked against NumPy bit for bit.
 //   * Method codes follow gpuir.bm25.METHODS:
 //       0 lucene, 1 robertson, 2 atire, 3 bm25l, 4 bm25+.
 #pragma once
@@ -27,54 +31,145 @@ namespace gpuir {
 //   bm25l             : c = tf / norm; ((k1 + 1) * (c + delta)) / ((k1 + c) + delta)
 //   bm25+             : ((k1 + 1) * tf) / (k1 * norm + tf) + delta
 // ---------------------------------------------------------------------------
+// Round-to-nearest float32 operations that are never contracted into an FMA:
+// the intrinsics on the device; plain float arithmetic on the host (x86-64 SSE
+// rounds every float operation to float32, as NumPy does), where the host test
+// program of tests/test_kernel_logic.py compiles them.
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
 template <int METHOD>
-__device__ __forceinline__ float tfc(float tf, float dl, float k1, float b,
-                                     float delta, float avgdl) {
-    const float norm = __fadd_rn(__fadd_rn(1.0f, -b), __fmul_rn(b, __fdiv_rn(dl, avgdl)));
-    const float k1p1 = __fadd_rn(k1, 1.0f);
+__host__ __device__ __forceinline__ float tfc(float tf, float dl, float k1, float b,
+                                              float delta, float avgdl) {
+    const float norm = add_rn(add_rn(1.0f, -b), mul_rn(b, div_rn(dl, avgdl)));
+    const float k1p1 = add_rn(k1, 1.0f);
     if (METHOD == 0 || METHOD == 1) {
-        return __fdiv_rn(tf, __fadd_rn(__fmul_rn(k1, norm), tf));
+        return div_rn(tf, add_rn(mul_rn(k1, norm), tf));
     } else if (METHOD == 2) {
-        return __fdiv_rn(__fmul_rn(tf, k1p1), __fadd_rn(tf, __fmul_rn(k1, norm)));
+        return div_rn(mul_rn(tf, k1p1), add_rn(tf, mul_rn(k1, norm)));
     } else if (METHOD == 3) {
-        const float c = __fdiv_rn(tf, norm);
-        return __fdiv_rn(__fmul_rn(k1p1, __fadd_rn(c, delta)),
-                         __fadd_rn(__fadd_rn(k1, c), delta));
+        const float c = div_rn(tf, norm);
+        return div_rn(mul_rn(k1p1, add_rn(c, delta)), add_rn(add_rn(k1, c), delta));
     } else {
-        return __fadd_rn(__fdiv_rn(__fmul_rn(k1p1, tf), __fadd_rn(__fmul_rn(k1, norm), tf)),
-                         delta);
+        return add_rn(div_rn(mul_rn(k1p1, tf), add_rn(mul_rn(k1, norm), tf)), delta);
     }
 }
 
+// A posting's contribution: (idf * tfc - w0) * m, the multiplication by the
+// query-term multiplicity m skipped when m == 1 (as the NumPy reference does).
+__host__ __device__ __forceinline__ float posting_weight(float idf, float tc, float w0, float m) {
+    const float v = add_rn(mul_rn(idf, tc), -w0);
+    return m != 1.0f ? mul_rn(v, m) : v;
+}
+
 // ---------------------------------------------------------------------------
-// Order-preserving float <-> uint32 map: a < b  <=>  key(a) < key(b) for all
-// non-NaN floats (-0.0 sorts just below +0.0). key(-inf) = 0x007FFFFF > 0, so a
-// 64-bit composite key of 0 is below every real candidate: it is the sentinel.
+// Bit casts usable on the host too (tests/test_kernel_logic.py compiles these
+// helpers into a host program with nvcc and checks them against NumPy).
 // ---------------------------------------------------------------------------
-__device__ __forceinline__ unsigned int float_to_ordered(float f) {
-    unsigned int u = __float_as_uint(f);
+__host__ __device__ __forceinline__ unsigned int float_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    unsigned int u;
+    __builtin_memcpy(&u, &f, sizeof(u));
+    return u;
+#endif
+}
+
+__host__ __device__ __forceinline__ float bits_float(unsigned int u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, sizeof(f));
+    return f;
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Order-preserving float -> uint32 map: a < b  <=>  key(a) < key(b), and
+// a == b  <=>  key(a) == key(b), for all non-NaN floats, as NumPy compares them:
+//   * -0.0 is mapped as +0.0 (NumPy's tie rule treats them as equal, so two
+//     documents scoring -0.0 and +0.0 must be ordered by document number);
+//   * NaN (never produced from a valid index) maps to 0, below every other
+//     score, as NumPy's sorts put NaN last; it decodes back to a NaN.
+// key(-inf) = 0x007FFFFF and the low word of a composite key (~doc, doc < 2^31)
+// is >= 2^31, so every candidate's 64-bit key is > 0: 0 is the sentinel.
+// ---------------------------------------------------------------------------
+__host__ __device__ __forceinline__ unsigned int float_to_ordered(float f) {
+    unsigned int u = float_bits(f);
+    if (u == 0x80000000u) u = 0u;                            // -0.0 -> +0.0
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0u;          // NaN -> lowest
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ float ordered_to_float(unsigned int k) {
+__host__ __device__ __forceinline__ float ordered_to_float(unsigned int k) {
     unsigned int u = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
-    return __uint_as_float(u);
+    return bits_float(u);
 }
 
 // Composite key: score in the high word, the bit-inverted document number in
 // the low word. Larger key = better under the tie rule (score desc, doc asc),
-// and keys of distinct documents are distinct.
-__device__ __forceinline__ unsigned long long composite_key(float score, long long doc) {
+// and keys of distinct documents are distinct. Requires 0 <= doc < 2^31.
+__host__ __device__ __forceinline__ unsigned long long composite_key(float score, long long doc) {
     return ((unsigned long long)float_to_ordered(score) << 32) |
            (unsigned long long)(~(unsigned int)doc);
 }
 
-__device__ __forceinline__ long long key_doc(unsigned long long key) {
+__host__ __device__ __forceinline__ long long key_doc(unsigned long long key) {
     return (long long)(~(unsigned int)(key & 0xFFFFFFFFull));
 }
 
-__device__ __forceinline__ float key_score(unsigned long long key) {
+__host__ __device__ __forceinline__ float key_score(unsigned long long key) {
     return ordered_to_float((unsigned int)(key >> 32));
+}
+
+// ---------------------------------------------------------------------------
+// Radix-select digit schedule over a composite key (topk.cu): pass p covers
+// key bits [shift, shift + width).
+//   passes 0, 1, 2: the score word, bits 63..53, 52..42, 41..32 (11 + 11 + 10);
+//   passes 3, 4, ...: the low doc_bits bits of ~doc, 11 at a time from the top
+//   (bits doc_bits..31 of ~doc are 1 for every doc < 2^doc_bits: constant).
+// Every bit of [32, 64) and [0, doc_bits) is covered exactly once.
+// ---------------------------------------------------------------------------
+#define GPUIR_RADIX_BITS 11
+#define GPUIR_RADIX_BINS (1 << GPUIR_RADIX_BITS)
+
+__host__ __device__ __forceinline__ int radix_passes(int doc_bits) {
+    return 3 + (doc_bits + GPUIR_RADIX_BITS - 1) / GPUIR_RADIX_BITS;
+}
+
+__host__ __device__ __forceinline__ void radix_digit(int pass, int doc_bits, int* shift, int* width) {
+    if (pass < 2) {
+        *shift = 64 - GPUIR_RADIX_BITS * (pass + 1);  // 53, 42
+        *width = GPUIR_RADIX_BITS;
+    } else if (pass == 2) {
+        *shift = 32;                                   // the 10 bits left of the score word
+        *width = 64 - 2 * GPUIR_RADIX_BITS - 32;
+    } else {
+        const int top = doc_bits - GPUIR_RADIX_BITS * (pass - 3);
+        *shift = top > GPUIR_RADIX_BITS ? top - GPUIR_RADIX_BITS : 0;
+        *width = top - *shift;
+    }
 }
 
 // Bit test in a row-major bitmap of 32-bit words (bit j of word w = doc 32w+j).

@@ -11,10 +11,10 @@
 // largest keys" and there are no ties left to break.
 //
 // 1. Radix select finds the k-th largest key digit by digit (11-bit digits,
-//    2048-bin shared-memory histogram): three passes over the score word
-//    (bits 63..53, 52..42, 41..32), then -- only when documents with equal
-//    scores straddle the k-th place -- passes over the ceil(log2 N) document
-//    bits. Each pass histograms the keys that still match the prefix chosen
+//    2048-bin shared-memory histogram; schedule: radix_digit in common.cuh):
+//    three passes over the score word (bits 63..53, 52..42, 41..32), then --
+//    only when documents with equal scores straddle the k-th place -- passes
+//    over the ceil(log2 N) document bits. Each pass histograms the keys that still match the prefix chosen
 //    so far; a block-wide scan over the bins (largest first) picks the bin that
 //    holds the k-th key. It stops as soon as the chosen bin holds exactly the
 //    number of keys still needed, so ties at the boundary cost extra passes
@@ -45,9 +45,6 @@
 //
 // Instantiations (name_expressions): topk_rows<512>, composite_keys, decode_keys.
 #include "common.cuh"
-
-#define GPUIR_RADIX_BITS 11
-#define GPUIR_RADIX_BINS (1 << GPUIR_RADIX_BITS)
 
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS) topk_rows(
@@ -86,18 +83,13 @@ __global__ void __launch_bounds__(THREADS) topk_rows(
     }
     __syncthreads();
 
-    const int n_doc_passes = (doc_bits + GPUIR_RADIX_BITS - 1) / GPUIR_RADIX_BITS;
-    for (int pass = 0; pass < 3 + n_doc_passes; ++pass) {
+    // Digit schedule: gpuir::radix_digit (common.cuh), checked on the host by
+    // tests/test_kernel_logic.py (every key bit that varies is covered once).
+    const int n_passes = gpuir::radix_passes(doc_bits);
+    for (int pass = 0; pass < n_passes; ++pass) {
         if (s_done) break;  // uniform: written before the last __syncthreads
         int shift, width;
-        if (pass < 3) {
-            shift = 53 - GPUIR_RADIX_BITS * pass;
-            width = pass < 2 ? GPUIR_RADIX_BITS : 10;
-        } else {
-            const int top = doc_bits - GPUIR_RADIX_BITS * (pass - 3);
-            shift = top > GPUIR_RADIX_BITS ? top - GPUIR_RADIX_BITS : 0;
-            width = top - shift;
-        }
+        gpuir::radix_digit(pass, doc_bits, &shift, &width);
         const int nb = 1 << width;
         const unsigned long long digit_mask = (unsigned long long)(nb - 1);
         const unsigned long long prefix = s_prefix, mask = s_mask;

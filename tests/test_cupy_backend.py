@@ -7,6 +7,10 @@ out-of-vocabulary queries, repeated terms, filters, memory-budget chunking.
 Scores are compared within float32 tolerance (atomics reorder additions) and
 top-k up to ties (:func:`gpuir.parity.topk_agree`); single-term queries, whose
 sums are exact, must match the reference exactly, tie order included.
+``test_topk_kernels_on_adversarial_rows`` feeds the top-k kernels hand-made
+rows (ties across the k-th place, scores a few ulp apart, -0.0 next to +0.0,
+negative scores) and needs the reference's result exactly. The same logic is
+checked without a GPU, by emulation, in ``tests/test_kernel_logic.py``.
 """
 
 from __future__ import annotations
@@ -239,3 +243,47 @@ def test_host_prep_without_device():
     assert h["row_const"][0] == np.float32((ref.w0[terms] * mult).sum(dtype=np.float32))
     assert h["allow_row"].tolist() == [-1, -1, 0]
     assert h["allow_docs"].tolist() == [3, 9] and h["allow_rows"].tolist() == [0, 0]
+
+
+def _adversarial_dense(N: int, seed: int) -> np.ndarray:
+    """Rows of raw sums (-inf = not a candidate) that stress the radix select."""
+    rng = np.random.default_rng(seed)
+    f = np.float32
+    rows = np.full((7, N), -np.inf, f)
+    rows[0, rng.choice(N, N // 2, replace=False)] = f(2.5)                       # all tied
+    idx = rng.choice(N, 2 * N // 3, replace=False)
+    rows[1, idx] = rng.choice(np.array([1.0, 2.0, 3.0], f), idx.size)              # ties straddle k
+    idx = rng.choice(N, N // 2, replace=False)                                     # 1.0 + j ulp:
+    rows[2, idx] = (np.array(f(1.0)).view(np.int32) + rng.integers(0, 2048, idx.size).astype(np.int32)).view(f)
+    idx = rng.choice(N, N // 2, replace=False)
+    rows[3, idx] = rng.choice(np.array([-0.0, 0.0, -1.5, -1e-30, 1e-30], f), idx.size)  # signs, -0.0
+    idx = rng.choice(N, 5 * N // 6, replace=False)
+    rows[4, idx] = (rng.standard_normal(idx.size) * 3).astype(f)
+    rows[6, [0, N - 1]] = f(1.0)                                                   # row 5: none
+    return rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 2, 100, 2049, 4096, 4097])
+def test_topk_kernels_on_adversarial_rows(k):
+    """topk_rows (k <= 4096) and the sort path against the reference tie rule, exactly."""
+    import cupy as cp
+
+    from gpuir.backends.cupy_backend import CupyScorer
+
+    N = 6001
+    idx = random_index(N, 20, seed=8)
+    gpu = CupyScorer(idx, BM25Params())
+    raw = _adversarial_dense(N, seed=k)
+    B, W = raw.shape[0], gpu.n_words
+    touched = np.zeros((B, W), np.uint32)
+    for b in range(B):
+        d = np.flatnonzero(raw[b] > -np.inf)
+        np.bitwise_or.at(touched[b], d >> 5, (np.uint32(1) << (d & 31).astype(np.uint32)))
+    for c in (np.float32(0), np.float32(0.5)):
+        row_const = np.full(B, c, np.float32)
+        scores = np.where(np.isfinite(raw), raw, np.float32(7)).astype(np.float32)  # junk where untouched
+        want = topk_from_dense(np.where(np.isfinite(raw), raw + c, -np.inf).astype(np.float32), k)
+        ids, out = gpu._topk_chunk(cp.asarray(scores), cp.asarray(touched), cp.asarray(row_const), B, k)
+        assert np.array_equal(ids.get(), want.ids), f"k={k} c={c}"
+        assert np.array_equal(out.get(), want.scores), f"k={k} c={c}"

@@ -119,3 +119,38 @@ def test_missing_instantiation_fails(monkeypatch):
 def test_bad_arch_message():
     with pytest.raises(ValueError, match="sm_80"):
         K.compile_kernels("ampere")
+
+
+@pytest.mark.parametrize("filename", ["bm25_score.cu", "topk.cu"])
+def test_no_fma_contraction_in_ptx(filename):
+    """Float arithmetic stays separate round-to-nearest ops (as NumPy's float32), under
+    the options CuPy really compiles with (ours plus its implicit -ftz=true)."""
+    import re
+
+    src = K.load_source(filename)
+    fn = K._compile_nvrtc if K.nvrtc_available()[0] else K._compile_nvcc
+    ptx = fn(filename, src, "90", True).decode(errors="replace")
+    assert not re.search(r"\b(fma|mad)\.[a-z0-9.]*f32", ptx), "a float multiply-add was contracted"
+    ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:add|sub|mul|div)\.[a-z0-9.]*f32)", ptx, flags=re.MULTILINE)
+    if filename == "bm25_score.cu":
+        assert any(op.startswith("div.rn") for op in ops)
+    assert all(".rn" in op for op in ops), sorted(set(ops))
+
+
+def test_fmad_false_reaches_both_compilers(monkeypatch):
+    assert "--fmad=false" in K.OPTIONS
+    seen = {}
+
+    class R:
+        returncode = 1
+        stderr = stdout = "stop"
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        return R()
+
+    monkeypatch.setattr(K.subprocess, "run", fake_run)
+    monkeypatch.setattr(K, "_nvcc", lambda: "/usr/bin/nvcc")
+    with pytest.raises(K.KernelCompileError):
+        K._compile_nvcc("topk.cu", "x", "80", False)
+    assert "--fmad=false" in seen["cmd"] and "-ftz=true" in seen["cmd"]

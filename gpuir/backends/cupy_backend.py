@@ -21,9 +21,10 @@ order); top-k sets agree up to ties at the k-th score.
 
 Memory: per query row the batch needs ``4 N`` (scores) ``+ 4 ceil(N/32)``
 (touched) ``[+ 4 ceil(N/32)`` (allow bits, filtered queries)] ``+ 12 k`` bytes
-(``+ 16 N`` for k > 4096). Rows per chunk = budget // bytes per row, where the
-budget is ``memory_budget_bytes`` or ``memory_fraction`` of the free device
-memory (plus what CuPy's pool holds free). On
+(``+ 32 N`` for k > 4096: keys, CuPy's segment keys, sort buffers). Rows per
+chunk = budget // bytes per row, where the budget is ``memory_budget_bytes`` or
+``memory_fraction`` of the free device memory (plus what CuPy's pool holds
+free). On
 ``cupy.cuda.memory.OutOfMemoryError`` the chunk is halved and retried; a single
 row that still does not fit raises :class:`MemoryError` saying what to change.
 """
@@ -180,7 +181,9 @@ class CupyScorer(Scorer):
             return b
         b += 12 * k
         if k > K.TOPK_MAX_K:
-            b += 16 * N
+            # Sort path: the uint64 keys (8N), CuPy's per-element size_t segment
+            # keys for a row-wise sort (8N) and thrust's sort-by-key buffers (~16N).
+            b += 32 * N
         return b
 
     def budget_bytes(self) -> int:
@@ -352,8 +355,8 @@ class CupyScorer(Scorer):
             stop = min(B, start + rows)
             try:
                 work(start, stop)
+                oom = False
             except cp.cuda.memory.OutOfMemoryError as e:
-                cp.get_default_memory_pool().free_all_blocks()
                 if rows == 1:
                     raise MemoryError(
                         f"the GPU ran out of memory scoring even one query over {self.index.n_docs} "
@@ -361,6 +364,12 @@ class CupyScorer(Scorer):
                         "lower k, pass a smaller memory_budget_bytes/memory_fraction so other "
                         "allocations fit, or use backend='numpy'"
                     ) from e
+                oom = True
+            if oom:
+                # Outside the except block: there the traceback still references
+                # work()'s frames and so the failed chunk's device arrays, and
+                # free_all_blocks() could not give their memory back.
+                cp.get_default_memory_pool().free_all_blocks()
                 rows = max(1, rows // 2)
                 continue
             start = stop

@@ -41,25 +41,26 @@ Formulas (``c`` runs over channels, ``w_c`` their weights, ranks 1-based):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .results import SearchResults
 
 __all__ = [
+    "FUSION_METHODS",
     "Candidates",
-    "union_candidates",
-    "zscore_fusion",
-    "minmax_fusion",
-    "rrf_fusion",
-    "weighted_rrf_fusion",
     "agent_rrf_fusion",
     "fuse",
-    "topk_fused",
+    "minmax_fusion",
+    "rrf_fusion",
     "select_alpha_loco",
-    "FUSION_METHODS",
+    "topk_fused",
+    "union_candidates",
+    "weighted_rrf_fusion",
+    "zscore_fusion",
 ]
 
 
@@ -80,7 +81,8 @@ class Candidates:
     Attributes
     ----------
     ids : ndarray, shape (B, U), int64
-        Document numbers of the union, ascending within each row; -1 pads rows.
+        Document numbers of the union, ascending within each row (ignoring -1
+        entries); -1 marks padding.
     scores : list of C ndarrays, shape (B, U), float32
         Each channel's raw score of each candidate; NaN where the channel did not
         return the candidate (and on padding).
@@ -119,7 +121,8 @@ def union_candidates(channels: Sequence[Any]) -> Candidates:
     -------
     Candidates
         On the device of the dense inputs when all inputs are dense rows (then
-        ``U = N`` and ``ids[b, j] = j``); on the host otherwise.
+        ``U = N`` and ``ids[b, j] = j``, or -1 where no channel returned document
+        ``j``); on the host otherwise.
     """
     if not channels:
         raise ValueError("fusion needs at least one channel")
@@ -133,6 +136,11 @@ def union_candidates(channels: Sequence[Any]) -> Candidates:
         scores = [xp.where(xp.isfinite(m), m, xp.nan).astype(xp.float32) for m in mats]
         ranks = [_ranks_of_rows(m, xp) for m in mats]
         ids = xp.broadcast_to(xp.arange(N, dtype=xp.int64)[None, :], (B, N)).copy()
+        # a document no channel returned is no candidate (its column is padding)
+        anywhere = xp.zeros((B, N), dtype=bool)
+        for S in scores:
+            anywhere |= ~xp.isnan(S)
+        ids = xp.where(anywhere, ids, -1)
         return Candidates(ids, scores, ranks)
 
     lists = []

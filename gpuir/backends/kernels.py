@@ -24,13 +24,28 @@ import os
 import re
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
 
-#: Directory of the kernel sources (the repository's ``kernels/``), overridable
-#: by ``GPUIR_KERNEL_DIR`` (e.g. for an installed package).
-KERNEL_DIR = Path(os.environ.get("GPUIR_KERNEL_DIR", Path(__file__).resolve().parents[2] / "kernels"))
+
+def _kernel_dir() -> Path:
+    """Where the ``.cu`` sources are: ``GPUIR_KERNEL_DIR``, else the repository's
+    ``kernels/`` (source tree, editable install), else ``<prefix>/share/gpuir/kernels``
+    (a wheel install ships them there as data files; ``<prefix>`` is the install
+    scheme's data path)."""
+    env = os.environ.get("GPUIR_KERNEL_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2] / "kernels"
+    if repo.is_dir():
+        return repo
+    return Path(sysconfig.get_path("data")) / "share" / "gpuir" / "kernels"
+
+
+#: Directory of the kernel sources (see :func:`_kernel_dir`).
+KERNEL_DIR = _kernel_dir()
 
 #: Block size of the scoring kernel and postings per thread: a chunk of
 #: ``SCORE_THREADS * SCORE_PER_THREAD`` postings is one block's work item.

@@ -233,6 +233,32 @@ def _weights(weights, C: int, alpha) -> list[float]:
     return w
 
 
+def _fused_results(cand: Candidates, fused, k: int, meta: dict, return_candidates: bool):
+    """Top-k of the fused rows, with ``meta`` recorded as ``res.meta["fusion"]``.
+
+    Parameters
+    ----------
+    cand : Candidates
+        The candidate union the fused scores belong to.
+    fused : ndarray, shape (B, U), float64
+        Fused score of every candidate.
+    k : int
+        Results per query.
+    meta : dict
+        Fusion settings, stored under ``meta["fusion"]`` of the result.
+    return_candidates : bool
+        Also return ``cand`` and ``fused``.
+
+    Returns
+    -------
+    SearchResults (B, k), host; with ``return_candidates`` the tuple
+    ``(results, cand, fused)``.
+    """
+    res = topk_fused(cand.ids, fused, k)
+    res.meta["fusion"] = meta
+    return (res, cand, fused) if return_candidates else res
+
+
 def topk_fused(ids, fused, k: int) -> SearchResults:
     """Top-k of fused candidate rows under the tie rule (score desc, doc number asc).
 
@@ -271,9 +297,8 @@ def _combine_norm(channels, k, weights, alpha, missing, how, return_candidates):
     fused = xp.zeros(cand.ids.shape, dtype=xp.float64)
     for wc, S in zip(w, cand.scores):
         fused += wc * _normalise(S, how, missing, xp)
-    res = topk_fused(cand.ids, fused, k)
-    res.meta["fusion"] = {"method": how, "weights": w, "missing": missing}
-    return (res, cand, fused) if return_candidates else res
+    meta = {"method": how, "weights": w, "missing": missing}
+    return _fused_results(cand, fused, k, meta, return_candidates)
 
 
 def zscore_fusion(
@@ -320,6 +345,21 @@ def minmax_fusion(
     return _combine_norm(channels, k, weights, alpha, missing, "minmax", return_candidates)
 
 
+def _rrf_union(channels: Sequence[Any], weights, k_rrf: float, score_weighted: bool):
+    """Candidate union, its array module, the channel weights and the (weighted) RRF matrix."""
+    cand = union_candidates(channels)
+    xp = _xp(cand.ids)
+    w = _weights(weights, len(channels), None)
+    return cand, xp, w, _rrf_matrix(cand, w, k_rrf, score_weighted, xp)
+
+
+def _combine_rrf(channels, k, weights, k_rrf, score_weighted, method, return_candidates):
+    """Plain or score-weighted RRF, recorded as ``meta["fusion"]["method"] = method``."""
+    cand, _, w, fused = _rrf_union(channels, weights, k_rrf, score_weighted)
+    meta = {"method": method, "weights": w, "k_rrf": k_rrf}
+    return _fused_results(cand, fused, k, meta, return_candidates)
+
+
 def _rrf_matrix(cand: Candidates, w, k_rrf: float, score_weighted: bool, xp):
     fused = xp.zeros(cand.ids.shape, dtype=xp.float64)
     for wc, S, R in zip(w, cand.scores, cand.ranks):
@@ -352,13 +392,7 @@ def rrf_fusion(
     -------
     SearchResults (B, k), host.
     """
-    cand = union_candidates(channels)
-    xp = _xp(cand.ids)
-    w = _weights(weights, len(channels), None)
-    fused = _rrf_matrix(cand, w, k_rrf, False, xp)
-    res = topk_fused(cand.ids, fused, k)
-    res.meta["fusion"] = {"method": "rrf", "weights": w, "k_rrf": k_rrf}
-    return (res, cand, fused) if return_candidates else res
+    return _combine_rrf(channels, k, weights, k_rrf, False, "rrf", return_candidates)
 
 
 def weighted_rrf_fusion(
@@ -374,13 +408,7 @@ def weighted_rrf_fusion(
     candidate gets nothing from that channel); missing candidates contribute 0.
     Arguments and result as :func:`rrf_fusion`.
     """
-    cand = union_candidates(channels)
-    xp = _xp(cand.ids)
-    w = _weights(weights, len(channels), None)
-    fused = _rrf_matrix(cand, w, k_rrf, True, xp)
-    res = topk_fused(cand.ids, fused, k)
-    res.meta["fusion"] = {"method": "weighted_rrf", "weights": w, "k_rrf": k_rrf}
-    return (res, cand, fused) if return_candidates else res
+    return _combine_rrf(channels, k, weights, k_rrf, True, "weighted_rrf", return_candidates)
 
 
 def agent_rrf_fusion(
@@ -426,10 +454,7 @@ def agent_rrf_fusion(
     """
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
-    cand = union_candidates(channels)
-    xp = _xp(cand.ids)
-    w = _weights(weights, len(channels), None)
-    fused = _rrf_matrix(cand, w, k_rrf, False, xp)
+    cand, xp, w, fused = _rrf_union(channels, weights, k_rrf, False)
     safe = xp.maximum(cand.ids, 0)
     if doc_times is not None and alpha:
         if query_times is None:
@@ -443,11 +468,8 @@ def agent_rrf_fusion(
     if importance is not None and beta:
         imp = xp.asarray(importance, dtype=xp.float64)[safe]
         fused = fused + beta * xp.where(xp.isnan(imp), 0.0, imp)
-    res = topk_fused(cand.ids, fused, k)
-    res.meta["fusion"] = {
-        "method": "agent_rrf", "weights": w, "k_rrf": k_rrf, "alpha": alpha, "tau": tau, "beta": beta,
-    }
-    return (res, cand, fused) if return_candidates else res
+    meta = {"method": "agent_rrf", "weights": w, "k_rrf": k_rrf, "alpha": alpha, "tau": tau, "beta": beta}
+    return _fused_results(cand, fused, k, meta, return_candidates)
 
 
 FUSION_METHODS: dict[str, Callable[..., Any]] = {

@@ -7,10 +7,14 @@
   test body checks both backends.
 * ``data_dir`` fixture: the evaluation data, from ``GPUIR_DATA`` (default
   ``../shared/data`` beside the repository); tests that need it skip without it.
+* ``locomo`` / ``oracle`` fixtures: LoCoMo and the LongMemEval oracle split, loaded
+  from ``data_dir`` once per test module.
+* ``beir_toy`` fixture: a three-document BEIR folder written under ``tmp_path``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 # Tests never reach a model hub: everything loads from installed packages.
@@ -23,6 +27,7 @@ import pytest
 
 from gpuir._compat import cuda_device
 from gpuir.datapath import data_dir as _data_dir
+from gpuir.eval.datasets import load_locomo, load_longmemeval
 
 
 def pytest_addoption(parser):
@@ -60,4 +65,42 @@ def data_dir() -> Path:
     d = _data_dir()
     if not d.exists():
         pytest.skip(f"evaluation data not found at {d} (set GPUIR_DATA)")
+    return d
+
+
+@pytest.fixture(scope="module")
+def locomo(data_dir):
+    """LoCoMo (``locomo/locomo10.json``) as an :class:`~gpuir.eval.datasets.EvalDataset`."""
+    return load_locomo(data_dir / "locomo" / "locomo10.json")
+
+
+@pytest.fixture(scope="module")
+def oracle(data_dir):
+    """The LongMemEval oracle split (``longmemeval/longmemeval_oracle.json.gz``)."""
+    return load_longmemeval(data_dir / "longmemeval" / "longmemeval_oracle.json.gz", split="oracle")
+
+
+@pytest.fixture
+def beir_toy(tmp_path) -> Path:
+    """A toy BEIR folder ``tmp_path / "toy"``: 3 documents, 3 queries, ``qrels/test.tsv``.
+
+    The qrels name an unknown document (``dX``) and an unknown query (``q9``), and
+    q3 has only a grade-0 judgement (so it is not scored).
+    """
+    d = tmp_path / "toy"
+    (d / "qrels").mkdir(parents=True)
+    corpus = [
+        {"_id": "d1", "title": "Cats", "text": "cats purr and sleep"},
+        {"_id": "d2", "title": "", "text": "dogs bark loudly"},
+        {"_id": "d3", "title": "Birds", "text": "birds sing in the morning"},
+    ]
+    (d / "corpus.jsonl").write_text("\n".join(json.dumps(c) for c in corpus) + "\n")
+    (d / "queries.jsonl").write_text(
+        "\n".join(json.dumps(q) for q in [{"_id": "q1", "text": "purring cats"},
+                                          {"_id": "q2", "text": "barking dogs"},
+                                          {"_id": "q3", "text": "nothing"}]) + "\n"
+    )
+    (d / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t2\nq2\td2\t1\nq2\tdX\t1\nq3\td3\t0\nq9\td1\t1\n"
+    )
     return d

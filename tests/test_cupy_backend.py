@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import random_index, random_queries
 
 from gpuir.backends.base import topk_from_dense
 from gpuir.backends.numpy_backend import NumpyScorer
@@ -25,41 +26,6 @@ from gpuir.index.csr import CSRIndex
 from gpuir.parity import topk_agree
 
 RTOL, ATOL = 2e-5, 2e-6
-
-
-def random_index(n_docs: int, n_terms: int, seed: int, heavy_df: int = 3000) -> CSRIndex:
-    """A random CSR index; term 0 is in ~all documents, term 1 in `heavy_df` of them."""
-    rng = np.random.default_rng(seed)
-    dfs = rng.zipf(1.6, n_terms).clip(1, n_docs)
-    dfs[0] = n_docs - 1
-    dfs[1] = min(heavy_df, n_docs)
-    doc_ids, tfs = [], []
-    for df in dfs:
-        d = np.sort(rng.choice(n_docs, size=int(df), replace=False)).astype(np.int32)
-        doc_ids.append(d)
-        # Small tfs: many exact ties between documents of equal length.
-        tfs.append(rng.integers(1, 4, size=d.size).astype(np.int32))
-    offsets = np.zeros(n_terms + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(dfs)
-    doc_ids_a, tfs_a = np.concatenate(doc_ids), np.concatenate(tfs)
-    doc_lens = np.bincount(doc_ids_a, weights=tfs_a, minlength=n_docs).astype(np.int32)
-    # Quantise lengths so that many documents share one: more ties.
-    doc_lens = (doc_lens // 4) * 4 + 1
-    return CSRIndex(
-        offsets=offsets, doc_ids=doc_ids_a, tfs=tfs_a, doc_lens=doc_lens,
-        vocab=[f"t{i:06d}" for i in range(n_terms)], ids=[str(i) for i in range(n_docs)],
-    )
-
-
-def random_queries(n_terms: int, n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    qs = [rng.integers(0, n_terms, size=rng.integers(1, 8)).astype(np.int64) for _ in range(n)]
-    qs[0] = np.zeros(0, dtype=np.int64)                   # empty / all OOV
-    qs[1] = np.array([0, 0, 0, 1], dtype=np.int64)        # repeated heavy terms
-    qs[2] = np.array([1], dtype=np.int64)                 # one term: exact sums
-    qs[3] = np.array([0], dtype=np.int64)                 # one term, ~N candidates
-    qs[4] = np.array([n_terms - 1, n_terms - 1], dtype=np.int64)  # repeated rare term
-    return qs
 
 
 def scorers(index: CSRIndex, method: str, **opts):

@@ -18,17 +18,6 @@ from gpuir.eval.datasets import (
     split_evidence,
 )
 
-
-@pytest.fixture(scope="module")
-def locomo(data_dir):
-    return load_locomo(data_dir / "locomo" / "locomo10.json")
-
-
-@pytest.fixture(scope="module")
-def oracle(data_dir):
-    return load_longmemeval(data_dir / "longmemeval" / "longmemeval_oracle.json.gz", split="oracle")
-
-
 # ----------------------------------------------------------------------------- LoCoMo
 
 
@@ -203,28 +192,8 @@ def lme_s(data_dir):
 # ----------------------------------------------------------------------------- BEIR
 
 
-def _beir(tmp_path):
-    d = tmp_path / "toy"
-    (d / "qrels").mkdir(parents=True)
-    corpus = [
-        {"_id": "d1", "title": "Cats", "text": "cats purr and sleep"},
-        {"_id": "d2", "title": "", "text": "dogs bark loudly"},
-        {"_id": "d3", "title": "Birds", "text": "birds sing in the morning"},
-    ]
-    (d / "corpus.jsonl").write_text("\n".join(json.dumps(c) for c in corpus) + "\n")
-    (d / "queries.jsonl").write_text(
-        "\n".join(json.dumps(q) for q in [{"_id": "q1", "text": "purring cats"},
-                                          {"_id": "q2", "text": "barking dogs"},
-                                          {"_id": "q3", "text": "nothing"}]) + "\n"
-    )
-    (d / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\nq1\td1\t2\nq2\td2\t1\nq2\tdX\t1\nq3\td3\t0\nq9\td1\t1\n"
-    )
-    return d
-
-
-def test_beir_loader(tmp_path):
-    d = _beir(tmp_path)
+def test_beir_loader(tmp_path, beir_toy):
+    d = beir_toy
     ds = load_beir(d)
     assert ds.doc_ids == ["d1", "d2", "d3"] and ds.doc_texts[0] == "Cats cats purr and sleep"
     assert [q.qid for q in ds.queries] == ["q1", "q2", "q3"]

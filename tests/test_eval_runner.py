@@ -9,38 +9,8 @@ import numpy as np
 import pytest
 
 from gpuir.eval import runner
-from gpuir.eval.datasets import load_beir, load_locomo, load_longmemeval
+from gpuir.eval.datasets import load_beir
 from gpuir.eval.runner import Run, evaluate, register_method
-
-
-def _beir(tmp_path):
-    d = tmp_path / "toy"
-    (d / "qrels").mkdir(parents=True)
-    corpus = [
-        {"_id": "d1", "title": "Cats", "text": "cats purr and sleep"},
-        {"_id": "d2", "title": "", "text": "dogs bark loudly"},
-        {"_id": "d3", "title": "Birds", "text": "birds sing in the morning"},
-    ]
-    (d / "corpus.jsonl").write_text("\n".join(json.dumps(c) for c in corpus) + "\n")
-    (d / "queries.jsonl").write_text(
-        "\n".join(json.dumps(q) for q in [{"_id": "q1", "text": "purring cats"},
-                                          {"_id": "q2", "text": "barking dogs"},
-                                          {"_id": "q3", "text": "nothing"}]) + "\n"
-    )
-    (d / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\nq1\td1\t2\nq2\td2\t1\nq2\tdX\t1\nq3\td3\t0\nq9\td1\t1\n"
-    )
-    return d
-
-
-@pytest.fixture(scope="module")
-def locomo(data_dir):
-    return load_locomo(data_dir / "locomo" / "locomo10.json")
-
-
-@pytest.fixture(scope="module")
-def oracle(data_dir):
-    return load_longmemeval(data_dir / "longmemeval" / "longmemeval_oracle.json.gz", split="oracle")
 
 
 def _cli(argv):
@@ -140,8 +110,8 @@ def test_method_registry(locomo):
         evaluate(locomo, "nope")
 
 
-def test_beir_end_to_end(tmp_path):
-    d = _beir(tmp_path)
+def test_beir_end_to_end(tmp_path, beir_toy):
+    d = beir_toy
     ds = load_beir(d)
     res = evaluate(ds, cutoffs=(1, 3), n_boot=100)
     # q1 -> d1, q2 -> d2 (the other relevant dX is not in the corpus: recall 1/2)

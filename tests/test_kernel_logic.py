@@ -33,13 +33,13 @@ import types
 
 import numpy as np
 import pytest
+from _helpers import random_index, random_queries
 
 from gpuir import bm25
 from gpuir.backends import kernels as K
 from gpuir.backends.base import topk_from_dense
 from gpuir.backends.numpy_backend import NumpyScorer
 from gpuir.bm25 import METHODS, BM25Params
-from gpuir.index.csr import CSRIndex
 
 U32 = np.uint32
 U64 = np.uint64
@@ -674,34 +674,8 @@ def fake_cupy(monkeypatch):
     return install
 
 
-def random_index(n_docs: int, n_terms: int, seed: int, heavy_df: int = 2500) -> CSRIndex:
-    rng = np.random.default_rng(seed)
-    dfs = rng.zipf(1.6, n_terms).clip(1, n_docs)
-    dfs[0] = n_docs - 1
-    dfs[1] = min(heavy_df, n_docs)
-    doc_ids, tfs = [], []
-    for df in dfs:
-        d = np.sort(rng.choice(n_docs, size=int(df), replace=False)).astype(np.int32)
-        doc_ids.append(d)
-        tfs.append(rng.integers(1, 4, size=d.size).astype(np.int32))
-    offsets = np.zeros(n_terms + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(dfs)
-    doc_ids_a, tfs_a = np.concatenate(doc_ids), np.concatenate(tfs)
-    doc_lens = np.bincount(doc_ids_a, weights=tfs_a, minlength=n_docs).astype(np.int32)
-    doc_lens = (doc_lens // 4) * 4 + 1  # many equal lengths: many exact ties
-    return CSRIndex(offsets=offsets, doc_ids=doc_ids_a, tfs=tfs_a, doc_lens=doc_lens,
-                    vocab=[f"t{i}" for i in range(n_terms)], ids=[str(i) for i in range(n_docs)])
-
-
-def random_queries(n_terms: int, n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    qs = [rng.integers(0, n_terms, size=rng.integers(1, 7)).astype(np.int64) for _ in range(n)]
-    qs[0] = np.zeros(0, dtype=np.int64)
-    qs[1] = np.array([0, 0, 0, 1], dtype=np.int64)
-    qs[2] = np.array([1], dtype=np.int64)
-    qs[3] = np.array([0], dtype=np.int64)
-    qs[4] = np.array([n_terms - 1, n_terms - 1], dtype=np.int64)
-    return qs
+# This module's data: term 1 in 2500 documents, queries of at most 6 terms.
+HEAVY_DF, MAX_TERMS = 2500, 6
 
 
 def _exact(a, b):
@@ -715,10 +689,10 @@ def test_scorer_host_path_with_emulated_kernels(fake_cupy, method):
     from gpuir.backends.cupy_backend import CupyScorer
 
     N, V = 2501, 80
-    idx = random_index(N, V, seed=11)
+    idx = random_index(N, V, seed=11, heavy_df=HEAVY_DF)
     p = BM25Params(method=method)
     ref, gpu = NumpyScorer(idx, p), CupyScorer(idx, p)
-    qs = random_queries(V, 9, seed=12)
+    qs = random_queries(V, 9, seed=12, max_terms=MAX_TERMS)
     rng = np.random.default_rng(13)
     allow = [None, np.zeros(0, np.int64), np.sort(rng.choice(N, 40, replace=False)), None,
              np.arange(0, N, 3), np.array([N - 1]), None, np.arange(N), None]
@@ -735,10 +709,10 @@ def test_sort_path_and_k_beyond_the_collection(fake_cupy):
     fake_cupy()
     from gpuir.backends.cupy_backend import CupyScorer
 
-    idx = random_index(5003, 60, seed=21)
+    idx = random_index(5003, 60, seed=21, heavy_df=HEAVY_DF)
     p = BM25Params(method="bm25+")
     ref, gpu = NumpyScorer(idx, p), CupyScorer(idx, p)
-    qs = random_queries(60, 5, seed=22)
+    qs = random_queries(60, 5, seed=22, max_terms=MAX_TERMS)
     for k in (4096, 4097, 6000):  # the shared-memory limit, then the sort path (k > N too)
         _exact(ref.search(qs, k), gpu.search(qs, k))
 
@@ -748,9 +722,9 @@ def test_oom_halves_the_chunk_then_gives_up(fake_cupy):
     cp = fake_cupy(oom_if=lambda name, args: name.startswith("topk_rows") and args[0].shape[0] > 2)
     from gpuir.backends.cupy_backend import CupyScorer
 
-    idx = random_index(1500, 40, seed=31)
+    idx = random_index(1500, 40, seed=31, heavy_df=HEAVY_DF)
     ref, gpu = NumpyScorer(idx, BM25Params()), CupyScorer(idx, BM25Params())
-    qs = random_queries(40, 11, seed=32)
+    qs = random_queries(40, 11, seed=32, max_terms=MAX_TERMS)
     res = gpu.search(qs, 7)
     _exact(ref.search(qs, 7), res)
     assert cp.freed >= 1 and res.meta["n_chunks"] >= 6
@@ -765,10 +739,10 @@ def test_memory_budget_chunks(fake_cupy):
     fake_cupy()
     from gpuir.backends.cupy_backend import CupyScorer
 
-    idx = random_index(3001, 50, seed=41)
+    idx = random_index(3001, 50, seed=41, heavy_df=HEAVY_DF)
     per_row = CupyScorer(idx, BM25Params()).row_bytes(25)
     gpu = CupyScorer(idx, BM25Params(), memory_budget_bytes=3 * per_row)
-    qs = random_queries(50, 10, seed=42)
+    qs = random_queries(50, 10, seed=42, max_terms=MAX_TERMS)
     res = gpu.search(qs, 25)
     assert res.meta["rows_per_chunk"] == 3 and res.meta["n_chunks"] == 4
     _exact(NumpyScorer(idx, BM25Params()).search(qs, 25), res)

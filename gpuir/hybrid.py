@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .fusion import fuse
-from .results import SearchResults
+from .results import SearchResults, padded_arrays
 
 __all__ = ["DEFAULT_FUSION", "HybridRetriever", "get_encoder", "split_turns"]
 
@@ -527,8 +527,7 @@ def loco_alpha_run(ds, queries, bm25, dense, k, method="z", alphas=None, metric=
     per = {a: _per_query_metric(ds, queries, runs[a].ids, metric)[scored] for a in alphas}
     lo = leave_one_group_out(per, groups[scored])
     chosen = dict(lo["chosen"])
-    ids = np.full((len(queries), k), -1, np.int64)
-    sc = np.full((len(queries), k), -np.inf, np.float32)
+    ids, sc = padded_arrays(len(queries), k)
     default = lo["best_overall"]
     for i, g in enumerate(groups):
         a = chosen.get(g, default)  # unscored questions' groups: the overall choice (never scored)

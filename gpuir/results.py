@@ -61,9 +61,20 @@ class SearchResults:
         return out
 
 
+def padded_arrays(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh all-padding result arrays, to be filled row by row.
+
+    Returns
+    -------
+    ids : ndarray, shape (n_queries, k), int64, host, all -1
+    scores : ndarray, shape (n_queries, k), float32, host, all -inf
+    """
+    return (
+        np.full((n_queries, k), -1, dtype=np.int64),
+        np.full((n_queries, k), -np.inf, dtype=np.float32),
+    )
+
+
 def empty_results(n_queries: int, k: int) -> SearchResults:
     """All-padding results: ids -1 and scores -inf, shape (n_queries, k)."""
-    return SearchResults(
-        ids=np.full((n_queries, k), -1, dtype=np.int64),
-        scores=np.full((n_queries, k), -np.inf, dtype=np.float32),
-    )
+    return SearchResults(*padded_arrays(n_queries, k))

@@ -84,3 +84,12 @@ def random_queries(n_terms: int, n: int, seed: int, max_terms: int = 7) -> list[
     qs[3] = np.array([0], dtype=np.int64)                 # one term, ~N candidates
     qs[4] = np.array([n_terms - 1, n_terms - 1], dtype=np.int64)  # repeated rare term
     return qs
+
+
+def random_corpus(n_docs: int, vocab: int, seed: int, max_len: int = 30) -> list[str]:
+    """Documents of Zipf-distributed words ``w0 .. w{vocab-1}``, 0 to max_len-1 words each."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    p = 1.0 / np.arange(1, vocab + 1)
+    p /= p.sum()
+    return [" ".join(rng.choice(words, size=rng.integers(0, max_len), p=p)) for _ in range(n_docs)]

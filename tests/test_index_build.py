@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from _helpers import random_corpus
 
 from gpuir import Analyzer, BM25Index
 from gpuir.index.build import build_csr
-
-from test_search import random_corpus
 
 FIELDS = ("offsets", "doc_ids", "tfs", "doc_lens")
 

@@ -5,17 +5,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _helpers import random_corpus
 
-from gpuir import BM25Index, METHODS
+from gpuir import METHODS, BM25Index
 from gpuir.backends import topk_from_dense
-
-
-def random_corpus(n_docs, vocab, seed, max_len=30):
-    rng = np.random.default_rng(seed)
-    words = [f"w{i}" for i in range(vocab)]
-    p = 1.0 / np.arange(1, vocab + 1)
-    p /= p.sum()
-    return [" ".join(rng.choice(words, size=rng.integers(0, max_len), p=p)) for _ in range(n_docs)]
 
 
 def brute_force(docs, query, method, k1=1.2, b=0.75, delta=0.5):

@@ -5,11 +5,10 @@ import os
 
 import numpy as np
 import pytest
+from _helpers import random_corpus
 
 from gpuir import BM25Index, IndexFormatError
 from gpuir.index import storage
-
-from test_search import random_corpus
 
 
 @pytest.fixture

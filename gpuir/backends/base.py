@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from ..results import SearchResults
+from ..results import SearchResults, padded_arrays
 
 
 class Scorer(ABC):
@@ -85,8 +85,7 @@ def topk_from_dense(scores: np.ndarray, k: int) -> SearchResults:
     SearchResults, shape (B, k)
     """
     B, N = scores.shape
-    ids = np.full((B, k), -1, dtype=np.int64)
-    out = np.full((B, k), -np.inf, dtype=np.float32)
+    ids, out = padded_arrays(B, k)
     for i in range(B):
         row = scores[i]
         cand = np.flatnonzero(row > -np.inf)

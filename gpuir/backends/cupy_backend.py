@@ -41,7 +41,7 @@ from .. import bm25
 from .._compat import cuda_device
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from ..results import SearchResults, empty_results
+from ..results import SearchResults, empty_results, padded_arrays
 from . import kernels as K
 from .base import Scorer
 
@@ -401,8 +401,7 @@ class CupyScorer(Scorer):
             res.meta = {"backend": "cupy", "device": self._device_name, "timings": {"total_s": 0.0}}
             return res
         cp = self._cp
-        ids = np.full((B, k), -1, dtype=np.int64)
-        out = np.full((B, k), -np.inf, dtype=np.float32)
+        ids, out = padded_arrays(B, k)
         filtered = allow is not None and any(a is not None for a in allow)
         timer = _Timer(cp)
         n_chunks = [0]

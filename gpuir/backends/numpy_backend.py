@@ -42,7 +42,7 @@ import numpy as np
 from .. import bm25
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from ..results import SearchResults
+from ..results import SearchResults, padded_arrays
 from .base import Scorer
 
 
@@ -243,8 +243,7 @@ class NumpyScorer(Scorer):
         allow: Sequence[np.ndarray | None] | None = None,
     ) -> SearchResults:
         B = len(queries)
-        ids = np.full((B, k), -1, dtype=np.int64)
-        out = np.full((B, k), -np.inf, dtype=np.float32)
+        ids, out = padded_arrays(B, k)
         t0 = time.perf_counter()
         for i, q in enumerate(queries):
             d, s = self._search_one(np.asarray(q, dtype=np.int64), k, None if allow is None else allow[i])

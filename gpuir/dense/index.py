@@ -31,7 +31,7 @@ import numpy as np
 
 from .._compat import cuda_device, optional_import
 from ..filters import normalize_filters
-from ..results import SearchResults
+from ..results import SearchResults, padded_arrays
 
 __all__ = ["DenseIndex", "l2_normalize", "topk_rows"]
 
@@ -232,8 +232,7 @@ class DenseIndex:
 
     def _search_exact(self, q: np.ndarray, k: int, allow) -> tuple[np.ndarray, np.ndarray]:
         B, N = q.shape[0], self.n_docs
-        ids = np.full((B, k), -1, np.int64)
-        sc = np.full((B, k), -np.inf, np.float32)
+        ids, sc = padded_arrays(B, k)
         if N == 0 or B == 0:
             return ids, sc
         if self.backend == "cupy":
@@ -264,8 +263,7 @@ class DenseIndex:
     def _search_faiss(self, q: np.ndarray, k: int, allow) -> tuple[np.ndarray, np.ndarray]:
         faiss = optional_import("faiss", "dense")
         B = q.shape[0]
-        ids = np.full((B, k), -1, np.int64)
-        sc = np.full((B, k), -np.inf, np.float32)
+        ids, sc = padded_arrays(B, k)
         if self.n_docs == 0 or B == 0:
             return ids, sc
         kk = min(k, self.n_docs)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..results import padded_arrays
 from .datasets import EvalDataset, EvalQuery
 from .metrics import METRICS, compute_metrics
 from .stats import bootstrap_ci, bootstrap_table
@@ -256,8 +257,7 @@ def bm25_private_method(
 
     t0 = time.perf_counter()
     B = len(queries)
-    ranked = np.full((B, k), -1, dtype=np.int64)
-    scores = np.full((B, k), -np.inf, dtype=np.float32)
+    ranked, scores = padded_arrays(B, k)
     groups: dict[tuple[str, ...] | None, list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.candidates, []).append(i)

@@ -3,29 +3,38 @@
 Per query (a Python loop over queries and query terms, never over postings):
 
 1. **Accumulate, most selective terms first.** Distinct query terms (repeats
-   grouped, their weight multiplied by the count) are visited in decreasing
-   order of their upper bound ``ub(t) = mult * max posting weight of t``. Each
+   grouped, their weight multiplied by the count) are visited, when pruning
+   (the default), in decreasing order of their upper bound ``ub(t) = mult * max posting weight of t``. Each
    adds its posting weights into a reusable dense float32 accumulator,
    ``acc[doc_ids[t]] += w[t]``; within one term every document occurs once, so
    plain fancy-index addition is exact (no ``np.add.at``).
 2. **Prune (MaxScore).** After a term, if the k-th best partial score already
    exceeds the sum of the remaining terms' upper bounds, no document outside
    the current candidates can reach the top k, and the remaining (low-idf,
-   long) posting lists are never scanned. Weights are non-negative for every
-   variant, so partial scores only grow and the test is safe; a relative slack
-   of 1e-5 covers float32 rounding.
-3. **Candidates** touched so far are de-duplicated in O(P_q) with an "owner"
-   array; those that can still reach the k-th partial score (partial + rest of
-   the bounds) are kept, and the accumulator is reset where it was touched.
-4. **Exact scores** of the kept candidates are recomputed by binary search in
-   every query term's posting list, adding in ascending term-id order: the same
-   float32 operations, in the same order, as the exhaustive path. Pruned and
-   exhaustive searches return identical ids and scores (tested).
+   long) posting lists are never scanned -- provided rescoring the surviving
+   candidates by binary search costs less than scanning those lists. Weights
+   are non-negative for every variant, so partial scores only grow and the test
+   is safe; a relative slack of 1e-5 covers float32 rounding. The test runs
+   only when more postings are left than were seen.
+3. **Survivors without de-duplication.** The touched entries (a document
+   appears once per posting list it is in, so at most L times for L lists) are
+   read from the accumulator, which is then reset where it was touched. The
+   (k·L)-th largest entry is a lower bound of the k-th best distinct score, so
+   only entries at least that good (plus the remaining bounds, when pruned) can
+   be in the top k; a strided sample finds that threshold without partitioning
+   every entry. Only the few survivors are de-duplicated (``np.unique``).
+4. **Exact scores.** Without pruning, terms were added in ascending term-id
+   order: the sums are exact as they stand. With pruning (bound order), the
+   survivors are rescored by binary search in every query term's posting list,
+   adding in ascending term-id order -- the same float32 operations, in the
+   same order. Pruned and exhaustive searches return identical ids and scores
+   (tested).
 5. **Top-k** by (score desc, document asc) with a partition then a lexsort over
-   the few kept candidates.
+   the survivors.
 
-A query costs O(P_q' + m log m) for P_q' postings actually scanned, never O(N).
-``prune=False`` (and :meth:`score_matrix`) scan every posting list.
+A query costs O(P_q') for the P_q' postings actually scanned (reported as
+``meta["postings_scanned"]``), never O(N). ``prune=False`` (and
+:meth:`score_matrix`) scan every posting list.
 
 Posting weights ``w = idf(t) * tfc(tf, |d|)`` (minus the absent-term weight for
 bm25l/bm25+) are computed once per (index, parameters) in float32 from the raw
@@ -77,6 +86,7 @@ class NumpyScorer(Scorer):
         self._acc = np.zeros(N, dtype=np.float32)
         self._owner = np.zeros(N, dtype=np.int64)
         self._mask = np.zeros(N, dtype=bool)
+        self._scanned = 0  # postings read by search(), for meta["postings_scanned"]
 
     # -- one query -------------------------------------------------------------
     def _candidates(self, q: np.ndarray, allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -155,23 +165,38 @@ class NumpyScorer(Scorer):
             out[found] += w if c == 1 else w * np.float32(c)
         return out
 
+    @staticmethod
+    def _mth_largest(vals: np.ndarray, m: int) -> float:
+        """The m-th largest value of ``vals`` (1 <= m <= vals.size), exactly.
+
+        On large inputs a strided sample's m-th largest (a lower bound) first
+        discards most values, so the partition runs on a few thousand.
+        """
+        n = vals.size
+        if n > 256 * m:
+            sub = vals[:: n // (64 * m)]
+            lb = np.partition(sub, sub.size - m)[sub.size - m]
+            vals = vals[vals >= lb]  # still holds the m largest
+            n = vals.size
+        return float(np.partition(vals, n - m)[n - m])
+
     def _search_one(self, q: np.ndarray, k: int, allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (docs, scores) of one query, with MaxScore pruning (see the module docstring)."""
+        """Top-k (docs, scores) of one query (see the module docstring)."""
         empty = (np.zeros(0, np.int32), np.zeros(0, np.float32))
         if q.size == 0:
             return empty
         terms, mult = np.unique(q, return_counts=True)
-        if not self.prune or terms.size == 1:
-            cand, scores = self._candidates(q, allow)
-            return self._select(cand, scores, k) if cand.size else empty
         idx = self.index
         offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, self._acc
-        ub = self.ub[terms] * mult
-        order = np.argsort(-ub, kind="stable")
-        rest = np.append(np.cumsum(ub[order][::-1])[::-1], 0.0)  # rest[i] = sum of ub[order[i:]]
-        to = terms[order]
-        plen = offsets[to + 1] - offsets[to]
-        post_rest = np.append(np.cumsum(plen[::-1])[::-1], 0)
+        prune = self.prune and terms.size > 1
+        if prune:
+            ub = self.ub[terms] * mult
+            order = np.argsort(-ub, kind="stable")
+            rest = np.append(np.cumsum(ub[order][::-1])[::-1], 0.0)  # rest[i] = sum of ub[order[i:]]
+            to = terms[order]
+            post_rest = np.append(np.cumsum((offsets[to + 1] - offsets[to])[::-1])[::-1], 0)
+        else:
+            order = np.arange(terms.size)  # ascending term ids: the exact summation order
         mask = None
         if allow is not None:
             mask = self._mask
@@ -191,6 +216,9 @@ class NumpyScorer(Scorer):
                 acc[d] += w if c == 1 else w * np.float32(c)
                 slices.append(d)
                 n_seen += d.size
+                self._scanned += d.size
+                if not prune:
+                    continue
                 remaining = float(rest[i + 1])
                 if remaining == 0.0 or n_seen < k * len(slices):
                     continue
@@ -198,28 +226,37 @@ class NumpyScorer(Scorer):
                 # and scanning what is left must cost more than the check itself
                 if remaining * (1 + slack) >= float(rest[0] - remaining) or post_rest[i + 1] < n_seen:
                     continue
-                # k-th largest over the multiset (each doc at most len(slices) times) is a
-                # lower bound of the k-th largest distinct partial score
+                # the (k x lists)-th largest over the multiset of partials (a document occurs
+                # once per list) is a lower bound of the k-th largest distinct partial score
                 vals = acc[np.concatenate(slices)] if len(slices) > 1 else acc[d]
-                m = k * len(slices)
-                theta = float(np.partition(vals, vals.size - m)[vals.size - m])
+                theta = self._mth_largest(vals, k * len(slices))
                 if remaining * (1 + slack) < theta * (1 - slack):
-                    break
+                    # worth stopping only if rescoring the survivors by binary search
+                    # (|S| x T lookups) costs less than scanning the remaining postings
+                    survivors = int(np.count_nonzero(vals + remaining * (1 + slack) >= theta * (1 - slack)))
+                    if survivors * terms.size * 16 < post_rest[i + 1]:
+                        break
             else:
                 remaining = 0.0
         finally:
             if mask is not None:
                 mask[allow] = False
-        cand = self._dedupe(slices)
-        partial = acc[cand]
-        acc[cand] = 0.0
-        if cand.size == 0:
+        cat = slices[0] if len(slices) == 1 else np.concatenate(slices)
+        vals = acc[cat]
+        acc[cat] = 0.0  # reset every touched entry (duplicates are harmless)
+        if cat.size == 0:
             return empty
-        if cand.size > k:
-            theta = float(np.partition(partial, cand.size - k)[cand.size - k])
-            cand = cand[partial + remaining * (1 + slack) >= theta * (1 - slack)]
-        cand = np.sort(cand)
-        scores = self._exact_scores(cand, terms, mult)
+        m = k * len(slices)
+        if cat.size > m:  # keep the entries that can still reach the k-th best score
+            theta = self._mth_largest(vals, m)
+            keep = vals + remaining * (1 + slack) >= theta * (1 - slack)
+            cat, vals = cat[keep], vals[keep]
+        if prune:  # partial sums in bound order: rescore in the exact (term id) order
+            cand = np.unique(cat)
+            scores = self._exact_scores(cand, terms, mult)
+        else:  # sums already in term-id order: exact
+            cand, first = np.unique(cat, return_index=True)
+            scores = vals[first]
         if self._has_w0:
             scores = scores + np.float32((self.w0[terms] * mult).sum(dtype=np.float32))
         return self._select(cand, scores, k)
@@ -245,12 +282,15 @@ class NumpyScorer(Scorer):
         B = len(queries)
         ids, out = padded_arrays(B, k)
         t0 = time.perf_counter()
+        self._scanned = 0
         for i, q in enumerate(queries):
             d, s = self._search_one(np.asarray(q, dtype=np.int64), k, None if allow is None else allow[i])
             ids[i, : d.size] = d
             out[i, : s.size] = s
         dt = time.perf_counter() - t0
-        return SearchResults(ids, out, {"backend": "numpy", "timings": {"total_s": dt}})
+        return SearchResults(
+            ids, out, {"backend": "numpy", "timings": {"total_s": dt}, "postings_scanned": self._scanned}
+        )
 
     def score_matrix(
         self,

@@ -261,17 +261,30 @@ def dataset_turns(ds) -> tuple[list[str], np.ndarray]:
 
 
 class _Channels:
-    """Per-data-set cache of channel score rows for the evaluation methods."""
+    """Cache of channel score rows for the evaluation methods, per (data set, questions).
+
+    Keys name the data set by ``id(ds)`` and the questions by their ids; each
+    entry also holds the data set itself, so its ``id`` cannot be reused by
+    another object while the entry lives (at most 16 entries).
+    """
 
     def __init__(self):
-        self.store: dict[tuple, Any] = {}
+        self.store: dict[tuple, tuple[Any, Any]] = {}
 
-    def get(self, key, make):
-        if key not in self.store:
-            if len(self.store) > 16:
-                self.store.pop(next(iter(self.store)))
-            self.store[key] = make()
-        return self.store[key]
+    def get(self, key, make, ds=None):
+        hit = self.store.get(key)
+        if hit is not None and (ds is None or hit[0] is ds):
+            return hit[1]
+        if len(self.store) > 16:
+            self.store.pop(next(iter(self.store)))
+        value = make()
+        self.store[key] = (ds, value)
+        return value
+
+
+def _qkey(queries) -> tuple:
+    """The identity of a list of questions (their ids, in order)."""
+    return tuple(getattr(q, "qid", q) for q in queries)
 
 
 _CACHE = _Channels()
@@ -312,7 +325,7 @@ def bm25_rows(ds, queries, *, backend="auto", analyzer="default", k1=1.2, b=0.75
         M = np.concatenate(rows) if rows else np.zeros((0, ds.n_docs), np.float32)
         return M, time.perf_counter() - t0
 
-    return _CACHE.get(("bm25", id(ds), len(queries), analyzer, k1, b, backend), make)
+    return _CACHE.get(("bm25", id(ds), _qkey(queries), analyzer, k1, b, backend), make, ds)
 
 
 def _encoder_rows(ds, queries, encoder, progress):
@@ -339,7 +352,7 @@ def dense_rows(ds, queries, *, encoder=None, backend="auto", progress=False):
         return M, {"encode_queries_s": tq, "encode_docs_s": te, "score_s": time.perf_counter() - t0,
                    "encoder": enc.model_name, "n_encoded_docs": int(need.size)}
 
-    return _CACHE.get(("dense", id(ds), len(queries), encoder), make)
+    return _CACHE.get(("dense", id(ds), _qkey(queries), encoder), make, ds)
 
 
 def turn_vectors(ds, queries, *, encoder=None, progress=False):
@@ -357,7 +370,7 @@ def turn_vectors(ds, queries, *, encoder=None, progress=False):
         vecs = enc.encode_passages(texts)
         return vecs, doc, time.perf_counter() - t0
 
-    return _CACHE.get(("turns", id(ds), len(queries), encoder), make)
+    return _CACHE.get(("turns", id(ds), _qkey(queries), encoder), make, ds)
 
 
 def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, backend="auto", progress=False):
@@ -369,7 +382,7 @@ def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, 
         vecs, doc, te = turn_vectors(ds, queries, encoder=encoder, progress=progress)
         return q, vecs, doc, tq, te
 
-    q, vecs, doc, tq, te = _CACHE.get(("sims", id(ds), len(queries), encoder), sims)
+    q, vecs, doc, tq, te = _CACHE.get(("sims", id(ds), _qkey(queries), encoder), sims, ds)
 
     def make():
         be = _resolve_backend(backend, q)
@@ -393,7 +406,7 @@ def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, 
                    "encoder": get_encoder(encoder).model_name, "n_turns": int(v.shape[0]), "pooling": pooling,
                    "pool_backend": be}
 
-    return _CACHE.get(("late", id(ds), len(queries), encoder, pooling, pool_k, beta, backend), make)
+    return _CACHE.get(("late", id(ds), _qkey(queries), encoder, pooling, pool_k, beta, backend), make, ds)
 
 
 def _rows_to_run(M: np.ndarray, k: int, meta: dict):
@@ -421,7 +434,7 @@ def bm25_turn_rows(ds, queries, *, pooling="max", pool_k=2, beta=1.0, backend="a
         idx = BM25Index.build(texts, analyzer=analyzer, progress=False)
         return idx, doc, time.perf_counter() - t0
 
-    idx, doc, t_index = _CACHE.get(("turn_index", id(ds), analyzer), index)
+    idx, doc, t_index = _CACHE.get(("turn_index", id(ds), analyzer), index, ds)
 
     def make():
         filters = ds.candidate_filters(queries)
@@ -442,7 +455,7 @@ def bm25_turn_rows(ds, queries, *, pooling="max", pool_k=2, beta=1.0, backend="a
         return P, {"bm25_turn_index_s": t_index, "bm25_turn_score_s": t1 - t0,
                    "pool_s": time.perf_counter() - t1, "pooling": pooling, "n_turns": int(doc.size)}
 
-    return _CACHE.get(("bm25_turn", id(ds), len(queries), pooling, pool_k, beta, backend, analyzer), make)
+    return _CACHE.get(("bm25_turn", id(ds), _qkey(queries), pooling, pool_k, beta, backend, analyzer), make, ds)
 
 
 def _dense_channel(ds, queries, dense_mode, encoder, pooling, pool_k, beta, backend, progress):

@@ -90,3 +90,17 @@ def test_eval_methods_registered_and_run(encoder):
             got = {ids[d] for d in r.run.ranked[i] if d >= 0}
             assert got <= set(q.candidates)
         assert r.summary()["overall"]["hit@1"]["mean"] >= 0.75, m
+
+
+def test_channel_cache_tells_question_sets_apart(beir_toy):
+    """Two different question lists of the same length never share cached rows."""
+    from gpuir.eval.datasets import load_beir
+    from gpuir.hybrid import bm25_rows
+
+    ds = load_beir(beir_toy)
+    qs = list(ds.queries)
+    a, _ = bm25_rows(ds, qs[:1], backend="numpy")
+    b, _ = bm25_rows(ds, qs[1:2], backend="numpy")
+    assert not np.array_equal(a, b)
+    again, _ = bm25_rows(load_beir(beir_toy), qs[1:2], backend="numpy")  # a new data-set object
+    np.testing.assert_array_equal(again, b)

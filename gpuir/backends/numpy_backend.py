@@ -127,7 +127,6 @@ class NumpyScorer(Scorer):
             scores = scores + np.float32((self.w0[terms] * mult).sum(dtype=np.float32))
         return cand, scores
 
-
     #: Relative slack on pruning decisions, far above float32 rounding of a sum.
     _SLACK = 1e-5
     #: A pruning test runs only when the postings left are at least this many

@@ -11,11 +11,11 @@ import os
 from .._compat import cuda_device
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from .base import Scorer, topk_from_dense
+from .base import CollectionStats, Scorer, topk_from_dense
 
 BACKENDS = ("auto", "numpy", "cupy")
 
-__all__ = ["BACKENDS", "Scorer", "make_scorer", "resolve_backend", "topk_from_dense"]
+__all__ = ["BACKENDS", "CollectionStats", "Scorer", "make_scorer", "resolve_backend", "topk_from_dense"]
 
 
 def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
@@ -63,7 +63,7 @@ def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Sc
     if backend == "numpy":
         from .numpy_backend import NumpyScorer
 
-        return NumpyScorer(index, params)
+        return NumpyScorer(index, params, **opts)
     if backend == "cupy":
         from .cupy_backend import CupyScorer
 

@@ -53,7 +53,7 @@ from .. import bm25
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
-from .base import Scorer
+from .base import CollectionStats, Scorer
 
 
 class NumpyScorer(Scorer):
@@ -61,12 +61,14 @@ class NumpyScorer(Scorer):
 
     name = "numpy"
 
-    def __init__(self, index: CSRIndex, params: BM25Params, prune: bool = True):
-        super().__init__(index, params)
+    def __init__(
+        self, index: CSRIndex, params: BM25Params, prune: bool = True, stats: CollectionStats | None = None
+    ):
+        super().__init__(index, params, stats)
         #: Skip posting lists that cannot change the top k (MaxScore); exact either way.
         self.prune = prune
         N, V = index.n_docs, index.n_terms
-        idf = bm25.idf(index.df, N, params.method)
+        idf = bm25.idf(self.stats.df, self.stats.n_docs, params.method)
         #: float32 (V,): idf of each term.
         self.idf = idf.astype(np.float32)
         #: float32 (V,): weight of an absent query term (non-zero for bm25l/bm25+ only).
@@ -74,7 +76,7 @@ class NumpyScorer(Scorer):
         self._has_w0 = bool(np.any(self.w0 != 0))
         term_of = np.repeat(np.arange(V, dtype=np.int32), np.diff(index.offsets))
         dl = np.asarray(index.doc_lens)[np.asarray(index.doc_ids)]
-        w = self.idf[term_of] * bm25.tfc(np.asarray(index.tfs), dl, index.avgdl, params)
+        w = self.idf[term_of] * bm25.tfc(np.asarray(index.tfs), dl, self.stats.avgdl, params)
         if self._has_w0:
             w = w - self.w0[term_of]
         #: float32 (P,): the weight of each posting.

@@ -49,11 +49,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import bm25
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
 from .base import CollectionStats, Scorer
+from .weights import posting_weights
 
 
 class NumpyScorer(Scorer):
@@ -67,25 +67,17 @@ class NumpyScorer(Scorer):
         super().__init__(index, params, stats)
         #: Skip posting lists that cannot change the top k (MaxScore); exact either way.
         self.prune = prune
-        N, V = index.n_docs, index.n_terms
-        idf = bm25.idf(self.stats.df, self.stats.n_docs, params.method)
+        N = index.n_docs
+        pw = posting_weights(index, params, self.stats)
         #: float32 (V,): idf of each term.
-        self.idf = idf.astype(np.float32)
+        self.idf = pw.idf
         #: float32 (V,): weight of an absent query term (non-zero for bm25l/bm25+ only).
-        self.w0 = bm25.absent_weight(idf, params)
-        self._has_w0 = bool(np.any(self.w0 != 0))
-        term_of = np.repeat(np.arange(V, dtype=np.int32), np.diff(index.offsets))
-        dl = np.asarray(index.doc_lens)[np.asarray(index.doc_ids)]
-        w = self.idf[term_of] * bm25.tfc(np.asarray(index.tfs), dl, self.stats.avgdl, params)
-        if self._has_w0:
-            w = w - self.w0[term_of]
+        self.w0 = pw.w0
+        self._has_w0 = pw.has_w0
         #: float32 (P,): the weight of each posting.
-        self.weights = w.astype(np.float32, copy=False)
+        self.weights = pw.weights
         #: float64 (V,): the largest posting weight of each term (its MaxScore bound).
-        self.ub = np.zeros(V, dtype=np.float64)
-        if index.n_postings:
-            nz = np.flatnonzero(np.diff(index.offsets) > 0)
-            self.ub[nz] = np.maximum.reduceat(self.weights, index.offsets[nz])
+        self.ub = pw.ub
         self._acc = np.zeros(N, dtype=np.float32)
         self._owner = np.zeros(N, dtype=np.int64)
         self._mask = np.zeros(N, dtype=bool)

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(THREADS) topk_rows(
     int k, int kpad,                            // kpad = next_pow2(k) <= 4096
     long long* __restrict__ out_ids,            // (B, k) int64
     float* __restrict__ out_scores) {           // (B, k) float32
-    extern __shared__ unsigned long long sbuf[];  // (kpad,) composite keys
+    GPUIR_EXTERN_SHARED(unsigned long long, sbuf);  // (kpad,) composite keys
     __shared__ int hist[GPUIR_RADIX_BINS];
     __shared__ int warp_sums[GPUIR_WARP];
     __shared__ unsigned long long s_prefix, s_mask;

@@ -64,6 +64,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
 
 // ---------------------------------------------------------------------------
 // Built-in types and variables
@@ -495,6 +498,13 @@ struct Launch {
 
     void poison_bytes(unsigned char* p, size_t n) {
         if (poison < 0 || n == 0) return;
+#ifdef __SANITIZE_ADDRESS__
+        // The shared-memory section also holds AddressSanitizer's redzones
+        // between the variables: fill only the bytes that belong to them.
+        for (size_t i = 0; i < n; ++i)
+            if (!__asan_address_is_poisoned(p + i)) p[i] = poison < 256 ? (unsigned char)poison : (unsigned char)rng();
+        return;
+#endif
         if (poison < 256) {
             std::memset(p, poison, n);
             return;

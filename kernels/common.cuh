@@ -29,8 +29,9 @@
 #define GPUIR_WARP 32
 #define GPUIR_FULL_MASK 0xFFFFFFFFu
 
-// Dynamic shared memory. The host-emulation shim defines its own version
-// before including this file.
+// Dynamic shared memory of a kernel: `GPUIR_EXTERN_SHARED(T, name);` declares
+// `name` as the launch's dynamic shared buffer of T. The host test build
+// (tests/cuda_host/cuda_host_shim.h) defines it first, to its own buffer.
 #ifndef GPUIR_EXTERN_SHARED
 #define GPUIR_EXTERN_SHARED(T, name) extern __shared__ T name[]
 #endif

@@ -1,7 +1,15 @@
 """GPU/CPU parity: does the cupy backend return what the NumPy reference returns?
 
+The cupy backend is designed to return the reference's results bit for bit
+(same float32 additions in the same order, exact selection): ``exact_share``
+should be 1.0 and every score difference 0. The tolerant measures below stay,
+to say how far apart the backends are when they are not exact.
+
 :func:`parity_report` runs both backends on one :class:`~gpuir.engine.BM25Index`
 and reports
+
+* ``exact_share``: share of queries whose ids and float32 scores are identical
+  (scores compared up to the sign of zero);
 
 * ``max_abs_dscore_topk``: the largest |score difference| rank by rank over the
   returned top-k (rank-wise, so a swap between tied documents costs nothing);
@@ -79,6 +87,24 @@ def topk_agree(
         hi_b = set(ids_b[i][:n][rb > kth + tol].tolist())
         out[i] = hi_a == hi_b
     return out
+
+
+def exact_rows(ids_a: np.ndarray, scores_a: np.ndarray, ids_b: np.ndarray, scores_b: np.ndarray) -> np.ndarray:
+    """Per query: identical ids and identical float32 scores (up to the sign of zero).
+
+    Parameters
+    ----------
+    ids_a, ids_b : ndarray, shape (B, k), int64, host
+    scores_a, scores_b : ndarray, shape (B, k), float32, host
+
+    Returns
+    -------
+    ndarray, shape (B,), bool, host
+    """
+    mag = np.uint32(0x7FFFFFFF)
+    sa = np.ascontiguousarray(scores_a, np.float32).view(np.uint32) & mag
+    sb = np.ascontiguousarray(scores_b, np.float32).view(np.uint32) & mag
+    return np.all(np.asarray(ids_a) == np.asarray(ids_b), axis=1) & np.all(sa == sb, axis=1)
 
 
 def _gold(index: Any, qids: Sequence[str], qrels: Mapping[str, Mapping[str, int]]) -> list[dict[int, int]]:
@@ -160,6 +186,7 @@ def parity_report(
     both = (r_np.ids >= 0) & (r_cp.ids >= 0)
     d_topk = float(np.max(np.abs(r_np.scores[both] - r_cp.scores[both]), initial=0.0))
     agree = topk_agree(r_np.ids, r_np.scores, r_cp.ids, r_cp.scores)
+    exact = exact_rows(r_np.ids, r_np.scores, r_cp.ids, r_cp.scores)
 
     N = max(1, index.csr.n_docs)
     step = max(1, int(dense_rows_bytes) // (4 * N))
@@ -180,6 +207,7 @@ def parity_report(
         "max_abs_dscore_topk": d_topk,
         "max_abs_dscore_dense": d_dense,
         "candidate_mismatches": mismatches,
+        "exact_share": float(exact.mean()) if exact.size else 1.0,
         "topk_agree_share": float(agree.mean()) if agree.size else 1.0,
         "disagreeing_queries": [qids[i] for i in np.flatnonzero(~agree)[:20].tolist()],
         "timings": {"numpy": r_np.meta.get("timings"), "cupy": r_cp.meta.get("timings")},

@@ -1,129 +1,443 @@
-// kernels/bm25_score.cu -- batched BM25 scoring of B queries into B dense rows.
+// kernels/bm25_score.cu -- fused document-tile BM25 scoring with candidate
+// emission, dense rows for parity, and haystack (forward-layout) scoring.
 //
-// Decomposition
-// -------------
-// The host turns a batch of B queries into M "pairs" (query b, distinct term t,
-// multiplicity m): a term repeated in a query is one pair whose posting weight
-// is multiplied by m. Pair p covers the postings offsets[t] .. offsets[t+1] of
-// its term, cut into chunks of CHUNK = THREADS * PER_THREAD postings; pair p owns
-// the global chunk numbers chunk_start[p] .. chunk_start[p+1]-1 (an exclusive
-// prefix sum over ceil(df(t) / CHUNK), computed on the host).
+// Data (device, uploaded once per scorer by gpuir/backends/cupy_backend.py)
+// --------------------------------------------------------------------------
+//   offsets (V+1,) int64, doc_ids (P,) int32   the CSR posting lists, doc-sorted
+//   weights (P,) float32                       posting weights (backends/weights.py)
+//   term_ub (V,) float32                       max(0, largest weight of term t)
+//   dir_row (V,) int32                         row of t in the block-max directory, -1 if none
+//   dir_start (H, n_tiles+1) int32             first posting of tile j, relative to offsets[t]
+//   dir_max (H, n_tiles) float32               max(0, largest weight of t in tile j)
+// Tile j holds documents [j*TILE, (j+1)*TILE). Terms with many postings (the
+// long lists that dominate the work) get a directory row: their sub-range in a
+// tile is two loads. Other terms find it by binary search in doc_ids (their
+// lists are short) and are bounded by term_ub when the sub-range is not empty.
 //
-// One thread block handles one chunk at a time (grid-stride over all chunks),
-// finds its pair by binary search in chunk_start, and its threads stride over
-// the chunk's postings. So the grid is split over (query, term, chunk of
-// postings): a term with a long posting list is spread over many blocks and
-// SMs instead of serialising on one, and one launch scores the whole batch --
-// there is no per-term or per-query Python loop.
+// Batch (per call): a row q has distinct terms qt_term[qt_off[q]..qt_off[q+1])
+// in ascending term id with multiplicities qt_mult (float32), a row constant
+// row_const[q] (sum of the absent-term weights, bm25l/bm25+, added when has_w0)
+// and optionally a sorted allow-list allow_docs[allow_off[q]..allow_off[q+1]).
 //
-// For each posting (doc d, raw tf) of pair p = (b, t, m):
-//     contrib = (idf[t] * tfc(tf, |d|) - w0[t]) * m        (float32, no FMA)
-//     scores[b, d]  += contrib                             (atomicAdd)
-//     touched[b, d] := 1                                   (atomicOr on a bit)
-// tfc is computed in the kernel from the raw tf and document length (see
-// common.cuh), exactly as gpuir.bm25.tfc does in NumPy; w0 is the absent-term
-// weight (non-zero for bm25l/bm25+ only, whose per-row constant sum_t w0[t]*m
-// is added later, by the top-k or finalize kernel).
+// Exact summation order (= the NumPy reference, gpuir/backends/numpy_backend.py)
+// ------------------------------------------------------------------------------
+// A document's score starts from 0.0f; the query's terms are added in
+// ascending term id, one float32 add each (__fadd_rn), the contribution being
+// w or w * float32(m) (common.cuh: scaled); then, for bm25l/bm25+ only, the
+// float32 row constant is added once. tile_score/tile_dense accumulate a tile
+// in shared memory ONE TERM PER ROUND, rounds separated by __syncthreads: a
+// term's posting list holds each document at most once, so in a round every
+// accumulator slot is written by at most one thread. No atomics are needed,
+// there is no race, and the order of adds per document is the term order: the
+// sums are bit for bit the reference's, the same on every run.
 //
-// Candidates: `touched` is a B x ceil(N/32) bitmap of 32-bit words. A document
-// is a candidate iff its bit is set, so a document whose sum is exactly 0.0 is
-// still told apart from an untouched one, and top-k can skip 32 untouched
-// documents with one word read.
+// tile_score: grid (S stripes, query groups), THREADS threads
+// -----------------------------------------------------------
+// Block (s, g) takes the rows q of group g one after the other and, for each,
+// the tiles j = s, s + S, s + 2S, ... For (q, j):
+//   1. Filter: the tile's part of the allow-list (two binary searches) becomes
+//      a shared bitmask; an empty part skips the tile.
+//   2. Bound: each query term's posting sub-range in the tile and its block max
+//      b_t = max(0, max weight of t in tile j); the tile bound is
+//        U = ((0 + scaled(b_t1)) + scaled(b_t2)) + ... [+ row constant]
+//      in float32, in the same order as a score. Float32 addition and
+//      multiplication by m > 0 are monotone (round-to-nearest is
+//      non-decreasing) and b_t >= 0 covers a term absent from the document, so
+//      by induction over the terms every score in the tile is <= U, exactly,
+//      with no slack. The tile is skipped when key(U) < theta[q] (strictly).
+//   3. Accumulate the rounds (above); untouched slots keep a NaN marker, so a
+//      document whose sum is exactly 0 is still a candidate.
+//   4. Thresholds. theta[q] is a running LOWER BOUND of the final k-th best
+//      score of q, as an ordered key (common.cuh), raised with atomicMax:
+//        * tile bound: when the tile has >= k candidates, two histogram passes
+//          (key bits 31..21, then 20..10 inside the chosen bin) find a value L
+//          with at least k of the tile's candidates >= L;
+//        * block bound: the block keeps a histogram (bits 31..21) of every
+//          candidate it has scored for q; the lower edge R of the bin where
+//          the count from the top reaches k has >= k candidates above it.
+//      Both count real documents with their final scores, so the k-th best
+//      score of q over the whole collection is >= L and >= R: publishing them
+//      keeps theta a lower bound.
+//   5. Emit every candidate whose key is >= max(L, R, theta[q]) -- ties
+//      included -- into q's candidate slots (composite keys, warp-aggregated
+//      atomicAdd on counts[q]); counts[q] keeps counting past the capacity.
+// Exactness: let s_k be q's true k-th best score and T its true top k (the
+// tie rule breaks ties at s_k by document number). Every d in T has
+// score(d) >= s_k >= theta (at any time) and >= L, R of its tile and block;
+// its tile is never skipped (U >= score(d) >= s_k >= theta); so d is emitted.
+// A skipped tile or a not-emitted document scores < s_k, or is at s_k only
+// through a tie at key level that is still emitted. Hence the emitted set
+// contains T, and the exact selection (topk.cu: select_topk) over it returns T.
+// If counts[q] exceeds the capacity, the host reruns q with theta[q] set to
+// the value this run ended with: every document >= it was emitted by this run
+// (its tile was not skipped and every threshold it met was <= the final
+// theta), so the rerun emits at most counts[q] keys and fits a buffer of that
+// size (cupy_backend.CupyScorer._run_tiles).
 //
-// Filters: per-query allow-lists become an allow bitmap of the same layout,
-// one row per *filtered* query (allow_row[b] = row number, or -1 for "no
-// filter"), built on the device by scatter_allow_bits from the concatenated
-// sorted allow-lists (8 bytes uploaded per allowed document). A posting of a
-// filtered query whose bit is clear is skipped before the atomics, so filtered
-// documents are never touched and never reach top-k. The check is O(1) per
-// posting (one cached word read) where a per-query binary search would be
-// O(log m); the cost is B_filtered * N / 8 bytes of device memory.
+// tile_dense: grid (tiles, rows): steps 1 and 3 for every tile, then the final
+// scores (or -inf) into a dense (rows, N) float32 array, for score_matrix.
 //
-// Determinism: float atomics add in no fixed order, so a row's sums may
-// differ from the NumPy reference by float32 rounding (a few ulp per term);
-// compare scores within tolerance and top-k sets up to ties.
+// haystack_score: one thread per (row, allowed document) of the rows on the
+// haystack path: merges the document's forward list (its terms ascending with
+// their posting weights: fwd_off (N+1,) int64, fwd_terms (P,) int32,
+// fwd_weights (P,) float32) with the query's terms by binary search, adding in
+// ascending term id. Costs O(allowed documents x query terms x log), not
+// O(postings of the query terms). Writes one composite key per allowed
+// document (0 = no query term), so candidates never overflow.
 //
-// Instantiations (name_expressions, see gpuir/backends/kernels.py):
-//   bm25_score<METHOD, 256, 4>  for METHOD in 0..4
-//   scatter_allow_bits, finalize_dense
+// Instantiations (name_expressions, gpuir/backends/kernels.py):
+//   tile_score<256, 4096>, tile_dense<256, 4096>, haystack_score<256>
 #include "common.cuh"
 
-template <int METHOD, int THREADS, int PER_THREAD>
-__global__ void __launch_bounds__(THREADS) bm25_score(
-    const long long* __restrict__ offsets,      // (V+1,) int64: postings of term t
-    const int* __restrict__ doc_ids,            // (P,) int32
-    const int* __restrict__ tfs,                // (P,) int32, raw tf >= 1
-    const int* __restrict__ doc_lens,           // (N,) int32
-    const int* __restrict__ pair_query,         // (M,) int32: row b within the batch
-    const int* __restrict__ pair_term,          // (M,) int32: term id t
-    const float* __restrict__ pair_mult,        // (M,) float32: multiplicity m
-    const long long* __restrict__ chunk_start,  // (M+1,) int64: first global chunk of each pair
-    int n_pairs,
-    const float* __restrict__ idf,              // (V,) float32
-    const float* __restrict__ w0,               // (V,) float32: absent-term weight
-    const unsigned int* __restrict__ allow_bits,  // (F, W) uint32, or null when F = 0
-    const int* __restrict__ allow_row,          // (B,) int32: row of allow_bits, -1 = unfiltered
-    float* __restrict__ scores,                 // (B, N) float32, zeroed by the caller
-    unsigned int* __restrict__ touched,         // (B, W) uint32, zeroed by the caller
-    long long n_docs, int words_per_row,
-    float k1, float b, float delta, float avgdl) {
-    const long long n_chunks = chunk_start[n_pairs];
-    const long long chunk = (long long)THREADS * PER_THREAD;
-    for (long long c = blockIdx.x; c < n_chunks; c += gridDim.x) {
-        // Pair owning chunk c: the last p with chunk_start[p] <= c.
-        int lo = 0, hi = n_pairs - 1;
+#define GPUIR_ROW_FILTERED 1   // row_flags: the row has an allow-list
+#define GPUIR_ROW_OFF_TILES 2  // row_flags: the row is not scored by tile_score
+#define GPUIR_EMPTY_SLOT 0x7FC00001u  // accumulator marker: a NaN no sum produces
+
+namespace gpuir {
+
+// Posting sub-ranges of the terms qt_term[tb .. tb+n) of a row in tile j
+// (documents [base, end)), one term per thread, into s_lo / s_len / s_bnd.
+template <int THREADS>
+__device__ __forceinline__ void term_ranges(
+    const long long* __restrict__ offsets, const int* __restrict__ doc_ids,
+    const float* __restrict__ term_ub, const int* __restrict__ dir_row,
+    const int* __restrict__ dir_start, const float* __restrict__ dir_max, int n_tiles,
+    const int* __restrict__ qt_term, int tb, int n, long long j, int base, int end,
+    long long* s_lo, int* s_len, float* s_bnd) {
+    const int i = threadIdx.x;
+    if (i < n) {
+        const int t = qt_term[tb + i];
+        const long long o0 = offsets[t], o1 = offsets[t + 1];
+        const int r = dir_row[t];
+        long long lo, hi;
+        float bm;
+        if (r >= 0) {
+            const int* st = dir_start + (long long)r * (n_tiles + 1);
+            lo = o0 + st[j];
+            hi = o0 + st[j + 1];
+            bm = dir_max[(long long)r * n_tiles + j];
+        } else {
+            lo = lower_bound(doc_ids, o0, o1, base);
+            hi = lower_bound(doc_ids, lo, o1, end);
+            bm = hi > lo ? term_ub[t] : 0.0f;
+        }
+        s_lo[i] = lo;
+        s_len[i] = (int)(hi - lo);
+        s_bnd[i] = bm;
+    }
+}
+
+// Step 1: the tile's allowed documents as a bitmask (TILE/32 words). Returns
+// false (uniformly) when none is allowed. Starts and ends with a barrier.
+template <int THREADS, int TILE>
+__device__ __forceinline__ bool load_allow(const long long* __restrict__ allow_off,
+                                           const int* __restrict__ allow_docs, int q, int base, int end,
+                                           unsigned int* s_allow, long long* s_range) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const long long a0 = lower_bound(allow_docs, allow_off[q], allow_off[q + 1], base);
+        s_range[0] = a0;
+        s_range[1] = lower_bound(allow_docs, a0, allow_off[q + 1], end);
+    }
+    __syncthreads();
+    const long long a0 = s_range[0], a1 = s_range[1];
+    if (a0 == a1) return false;
+    for (int i = threadIdx.x; i < TILE / 32; i += THREADS) s_allow[i] = 0u;
+    __syncthreads();
+    for (long long p = a0 + threadIdx.x; p < a1; p += THREADS) {
+        const int d = allow_docs[p] - base;
+        atomicOr(&s_allow[d >> 5], 1u << (d & 31));
+    }
+    __syncthreads();
+    return true;
+}
+
+// Step 3: the rounds. s_val[0..TILE) ends holding the float bits of each
+// document's sum, or GPUIR_EMPTY_SLOT. When nt > THREADS the ranges are
+// recomputed batch by batch (s_lo/s_len hold one batch). Ends with a barrier.
+template <int THREADS, int TILE>
+__device__ __forceinline__ void accumulate_tile(
+    const long long* __restrict__ offsets, const int* __restrict__ doc_ids,
+    const float* __restrict__ weights, const float* __restrict__ term_ub,
+    const int* __restrict__ dir_row, const int* __restrict__ dir_start,
+    const float* __restrict__ dir_max, int n_tiles,
+    const int* __restrict__ qt_term, const float* __restrict__ qt_mult, int t0, int nt,
+    long long j, int base, int end, bool filtered, const unsigned int* s_allow,
+    unsigned int* s_val, long long* s_lo, int* s_len, float* s_bnd, bool ranges_loaded) {
+    for (int i = threadIdx.x; i < TILE; i += THREADS) s_val[i] = GPUIR_EMPTY_SLOT;
+    for (int tb = 0; tb < nt; tb += THREADS) {
+        const int n = nt - tb < THREADS ? nt - tb : THREADS;
+        if (!ranges_loaded) {
+            __syncthreads();
+            term_ranges<THREADS>(offsets, doc_ids, term_ub, dir_row, dir_start, dir_max, n_tiles,
+                                 qt_term, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
+        }
+        __syncthreads();
+        for (int i = 0; i < n; ++i) {
+            const int len = s_len[i];
+            if (len == 0) continue;  // uniform: shared value read after a barrier
+            const long long lo = s_lo[i];
+            const float m = qt_mult[t0 + tb + i];
+            for (int p = threadIdx.x; p < len; p += THREADS) {
+                const int d = doc_ids[lo + p] - base;
+                if (filtered && !((s_allow[d >> 5] >> (d & 31)) & 1u)) continue;
+                const float v = scaled(weights[lo + p], m);
+                const unsigned int old = s_val[d];
+                s_val[d] = float_bits(add_rn(old == GPUIR_EMPTY_SLOT ? 0.0f : bits_float(old), v));
+            }
+            __syncthreads();  // round boundary: the next term may add to the same documents
+        }
+    }
+}
+
+}  // namespace gpuir
+
+template <int THREADS, int TILE>
+__global__ void __launch_bounds__(THREADS) tile_score(
+    const long long* __restrict__ offsets,    // (V+1,) int64
+    const int* __restrict__ doc_ids,          // (P,) int32
+    const float* __restrict__ weights,        // (P,) float32
+    const float* __restrict__ term_ub,        // (V,) float32
+    const int* __restrict__ dir_row,          // (V,) int32
+    const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
+    const float* __restrict__ dir_max,        // (H, n_tiles) float32
+    int n_tiles, long long n_docs,
+    const int* __restrict__ qt_off,           // (R+1,) int32
+    const int* __restrict__ qt_term,          // (T,) int32
+    const float* __restrict__ qt_mult,        // (T,) float32
+    const float* __restrict__ row_const,      // (R,) float32
+    int has_w0,
+    const int* __restrict__ row_flags,        // (R,) int32
+    const long long* __restrict__ allow_off,  // (R+1,) int64
+    const int* __restrict__ allow_docs,       // (A,) int32
+    unsigned int* __restrict__ theta,         // (R,) uint32 ordered keys, in/out
+    int* __restrict__ counts,                 // (R,) int32, zeroed by the caller
+    int* __restrict__ tiles_scored,           // (R,) int32, zeroed by the caller
+    const long long* __restrict__ cand_off,   // (R+1,) int64
+    unsigned long long* __restrict__ cand,    // (cand_off[R],) uint64 composite keys
+    int n_rows, int group, int k) {
+    constexpr int BINS = GPUIR_RADIX_BINS;
+    static_assert(TILE % THREADS == 0 && TILE % 32 == 0, "TILE must be a multiple of THREADS and 32");
+    __shared__ unsigned int s_val[TILE];
+    __shared__ unsigned int s_allow[TILE / 32];
+    __shared__ long long s_lo[THREADS];
+    __shared__ int s_len[THREADS];
+    __shared__ float s_bnd[THREADS];
+    __shared__ int s_hist[BINS];
+    __shared__ int s_run[BINS];
+    __shared__ int s_warp[GPUIR_WARP];
+    __shared__ long long s_range[2];
+    __shared__ int s_go, s_bin, s_above, s_binc;
+    __shared__ unsigned int s_thr;
+
+    const int tid = threadIdx.x, lane = tid & (GPUIR_WARP - 1);
+    for (int gi = 0; gi < group; ++gi) {
+        const int q = blockIdx.y * group + gi;
+        if (q >= n_rows) break;
+        const int flags = row_flags[q];
+        const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
+        if ((flags & GPUIR_ROW_OFF_TILES) || nt == 0) continue;  // uniform
+        const bool filtered = (flags & GPUIR_ROW_FILTERED) != 0;
+        const float rc = row_const[q];
+        const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
+        __syncthreads();  // the previous row's readers of s_run are done
+        for (int i = tid; i < BINS; i += THREADS) s_run[i] = 0;
+
+        for (long long j = blockIdx.x; j < n_tiles; j += gridDim.x) {
+            const int base = (int)(j * TILE);
+            const int end = (long long)base + TILE < n_docs ? base + TILE : (int)n_docs;
+            // 1. filter
+            if (filtered && !gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, q, base, end, s_allow, s_range))
+                continue;
+            // 2. bound, in the scoring order
+            float bound = 0.0f;
+            int npost = 0;
+            for (int tb = 0; tb < nt; tb += THREADS) {
+                const int n = nt - tb < THREADS ? nt - tb : THREADS;
+                __syncthreads();
+                gpuir::term_ranges<THREADS>(offsets, doc_ids, term_ub, dir_row, dir_start, dir_max, n_tiles,
+                                            qt_term, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
+                __syncthreads();
+                if (tid == 0) {
+                    for (int i = 0; i < n; ++i) {
+                        bound = gpuir::add_rn(bound, gpuir::scaled(s_bnd[i], qt_mult[t0 + tb + i]));
+                        npost += s_len[i];
+                    }
+                }
+            }
+            if (tid == 0) {
+                if (has_w0) bound = gpuir::add_rn(bound, rc);
+                const int go = npost > 0 && gpuir::float_to_ordered(bound) >= gpuir::atomic_read(&theta[q]);
+                if (go) atomicAdd(&tiles_scored[q], 1);
+                s_go = go;
+            }
+            __syncthreads();
+            if (!s_go) continue;  // uniform
+            // 3. accumulate
+            gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, weights, term_ub, dir_row, dir_start, dir_max,
+                                                  n_tiles, qt_term, qt_mult, t0, nt, j, base, end, filtered,
+                                                  s_allow, s_val, s_lo, s_len, s_bnd, nt <= THREADS);
+            // 4. final keys (0 = no candidate), candidate count, histogram of bits 31..21
+            for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
+            __syncthreads();
+            int mine = 0;
+            for (int i = tid; i < TILE; i += THREADS) {
+                const unsigned int u = s_val[i];
+                unsigned int key = 0u;
+                if (u != GPUIR_EMPTY_SLOT) {
+                    float s = gpuir::bits_float(u);
+                    if (has_w0) s = gpuir::add_rn(s, rc);
+                    key = gpuir::float_to_ordered(s);
+                    ++mine;
+                    atomicAdd(&s_hist[key >> 21], 1);
+                }
+                s_val[i] = key;
+            }
+            int ncand;
+            gpuir::block_exclusive_sum<THREADS>(mine, s_warp, &ncand);  // barriers: s_hist complete
+            for (int i = tid; i < BINS; i += THREADS) s_run[i] += s_hist[i];
+            if (tid == 0) s_bin = -1;
+            __syncthreads();
+            // block bound R: >= k candidates of this block at or above it
+            gpuir::find_bin<THREADS>(s_run, BINS, k, s_warp, &s_bin, &s_above, &s_binc, nullptr);
+            unsigned int lb = s_bin >= 0 ? ((unsigned int)s_bin << 21) : 0u;
+            if (ncand >= k) {  // uniform
+                // tile bound L: bin b1 of bits 31..21, then b2 of bits 20..10 inside it
+                __syncthreads();
+                if (tid == 0) s_bin = -1;
+                gpuir::find_bin<THREADS>(s_hist, BINS, k, s_warp, &s_bin, &s_above, &s_binc, nullptr);
+                const unsigned int b1 = (unsigned int)s_bin;
+                const int krem = k - s_above;
+                for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
+                __syncthreads();
+                for (int i = tid; i < TILE; i += THREADS) {
+                    const unsigned int key = s_val[i];
+                    if (key != 0u && (key >> 21) == b1) atomicAdd(&s_hist[(key >> 10) & (BINS - 1)], 1);
+                }
+                if (tid == 0) s_bin = -1;
+                __syncthreads();
+                gpuir::find_bin<THREADS>(s_hist, BINS, krem, s_warp, &s_bin, &s_above, &s_binc, nullptr);
+                const unsigned int l = (b1 << 21) | ((unsigned int)s_bin << 10);
+                if (l > lb) lb = l;
+            }
+            if (tid == 0) {
+                const unsigned int old = lb ? atomicMax(&theta[q], lb) : gpuir::atomic_read(&theta[q]);
+                s_thr = old > lb ? old : lb;
+            }
+            __syncthreads();
+            const unsigned int thr = s_thr;
+            // 5. emit (TILE % THREADS == 0: all 32 lanes of a warp run every iteration)
+            for (int i = tid; i < TILE; i += THREADS) {
+                const unsigned int key = s_val[i];
+                const bool pred = key != 0u && key >= thr;
+                const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
+                int first = 0;
+                if (lane == 0 && ballot != 0u) first = atomicAdd(&counts[q], __popc(ballot));
+                first = __shfl_sync(GPUIR_FULL_MASK, first, 0);
+                if (pred) {
+                    const long long slot = (long long)first + __popc(ballot & ((1u << lane) - 1u));
+                    if (slot < cap) cand[c0 + slot] = gpuir::key_from_ordered(key, (long long)base + i);
+                }
+            }
+        }
+    }
+}
+
+template <int THREADS, int TILE>
+__global__ void __launch_bounds__(THREADS) tile_dense(
+    const long long* __restrict__ offsets,    // (V+1,) int64
+    const int* __restrict__ doc_ids,          // (P,) int32
+    const float* __restrict__ weights,        // (P,) float32
+    const float* __restrict__ term_ub,        // (V,) float32
+    const int* __restrict__ dir_row,          // (V,) int32
+    const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
+    const float* __restrict__ dir_max,        // (H, n_tiles) float32
+    int n_tiles, long long n_docs,
+    const int* __restrict__ qt_off,           // (R+1,) int32
+    const int* __restrict__ qt_term,          // (T,) int32
+    const float* __restrict__ qt_mult,        // (T,) float32
+    const float* __restrict__ row_const,      // (R,) float32
+    int has_w0,
+    const int* __restrict__ row_flags,        // (R,) int32 (GPUIR_ROW_FILTERED)
+    const long long* __restrict__ allow_off,  // (R+1,) int64
+    const int* __restrict__ allow_docs,       // (A,) int32
+    float* __restrict__ out,                  // (R, N) float32: score, or -inf
+    int n_rows) {
+    static_assert(TILE % THREADS == 0 && TILE % 32 == 0, "TILE must be a multiple of THREADS and 32");
+    __shared__ unsigned int s_val[TILE];
+    __shared__ unsigned int s_allow[TILE / 32];
+    __shared__ long long s_lo[THREADS];
+    __shared__ int s_len[THREADS];
+    __shared__ float s_bnd[THREADS];
+    __shared__ long long s_range[2];
+
+    const long long j = blockIdx.x;
+    const int q = blockIdx.y;
+    if (q >= n_rows || j >= n_tiles) return;  // uniform
+    const int base = (int)(j * TILE);
+    const int end = (long long)base + TILE < n_docs ? base + TILE : (int)n_docs;
+    const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
+    const bool filtered = (row_flags[q] & GPUIR_ROW_FILTERED) != 0;
+    bool any = nt > 0;
+    if (any && filtered) any = gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, q, base, end, s_allow, s_range);
+    if (any) {
+        gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, weights, term_ub, dir_row, dir_start, dir_max,
+                                              n_tiles, qt_term, qt_mult, t0, nt, j, base, end, filtered,
+                                              s_allow, s_val, s_lo, s_len, s_bnd, false);
+    }
+    float* row = out + (long long)q * n_docs;
+    const float rc = row_const[q];
+    for (int i = threadIdx.x; i < end - base; i += THREADS) {
+        const unsigned int u = any ? s_val[i] : GPUIR_EMPTY_SLOT;
+        float s = __int_as_float(0xff800000);  // -inf
+        if (u != GPUIR_EMPTY_SLOT) s = has_w0 ? gpuir::add_rn(gpuir::bits_float(u), rc) : gpuir::bits_float(u);
+        row[base + i] = s;
+    }
+}
+
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) haystack_score(
+    const long long* __restrict__ fwd_off,    // (N+1,) int64
+    const int* __restrict__ fwd_terms,        // (P,) int32, ascending within a document
+    const float* __restrict__ fwd_weights,    // (P,) float32
+    const int* __restrict__ qt_off,           // (R+1,) int32
+    const int* __restrict__ qt_term,          // (T,) int32
+    const float* __restrict__ qt_mult,        // (T,) float32
+    const float* __restrict__ row_const,      // (R,) float32
+    int has_w0,
+    const long long* __restrict__ allow_off,  // (R+1,) int64
+    const int* __restrict__ allow_docs,       // (A,) int32
+    const int* __restrict__ hs_rows,          // (H,) int32: the rows on this path
+    const long long* __restrict__ hs_start,   // (H+1,) int64: prefix sum of their allow-list sizes
+    int n_hs,
+    const long long* __restrict__ cand_off,   // (R+1,) int64: row q's slots; >= its allow-list size
+    unsigned long long* __restrict__ cand) {  // composite keys, 0 = no query term
+    const long long total = hs_start[n_hs];
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < total;
+         i += (long long)gridDim.x * THREADS) {
+        int lo = 0, hi = n_hs - 1;  // the last h with hs_start[h] <= i
         while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (chunk_start[mid] <= c) lo = mid; else hi = mid - 1;
+            const int mid = (lo + hi + 1) >> 1;
+            if (hs_start[mid] <= i) lo = mid; else hi = mid - 1;
         }
-        const int p = lo;
-        const int q = pair_query[p];
-        const int t = pair_term[p];
-        const float m = pair_mult[p];
-        const float w = idf[t];
-        const float z = w0[t];
-        const long long begin = offsets[t] + (c - chunk_start[p]) * chunk;
-        long long end = begin + chunk;
-        if (end > offsets[t + 1]) end = offsets[t + 1];
-        const int arow = allow_row[q];
-        const unsigned int* allow = arow >= 0 ? allow_bits + (long long)arow * words_per_row : nullptr;
-        float* srow = scores + (long long)q * n_docs;
-        unsigned int* trow = touched + (long long)q * words_per_row;
-        for (long long i = begin + threadIdx.x; i < end; i += THREADS) {
-            const int d = doc_ids[i];
-            if (allow != nullptr && !gpuir::test_bit(allow, d)) continue;
-            const float tc = gpuir::tfc<METHOD>((float)tfs[i], (float)doc_lens[d], k1, b, delta, avgdl);
-            atomicAdd(srow + d, gpuir::posting_weight(w, tc, z, m));
-            atomicOr(trow + (d >> 5), 1u << (d & 31));
+        const int row = hs_rows[lo];
+        const long long local = i - hs_start[lo];
+        const int d = allow_docs[allow_off[row] + local];
+        long long p = fwd_off[d];
+        const long long pe = fwd_off[d + 1];
+        float acc = 0.0f;
+        bool hit = false;
+        for (int u = qt_off[row]; u < qt_off[row + 1] && p < pe; ++u) {
+            const int t = qt_term[u];
+            p = gpuir::lower_bound(fwd_terms, p, pe, t);
+            if (p < pe && fwd_terms[p] == t) {
+                acc = gpuir::add_rn(acc, gpuir::scaled(fwd_weights[p], qt_mult[u]));
+                hit = true;
+                ++p;
+            }
         }
-    }
-}
-
-// Set the allow bits of the filtered queries: for i < n, bit docs[i] of row
-// rows[i]. `bits` is (F, W) uint32, zeroed by the caller.
-__global__ void scatter_allow_bits(const int* __restrict__ docs,  // (n,) int32
-                                   const int* __restrict__ rows,  // (n,) int32
-                                   long long n, unsigned int* __restrict__ bits,
-                                   int words_per_row) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int d = docs[i];
-        atomicOr(bits + (long long)rows[i] * words_per_row + (d >> 5), 1u << (d & 31));
-    }
-}
-
-// Dense rows for score_matrix / parity: in place, scores[b, d] becomes
-// scores[b, d] + row_const[b] where touched, -inf elsewhere.
-__global__ void finalize_dense(float* __restrict__ scores,              // (B, N) float32
-                               const unsigned int* __restrict__ touched,  // (B, W) uint32
-                               const float* __restrict__ row_const,      // (B,) float32
-                               int n_rows, long long n_docs, int words_per_row) {
-    const long long total = (long long)n_rows * n_docs;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / n_docs;
-        const long long d = i - r * n_docs;
-        const bool hit = gpuir::test_bit(touched + r * words_per_row, d);
-        scores[i] = hit ? __fadd_rn(scores[i], row_const[r]) : __int_as_float(0xff800000);
+        unsigned long long key = 0ull;
+        if (hit) key = gpuir::composite_key(has_w0 ? gpuir::add_rn(acc, row_const[row]) : acc, d);
+        cand[cand_off[row] + local] = key;
     }
 }

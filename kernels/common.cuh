@@ -7,19 +7,27 @@
 // Conventions (see docs/gpu.md):
 //   * No <cstdint>: NVRTC ships without the C++ standard library, so 64-bit
 //     integers are spelled `long long` / `unsigned long long`.
-//   * BM25 arithmetic uses the explicit round-to-nearest intrinsics
-//     (__fadd_rn, __fmul_rn, __fdiv_rn, through add_rn/mul_rn/div_rn below) so
-//     that no multiply-add is contracted into an FMA and every operation rounds
-//     exactly as NumPy's float32 does. The loader also passes --fmad=false.
-//     CuPy's RawModule always appends -ftz=true (subnormals flush to zero);
-//     BM25 values are never subnormal, see gpuir/backends/kernels.py.
+//   * Float arithmetic uses the explicit round-to-nearest intrinsics
+//     (__fadd_rn, __fmul_rn through add_rn / mul_rn below) so that no
+//     multiply-add is contracted into an FMA and every operation rounds exactly
+//     as NumPy's float32 does. The loader also passes --fmad=false. CuPy's
+//     RawModule always appends -ftz=true (subnormals flush to zero); BM25
+//     weights are never subnormal, see gpuir/backends/kernels.py.
+//   * The posting weights are NOT computed here: the kernels read the float32
+//     weights of gpuir/backends/weights.py (their one home), uploaded once.
 //   * Helpers marked __host__ __device__ are also compiled into a host program
 //     by tests/test_kernel_logic.py and checked against NumPy bit for bit.
-//   * Method codes follow gpuir.bm25.METHODS:
-//       0 lucene, 1 robertson, 2 atire, 3 bm25l, 4 bm25+.
+//   * Host-emulation subset (the C++ shim of the gpu-hostemu work runs these
+//     kernel bodies on the CPU): dynamic shared memory only through
+//     GPUIR_EXTERN_SHARED; static __shared__ declarations at kernel-body scope
+//     without initialisers; only full-mask *_sync warp intrinsics called by all
+//     32 lanes of a converged warp; atomics on int / unsigned / unsigned long
+//     long; no __syncthreads in divergent code; block sizes are template
+//     parameters.
 #pragma once
 
 #define GPUIR_WARP 32
+#define GPUIR_FULL_MASK 0xFFFFFFFFu
 
 // Dynamic shared memory of a kernel: `GPUIR_EXTERN_SHARED(T, name);` declares
 // `name` as the launch's dynamic shared buffer of T. The host test build
@@ -31,17 +39,11 @@
 namespace gpuir {
 
 // ---------------------------------------------------------------------------
-// BM25 term-frequency component, float32, as gpuir.bm25.tfc computes it:
-//   norm = (1 - b) + b * (dl / avgdl)
-//   lucene, robertson : tf / (k1 * norm + tf)
-//   atire             : (tf * (k1 + 1)) / (tf + k1 * norm)
-//   bm25l             : c = tf / norm; ((k1 + 1) * (c + delta)) / ((k1 + c) + delta)
-//   bm25+             : ((k1 + 1) * tf) / (k1 * norm + tf) + delta
-// ---------------------------------------------------------------------------
 // Round-to-nearest float32 operations that are never contracted into an FMA:
 // the intrinsics on the device; plain float arithmetic on the host (x86-64 SSE
 // rounds every float operation to float32, as NumPy does), where the host test
 // program of tests/test_kernel_logic.py compiles them.
+// ---------------------------------------------------------------------------
 __host__ __device__ __forceinline__ float add_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fadd_rn(a, b);
@@ -56,41 +58,17 @@ __host__ __device__ __forceinline__ float mul_rn(float a, float b) {
     return a * b;
 #endif
 }
-__host__ __device__ __forceinline__ float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
 
-template <int METHOD>
-__host__ __device__ __forceinline__ float tfc(float tf, float dl, float k1, float b,
-                                              float delta, float avgdl) {
-    const float norm = add_rn(add_rn(1.0f, -b), mul_rn(b, div_rn(dl, avgdl)));
-    const float k1p1 = add_rn(k1, 1.0f);
-    if (METHOD == 0 || METHOD == 1) {
-        return div_rn(tf, add_rn(mul_rn(k1, norm), tf));
-    } else if (METHOD == 2) {
-        return div_rn(mul_rn(tf, k1p1), add_rn(tf, mul_rn(k1, norm)));
-    } else if (METHOD == 3) {
-        const float c = div_rn(tf, norm);
-        return div_rn(mul_rn(k1p1, add_rn(c, delta)), add_rn(add_rn(k1, c), delta));
-    } else {
-        return add_rn(div_rn(mul_rn(k1p1, tf), add_rn(mul_rn(k1, norm), tf)), delta);
-    }
-}
-
-// A posting's contribution: (idf * tfc - w0) * m, the multiplication by the
-// query-term multiplicity m skipped when m == 1 (as the NumPy reference does).
-__host__ __device__ __forceinline__ float posting_weight(float idf, float tc, float w0, float m) {
-    const float v = add_rn(mul_rn(idf, tc), -w0);
-    return m != 1.0f ? mul_rn(v, m) : v;
+// A posting's contribution to one query: its weight w times the query-term
+// multiplicity m, the multiplication skipped when m == 1 -- exactly as the
+// NumPy reference (`w if c == 1 else w * np.float32(c)`). Non-decreasing in w
+// for m > 0, which the tile bounds rely on (see bm25_score.cu).
+__host__ __device__ __forceinline__ float scaled(float w, float m) {
+    return m != 1.0f ? mul_rn(w, m) : w;
 }
 
 // ---------------------------------------------------------------------------
-// Bit casts usable on the host too (tests/test_kernel_logic.py compiles these
-// helpers into a host program with nvcc and checks them against NumPy).
+// Bit casts usable on the host too.
 // ---------------------------------------------------------------------------
 __host__ __device__ __forceinline__ unsigned int float_bits(float f) {
 #ifdef __CUDA_ARCH__
@@ -119,7 +97,9 @@ __host__ __device__ __forceinline__ float bits_float(unsigned int u) {
 //     documents scoring -0.0 and +0.0 must be ordered by document number);
 //   * NaN (never produced from a valid index) maps to 0, below every other
 //     score, as NumPy's sorts put NaN last; it decodes back to a NaN.
-// key(-inf) = 0x007FFFFF and the low word of a composite key (~doc, doc < 2^31)
+// key(-inf) = 0x007FFFFF, so every real score has a key > 0: the key 0 means
+// "no candidate" wherever a 32-bit score key is stored, and a threshold of 0
+// lets everything through. The low word of a composite key (~doc, doc < 2^31)
 // is >= 2^31, so every candidate's 64-bit key is > 0: 0 is the sentinel.
 // ---------------------------------------------------------------------------
 __host__ __device__ __forceinline__ unsigned int float_to_ordered(float f) {
@@ -137,9 +117,12 @@ __host__ __device__ __forceinline__ float ordered_to_float(unsigned int k) {
 // Composite key: score in the high word, the bit-inverted document number in
 // the low word. Larger key = better under the tie rule (score desc, doc asc),
 // and keys of distinct documents are distinct. Requires 0 <= doc < 2^31.
+__host__ __device__ __forceinline__ unsigned long long key_from_ordered(unsigned int skey, long long doc) {
+    return ((unsigned long long)skey << 32) | (unsigned long long)(~(unsigned int)doc);
+}
+
 __host__ __device__ __forceinline__ unsigned long long composite_key(float score, long long doc) {
-    return ((unsigned long long)float_to_ordered(score) << 32) |
-           (unsigned long long)(~(unsigned int)doc);
+    return key_from_ordered(float_to_ordered(score), doc);
 }
 
 __host__ __device__ __forceinline__ long long key_doc(unsigned long long key) {
@@ -179,17 +162,26 @@ __host__ __device__ __forceinline__ void radix_digit(int pass, int doc_bits, int
     }
 }
 
-// Bit test in a row-major bitmap of 32-bit words (bit j of word w = doc 32w+j).
-__device__ __forceinline__ bool test_bit(const unsigned int* row, long long d) {
-    return (row[d >> 5] >> (d & 31)) & 1u;
+// First index i in [lo, hi) with a[i] >= x (hi if none); a sorted ascending.
+template <typename T, typename I>
+__host__ __device__ __forceinline__ I lower_bound(const T* a, I lo, I hi, T x) {
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
 }
 
-// Inclusive warp scan (sum) of an int.
+// An atomic read of a word other blocks update with atomics (a plain or
+// volatile load would be a data race under the host emulation).
+__device__ __forceinline__ unsigned int atomic_read(unsigned int* p) { return atomicOr(p, 0u); }
+
+// Inclusive warp scan (sum) of an int. All 32 lanes must call it.
 __device__ __forceinline__ int warp_inclusive_sum(int v) {
     const int lane = threadIdx.x & (GPUIR_WARP - 1);
 #pragma unroll
     for (int o = 1; o < GPUIR_WARP; o <<= 1) {
-        int n = __shfl_up_sync(0xFFFFFFFFu, v, o);
+        int n = __shfl_up_sync(GPUIR_FULL_MASK, v, o);
         if (lane >= o) v += n;
     }
     return v;
@@ -199,6 +191,7 @@ __device__ __forceinline__ int warp_inclusive_sum(int v) {
 // scratch of at least THREADS/32 ints. Every thread of the block must call it.
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int* total) {
+    static_assert(THREADS % GPUIR_WARP == 0 && THREADS / GPUIR_WARP <= GPUIR_WARP, "1..32 full warps");
     const int lane = threadIdx.x & (GPUIR_WARP - 1);
     const int warp = threadIdx.x / GPUIR_WARP;
     const int inc = warp_inclusive_sum(v);
@@ -214,6 +207,43 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_sums, int* t
     if (total) *total = warp_sums[THREADS / GPUIR_WARP - 1];
     __syncthreads();
     return before;
+}
+
+// The histogram bin holding the krem-th largest element (1-based, counted from
+// the top bin nb-1 downwards), given hist[0..nb) in shared memory. Exactly one
+// thread (the owner of that bin) writes *bin = the bin, *above = the number of
+// elements in higher bins and *bin_count = hist[bin]; when the histogram holds
+// fewer than krem elements nobody writes (the caller presets *bin). If total is
+// not null, every thread gets the histogram's total there. Every thread of the
+// block must call it; it ends with a barrier, after which *bin etc. are visible.
+template <int THREADS>
+__device__ __forceinline__ void find_bin(const int* hist, int nb, int krem, int* warp_sums,
+                                         int* bin, int* above, int* bin_count, int* total) {
+    constexpr int BPT = GPUIR_RADIX_BINS / THREADS;  // bin ranks per thread
+    static_assert(GPUIR_RADIX_BINS % THREADS == 0, "THREADS must divide the bin count");
+    const int tid = threadIdx.x;
+    int local = 0;
+#pragma unroll
+    for (int j = 0; j < BPT; ++j) {
+        const int r = tid * BPT + j;
+        if (r < nb) local += hist[nb - 1 - r];
+    }
+    int cum = block_exclusive_sum<THREADS>(local, warp_sums, total);
+#pragma unroll
+    for (int j = 0; j < BPT; ++j) {
+        const int r = tid * BPT + j;
+        if (r < nb) {
+            const int b = nb - 1 - r;
+            const int h = hist[b];
+            if (cum < krem && krem <= cum + h) {  // at most one thread, one bin
+                *bin = b;
+                *above = cum;
+                *bin_count = h;
+            }
+            cum += h;
+        }
+    }
+    __syncthreads();
 }
 
 }  // namespace gpuir

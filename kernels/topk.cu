@@ -1,159 +1,97 @@
-// kernels/topk.cu -- per-query top-k over dense score rows, by radix select.
+// kernels/topk.cu -- the final selection: exact top-k of each row's candidates.
 //
-// Algorithm (topk_rows: one thread block per query row)
-// -----------------------------------------------------
-// Every candidate document d (its bit set in the `touched` bitmap, see
-// bm25_score.cu) gets a 64-bit composite key
-//     key = ordered(score) << 32 | ~d        (common.cuh: composite_key)
-// where score = scores[b, d] + row_const[b]. A larger key is better under the
-// tie rule (higher score first, then lower document number) and keys of
-// different documents differ, so "top-k under the tie rule" is exactly "the k
-// largest keys" and there are no ties left to break.
+// Input: the candidates bm25_score.cu emitted, as 64-bit composite keys
+//     key = ordered(score) << 32 | ~doc          (common.cuh: composite_key)
+// in row r's slots cand[cand_off[r] .. cand_off[r+1]), of which the first
+// min(counts[r], capacity) are written, and the row's final threshold
+// theta[r] (an ordered score key, a lower bound of the row's k-th best score).
+// A key is valid when it is not the sentinel 0 and its score word is >=
+// theta[r]; every document of the row's true top k has a valid key (see the
+// exactness argument in bm25_score.cu), and a larger key is better under the
+// tie rule (score desc, doc asc). Keys of distinct documents are distinct, so
+// "top-k under the tie rule" is exactly "the k largest valid keys".
 //
-// 1. Radix select finds the k-th largest key digit by digit (11-bit digits,
-//    2048-bin shared-memory histogram; schedule: radix_digit in common.cuh):
-//    three passes over the score word (bits 63..53, 52..42, 41..32), then --
-//    only when documents with equal scores straddle the k-th place -- passes
-//    over the ceil(log2 N) document bits. Each pass histograms the keys that still match the prefix chosen
-//    so far; a block-wide scan over the bins (largest first) picks the bin that
-//    holds the k-th key. It stops as soon as the chosen bin holds exactly the
-//    number of keys still needed, so ties at the boundary cost extra passes
-//    only when they occur. A row with at most k candidates takes them all
-//    after the first pass.
-// 2. Gather: every candidate whose key, masked to the resolved bits, is >= the
-//    selected prefix goes to a shared-memory buffer of kpad = next_pow2(k)
-//    slots through a shared atomic counter: exactly min(k, #candidates) keys.
-//    All kpad slots are set to the sentinel 0 (id -1, score -inf) BEFORE the
-//    pass that reads them (a stale slot from another row can never appear).
-// 3. Bitonic sort of the kpad keys (descending) in shared memory; the first k
-//    are written out as (doc, score), sentinels as (-1, -inf).
+// select_topk: one block per row (grid = rows)
+// --------------------------------------------
+// 1. Radix select of the k-th largest valid key, 11-bit digits, a 2048-bin
+//    shared histogram (schedule: common.cuh radix_digit): three passes over
+//    the score word (bits 63..53, 52..42, 41..32), then -- only when equal
+//    scores straddle the k-th place -- passes over the ceil(log2 N) document
+//    bits. It stops as soon as the chosen bin holds exactly the keys still
+//    needed; a row with at most k valid keys takes them all after one pass.
+// 2. Gather the selected keys (exactly min(k, valid)) into a shared buffer of
+//    kpad = next_pow2(k) slots, every slot set to the sentinel 0 (id -1, score
+//    -inf) BEFORE the barrier that precedes any read.
+// 3. Bitonic sort (descending) in shared memory; write the first k.
+// Cost per row with C candidates: about 4 passes over 8C bytes plus an
+// O(kpad log^2 kpad) shared sort. Shared memory: 8 KiB histogram + 8 kpad
+// bytes (dynamic, GPUIR_EXTERN_SHARED), so k <= 4096.
 //
-// Passes read the row warp by warp: a warp reads one 32-bit touched word and,
-// if it is non-zero, the 32 scores it covers (coalesced). Untouched documents
-// cost 1/32 of a word read per pass and are never histogrammed.
+// k > 4096: pack_candidates copies each row's valid keys (others 0) into a
+// dense (rows, width) matrix; the host sorts it row-wise on the device and
+// decode_keys turns the first k keys into (doc, score).
 //
-// Cost per row with N documents, C candidates: passes P = 3 (+ ceil(log2 N / 11)
-// only with boundary ties, + 1 gather); memory traffic P * (N/8 + 4C) bytes,
-// shared atomics P * C, sort O(kpad log^2 kpad) shared-memory compare-swaps.
-// Compared with a serial merge (O(C * k) per row) or a full sort (O(N log N)),
-// this is linear in N with a small constant. Shared memory: 8 KiB histogram +
-// 8 * kpad bytes, so k <= 4096 (kpad <= 4096 -> 40 KiB < 48 KiB).
-//
-// Known limit: one block per row, so a batch with fewer rows than SMs leaves
-// SMs idle (B = 1 runs on one SM). For k > 4096 the host uses the slow path
-// composite_keys + a device sort per row + decode_keys.
-//
-// Instantiations (name_expressions): topk_rows<512>, composite_keys, decode_keys.
+// Instantiations (name_expressions): select_topk<512>, pack_candidates<256>, decode_keys.
 #include "common.cuh"
 
 template <int THREADS>
-__global__ void __launch_bounds__(THREADS) topk_rows(
-    const float* __restrict__ scores,           // (B, N) float32, raw sums
-    const unsigned int* __restrict__ touched,   // (B, W) uint32 candidate bitmap
-    const float* __restrict__ row_const,        // (B,) float32, added to every candidate
-    long long n_docs, int words_per_row,
-    int doc_bits,                               // ceil(log2 N), >= 1
-    int k, int kpad,                            // kpad = next_pow2(k) <= 4096
-    long long* __restrict__ out_ids,            // (B, k) int64
-    float* __restrict__ out_scores) {           // (B, k) float32
+__global__ void __launch_bounds__(THREADS) select_topk(
+    const unsigned long long* __restrict__ cand,  // composite keys
+    const long long* __restrict__ cand_off,       // (R+1,) int64
+    const int* __restrict__ counts,               // (R,) int32: keys written (may exceed capacity)
+    const unsigned int* __restrict__ theta,       // (R,) uint32 ordered-score thresholds
+    int doc_bits,                                 // ceil(log2 N), >= 1
+    int k, int kpad,                              // kpad = next_pow2(k) <= 4096
+    long long* __restrict__ out_ids,              // (R, k) int64
+    float* __restrict__ out_scores) {             // (R, k) float32
     GPUIR_EXTERN_SHARED(unsigned long long, sbuf);  // (kpad,) composite keys
     __shared__ int hist[GPUIR_RADIX_BINS];
     __shared__ int warp_sums[GPUIR_WARP];
-    __shared__ unsigned long long s_prefix, s_mask;
-    __shared__ int s_krem, s_done, s_count;
+    __shared__ int s_bin, s_above, s_binc, s_count;
 
-    constexpr int NWARPS = THREADS / GPUIR_WARP;
-    constexpr int BPT = GPUIR_RADIX_BINS / THREADS;  // bins per thread in the scan
-    static_assert(GPUIR_RADIX_BINS % THREADS == 0, "THREADS must divide the bin count");
-
-    const int tid = threadIdx.x, lane = tid & (GPUIR_WARP - 1), warp = tid / GPUIR_WARP;
-    const long long row = blockIdx.x;
-    const float* srow = scores + row * n_docs;
-    const unsigned int* trow = touched + row * words_per_row;
-    const float c = row_const[row];
+    const int tid = threadIdx.x;
+    const long long r = blockIdx.x;
+    const long long c0 = cand_off[r], cap = cand_off[r + 1] - c0;
+    long long n = counts[r];
+    if (n > cap) n = cap;
+    const unsigned int th = theta[r];
+    const unsigned long long* row = cand + c0;
 
     // Every slot of the sort buffer holds the sentinel before anything reads it.
     for (int i = tid; i < kpad; i += THREADS) sbuf[i] = 0ull;
-    if (tid == 0) {
-        s_prefix = 0ull;
-        s_mask = 0ull;
-        s_krem = k;
-        s_done = 0;
-        s_count = 0;
-    }
-    __syncthreads();
+    if (tid == 0) s_count = 0;
 
-    // Digit schedule: gpuir::radix_digit (common.cuh), checked on the host by
-    // tests/test_kernel_logic.py (every key bit that varies is covered once).
+    unsigned long long prefix = 0ull, mask = 0ull;
+    int krem = k;
     const int n_passes = gpuir::radix_passes(doc_bits);
     for (int pass = 0; pass < n_passes; ++pass) {
-        if (s_done) break;  // uniform: written before the last __syncthreads
         int shift, width;
         gpuir::radix_digit(pass, doc_bits, &shift, &width);
         const int nb = 1 << width;
-        const unsigned long long digit_mask = (unsigned long long)(nb - 1);
-        const unsigned long long prefix = s_prefix, mask = s_mask;
-        const int krem = s_krem;
+        const unsigned long long dmask = (unsigned long long)(nb - 1);
         for (int i = tid; i < GPUIR_RADIX_BINS; i += THREADS) hist[i] = 0;
         __syncthreads();
-
-        for (int w = warp; w < words_per_row; w += NWARPS) {
-            const unsigned int bits = trow[w];
-            if (bits == 0u) continue;  // warp-uniform skip of 32 untouched docs
-            if ((bits >> lane) & 1u) {
-                const long long d = (long long)w * 32 + lane;
-                const unsigned long long key = gpuir::composite_key(__fadd_rn(srow[d], c), d);
-                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & digit_mask], 1);
-            }
+        for (long long i = tid; i < n; i += THREADS) {
+            const unsigned long long key = row[i];
+            if (key != 0ull && (unsigned int)(key >> 32) >= th && (key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & dmask], 1);
         }
         __syncthreads();
-
-        // Thread t owns bin ranks t*BPT .. t*BPT+BPT-1 counted from the top bin.
-        int local = 0;
-#pragma unroll
-        for (int j = 0; j < BPT; ++j) {
-            const int r = tid * BPT + j;
-            if (r < nb) local += hist[nb - 1 - r];
-        }
         int total;
-        int cum = gpuir::block_exclusive_sum<THREADS>(local, warp_sums, &total);
-        if (pass == 0 && total <= krem) {
-            // At most k candidates: take them all (prefix = mask = 0 selects all).
-            break;  // uniform: every thread saw the same total
-        }
-#pragma unroll
-        for (int j = 0; j < BPT; ++j) {
-            const int r = tid * BPT + j;
-            if (r < nb) {
-                const int bin = nb - 1 - r;
-                const int h = hist[bin];
-                if (cum < krem && krem <= cum + h) {  // exactly one thread, one bin
-                    s_prefix = prefix | ((unsigned long long)bin << shift);
-                    s_mask = mask | (digit_mask << shift);
-                    s_krem = krem - cum;
-                    if (h == krem - cum) s_done = 1;
-                }
-                cum += h;
-            }
-        }
-        __syncthreads();
-    }
-    __syncthreads();
+        gpuir::find_bin<THREADS>(hist, nb, krem, warp_sums, &s_bin, &s_above, &s_binc, &total);
+        if (pass == 0 && total <= krem) break;  // at most k valid keys: take them all (prefix = mask = 0)
+        prefix |= (unsigned long long)s_bin << shift;
+        mask |= dmask << shift;
+        krem -= s_above;
+        if (s_binc == krem) break;  // the chosen bin holds exactly the keys still needed
+    }  // uniform: every thread computed the same prefix, mask, krem
 
-    // Gather exactly min(k, #candidates) keys.
-    {
-        const unsigned long long prefix = s_prefix, mask = s_mask;
-        for (int w = warp; w < words_per_row; w += NWARPS) {
-            const unsigned int bits = trow[w];
-            if (bits == 0u) continue;
-            if ((bits >> lane) & 1u) {
-                const long long d = (long long)w * 32 + lane;
-                const unsigned long long key = gpuir::composite_key(__fadd_rn(srow[d], c), d);
-                if ((key & mask) >= prefix) {
-                    const int slot = atomicAdd(&s_count, 1);
-                    if (slot < kpad) sbuf[slot] = key;  // slot < kpad always; guard anyway
-                }
-            }
+    // Gather exactly min(k, #valid) keys.
+    for (long long i = tid; i < n; i += THREADS) {
+        const unsigned long long key = row[i];
+        if (key != 0ull && (unsigned int)(key >> 32) >= th && (key & mask) >= prefix) {
+            const int slot = atomicAdd(&s_count, 1);
+            if (slot < kpad) sbuf[slot] = key;  // slot < k always; guard anyway
         }
     }
     __syncthreads();
@@ -177,26 +115,29 @@ __global__ void __launch_bounds__(THREADS) topk_rows(
 
     for (int i = tid; i < k; i += THREADS) {
         const unsigned long long key = sbuf[i];
-        out_ids[row * k + i] = key ? gpuir::key_doc(key) : -1ll;
-        out_scores[row * k + i] = key ? gpuir::key_score(key) : __int_as_float(0xff800000);
+        out_ids[r * k + i] = key ? gpuir::key_doc(key) : -1ll;
+        out_scores[r * k + i] = key ? gpuir::key_score(key) : __int_as_float(0xff800000);
     }
 }
 
-// Slow path for k > 4096: composite keys of every (row, doc), 0 for
-// non-candidates; the host sorts each row on the device and decodes the top k.
-__global__ void composite_keys(const float* __restrict__ scores,           // (B, N) float32
-                               const unsigned int* __restrict__ touched,   // (B, W) uint32
-                               const float* __restrict__ row_const,        // (B,) float32
-                               int n_rows, long long n_docs, int words_per_row,
-                               unsigned long long* __restrict__ keys) {    // (B, N) uint64
-    const long long total = (long long)n_rows * n_docs;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / n_docs;
-        const long long d = i - r * n_docs;
-        keys[i] = gpuir::test_bit(touched + r * words_per_row, d)
-                      ? gpuir::composite_key(__fadd_rn(scores[i], row_const[r]), d)
-                      : 0ull;
+// k > 4096: row r's valid keys into out[r, 0 .. width) (out zeroed by the
+// caller, width >= every row's capacity). Grid (x blocks, rows).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) pack_candidates(
+    const unsigned long long* __restrict__ cand,  // composite keys
+    const long long* __restrict__ cand_off,       // (R+1,) int64
+    const int* __restrict__ counts,               // (R,) int32
+    const unsigned int* __restrict__ theta,       // (R,) uint32
+    long long width,
+    unsigned long long* __restrict__ out) {       // (R, width) uint64
+    const long long r = blockIdx.y;
+    const long long c0 = cand_off[r], cap = cand_off[r + 1] - c0;
+    long long n = counts[r];
+    if (n > cap) n = cap;
+    const unsigned int th = theta[r];
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n; i += (long long)gridDim.x * THREADS) {
+        const unsigned long long key = cand[c0 + i];
+        out[r * width + i] = (key != 0ull && (unsigned int)(key >> 32) >= th) ? key : 0ull;
     }
 }
 

@@ -47,24 +47,27 @@ def _kernel_dir() -> Path:
 #: Directory of the kernel sources (see :func:`_kernel_dir`).
 KERNEL_DIR = _kernel_dir()
 
-#: Block size of the scoring kernel and postings per thread: a chunk of
-#: ``SCORE_THREADS * SCORE_PER_THREAD`` postings is one block's work item.
-SCORE_THREADS = 256
-SCORE_PER_THREAD = 4
-SCORE_CHUNK = SCORE_THREADS * SCORE_PER_THREAD
-#: Block size of the top-k kernel (one block per query row) and the largest k
-#: it serves; larger k takes the sort path.
-TOPK_THREADS = 512
-TOPK_MAX_K = 4096
+#: Fused scoring (``tile_score``, ``tile_dense``): threads per block and
+#: documents per tile (one float32 accumulator slot each in shared memory).
+TILE_THREADS = 256
+TILE_DOCS = 4096
+#: Forward-layout (haystack) scoring: threads per block, one per allowed document.
+HAYSTACK_THREADS = 256
+#: Final selection (``select_topk``, one block per row) and the largest k it
+#: serves (its shared sort buffer holds next_pow2(k) keys); larger k takes the
+#: sort path (``pack_candidates`` + a device sort + ``decode_keys``).
+SELECT_THREADS = 512
+SELECT_MAX_K = 4096
+PACK_THREADS = 256
 
 #: Kernel file -> the names to instantiate (templates spelled out).
 NAME_EXPRESSIONS: dict[str, list[str]] = {
     "bm25_score.cu": [
-        *(f"bm25_score<{m}, {SCORE_THREADS}, {SCORE_PER_THREAD}>" for m in range(5)),
-        "scatter_allow_bits",
-        "finalize_dense",
+        f"tile_score<{TILE_THREADS}, {TILE_DOCS}>",
+        f"tile_dense<{TILE_THREADS}, {TILE_DOCS}>",
+        f"haystack_score<{HAYSTACK_THREADS}>",
     ],
-    "topk.cu": [f"topk_rows<{TOPK_THREADS}>", "composite_keys", "decode_keys"],
+    "topk.cu": [f"select_topk<{SELECT_THREADS}>", f"pack_candidates<{PACK_THREADS}>", "decode_keys"],
     # Session pooling (gpuir/dense/late_interaction.py, loaded through load_module).
     "segment_reduce.cu": ["segment_reduce<float>", "segment_reduce<double>"],
 }
@@ -285,3 +288,65 @@ def compile_kernels(arch: str, ptx: bool = False, compiler: str = "auto") -> dic
         src = load_source(f)
         out[f] = (_compile_nvrtc if use_nvrtc else _compile_nvcc)(f, src, num, ptx)
     return out
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
+    """``ptxas -v`` output -> {mangled kernel name: registers, barriers, smem, stack, spill_stores, spill_loads}."""
+    out: dict[str, dict[str, int]] = {}
+    cur = None
+    for line in log.splitlines():
+        m = _PTXAS_ENTRY.search(line)
+        if m:
+            cur = out.setdefault(m.group(1), {"registers": 0, "barriers": 0, "smem": 0, "stack": 0,
+                                              "spill_stores": 0, "spill_loads": 0})
+            continue
+        if cur is None:
+            continue
+        m = _PTXAS_FRAME.search(line)
+        if m:
+            cur["stack"], cur["spill_stores"], cur["spill_loads"] = map(int, m.groups())
+            continue
+        m = _PTXAS_USED.search(line)
+        if m:
+            cur["registers"] = int(m.group(1))
+            cur["barriers"] = int(m.group(2) or 0)
+            cur["smem"] = int(m.group(3) or 0)
+    return out
+
+
+def resource_usage(arch: str, filenames: list[str] | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """Registers, spills, stack and static shared memory of every instantiated kernel, without a device.
+
+    Compiles with NVRTC (the compiler CuPy uses at run time) and ``-Xptxas=-v``,
+    under the options CuPy really uses.
+
+    Returns
+    -------
+    dict
+        ``{file: {name expression: {"registers", "barriers", "smem", "stack",
+        "spill_stores", "spill_loads"}}}`` (bytes, except registers/barriers).
+    """
+    from cupy.cuda import nvrtc
+
+    num = _arch_number(arch)
+    files = filenames if filenames is not None else [f for f in kernel_files() if f in NAME_EXPRESSIONS]
+    report: dict[str, dict[str, dict[str, int]]] = {}
+    for f in files:
+        prog = nvrtc.createProgram(load_source(f), f, (), ())
+        try:
+            for expr in NAME_EXPRESSIONS[f]:
+                nvrtc.addNameExpression(prog, expr)
+            try:
+                nvrtc.compileProgram(prog, (*OPTIONS, f"-arch=sm_{num}", *CUPY_IMPLICIT_OPTIONS, "-Xptxas=-v"))
+            except nvrtc.NVRTCError as e:
+                raise KernelCompileError(f"NVRTC failed on kernels/{f}:\n{nvrtc.getProgramLog(prog)}") from e
+            parsed = parse_ptxas_report(nvrtc.getProgramLog(prog))
+            report[f] = {expr: parsed[nvrtc.getLoweredName(prog, expr)] for expr in NAME_EXPRESSIONS[f]}
+        finally:
+            nvrtc.destroyProgram(prog)
+    return report

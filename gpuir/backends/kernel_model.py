@@ -1,0 +1,648 @@
+"""A step-by-step NumPy model of the CUDA kernels, and a fake ``cupy`` that runs it.
+
+Nothing here touches a GPU. Two uses:
+
+* **The model** mirrors ``kernels/bm25_score.cu`` and ``kernels/topk.cu``
+  operation by operation: tiles, one term per round in ascending term id, the
+  float32 tile bounds and the skip test, the running per-row threshold (tile
+  bound L from two histogram passes, block bound R from the block's running
+  histogram, ``atomicMax``), candidate emission with a capacity and a counter
+  that keeps counting, the haystack (forward-layout) scoring and the radix
+  select with its early exits, gather and sentinel slots. Blocks of
+  ``tile_score`` run as interleaved generators that yield wherever the kernel
+  touches global state another block may change (the threshold read before the
+  skip test, the publish/read before emission, the emission itself), and a
+  seeded scheduler picks which block moves next -- so tests cover many orders
+  in which a GPU could run them. tests/test_kernel_logic.py checks the model
+  against :class:`~gpuir.backends.numpy_backend.NumpyScorer` bit for bit.
+* **The fake cupy** (:func:`make_fake_cupy`, :func:`fake_cupy_installed`)
+  stands in for the ``cupy`` module: NumPy-backed device arrays, pinned
+  buffers, streams and events, and kernels that are the model. Every launch is
+  checked against the kernel's C signature parsed from the ``.cu`` text (array
+  dtypes and contiguity, the exact NumPy scalar type of each scalar -- CuPy
+  passes a Python int as int64 and a float as float64, which an ``int`` or
+  ``float`` parameter would misread --, block size = the template's THREADS,
+  grid limits, shared memory). ``cupy.empty`` returns garbage (0xFF bytes), so a
+  kernel input the host forgot to initialise shows up. It drives
+  :class:`~gpuir.backends.cupy_backend.CupyScorer`'s host code end to end in
+  the tests and in ``bench/gpu_verify.py --dry-run``.
+
+What this cannot check: the CUDA code of the kernel bodies (the model is a
+second implementation of the same algorithm), races, barriers and the memory
+model. The host emulation of the real kernel bodies (a C++ shim) and a GPU
+run (``bench/gpu_verify.py``) settle those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from . import kernels as K
+
+U32, U64, F32 = np.uint32, np.uint64, np.float32
+RADIX_BITS = 11
+BINS = 1 << RADIX_BITS
+EMPTY_SLOT = 0x7FC00001
+ROW_FILTERED, ROW_OFF_TILES = 1, 2
+STATIC_SMEM_LIMIT = 48 * 1024
+
+
+# =============================================================================
+# common.cuh
+# =============================================================================
+def float_to_ordered(f) -> np.ndarray:
+    """common.cuh ``float_to_ordered``, vectorised: ndarray uint32."""
+    u = np.atleast_1d(np.asarray(f, dtype=F32)).view(U32).copy()
+    u[u == U32(0x80000000)] = 0  # -0.0 -> +0.0
+    nan = (u & U32(0x7FFFFFFF)) > U32(0x7F800000)
+    out = np.where((u & U32(0x80000000)) != 0, ~u, u | U32(0x80000000)).astype(U32)
+    out[nan] = 0
+    return out
+
+
+def ordered_to_float(k) -> np.ndarray:
+    k = np.asarray(k, dtype=U32)
+    u = np.where((k & U32(0x80000000)) != 0, k & U32(0x7FFFFFFF), ~k).astype(U32)
+    return u.view(F32)
+
+
+def key_from_ordered(skey, doc) -> np.ndarray:
+    doc = np.asarray(doc, dtype=np.int64)
+    return (np.asarray(skey, dtype=U32).astype(U64) << U64(32)) | (~doc.astype(U32)).astype(U64)
+
+
+def composite_key(score, doc) -> np.ndarray:
+    return key_from_ordered(float_to_ordered(score), doc)
+
+
+def key_doc(key) -> np.ndarray:
+    return (~(np.asarray(key, U64) & U64(0xFFFFFFFF)).astype(U32)).astype(np.int64)
+
+
+def key_score(key) -> np.ndarray:
+    return ordered_to_float((np.asarray(key, U64) >> U64(32)).astype(U32))
+
+
+def scaled(w, m):
+    """common.cuh ``scaled``: w, times m when m != 1 (float32)."""
+    return w if F32(m) == F32(1) else (np.asarray(w, F32) * F32(m)).astype(F32)
+
+
+def radix_passes(doc_bits: int) -> int:
+    return 3 + -(-doc_bits // RADIX_BITS)
+
+
+def radix_digit(p: int, doc_bits: int) -> tuple[int, int]:
+    """(shift, width) of pass p, as common.cuh ``radix_digit``."""
+    if p < 2:
+        return 64 - RADIX_BITS * (p + 1), RADIX_BITS
+    if p == 2:
+        return 32, 64 - 2 * RADIX_BITS - 32
+    top = doc_bits - RADIX_BITS * (p - 3)
+    shift = top - RADIX_BITS if top > RADIX_BITS else 0
+    return shift, top - shift
+
+
+def find_bin(hist: np.ndarray, krem: int) -> tuple[int, int, int] | None:
+    """common.cuh ``find_bin``: (bin, count above it, its count) of the krem-th largest, or None."""
+    h_desc = np.asarray(hist, dtype=np.int64)[::-1]
+    cum = np.concatenate([[0], np.cumsum(h_desc)[:-1]])
+    hit = np.flatnonzero((cum < krem) & (krem <= cum + h_desc))
+    if hit.size == 0:
+        return None
+    assert hit.size == 1, "exactly one bin holds the krem-th element"
+    r = int(hit[0])
+    return hist.size - 1 - r, int(cum[r]), int(h_desc[r])
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+# =============================================================================
+# bm25_score.cu
+# =============================================================================
+def _term_ranges(a: dict, terms: np.ndarray, j: int, base: int, end: int):
+    """term_ranges: per term (lo, hi, block bound)."""
+    out = []
+    n_tiles = int(a["n_tiles"])
+    for t in terms.tolist():
+        o0, o1 = int(a["offsets"][t]), int(a["offsets"][t + 1])
+        r = int(a["dir_row"][t])
+        if r >= 0:
+            st = a["dir_start"][r * (n_tiles + 1):]
+            lo, hi = o0 + int(st[j]), o0 + int(st[j + 1])
+            bm = F32(a["dir_max"][r * n_tiles + j])
+        else:
+            lst = a["doc_ids"][o0:o1]
+            lo = o0 + int(np.searchsorted(lst, base, "left"))
+            hi = o0 + int(np.searchsorted(lst, end, "left"))
+            bm = F32(a["term_ub"][t]) if hi > lo else F32(0)
+        out.append((lo, hi, bm))
+    return out
+
+
+def _allowed(a: dict, q: int, base: int, end: int) -> np.ndarray | None:
+    """load_allow: the tile's allow mask, or None when nothing is allowed."""
+    lst = a["allow_docs"][int(a["allow_off"][q]):int(a["allow_off"][q + 1])]
+    a0, a1 = np.searchsorted(lst, [base, end], "left")
+    if a0 == a1:
+        return None
+    mask = np.zeros(int(a["TILE"]), dtype=bool)
+    mask[lst[a0:a1] - base] = True
+    return mask
+
+
+def _accumulate(a: dict, q: int, ranges, base: int, allowed: np.ndarray | None):
+    """accumulate_tile: (touched bool (TILE,), sums float32 (TILE,)), one term per round."""
+    tile = int(a["TILE"])
+    acc = np.zeros(tile, F32)
+    touched = np.zeros(tile, bool)
+    t0 = int(a["qt_off"][q])
+    for i, (lo, hi, _) in enumerate(ranges):
+        if hi == lo:
+            continue
+        d = a["doc_ids"][lo:hi].astype(np.int64) - base
+        w = a["weights"][lo:hi]
+        if allowed is not None:
+            keep = allowed[d]
+            d, w = d[keep], w[keep]
+        acc[d] = acc[d] + scaled(w, a["qt_mult"][t0 + i])  # a document at most once per round
+        touched[d] = True
+    return touched, acc
+
+
+def _finalize(a: dict, q: int, touched: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Final ordered score keys (0 = no candidate), uint32 (TILE,)."""
+    s = acc + F32(a["row_const"][q]) if int(a["has_w0"]) else acc
+    return np.where(touched, float_to_ordered(s.astype(F32)), U32(0)).astype(U32)
+
+
+def _tile_item(a: dict, q: int, j: int, run_hist: np.ndarray) -> Iterator[None]:
+    """One (row q, tile j) of tile_score, yielding where other blocks may interleave."""
+    tile, k = int(a["TILE"]), int(a["k"])
+    base = j * tile
+    end = min(base + tile, int(a["n_docs"]))
+    allowed = None
+    if int(a["row_flags"][q]) & ROW_FILTERED:
+        allowed = _allowed(a, q, base, end)
+        if allowed is None:
+            return
+    t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
+    ranges = _term_ranges(a, a["qt_term"][t0:t1], j, base, end)
+    bound, npost = F32(0), 0
+    for i, (lo, hi, bm) in enumerate(ranges):
+        bound = F32(bound + F32(scaled(bm, a["qt_mult"][t0 + i])))
+        npost += hi - lo
+    if int(a["has_w0"]):
+        bound = F32(bound + F32(a["row_const"][q]))
+    yield  # theta is read for the skip test
+    theta = a["theta"]
+    if npost == 0 or int(float_to_ordered(bound)[0]) < int(theta[q]):
+        return
+    a["tiles_scored"][q] += 1
+    touched, acc = _accumulate(a, q, ranges, base, allowed)
+    keys = _finalize(a, q, touched, acc)
+    hist1 = np.bincount((keys[touched] >> U32(21)).astype(np.int64), minlength=BINS)
+    run_hist += hist1
+    lb = 0
+    fb = find_bin(run_hist, k)
+    if fb is not None:
+        lb = fb[0] << 21
+    if int(touched.sum()) >= k:
+        b1, above, _ = find_bin(hist1, k)
+        inb = touched & ((keys >> U32(21)) == U32(b1))
+        hist2 = np.bincount(((keys[inb] >> U32(10)) & U32(BINS - 1)).astype(np.int64), minlength=BINS)
+        b2, _, _ = find_bin(hist2, k - above)
+        lb = max(lb, (b1 << 21) | (b2 << 10))
+    yield  # theta is raised and read for the emission
+    old = int(theta[q])
+    if lb:
+        theta[q] = max(old, lb)
+    thr = max(old, lb)
+    sel = np.flatnonzero(touched & (keys >= U32(thr)))
+    yield  # candidates are emitted
+    c0, c1 = int(a["cand_off"][q]), int(a["cand_off"][q + 1])
+    first = int(a["counts"][q])
+    a["counts"][q] = first + sel.size
+    slots = first + np.arange(sel.size)
+    ok = slots < c1 - c0
+    a["cand"][c0 + slots[ok]] = key_from_ordered(keys[sel[ok]], base + sel[ok])
+
+
+def _tile_block(a: dict, s: int, g: int, n_stripes: int) -> Iterator[None]:
+    group, n_rows, n_tiles = int(a["group"]), int(a["n_rows"]), int(a["n_tiles"])
+    for gi in range(group):
+        q = g * group + gi
+        if q >= n_rows:
+            break
+        if int(a["row_flags"][q]) & ROW_OFF_TILES or a["qt_off"][q + 1] == a["qt_off"][q]:
+            continue
+        run_hist = np.zeros(BINS, np.int64)
+        for j in range(s, n_tiles, n_stripes):
+            yield from _tile_item(a, q, j, run_hist)
+
+
+def model_tile_score(a: dict, grid: tuple[int, ...], rng: np.random.Generator | None = None) -> None:
+    """tile_score over the grid (S stripes, groups); blocks interleaved by ``rng`` (None: in order)."""
+    S, G = grid[0], grid[1] if len(grid) > 1 else 1
+    blocks = [_tile_block(a, s, g, S) for g in range(G) for s in range(S)]
+    if rng is None:
+        for b in blocks:
+            for _ in b:
+                pass
+        return
+    live = list(blocks)
+    while live:
+        i = int(rng.integers(len(live)))
+        try:
+            next(live[i])
+        except StopIteration:
+            live.pop(i)
+
+
+def model_tile_dense(a: dict, grid: tuple[int, ...]) -> None:
+    tile, n_docs = int(a["TILE"]), int(a["n_docs"])
+    out = a["out"].reshape(-1)
+    for q in range(min(grid[1], int(a["n_rows"]))):
+        t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
+        for j in range(min(grid[0], int(a["n_tiles"]))):
+            base = j * tile
+            end = min(base + tile, n_docs)
+            touched = np.zeros(tile, bool)
+            acc = np.zeros(tile, F32)
+            allowed = _allowed(a, q, base, end) if int(a["row_flags"][q]) & ROW_FILTERED else None
+            if t1 > t0 and (allowed is not None or not int(a["row_flags"][q]) & ROW_FILTERED):
+                ranges = _term_ranges(a, a["qt_term"][t0:t1], j, base, end)
+                touched, acc = _accumulate(a, q, ranges, base, allowed)
+            s = acc + F32(a["row_const"][q]) if int(a["has_w0"]) else acc
+            row = np.where(touched, s, F32(-np.inf)).astype(F32)
+            out[q * n_docs + base: q * n_docs + end] = row[: end - base]
+
+
+def model_haystack_score(a: dict, grid: tuple[int, ...]) -> None:
+    fwd_off, fwd_terms, fwd_w = a["fwd_off"], a["fwd_terms"], a["fwd_weights"]
+    n_docs = fwd_off.size - 1
+    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(fwd_off))
+    fkey = doc_of * (1 << 32) + fwd_terms.astype(np.int64)  # ascending: doc-major, terms ascending
+    for h in range(int(a["n_hs"])):
+        row = int(a["hs_rows"][h])
+        n = int(a["hs_start"][h + 1] - a["hs_start"][h])
+        docs = a["allow_docs"][int(a["allow_off"][row]): int(a["allow_off"][row]) + n].astype(np.int64)
+        acc = np.zeros(n, F32)
+        hit = np.zeros(n, bool)
+        for u in range(int(a["qt_off"][row]), int(a["qt_off"][row + 1])):
+            want = docs * (1 << 32) + int(a["qt_term"][u])
+            pos = np.minimum(np.searchsorted(fkey, want), fkey.size - 1)
+            found = (fkey[pos] == want) if fkey.size else np.zeros(n, bool)
+            acc[found] = acc[found] + scaled(fwd_w[pos[found]], a["qt_mult"][u])
+            hit |= found
+        s = acc + F32(a["row_const"][row]) if int(a["has_w0"]) else acc
+        keys = np.where(hit, composite_key(s.astype(F32), docs), U64(0))
+        c0 = int(a["cand_off"][row])
+        a["cand"][c0:c0 + n] = keys
+
+
+def model_select_row(keys: np.ndarray, theta: int, k: int, doc_bits: int):
+    """select_topk for one row: (ids (k,) int64, scores (k,) float32), sentinel-padded."""
+    keys = np.asarray(keys, dtype=U64)
+    kpad = next_pow2(k)
+    assert kpad <= K.SELECT_MAX_K
+    valid = keys[(keys != 0) & ((keys >> U64(32)).astype(U32) >= U32(theta))]
+    prefix, mask, krem = U64(0), U64(0), k
+    for p in range(radix_passes(doc_bits)):
+        shift, width = radix_digit(p, doc_bits)
+        nb, dmask = 1 << width, U64((1 << width) - 1)
+        sel = valid[(valid & mask) == prefix]
+        hist = np.bincount(((sel >> U64(shift)) & dmask).astype(np.int64), minlength=nb)
+        if p == 0 and int(hist.sum()) <= krem:
+            break  # take every valid key: prefix = mask = 0
+        b, above, cnt = find_bin(hist, krem)
+        prefix |= U64(b) << U64(shift)
+        mask |= dmask << U64(shift)
+        krem -= above
+        if cnt == krem:
+            break
+    gathered = valid[(valid & mask) >= prefix]
+    assert gathered.size == min(k, valid.size), "gather must find exactly min(k, valid) keys"
+    sbuf = np.zeros(kpad, dtype=U64)  # every slot the sentinel before any read
+    sbuf[: gathered.size] = gathered
+    sbuf = np.sort(sbuf)[::-1][:k]
+    ids = np.where(sbuf > 0, key_doc(sbuf), -1)
+    scores = np.where(sbuf > 0, key_score(sbuf), F32(-np.inf)).astype(F32)
+    return ids, scores
+
+
+def model_select_topk(a: dict, grid: tuple[int, ...]) -> None:
+    k = int(a["k"])
+    assert int(a["kpad"]) == next_pow2(k)
+    ids, out = a["out_ids"].reshape(-1, k), a["out_scores"].reshape(-1, k)
+    for r in range(grid[0]):
+        c0, c1 = int(a["cand_off"][r]), int(a["cand_off"][r + 1])
+        n = min(int(a["counts"][r]), c1 - c0)
+        ids[r], out[r] = model_select_row(a["cand"][c0:c0 + n], int(a["theta"][r]), k, int(a["doc_bits"]))
+
+
+def model_pack_candidates(a: dict, grid: tuple[int, ...]) -> None:
+    width = int(a["width"])
+    out = a["out"].reshape(-1)
+    for r in range(grid[1]):
+        c0, c1 = int(a["cand_off"][r]), int(a["cand_off"][r + 1])
+        n = min(int(a["counts"][r]), c1 - c0)
+        keys = a["cand"][c0:c0 + n]
+        ok = (keys != 0) & ((keys >> U64(32)).astype(U32) >= U32(a["theta"][r]))
+        out[r * width: r * width + n] = np.where(ok, keys, U64(0))
+
+
+def model_decode_keys(a: dict, grid: tuple[int, ...]) -> None:
+    n = int(a["n"])
+    kk = a["keys"].reshape(-1)[:n]
+    a["ids"].reshape(-1)[:n] = np.where(kk > 0, key_doc(kk), -1)
+    a["out"].reshape(-1)[:n] = np.where(kk > 0, key_score(kk), F32(-np.inf))
+
+
+MODELS: dict[str, Callable[..., None]] = {
+    "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
+    "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
+}
+
+
+# =============================================================================
+# Kernel signatures, parsed from the .cu text, and launch checks
+# =============================================================================
+_CTYPES = {
+    "int": np.int32, "long long": np.int64, "unsigned int": np.uint32,
+    "unsigned long long": np.uint64, "float": np.float32, "double": np.float64,
+}
+
+
+def strip_comments(src: str) -> str:
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.DOTALL)
+    return re.sub(r"//[^\n]*", " ", src)
+
+
+def kernel_signatures(filename: str) -> dict[str, list[tuple[str, type, bool, bool]]]:
+    """``{kernel: [(param, numpy scalar type, is_pointer, is_const), ...]}`` of a .cu file."""
+    src = strip_comments(K.load_source(filename))
+    out = {}
+    pat = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{")
+    for m in pat.finditer(src):
+        params = []
+        for p in m.group(2).split(","):
+            is_const = re.search(r"\bconst\b", p.split("*")[0]) is not None
+            p = " ".join(re.sub(r"\b(const|__restrict__)\b", " ", p).split())
+            is_ptr = "*" in p
+            *ty, name = p.replace("*", " ").split()
+            params.append((name, _CTYPES[" ".join(ty)], is_ptr, is_const))
+        out[m.group(1)] = params
+    return out
+
+
+#: Static shared memory of each kernel (bytes), as ptxas reports it; the launch
+#: check adds the dynamic part. Kept equal to the compiled value by
+#: tests/test_kernels_compile.py.
+STATIC_SMEM = {"select_topk": 4 * BINS + 4 * 32 + 4 * 4}
+
+
+class LaunchError(AssertionError):
+    """A launch CuPy would make does not match the kernel's C signature."""
+
+
+def template_args(name: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", name.split("<", 1)[1])] if "<" in name else []
+
+
+def check_launch(sigs: dict, name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """What CuPy would pass must be exactly what the kernel signature declares."""
+    base = name.split("<")[0]
+    sig = sigs[base]
+    if len(args) != len(sig):
+        raise LaunchError(f"{name}: {len(args)} arguments for {len(sig)} parameters")
+    for a, (pname, ty, is_ptr, _) in zip(args, sig):
+        if is_ptr:
+            if not isinstance(a, DevArray):
+                raise LaunchError(f"{name}.{pname}: expected a device array, got {type(a).__name__}")
+            if a.dtype != np.dtype(ty) or not a.flags.c_contiguous:
+                raise LaunchError(f"{name}.{pname}: expected contiguous {np.dtype(ty)}, got {a.dtype} "
+                                  f"(contiguous={a.flags.c_contiguous})")
+        elif type(a) is not ty:
+            raise LaunchError(f"{name}.{pname}: expected numpy.{ty.__name__}, got {type(a).__name__} "
+                              "(CuPy passes Python int as int64 and float as float64)")
+    if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3):
+        raise LaunchError(f"{name}: grid {grid} / block {block}")
+    if not (1 <= grid[0] <= 2**31 - 1 and all(1 <= g <= 65535 for g in grid[1:])):
+        raise LaunchError(f"{name}: grid {grid} outside CUDA's limits")
+    if int(np.prod(block)) > 1024:
+        raise LaunchError(f"{name}: block {block} has more than 1024 threads")
+    tmpl = template_args(name)
+    if tmpl and block != (tmpl[0],):
+        raise LaunchError(f"{name}: block {block} but the kernel strides by its THREADS = {tmpl[0]}")
+    if base == "select_topk":
+        kpad = int(args[6])
+        if shared_mem != 8 * kpad or shared_mem + STATIC_SMEM[base] > STATIC_SMEM_LIMIT:
+            raise LaunchError(f"{name}: shared_mem {shared_mem} for kpad {kpad}")
+    elif shared_mem != 0:
+        raise LaunchError(f"{name}: no dynamic shared memory expected, got {shared_mem}")
+
+
+# =============================================================================
+# The fake cupy
+# =============================================================================
+class DevArray(np.ndarray):
+    """A 'device' array: a NumPy array with CuPy's ``get`` / ``set``."""
+
+    def get(self, stream=None, out=None, **_):
+        if out is not None:
+            if out.shape != self.shape or out.dtype != self.dtype:
+                raise ValueError("get(out=...) needs the array's shape and dtype")
+            np.copyto(out, self.view(np.ndarray))
+            return out
+        return np.array(self, copy=True).view(np.ndarray)
+
+    def set(self, arr, stream=None):
+        arr = np.asarray(arr)
+        if arr.shape != self.shape or arr.dtype != self.dtype:
+            raise ValueError(f"set: shape/dtype {arr.shape}/{arr.dtype} for {self.shape}/{self.dtype}")
+        np.copyto(self.view(np.ndarray), arr)
+
+
+def _dev(a) -> DevArray:
+    return np.array(a, copy=True).view(DevArray)
+
+
+def _garbage(shape, dtype) -> DevArray:
+    """cupy.empty: uninitialised memory (here 0xFF bytes: NaN, -1, huge), never zeros."""
+    a = np.empty(shape, dtype)
+    a.view(np.uint8)[...] = 0xFF
+    return a.view(DevArray)
+
+
+class FakeOOM(Exception):
+    """Stands in for ``cupy.cuda.memory.OutOfMemoryError``."""
+
+
+def _wrap(fn):
+    def call(*args, **kw):
+        args = [np.asarray(a).view(np.ndarray) if isinstance(a, DevArray) else a for a in args]
+        r = fn(*args, **kw)
+        return r.view(DevArray) if isinstance(r, np.ndarray) else r
+
+    return call
+
+
+def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int | None = 0,
+                   sm_count: int = 4) -> types.SimpleNamespace:
+    """A stand-in for the ``cupy`` module whose kernels are the model.
+
+    Parameters
+    ----------
+    oom_if : callable (kernel name, args) -> bool, optional
+        Raise the fake out-of-memory error from launches where it returns True.
+    seed : int or None
+        Seeds the scheduler that interleaves tile_score's blocks (None: blocks in order).
+    sm_count : int
+        Reported ``MultiProcessorCount`` (the scorer sizes its grids from it).
+    """
+    cp = types.SimpleNamespace()
+    for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
+        setattr(cp, nm, getattr(np, nm))
+    cp.ndarray = DevArray
+    cp.asarray = _dev
+    cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
+    cp.empty = lambda shape, dtype=float: _garbage(shape, dtype)
+    cp.full = lambda shape, v, dtype=float: np.full(shape, v, dtype).view(DevArray)
+    cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(DevArray)
+    for nm in ("arange", "searchsorted", "argsort", "bincount", "cumsum", "concatenate", "maximum"):
+        setattr(cp, nm, _wrap(getattr(np, nm)))
+    rng = None if seed is None else np.random.default_rng(seed)
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Stream:
+        def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def synchronize(self):
+            pass
+
+    class Device:
+        def __init__(self, i=0):
+            self.id = int(i)
+            self.attributes = {"MultiProcessorCount": sm_count}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def synchronize(self):
+            pass
+
+    class Pool:
+        def free_all_blocks(self):
+            cp.freed += 1
+
+        def free_bytes(self):
+            return 0
+
+    cp.freed = 0
+    cp.cuda = types.SimpleNamespace(
+        Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
+        alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
+        memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
+        runtime=types.SimpleNamespace(memGetInfo=lambda: (8 << 30, 16 << 30),
+                                      getDeviceProperties=lambda i: {"name": b"Emulated (kernel model)"}),
+    )
+    pool = Pool()
+    cp.get_default_memory_pool = lambda: pool
+    cp.launches = []
+    sigs = {**kernel_signatures("bm25_score.cu"), **kernel_signatures("topk.cu")}
+
+    def kernel(filename, name, device_id=None):
+        if name not in K.NAME_EXPRESSIONS[filename]:
+            raise KeyError(f"{name!r} is not instantiated in {filename}")
+
+        def launch(grid, block, args, shared_mem=0):
+            check_launch(sigs, name, grid, block, args, shared_mem)
+            cp.launches.append((name, grid, block, shared_mem))
+            if oom_if is not None and oom_if(name, args):
+                raise FakeOOM(f"emulated OOM in {name}")
+            base = name.split("<")[0]
+            names = [p[0] for p in sigs[base]]
+            a = {n: (np.asarray(v).view(np.ndarray) if isinstance(v, DevArray) else v) for n, v in zip(names, args)}
+            for n, (_, _, is_ptr, is_const) in zip(names, sigs[base]):
+                if is_ptr and is_const:  # a const parameter cannot be written: the model would raise
+                    a[n] = a[n].view()
+                    a[n].flags.writeable = False
+            tmpl = template_args(name)
+            if base in ("tile_score", "tile_dense"):
+                a["TILE"] = tmpl[1]
+            if base == "tile_score":
+                model_tile_score(a, grid, rng)
+            else:
+                MODELS[base](a, grid)
+
+        return launch
+
+    cp.kernel = kernel
+    return cp
+
+
+@contextlib.contextmanager
+def fake_cupy_installed(**kw) -> Iterator[types.SimpleNamespace]:
+    """Install :func:`make_fake_cupy` as ``cupy`` for the cupy backend, then restore.
+
+    Yields the fake module (its ``launches`` list records every launch).
+    """
+    from . import cupy_backend as cb
+
+    cp = make_fake_cupy(**kw)
+    saved = (sys.modules.get("cupy"), cb.cuda_device, K.kernel)
+    sys.modules["cupy"] = cp  # type: ignore[assignment]
+    cb.cuda_device = lambda: (True, "emulated device (kernel model)")
+    K.kernel = cp.kernel
+    try:
+        yield cp
+    finally:
+        if saved[0] is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = saved[0]
+        cb.cuda_device, K.kernel = saved[1], saved[2]
+
+
+def as_host(x: Any) -> Any:
+    return np.asarray(x).view(np.ndarray) if isinstance(x, DevArray) else x
+
+
+@contextlib.contextmanager
+def small_tiles(threads: int = 32, docs: int = 64) -> Iterator[None]:
+    """Scorers created inside use ``tile_score<threads, docs>`` (so small test indexes span many tiles)."""
+    saved = (K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS)
+    names = dict(K.NAME_EXPRESSIONS)
+    names["bm25_score.cu"] = [f"tile_score<{threads}, {docs}>", f"tile_dense<{threads}, {docs}>",
+                              *[n for n in names["bm25_score.cu"] if not n.startswith("tile_")]]
+    K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = threads, docs, names
+    try:
+        yield
+    finally:
+        K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = saved

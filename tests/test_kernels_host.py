@@ -1,25 +1,35 @@
 """The CUDA kernels themselves, run on the CPU, against NumPy.
 
 ``tests/cuda_host`` compiles the unmodified ``kernels/*.cu`` as C++ with a shim
-of the CUDA execution model (a thread per CUDA thread, ``__syncthreads`` as a
-block barrier, warp intrinsics as a per-warp exchange, atomics) and launches
-them on NumPy arrays. Every kernel's output is compared with an independent
-NumPy reference (``NumpyScorer``, ``topk_from_dense``,
-``segment_reduce_numpy``), under several thread interleavings:
+of the CUDA execution model (``__syncthreads`` as a block barrier, warp
+intrinsics as a per-warp exchange, atomics, shared memory per block) and
+launches them on NumPy arrays. Their outputs must equal independent NumPy
+references -- ``NumpyScorer`` bit for bit, ``topk_from_dense``,
+``segment_reduce_numpy`` -- under several thread interleavings:
 
 * ``forward`` / ``reverse`` / ``random``: one CUDA thread at a time, switching
   at barriers, blocks in that order too (a missing barrier gives a wrong result
   in at least one of them, reproducibly);
-* ``parallel``: all threads of a block at once (real races on the atomics).
+* ``parallel``: every thread of a block on its own OS thread (real races).
 
-Shared memory is filled with random bytes before every block, and every array
+Shared memory is filled with random bytes before every block and every array
 is surrounded by guard bytes, so reads of uninitialised shared memory and
-out-of-bounds writes show. The second half plants bugs in kernels (a missing
-``__syncthreads``, an off-by-one, divergent barriers, the radix schedule topk.cu
-had before review) and checks that the harness reports them.
+out-of-bounds writes show; AddressSanitizer runs catch out-of-bounds reads.
 
-Small template block sizes (``THREADS``) keep it fast; the production
-instantiations run once each.
+* ``select_topk`` / ``pack_candidates`` / ``decode_keys`` are launched directly
+  on adversarial candidate rows (ties across the k-th place, all tied, -0.0 next
+  to +0.0, sentinels and garbage in the slots, counts past the capacity,
+  thresholds).
+* ``tile_score`` / ``tile_dense`` / ``haystack_score`` run behind
+  ``CupyScorer`` (its host code builds their many inputs), through the fake
+  ``cupy`` of ``gpuir.backends.kernel_model`` whose kernels are swapped for the
+  real ones (``cuda_host/device.py``): search results and dense rows must equal
+  ``NumpyScorer``'s bit for bit, for every method, filters, both scoring paths,
+  overflow reruns, the large-k sort path and the production block sizes.
+* The second half plants bugs (generic ones, and four in the real kernels) and
+  checks that they fail.
+
+Small template block sizes keep it fast; the production instantiations run too.
 """
 
 from __future__ import annotations
@@ -31,283 +41,87 @@ import numpy as np
 import pytest
 from _helpers import random_index, random_queries
 from cuda_host import HostBuildError, KernelError, build, find_compiler, run_sanitized, sanitizer_env
+from cuda_host.device import real_kernels_installed, small_blocks, small_names
 
+from gpuir.backends import cupy_backend as cb
+from gpuir.backends import kernel_model as km
 from gpuir.backends import kernels as K
 from gpuir.backends.base import topk_from_dense
 from gpuir.backends.numpy_backend import NumpyScorer
-from gpuir.backends.weights import posting_weights
 from gpuir.bm25 import METHODS, BM25Params
 from gpuir.dense.late_interaction import POOLING_OPS, segment_reduce_numpy
+from gpuir.index.csr import CSRIndex
 
 _CXX, _CXX_WHY = find_compiler()
 pytestmark = pytest.mark.skipif(_CXX is None, reason=f"host kernel tests need a C++20 compiler: {_CXX_WHY}")
 
-F32 = np.float32
-U32 = np.uint32
-#: Small instantiations for most tests: (THREADS, PER_THREAD) of bm25_score, THREADS of topk_rows.
-SCORE_T, SCORE_P = 32, 2
-TOPK_T = 64
-SERIAL = ("forward", "reverse", "random")
+F32, U32, U64 = np.float32, np.uint32, np.uint64
+#: Instantiations: the small ones of cuda_host.device.small_blocks and the production ones.
+SMALL = small_names()
+PROD = {f: list(v) for f, v in K.NAME_EXPRESSIONS.items()}
+#: Block size of the small select_topk instantiation.
+SEL_T = int(SMALL["topk.cu"][0].split("<")[1].rstrip(">"))
+SCHEDULES = ("forward", "reverse", "random", "parallel")
+SERIAL = SCHEDULES[:3]
+
+
+def both(f: str) -> list[str]:
+    """Small and production instantiations of a kernel file, once each."""
+    return list(dict.fromkeys(SMALL[f] + PROD[f]))
 
 
 # =============================================================================
-# Modules: compiled in parallel once (cached on disk across runs), loaded per module
+# Builds: compiled in parallel once (cached on disk across runs), loaded per module
 # =============================================================================
 def build_specs() -> dict[str, dict]:
-    """Every build of this module, by fixture name (the planted ones are defined below)."""
+    """Every build of this module by name (the planted kernels are defined further down)."""
     return {
-        "score_mod": {"kernel": "bm25_score.cu", "names": [
-            *(f"bm25_score<{m}, {SCORE_T}, {SCORE_P}>" for m in range(5)),
-            f"bm25_score<0, {K.SCORE_THREADS}, {K.SCORE_PER_THREAD}>", "scatter_allow_bits", "finalize_dense"]},
-        "topk_mod": {"kernel": "topk.cu", "names": [
-            f"topk_rows<{TOPK_T}>", f"topk_rows<{K.TOPK_THREADS}>", "composite_keys", "decode_keys"]},
-        "seg_mod": {"kernel": "segment_reduce.cu", "names": ["segment_reduce<float>", "segment_reduce<double>"],
-                    "defines": {"SEGMENT_REDUCE_BLOCK": 32}},
+        "score": {"kernel": "bm25_score.cu", "names": both("bm25_score.cu")},
+        "topk": {"kernel": "topk.cu", "names": both("topk.cu")},
+        "seg": {"kernel": "segment_reduce.cu", "names": ["segment_reduce<float>", "segment_reduce<double>"],
+                "defines": {"SEGMENT_REDUCE_BLOCK": 32}},
         "planted": {"kernel": "planted.cu", "names": _PLANTED_NAMES, "source": PLANTED},
-        "topk_planted": {"kernel": "topk.cu (planted bugs)", "names": [f"{bug}::topk_rows<{TOPK_T}>" for bug in TOPK_BUGS],
-                         "source": "".join(f"namespace {bug} {{\n{topk_variant(bug)}}}\n" for bug in TOPK_BUGS)},
-        "asan": {"kernel": "topk.cu + asan_planted.cu", "names": [f"topk_rows<{TOPK_T}>", *ASAN_NAMES],
-                 "source": K.load_source("topk.cu") + ASAN_PLANTED, "sanitize": True},
+        "topk_planted": {"kernel": "topk.cu (planted bugs)",
+                         "names": [f"{b}::{n}" for b in TOPK_BUGS for n in SMALL["topk.cu"]],
+                         "source": variants("topk.cu", TOPK_BUGS)},
+        "score_planted": {"kernel": "bm25_score.cu (planted bugs)",
+                          "names": [f"{b}::{n}" for b in SCORE_BUGS for n in SMALL["bm25_score.cu"]],
+                          "source": variants("bm25_score.cu", SCORE_BUGS)},
+        "asan_topk": {"kernel": "topk.cu + asan_planted.cu", "names": SMALL["topk.cu"] + ASAN_NAMES,
+                      "source": K.load_source("topk.cu") + ASAN_PLANTED, "sanitize": True},
+        "asan_score": {"kernel": "bm25_score.cu", "names": SMALL["bm25_score.cu"], "sanitize": True},
     }
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _prebuild():
-    """Compile every library of this module at once (2 cores: about half the time of one by one)."""
+    """Compile every library of this module at once (on 2 cores about half the time of one by one)."""
     def one(spec):
         try:
             build(**spec, load=False)
         except (HostBuildError, AssertionError):
-            pass  # the fixture that needs it reports the error
+            pass  # the test that needs it reports the error
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
         list(ex.map(one, build_specs().values()))
 
 
-def _load(name: str):
+def load(name: str):
     return build(**build_specs()[name])
 
 
 @pytest.fixture(scope="module")
 def score_mod():
-    return _load("score_mod")
+    return load("score")
 
 
 @pytest.fixture(scope="module")
 def topk_mod():
-    return _load("topk_mod")
+    return load("topk")
 
 
 # =============================================================================
-# bm25_score, scatter_allow_bits, finalize_dense
-# =============================================================================
-def bits_of(rows: list[np.ndarray], n_docs: int) -> np.ndarray:
-    """A (len(rows), ceil(N/32)) uint32 bitmap: bit d of row r set for d in rows[r]."""
-    W = -(-n_docs // 32)
-    out = np.zeros((len(rows), W), U32)
-    for r, d in enumerate(rows):
-        d = np.asarray(d, np.int64)
-        np.bitwise_or.at(out[r], d >> 5, U32(1) << (d & 31).astype(U32))
-    return out
-
-
-def score_inputs(index, params: BM25Params, queries, allow, threads: int, per_thread: int) -> dict:
-    """The arguments of bm25_score as its header documents them (pairs, chunk starts, ...)."""
-    pw = posting_weights(index, params)
-    df = np.diff(index.offsets)
-    chunk = threads * per_thread
-    pq, pt, pm = [], [], []
-    row_const = np.zeros(len(queries), F32)
-    for b, q in enumerate(queries):
-        terms, mult = np.unique(np.asarray(q, np.int64), return_counts=True)
-        row_const[b] = F32((pw.w0[terms] * mult).sum(dtype=F32)) if terms.size else F32(0)
-        keep = df[terms] > 0
-        pq += [b] * int(keep.sum())
-        pt += terms[keep].tolist()
-        pm += mult[keep].tolist()
-    pair_t = np.array(pt, np.int32)
-    chunk_start = np.zeros(len(pt) + 1, np.int64)
-    np.cumsum(-(-df[pair_t] // chunk), out=chunk_start[1:])
-    allow_row = np.full(len(queries), -1, np.int32)
-    lists = []
-    for b, a in enumerate(allow or []):
-        if a is not None:
-            allow_row[b] = len(lists)
-            lists.append(np.asarray(a, np.int32))
-    return {
-        "pair_query": np.array(pq, np.int32), "pair_term": pair_t, "pair_mult": np.array(pm, F32),
-        "chunk_start": chunk_start, "idf": pw.idf, "w0": pw.w0.astype(F32), "row_const": row_const,
-        "allow_lists": lists, "allow_row": allow_row, "weights": pw.weights,
-    }
-
-
-def run_scoring(mod, index, params, inp, *, threads=SCORE_T, per_thread=SCORE_P, schedule="forward", grid=None,
-                seed=0):
-    """scatter_allow_bits + bm25_score + finalize_dense: the dense (B, N) rows, and the raw sums and bitmap."""
-    N, B = index.n_docs, inp["allow_row"].size
-    W = -(-N // 32)
-    F = len(inp["allow_lists"])
-    allow_bits = np.zeros((max(F, 1), W), U32)
-    if F:
-        docs = np.concatenate(inp["allow_lists"]).astype(np.int32)
-        rows = np.concatenate([np.full(a.size, r, np.int32) for r, a in enumerate(inp["allow_lists"])])
-        if docs.size:
-            mod.launch("scatter_allow_bits", (3,), (32,), [docs, rows, np.int64(docs.size), allow_bits, np.int32(W)],
-                       schedule=schedule, seed=seed)
-    scores = np.zeros((B, N), F32)
-    touched = np.zeros((B, W), U32)
-    n_pairs = inp["pair_term"].size
-    n_chunks = int(inp["chunk_start"][-1])
-    if n_chunks:
-        mod.launch(
-            f"bm25_score<{params.code}, {threads}, {per_thread}>", (grid or n_chunks,), (threads,),
-            [index.offsets, index.doc_ids, index.tfs, index.doc_lens, inp["pair_query"], inp["pair_term"],
-             inp["pair_mult"], inp["chunk_start"], np.int32(n_pairs), inp["idf"], inp["w0"],
-             allow_bits, inp["allow_row"], scores, touched, np.int64(N), np.int32(W),
-             F32(params.k1), F32(params.b), F32(params.delta), F32(index.avgdl)],
-            schedule=schedule, seed=seed,
-        )
-    raw = scores.copy()
-    mod.launch("finalize_dense", (5,), (64,), [scores, touched, inp["row_const"], np.int32(B), np.int64(N),
-                                                np.int32(W)], schedule=schedule, seed=seed)
-    return scores, raw, touched
-
-
-@pytest.fixture(scope="module")
-def scoring_case():
-    """A small index with many ties, queries with the edge cases, and mixed filters."""
-    idx = random_index(700, 60, seed=5, heavy_df=400)
-    qs = random_queries(60, 7, seed=6, max_terms=6)
-    rng = np.random.default_rng(7)
-    allow = [None, np.sort(rng.choice(700, 90, replace=False)), None, np.arange(0, 700, 3),
-             np.zeros(0, np.int64), None, np.array([699])]
-    return idx, qs, allow
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_bm25_score_equals_numpy_in_chunk_order(score_mod, scoring_case, method):
-    """Blocks in chunk order add each document's terms in ascending term order,
-    as NumpyScorer does: the dense rows must be equal, bit for bit."""
-    idx, qs, allow = scoring_case
-    p = BM25Params(method=method)
-    ref = NumpyScorer(idx, p)
-    inp = score_inputs(idx, p, qs, allow, SCORE_T, SCORE_P)
-    for schedule in ("forward", "parallel"):
-        dense, _, _ = run_scoring(score_mod, idx, p, inp, schedule=schedule)
-        want = ref.score_matrix(qs, allow)
-        assert np.array_equal(dense, want), (method, schedule)
-        assert np.array_equal(np.signbit(dense), np.signbit(want))
-
-
-def sums_in_term_order(idx, inp, qs, allow, descending: bool) -> np.ndarray:
-    """Dense rows with each document's contributions added in ascending / descending term order (float32)."""
-    N = idx.n_docs
-    out = np.zeros((len(qs), N), F32)
-    hit = np.zeros((len(qs), N), bool)
-    for b, q in enumerate(qs):
-        terms, mult = np.unique(q, return_counts=True)
-        order = range(terms.size - 1, -1, -1) if descending else range(terms.size)
-        ok = np.ones(N, bool)
-        if allow is not None and allow[b] is not None:
-            ok[:] = False
-            ok[allow[b]] = True
-        for i in order:
-            s, e = idx.offsets[terms[i]], idx.offsets[terms[i] + 1]
-            d = idx.doc_ids[s:e]
-            w = inp["weights"][s:e] if mult[i] == 1 else inp["weights"][s:e] * F32(mult[i])
-            out[b, d[ok[d]]] += w[ok[d]]
-            hit[b, d[ok[d]]] = True
-    return np.where(hit, out + inp["row_const"][:, None], F32(-np.inf))
-
-
-def test_bm25_score_blocks_in_reverse_add_in_reverse(score_mod, scoring_case):
-    """Blocks in reverse chunk order add in descending term order: equal to NumPy summing that way."""
-    idx, qs, allow = scoring_case
-    for method in ("bm25+", "robertson"):  # negative weights: cancellation
-        p = BM25Params(method=method)
-        inp = score_inputs(idx, p, qs, allow, SCORE_T, SCORE_P)
-        asc = sums_in_term_order(idx, inp, qs, allow, descending=False)
-        assert np.array_equal(asc, NumpyScorer(idx, p).score_matrix(qs, allow))  # the reference itself
-        dense, _, _ = run_scoring(score_mod, idx, p, inp, schedule="reverse")
-        assert np.array_equal(dense, sums_in_term_order(idx, inp, qs, allow, descending=True)), method
-
-
-def test_bm25_score_any_order_within_rounding(score_mod, scoring_case):
-    """Blocks in random order: within float32 rounding of the sum of |contributions|,
-    exact for documents with one contributing term, and the same candidates."""
-    idx, qs, allow = scoring_case
-    p = BM25Params(method="bm25+")
-    inp = score_inputs(idx, p, qs, allow, SCORE_T, SCORE_P)
-    want = NumpyScorer(idx, p).score_matrix(qs, allow)
-    # Per document: number of contributing terms and sum of |contribution|.
-    n_terms = np.zeros(want.shape, np.int64)
-    mag = np.zeros(want.shape, np.float64)
-    for b in range(len(qs)):
-        for t, m in zip(*np.unique(qs[b], return_counts=True)):
-            s, e = idx.offsets[t], idx.offsets[t + 1]
-            d = idx.doc_ids[s:e]
-            n_terms[b, d] += 1
-            mag[b, d] += np.abs(inp["weights"][s:e].astype(np.float64) * m)
-    fin = np.isfinite(want)
-    one = fin & (n_terms == 1)
-    eps = np.finfo(F32).eps
-    tol = (n_terms + 1) * eps * (mag + np.abs(inp["row_const"])[:, None])
-    for seed in (1, 2):
-        dense, _, _ = run_scoring(score_mod, idx, p, inp, schedule="random", seed=seed)
-        assert np.array_equal(np.isfinite(dense), fin)
-        assert one.sum() > 100 and np.array_equal(dense[one], want[one])
-        err = np.abs(dense[fin].astype(np.float64) - want[fin])
-        assert np.all(err <= tol[fin]), float((err / tol[fin]).max())
-
-
-def test_bm25_score_production_block_size(score_mod):
-    """bm25_score<0, 256, 4>, as CupyScorer launches it, with a grid smaller than the chunks (grid stride)."""
-    idx = random_index(3000, 40, seed=9, heavy_df=2500)
-    qs = [np.array([0, 1, 1, 5]), np.array([1]), np.array([3, 7, 0])]
-    p = BM25Params(method="lucene")
-    inp = score_inputs(idx, p, qs, None, K.SCORE_THREADS, K.SCORE_PER_THREAD)
-    assert inp["chunk_start"][-1] > 3
-    dense, _, _ = run_scoring(score_mod, idx, p, inp, threads=K.SCORE_THREADS, per_thread=K.SCORE_PER_THREAD,
-                              schedule="parallel", grid=3)
-    want = NumpyScorer(idx, p).score_matrix(qs)
-    fin = np.isfinite(want)
-    assert np.array_equal(fin, np.isfinite(dense))
-    np.testing.assert_allclose(dense[fin], want[fin], rtol=1e-6)
-
-
-def test_scatter_allow_bits_and_finalize_dense(score_mod):
-    rng = np.random.default_rng(3)
-    N, F = 1000, 4
-    W = -(-N // 32)
-    lists = [np.sort(rng.choice(N, n, replace=False)) for n in (0, 1, 333, N)]
-    lists[1] = np.array([N - 1])
-    docs = np.concatenate(lists).astype(np.int32)
-    rows = np.concatenate([np.full(a.size, r, np.int32) for r, a in enumerate(lists)])
-    perm = rng.permutation(docs.size)  # any order, duplicates allowed
-    docs, rows = np.concatenate([docs[perm], docs[:50]]), np.concatenate([rows[perm], rows[:50]])
-    for schedule in ("parallel", "reverse"):
-        bits = np.zeros((F, W), U32)
-        score_mod.launch("scatter_allow_bits", (4,), (64,), [docs, rows, np.int64(docs.size), bits, np.int32(W)],
-                         schedule=schedule)
-        assert np.array_equal(bits, bits_of(lists, N))
-    # finalize_dense: score + row constant where touched, -inf elsewhere.
-    B = 3
-    scores = rng.standard_normal((B, N)).astype(F32)
-    scores[0, :5] = [-0.0, 0.0, 1e-30, np.inf, -1.0]
-    touched = bits_of([rng.choice(N, 400, replace=False), np.arange(5), np.arange(0)], N)
-    row_const = np.array([0.0, 0.75, -3.5], F32)
-    hit = np.zeros((B, N), bool)
-    for r in range(B):
-        d = np.arange(N)
-        hit[r] = (touched[r, d >> 5] >> (d & 31).astype(U32)) & 1
-    want = np.where(hit, scores + row_const[:, None], F32(-np.inf))
-    out = scores.copy()
-    score_mod.launch("finalize_dense", (7,), (32,), [out, touched, row_const, np.int32(B), np.int64(N), np.int32(W)])
-    assert np.array_equal(out.view(U32), want.view(U32))
-
-
-# =============================================================================
-# topk_rows, composite_keys, decode_keys
+# select_topk, pack_candidates, decode_keys on adversarial candidate rows
 # =============================================================================
 def adversarial_rows(rng, N: int) -> dict[str, np.ndarray]:
     """Dense rows (-inf = not a candidate) that stress the radix select and the tie rule."""
@@ -334,102 +148,230 @@ def adversarial_rows(rng, N: int) -> dict[str, np.ndarray]:
     return rows
 
 
-def topk_case(rng, N: int):
-    """(B, N) raw sums, bitmap, row constants, and the dense rows the reference sees."""
-    rows = adversarial_rows(rng, N)
-    dense = np.stack(list(rows.values()))
-    B = dense.shape[0]
-    row_const = np.zeros(B, F32)
-    row_const[1], row_const[4] = F32(0.5), F32(-1.25)  # added by the kernel to every candidate
-    cand = np.isfinite(dense)
-    raw = np.where(cand, dense, F32(0)).astype(F32)
-    ref_rows = np.where(cand, raw + row_const[:, None], F32(-np.inf)).astype(F32)
-    touched = bits_of([np.flatnonzero(c) for c in cand], N)
-    return list(rows), raw, touched, row_const, ref_rows
+class SelectCase:
+    """Candidate slots as bm25_score.cu leaves them, and the rows the reference sees.
+
+    Row r's slots hold its candidates' composite keys in random order with
+    sentinels (0) among them; slots past ``counts[r]`` hold garbage keys that
+    would win if read; a few rows overflowed (``counts[r]`` > capacity: only
+    the slots are read) or have a threshold ``theta[r]`` (keys below it are not
+    candidates).
+    """
+
+    def __init__(self, rng, N: int):
+        rows = adversarial_rows(rng, N)
+        self.names = list(rows)
+        R = len(rows)
+        self.doc_bits = max(1, (N - 1).bit_length())
+        self.theta = np.zeros(R, U32)
+        self.ref_rows = np.full((R, N), -np.inf, F32)
+        slots, counts = [], []
+        for r, dense in enumerate(rows.values()):
+            d = rng.permutation(np.flatnonzero(np.isfinite(dense)))
+            keys = km.composite_key(dense[d], d)
+            if r == 1:  # a threshold: keys of scores below 2.0 are not candidates
+                self.theta[r] = km.float_to_ordered(F32(2.0))[0]
+            sent = rng.integers(0, keys.size + 1, 5)
+            keys = np.insert(keys, sent, U64(0))
+            count = keys.size
+            if r == 4:  # overflow: 7 more keys were counted than fit
+                count = keys.size + 7
+            cap = keys.size + (0 if r == 4 else 3)
+            garbage = km.composite_key(np.full(cap - keys.size, F32(1e30)), np.arange(cap - keys.size))
+            slots.append(np.concatenate([keys, garbage]).astype(U64))
+            counts.append(count if r == 4 else keys.size)
+            valid = keys[(keys != 0) & ((keys >> U64(32)).astype(U32) >= self.theta[r])]
+            self.ref_rows[r, km.key_doc(valid)] = km.key_score(valid)
+        self.cand = np.concatenate(slots)
+        self.cand_off = np.concatenate([[0], np.cumsum([x.size for x in slots])]).astype(np.int64)
+        self.counts = np.array(counts, np.int32)
 
 
-def run_topk(mod, raw, touched, row_const, k, *, threads=TOPK_T, schedule="forward", seed=0, name="topk_rows"):
-    B, N = raw.shape
+def run_select(mod, c: SelectCase, k: int, *, threads=None, schedule="forward", seed=0, name="select_topk"):
+    threads = threads or SEL_T
+    R = len(c.names)
     kpad = 1 << max(0, k - 1).bit_length()
-    ids = np.full((B, k), 12345, np.int64)  # garbage: every slot must be written
-    out = np.full((B, k), F32(7.0))
-    mod.launch(f"{name}<{threads}>", (B,), (threads,),
-               [raw, touched, row_const, np.int64(N), np.int32(touched.shape[1]), np.int32(max(1, (N - 1).bit_length())),
-                np.int32(k), np.int32(kpad), ids, out], shared=8 * kpad, schedule=schedule, seed=seed)
+    ids = np.full((R, k), 12345, np.int64)  # garbage: every slot must be written
+    out = np.full((R, k), F32(7.0))
+    mod.launch(f"{name}<{threads}>", (R,), (threads,),
+               [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad), ids, out],
+               shared=8 * kpad, schedule=schedule, seed=seed)
     return ids, out
 
 
-def assert_topk_equal(names, ids, out, ref, k, label=""):
-    for r, name in enumerate(names):
-        assert np.array_equal(ids[r], ref.ids[r]), (label, name, k, ids[r][:10], ref.ids[r][:10])
-        assert np.array_equal(out[r].view(U32), ref.scores[r].view(U32)), (label, name, k)
+def topk_mismatches(c: SelectCase, ids, out, k) -> list[str]:
+    ref = topk_from_dense(c.ref_rows, k)
+    return [n for r, n in enumerate(c.names)
+            if not (np.array_equal(ids[r], ref.ids[r]) and np.array_equal(out[r].view(U32), ref.scores[r].view(U32)))]
 
 
-@pytest.mark.parametrize("k", [1, 3, 40, 200, 700, 2000])
-def test_topk_rows_equals_tie_rule(topk_mod, k):
-    """Exact ids and scores (bits) of topk_from_dense on adversarial rows, one block per row."""
-    rng = np.random.default_rng(k)
-    names, raw, touched, row_const, ref_rows = topk_case(rng, 1500)
-    ref = topk_from_dense(ref_rows, k)
-    for schedule in ("forward", "reverse", "random", "parallel"):
-        if k >= 700 and schedule == "random":
-            continue  # the long bitonic sorts: forward, reverse and parallel suffice
-        ids, out = run_topk(topk_mod, raw, touched, row_const, k, schedule=schedule, seed=k)
-        assert_topk_equal(names, ids, out, ref, k, schedule)
+@pytest.mark.parametrize("k", [1, 3, 40, 200, 700, 2000, 4096])
+def test_select_topk_equals_tie_rule(topk_mod, k):
+    """Exact ids and score bits of topk_from_dense, one block per row, under every interleaving."""
+    c = SelectCase(np.random.default_rng(k), 1500)
+    for schedule in SCHEDULES:
+        ids, out = run_select(topk_mod, c, k, schedule=schedule, seed=k)
+        assert not topk_mismatches(c, ids, out, k), (schedule, topk_mismatches(c, ids, out, k))
 
 
-def test_topk_rows_candidates_around_k(topk_mod):
-    """k = C - 1, C, C + 1 candidates, and k at the shared-memory limit (kpad = 4096)."""
-    rng = np.random.default_rng(11)
-    N = 5000
-    dense = np.full((1, N), -np.inf, F32)
-    idx = rng.choice(N, 4096, replace=False)
-    dense[0, idx] = rng.choice(np.array([1.0, 2.0, -0.0, 0.0], F32), idx.size)
-    raw = np.where(np.isfinite(dense), dense, F32(0))
-    touched = bits_of([idx], N)
-    zero = np.zeros(1, F32)
-    for k in (4095, 4096, 2049, 2048):
-        ids, out = run_topk(topk_mod, raw, touched, zero, k, schedule="parallel")
-        ref = topk_from_dense(dense, k)
-        assert np.array_equal(ids, ref.ids) and np.array_equal(out, ref.scores), k
-    small = np.full((1, N), -np.inf, F32)
-    small[0, [3, 10, 4999]] = [1.0, 1.0, 2.0]
-    raw = np.where(np.isfinite(small), small, F32(0))
-    tb = bits_of([np.array([3, 10, 4999])], N)
-    for k in (2, 3, 4, 100):
-        ids, out = run_topk(topk_mod, raw, tb, zero, k, schedule="reverse")
-        ref = topk_from_dense(small, k)
-        assert np.array_equal(ids, ref.ids) and np.array_equal(out, ref.scores), k
+def test_select_topk_production_block_size(topk_mod):
+    c = SelectCase(np.random.default_rng(5), 1200)
+    for schedule in ("forward", "parallel"):
+        ids, out = run_select(topk_mod, c, 100, threads=K.SELECT_THREADS, schedule=schedule)
+        assert not topk_mismatches(c, ids, out, 100), schedule
 
 
-def test_topk_rows_production_block_size(topk_mod):
-    """topk_rows<512>, as CupyScorer launches it."""
-    rng = np.random.default_rng(5)
-    names, raw, touched, row_const, ref_rows = topk_case(rng, 1200)
-    sel = [1, 2, 3]  # three_levels, low_mantissa, signed zeros
-    k = 100
-    ids, out = run_topk(topk_mod, raw[sel], touched[sel], row_const[sel], k, threads=K.TOPK_THREADS,
-                        schedule="parallel")
-    assert_topk_equal([names[i] for i in sel], ids, out, topk_from_dense(ref_rows[sel], k), k)
+def test_pack_candidates_then_sort_and_decode(topk_mod):
+    """The k > 4096 path: packed valid keys sorted descending and decoded give topk_from_dense."""
+    c = SelectCase(np.random.default_rng(8), 900)
+    R = len(c.names)
+    width = int(np.diff(c.cand_off).max())
+    for threads in {int(n.split("<")[1].rstrip(">")) for n in both("topk.cu") if n.startswith("pack_candidates")}:
+        packed = np.zeros((R, width), U64)
+        topk_mod.launch(f"pack_candidates<{threads}>", (3, R), (threads,),
+                        [c.cand, c.cand_off, c.counts, c.theta, np.int64(width), packed], schedule="reverse")
+        srt = np.ascontiguousarray(np.sort(packed, axis=1)[:, ::-1])
+        ids = np.zeros((R, width), np.int64)
+        out = np.zeros((R, width), F32)
+        topk_mod.launch("decode_keys", (5,), (32,), [srt, np.int64(R * width), ids, out], schedule="parallel")
+        assert not topk_mismatches(c, ids, out, width), threads
 
 
-def test_composite_keys_sort_to_the_tie_rule_and_decode(topk_mod):
-    """Sorting composite_keys descending gives topk_from_dense's order; decode_keys inverts them."""
-    rng = np.random.default_rng(8)
-    names, raw, touched, row_const, ref_rows = topk_case(rng, 900)
-    B, N = raw.shape
-    keys = np.full((B, N), 99, np.uint64)
-    topk_mod.launch("composite_keys", (6,), (64,), [raw, touched, row_const, np.int32(B), np.int64(N),
-                                                     np.int32(touched.shape[1]), keys], schedule="reverse")
-    assert np.array_equal(keys == 0, ~np.isfinite(ref_rows)), "key 0 marks exactly the non-candidates"
-    assert all(np.unique(keys[r][keys[r] > 0]).size == np.count_nonzero(keys[r]) for r in range(B))
-    order = np.argsort(keys, axis=1, kind="stable")[:, ::-1]
-    srt = np.ascontiguousarray(np.take_along_axis(keys, order, axis=1))
-    ids = np.zeros((B, N), np.int64)
-    out = np.zeros((B, N), F32)
-    topk_mod.launch("decode_keys", (5,), (32,), [srt, np.int64(B * N), ids, out], schedule="parallel")
-    ref = topk_from_dense(ref_rows, N)
-    assert_topk_equal(names, ids, out, ref, N)
+# =============================================================================
+# tile_score, tile_dense, haystack_score behind CupyScorer, bit for bit
+# =============================================================================
+def with_empty_terms(idx: CSRIndex) -> CSRIndex:
+    """The index plus two vocabulary terms without postings."""
+    off = np.concatenate([idx.offsets, [idx.offsets[-1]] * 2]).astype(np.int64)
+    return CSRIndex(offsets=off, doc_ids=idx.doc_ids, tfs=idx.tfs, doc_lens=idx.doc_lens,
+                    vocab=[*idx.vocab, "zz0", "zz1"], ids=idx.ids)
+
+
+def exact(a, b, where=""):
+    """Equal ids, and equal score bits (up to the sign of zero, which NumPy ties)."""
+    assert a.ids.shape == b.ids.shape and b.scores.dtype == np.float32
+    bad = [i for i in range(a.ids.shape[0])
+           if not (np.array_equal(a.ids[i], b.ids[i])
+                   and np.array_equal(a.scores[i].view(U32) & U32(0x7FFFFFFF), b.scores[i].view(U32) & U32(0x7FFFFFFF)))]
+    assert not bad, f"{where}: rows {bad[:5]} differ, e.g. {a.ids[bad[0]][:6]} vs {b.ids[bad[0]][:6]}"
+
+
+N_DOCS, N_TERMS = 1300, 63
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    idx = with_empty_terms(random_index(N_DOCS, N_TERMS - 2, seed=11, heavy_df=1200))
+    qs = random_queries(N_TERMS - 2, 10, seed=12, max_terms=6)
+    qs += [np.array([N_TERMS - 1, 3], np.int64), np.array([2, 2, 2, 5, 9, 2], np.int64),
+           np.arange(0, 40, dtype=np.int64)]  # a term without postings, repeats, 40 terms (> 32 threads)
+    rng = np.random.default_rng(13)
+    allow = [None, np.zeros(0, np.int64), np.sort(rng.choice(N_DOCS, 30, replace=False)), None,
+             np.arange(0, N_DOCS, 3), np.array([N_DOCS - 1]), None, np.arange(N_DOCS), np.arange(700, 760),
+             np.sort(rng.choice(N_DOCS, 300, replace=False)), None, np.arange(5), None]
+    return idx, qs, allow
+
+
+@pytest.fixture(scope="module")
+def mods(score_mod, topk_mod):
+    return {"bm25_score.cu": score_mod, "topk.cu": topk_mod}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_scorer_on_real_kernels_equals_numpy(mods, corpus, method):
+    """search (plain, filtered) and score_matrix: NumpyScorer's results, bit for bit."""
+    idx, qs, allow = corpus
+    schedule = SERIAL[METHODS.index(method) % len(SERIAL)]  # "parallel": test_haystack_modes, ASan
+    ref = NumpyScorer(idx, BM25Params(method=method))
+    with small_blocks(), real_kernels_installed(schedule=schedule, modules=mods) as cp:
+        gpu = cb.CupyScorer(idx, BM25Params(method=method))
+        assert gpu.n_tiles > 10 and (np.asarray(gpu.d_dir_row) >= 0).any() and (np.asarray(gpu.d_dir_row) < 0).any()
+        for k in (1, 10, 300):
+            exact(ref.search(qs, k), gpu.search(qs, k), f"{method} {schedule} k={k}")
+            res = gpu.search(qs, k, allow)
+            exact(ref.search(qs, k, allow), res, f"{method} {schedule} k={k} filtered")
+            assert res.meta["haystack_rows"] >= 1
+        want = ref.score_matrix(qs, allow)
+        got = gpu.score_matrix(qs, allow)
+        assert np.array_equal(want, got) and np.array_equal(np.isfinite(want), np.isfinite(got))
+    assert {n.split("<")[0] for n, *_ in cp.launches} >= {"tile_score", "haystack_score", "select_topk",
+                                                          "tile_dense"}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_any_block_and_thread_order_gives_the_same_results(mods, corpus, seed):
+    """Blocks and threads in random orders, one SM (more tiles per block), tiles path only."""
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params())
+    with small_blocks(), real_kernels_installed(schedule="random", seed=seed, sm_count=1, modules=mods):
+        gpu = cb.CupyScorer(idx, BM25Params(), haystack="never")
+        for k in (1, 5, 64):
+            exact(ref.search(qs, k, allow), gpu.search(qs, k, allow), f"seed={seed} k={k}")
+
+
+def tied_index(N: int) -> CSRIndex:
+    """Term 0 in every document with tf 1 and equal lengths: every score ties."""
+    return CSRIndex(offsets=np.array([0, N, N + 3], np.int64),
+                    doc_ids=np.concatenate([np.arange(N), [5, N // 2, N - 1]]).astype(np.int32),
+                    tfs=np.ones(N + 3, np.int32), doc_lens=np.full(N, 4, np.int32),
+                    vocab=["a", "b"], ids=[str(i) for i in range(N)])
+
+
+def test_ties_at_the_kth_place_across_tiles(mods):
+    idx = tied_index(1000)
+    qs = [np.array([0]), np.array([0, 1]), np.array([1, 0, 0])]
+    ref = NumpyScorer(idx, BM25Params())
+    with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
+        gpu = cb.CupyScorer(idx, BM25Params())
+        for k in (1, 2, 3, 64, 65, 1000, 1001):
+            res = gpu.search(qs, k)
+            exact(ref.search(qs, k), res, f"k={k}")
+    assert res.ids[0, 0] == 0  # all tied: the lowest document number first
+
+
+def test_overflow_reruns_query_groups_and_large_k(mods, corpus, monkeypatch):
+    """Candidate buffers too small (reruns), several rows per block, and k > 4096 (pack + sort)."""
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25l"))
+    monkeypatch.setattr(cb, "_MAX_GRID_Y", 3)
+    real = cb.candidate_slots
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a: np.minimum(real(*a), 5))
+    with small_blocks(), real_kernels_installed(schedule="forward", modules=mods) as cp:
+        gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never")
+        for k in (1, 4, 1400):
+            res = gpu.search(qs, k, allow)
+            exact(ref.search(qs, k, allow), res, f"k={k}")
+        assert res.meta["overflow_rows"] > 0
+        monkeypatch.setattr(cb, "candidate_slots", real)
+        big = random_index(4500, 30, seed=21, heavy_df=4400)
+        ref2, gpu2 = NumpyScorer(big, BM25Params(method="bm25+")), cb.CupyScorer(big, BM25Params(method="bm25+"))
+        q2 = random_queries(30, 5, seed=22, max_terms=3)
+        for k in (4097, 5000):
+            exact(ref2.search(q2, k), gpu2.search(q2, k), f"sort path k={k}")
+    assert any(n.startswith("pack_candidates") for n, *_ in cp.launches)
+
+
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_haystack_modes(mods, corpus, mode):
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="atire"))
+    with small_blocks(), real_kernels_installed(schedule="parallel", modules=mods):
+        gpu = cb.CupyScorer(idx, BM25Params(method="atire"), haystack=mode)
+        res = gpu.search(qs, 10, allow)
+    exact(ref.search(qs, 10, allow), res, mode)
+    assert (res.meta["haystack_rows"] == 0) == (mode == "never")
+
+
+def test_production_block_sizes(mods, corpus):
+    """tile_score<256, 4096>, tile_dense, haystack_score<256>, select_topk<512>, as on a GPU."""
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25+"))
+    with real_kernels_installed(schedule="forward", modules=mods) as cp:
+        gpu = cb.CupyScorer(idx, BM25Params(method="bm25+"), haystack="auto")
+        exact(ref.search(qs, 10, allow), gpu.search(qs, 10, allow), "production")
+        assert np.array_equal(ref.score_matrix(qs[:4]), gpu.score_matrix(qs[:4]))
+    assert {n for n, *_ in cp.launches} >= {n for n in PROD["bm25_score.cu"] if "tile" in n}
+    assert f"select_topk<{K.SELECT_THREADS}>" in {n for n, *_ in cp.launches}
 
 
 # =============================================================================
@@ -437,7 +379,7 @@ def test_composite_keys_sort_to_the_tie_rule_and_decode(topk_mod):
 # =============================================================================
 @pytest.fixture(scope="module")
 def seg_mod():
-    return _load("seg_mod")
+    return load("seg")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -531,7 +473,7 @@ _PLANTED_NAMES = ["reverse_block<64, true>", "reverse_block<64, false>", "twice<
 
 @pytest.fixture(scope="module")
 def planted():
-    return _load("planted")
+    return load("planted")
 
 
 def test_missing_syncthreads_gives_wrong_results(planted):
@@ -616,13 +558,13 @@ def test_launch_arguments_are_checked(planted, topk_mod):
     with pytest.raises(ValueError, match="at most 1024 threads"):
         planted.launch("twice<false>", (1,), (2048,), [x, x.copy(), 100])
     with pytest.raises(KeyError, match="not built"):
-        topk_mod.launch("topk_rows<128>", (1,), (128,), [])
+        topk_mod.launch("select_topk<128>", (1,), (128,), [])
 
 
 # -----------------------------------------------------------------------------
-# Bugs planted in the real topk kernel
+# Bugs planted in the real kernels
 # -----------------------------------------------------------------------------
-#: Planted bugs: (text of topk.cu, its replacement).
+#: (text of the kernel file, its replacement).
 TOPK_BUGS = {
     # No barrier between the gather into shared memory and the bitonic sort.
     "nosync": ("    __syncthreads();\n\n    // Bitonic sort, descending.", "\n    // Bitonic sort, descending."),
@@ -631,38 +573,69 @@ TOPK_BUGS = {
                  ("gpuir::radix_digit(pass, doc_bits, &shift, &width);\n"
                   "        if (pass < 3) { shift = 53 - 11 * pass; width = pass < 2 ? 11 : 10; }")),
 }
+SCORE_BUGS = {
+    # No barrier between two terms' rounds: a document's terms may be added out of order, or race.
+    "noround": ("            __syncthreads();  // round boundary: the next term may add to the same documents\n",
+                ""),
+    # The tile bound L one histogram bin too high: theta may exceed the k-th score, losing documents.
+    "lbin": ("const unsigned int l = (b1 << 21) | ((unsigned int)s_bin << 10);",
+             "const unsigned int l = (b1 << 21) | ((unsigned int)(s_bin + 1) << 10);"),
+}
 
 
-def topk_variant(bug: str) -> str:
-    """topk.cu with a planted bug (one build holds every variant, each in a namespace named after its bug)."""
-    old, new = TOPK_BUGS[bug]
-    src = K.load_source("topk.cu")
-    assert src.count(old) == 1, f"the planted change {bug!r} no longer applies to topk.cu: update TOPK_BUGS"
-    return src.replace(old, new)
+def variants(filename: str, bugs: dict[str, tuple[str, str]]) -> str:
+    """One source holding the kernel file once per planted bug, each in a namespace named after it."""
+    src = K.load_source(filename)
+    out = []
+    for bug, (old, new) in bugs.items():
+        assert src.count(old) == 1, f"the planted bug {bug!r} no longer applies to {filename}: update it"
+        out.append(f"namespace {bug} {{\n{src.replace(old, new)}}}  // namespace {bug}\n")
+    return "".join(out)
 
 
-def test_planted_bugs_in_topk_are_caught():
-    """Both bugs must fail the exact comparison with topk_from_dense."""
-    rng = np.random.default_rng(21)
-    names, raw, touched, row_const, ref_rows = topk_case(rng, 1500)
-    k = 40
-    ref = topk_from_dense(ref_rows, k)
-    mod = _load("topk_planted")
-    caught = []
-    for schedule in ("forward", "reverse"):
-        ids, out = run_topk(mod, raw, touched, row_const, k, schedule=schedule, name="nosync::topk_rows")
-        caught.append(not (np.array_equal(ids, ref.ids) and np.array_equal(out, ref.scores)))
+def test_planted_bugs_in_select_topk_are_caught():
+    c = SelectCase(np.random.default_rng(21), 1500)
+    mod = load("topk_planted")
+    caught = [bool(topk_mismatches(c, *run_select(mod, c, 40, schedule=s, name="nosync::select_topk"), 40))
+              for s in ("forward", "reverse")]
     assert any(caught), "a missing __syncthreads before the sort went unnoticed"
-    ids, out = run_topk(mod, raw, touched, row_const, k, name="oldradix::topk_rows")
-    bad = [n for r, n in enumerate(names) if not np.array_equal(ids[r], ref.ids[r])]
+    bad = topk_mismatches(c, *run_select(mod, c, 40, name="oldradix::select_topk"), 40)
     assert "low_mantissa" in bad, bad
+
+
+def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
+    """Each bug fails the exact comparison on inputs where the real kernel passes it."""
+    bugs = load("score_planted")
+    # 1. No round barrier: with 12-term queries some document's terms are added out of order.
+    idx = random_index(1000, 120, seed=41, heavy_df=900)
+    rng = np.random.default_rng(42)
+    qs = [rng.integers(0, 120, 12).astype(np.int64) for _ in range(12)]
+    ref = NumpyScorer(idx, BM25Params())
+    want = ref.search(qs, 50)
+    differs = []
+    for schedule in ("forward", "reverse"):
+        with small_blocks(), real_kernels_installed(schedule=schedule, modules={
+                "bm25_score.cu": (bugs, "noround::"), "topk.cu": topk_mod}):
+            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 50)
+        differs.append(not (np.array_equal(want.ids, got.ids) and np.array_equal(want.scores, got.scores)))
+    assert any(differs), "tile_score without its round barrier still matched NumPy"
+    with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
+        exact(want, cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 50), "control")
+    # 2. A threshold one histogram bin too high: in a one-tile collection (60 documents, tiles of 64)
+    #    the tile's k-th best is the query's, and it is never emitted.
+    small = random_index(60, 20, seed=43, heavy_df=50)
+    q2 = [np.array([0, 1]), np.array([0]), np.array([1, 2, 3])]
+    with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, "lbin::"), "topk.cu": topk_mod}):
+        got = cb.CupyScorer(small, BM25Params(), haystack="never").search(q2, 5)
+    want2 = NumpyScorer(small, BM25Params()).search(q2, 5)
+    assert not np.array_equal(got.ids, want2.ids), "a too-high tile threshold went unnoticed"
+    with small_blocks(), real_kernels_installed(modules=mods):
+        exact(want2, cb.CupyScorer(small, BM25Params(), haystack="never").search(q2, 5), "control")
 
 
 # =============================================================================
 # AddressSanitizer + UBSan (a separate process: the runtime must load first)
 # =============================================================================
-
-
 ASAN_PLANTED = r"""
 #line 1 "asan_planted.cu"
 // Reads one element past its input (AddressSanitizer finds it; guard bytes only see writes).
@@ -689,10 +662,8 @@ def asan_line(text: str) -> str:
 
 _ASAN_PRELUDE = """
 import numpy as np
-from cuda_host import build
-from gpuir.backends.base import topk_from_dense
 import test_kernels_host as T
-mod = build(**T.build_specs()["asan"])
+mod = T.load("asan_topk")
 """
 
 
@@ -702,18 +673,30 @@ def asan_ok():
         pytest.skip("the compiler has no AddressSanitizer runtime")
 
 
-def test_asan_passes_topk_and_catches_a_read_past_the_end(asan_ok):
+def test_asan_passes_the_real_kernels_and_catches_a_read_past_the_end(asan_ok):
     r = run_sanitized(_ASAN_PRELUDE + """
-names, raw, touched, row_const, ref_rows = T.topk_case(np.random.default_rng(4), 700)
+from cuda_host.device import real_kernels_installed, small_blocks
+from gpuir.backends import cupy_backend as cb
+from gpuir.backends.numpy_backend import NumpyScorer
+from gpuir.bm25 import BM25Params
+c = T.SelectCase(np.random.default_rng(4), 700)
 for k in (1, 9, 300):
-    ids, out = T.run_topk(mod, raw, touched, row_const, k, schedule="parallel")
-    T.assert_topk_equal(names, ids, out, topk_from_dense(ref_rows, k), k)
-print("REAL KERNEL OK", flush=True)
+    assert not T.topk_mismatches(c, *T.run_select(mod, c, k, schedule="parallel"), k)
+idx = T.random_index(700, 40, seed=3, heavy_df=600)
+qs = T.random_queries(40, 6, seed=4, max_terms=5)
+allow = [None, np.arange(0, 700, 7), None, np.array([5, 699]), None, np.arange(300)]
+ref = NumpyScorer(idx, BM25Params(method="bm25l"))
+with small_blocks(), real_kernels_installed(schedule="parallel", modules={"bm25_score.cu": T.load("asan_score"),
+                                                                          "topk.cu": mod}):
+    gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"))
+    T.exact(ref.search(qs, 10, allow), gpu.search(qs, 10, allow))
+    assert np.array_equal(ref.score_matrix(qs, allow), gpu.score_matrix(qs, allow))
+print("REAL KERNELS OK", flush=True)
 x = np.arange(64, dtype=np.float32)
 mod.launch("read_past_end", (2,), (32,), [x, np.zeros(64, np.float32), 64])
 print("NOT CAUGHT", flush=True)
 """)
-    assert "REAL KERNEL OK" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "REAL KERNELS OK" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "NOT CAUGHT" not in r.stdout
     assert "AddressSanitizer: heap-buffer-overflow" in r.stderr and "READ of size 4" in r.stderr, r.stderr[-3000:]
     assert asan_line("out[i] = in[i + 1]") in r.stderr, r.stderr[-3000:]

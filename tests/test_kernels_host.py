@@ -528,8 +528,9 @@ def test_partial_warps_are_errors(planted):
 
 
 def test_spin_wait_times_out_instead_of_hanging(planted):
-    with pytest.raises(KernelError, match="no progress for 1 s"):
-        planted.launch("spin", (1,), (32,), [np.zeros(1, np.int32)], schedule="parallel", timeout_s=1.0)
+    for schedule in ("parallel", "forward"):  # OS threads; fibers (a watchdog thread of its own)
+        with pytest.raises(KernelError, match="no progress for 1 s"):
+            planted.launch("spin", (1,), (32,), [np.zeros(1, np.int32)], schedule=schedule, timeout_s=1.0)
 
 
 def test_block_order_dependence_is_caught(planted):

@@ -589,30 +589,8 @@ struct Launch {
     }
     //! Fibers run on the launching thread, so the watchdog needs a thread of its own.
     void watchdog(const bool* done) {
-        using clock = std::chrono::steady_clock;
         std::unique_lock<std::mutex> lk(m);
-        unsigned long long last = progress;
-        auto since = clock::now();
-        while (!*done) {
-            launcher_cv.wait_for(lk, std::chrono::milliseconds(100));
-            if (*done) break;
-            if (progress != last) {
-                last = progress;
-                since = clock::now();
-                continue;
-            }
-            const double idle = std::chrono::duration<double>(clock::now() - since).count();
-            if (!failed.load() && idle > timeout_s) {
-                fail_locked("no progress for " + std::to_string(int(timeout_s)) +
-                            " s: a thread loops forever or spins on another thread or block "
-                            "(only __syncthreads and warp intrinsics synchronise here)" + describe_waits());
-                since = clock::now();
-            } else if (failed.load() && idle > 10.0) {
-                std::fprintf(stderr, "gpuir cuda_host: %s\na kernel thread did not stop; aborting.\n", error.c_str());
-                std::fflush(stderr);
-                std::abort();
-            }
-        }
+        watch(lk, [done] { return *done; });
     }
 
     void poison_bytes(unsigned char* p, size_t n) {
@@ -717,12 +695,19 @@ struct Launch {
     }
 
     void wait_block(std::unique_lock<std::mutex>& lk) {
+        watch(lk, [this] { return live == 0; });
+    }
+
+    //! Waits (lock held) until `finished()`; fails the launch after `timeout_s`
+    //! without progress, and aborts the process if its threads then do not stop.
+    template <class F>
+    void watch(std::unique_lock<std::mutex>& lk, F finished) {
         using clock = std::chrono::steady_clock;
         unsigned long long last = progress;
         auto since = clock::now();
-        while (live > 0) {
+        while (!finished()) {
             launcher_cv.wait_for(lk, std::chrono::milliseconds(100));
-            if (live == 0) break;
+            if (finished()) break;
             if (progress != last) {
                 last = progress;
                 since = clock::now();

@@ -498,8 +498,8 @@ def _wrap(fn):
 
 
 def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int | None = 0,
-                   sm_count: int = 4) -> types.SimpleNamespace:
-    """A stand-in for the ``cupy`` module whose kernels are the model.
+                   sm_count: int = 4, runner: Callable[..., None] | None = None) -> types.SimpleNamespace:
+    """A stand-in for the ``cupy`` module whose kernels are the model (or ``runner``).
 
     Parameters
     ----------
@@ -509,6 +509,10 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         Seeds the scheduler that interleaves tile_score's blocks (None: blocks in order).
     sm_count : int
         Reported ``MultiProcessorCount`` (the scorer sizes its grids from it).
+    runner : callable, optional
+        ``runner(filename, name, grid, block, host_args, shared_mem)`` runs a
+        launch instead of the model (e.g. the real kernel bodies compiled for
+        the host, tests/cuda_host); ``host_args`` are NumPy arrays and scalars.
     """
     cp = types.SimpleNamespace()
     for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
@@ -587,6 +591,9 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             if oom_if is not None and oom_if(name, args):
                 raise FakeOOM(f"emulated OOM in {name}")
             base = name.split("<")[0]
+            if runner is not None:
+                runner(filename, name, grid, block, [as_host(v) for v in args], shared_mem)
+                return
             names = [p[0] for p in sigs[base]]
             a = {n: (np.asarray(v).view(np.ndarray) if isinstance(v, DevArray) else v) for n, v in zip(names, args)}
             for n, (_, _, is_ptr, is_const) in zip(names, sigs[base]):
@@ -634,15 +641,32 @@ def as_host(x: Any) -> Any:
     return np.asarray(x).view(np.ndarray) if isinstance(x, DevArray) else x
 
 
+#: Instantiations :func:`small_tiles` uses: small blocks and tiles, so that
+#: small test indexes span many tiles and the host emulation stays quick.
+SMALL = {"TILE_THREADS": 32, "TILE_DOCS": 64, "HAYSTACK_THREADS": 32, "SELECT_THREADS": 64, "PACK_THREADS": 32}
+
+
+def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """The kernel files' name expressions under the block sizes ``v`` (default :data:`SMALL`)."""
+    v = SMALL if v is None else v
+    return {
+        "bm25_score.cu": [f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"haystack_score<{v['HAYSTACK_THREADS']}>"],
+        "topk.cu": [f"select_topk<{v['SELECT_THREADS']}>", f"pack_candidates<{v['PACK_THREADS']}>", "decode_keys"],
+    }
+
+
 @contextlib.contextmanager
 def small_tiles(threads: int = 32, docs: int = 64) -> Iterator[None]:
-    """Scorers created inside use ``tile_score<threads, docs>`` (so small test indexes span many tiles)."""
-    saved = (K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS)
-    names = dict(K.NAME_EXPRESSIONS)
-    names["bm25_score.cu"] = [f"tile_score<{threads}, {docs}>", f"tile_dense<{threads}, {docs}>",
-                              *[n for n in names["bm25_score.cu"] if not n.startswith("tile_")]]
-    K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = threads, docs, names
+    """Scorers created inside use small instantiations (:data:`SMALL`, with ``threads`` / ``docs`` per tile)."""
+    v = {**SMALL, "TILE_THREADS": threads, "TILE_DOCS": docs}
+    saved = {n: getattr(K, n) for n in v} | {"NAME_EXPRESSIONS": K.NAME_EXPRESSIONS}
+    for n, x in v.items():
+        setattr(K, n, x)
+    K.NAME_EXPRESSIONS = {**K.NAME_EXPRESSIONS, **small_names(v)}
     try:
         yield
     finally:
-        K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = saved
+        for n, x in saved.items():
+            setattr(K, n, x)

@@ -53,7 +53,6 @@ import contextlib
 import datetime as _dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -176,32 +175,32 @@ def make_queries(tok_off: np.ndarray, tok: np.ndarray, n_terms: int, n: int, see
 # =============================================================================
 # Exactness checks
 # =============================================================================
-def reference_scores(index, pw, has_w0: bool, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The NumPy reference's float32 score of each document ``ids`` for query ``q``, in its order.
+def reference_scores(ref, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The NumPy reference's float32 score of each document ``ids`` for query ``q``.
 
-    Returns (scores float32 (m,), matched bool (m,)): the same additions as
-    NumpyScorer (ascending term id from 0.0, w * float32(c) when c > 1, the
-    row constant last for bm25l / bm25+).
+    Uses the reference's own exact rescoring (``NumpyScorer._exact_scores``:
+    ascending term id from 0.0, ``w * float32(c)`` for repeats) plus its row
+    constant for bm25l / bm25+.
+
+    Returns
+    -------
+    scores : ndarray (m,), float32, host
+    matched : ndarray (m,), bool, host: the document holds at least one query term
     """
     terms, mult = np.unique(q, return_counts=True)
-    out = np.zeros(ids.size, np.float32)
+    order = np.argsort(ids, kind="stable")
+    s = np.empty(ids.size, np.float32)
+    s[order] = ref._exact_scores(ids[order], terms, mult)
+    if ref._has_w0:
+        s = s + np.float32((ref.w0[terms] * mult).sum(dtype=np.float32))
+    idx = ref.index
     hit = np.zeros(ids.size, bool)
-    for t, c in zip(terms.tolist(), mult.tolist()):
-        s, e = int(index.offsets[t]), int(index.offsets[t + 1])
-        if s == e:
-            continue
-        plist = index.doc_ids[s:e]
-        pos = np.minimum(np.searchsorted(plist, ids), e - s - 1)
-        f = plist[pos] == ids
-        w = pw.weights[s + pos[f]]
-        out[f] += w if c == 1 else w * np.float32(c)
-        hit |= f
-    if has_w0:
-        out = out + np.float32((pw.w0[terms] * mult).sum(dtype=np.float32))
-    return out, hit
+    for t in terms.tolist():
+        hit |= np.isin(ids, idx.doc_ids[idx.offsets[t]:idx.offsets[t + 1]])
+    return s, hit
 
 
-def check_results(index, pw, has_w0: bool, queries, res, allow=None) -> dict[str, Any]:
+def check_results(ref, queries, res, allow=None) -> dict[str, Any]:
     """Every returned (id, score) against the reference score for that id; order, uniqueness, padding."""
     bad_score = bad_order = bad_dup = bad_filter = 0
     n_checked = 0
@@ -214,7 +213,7 @@ def check_results(index, pw, has_w0: bool, queries, res, allow=None) -> dict[str
         d, s = ids[m], sc[m]
         if d.size == 0:
             continue
-        want, hit = reference_scores(index, pw, has_w0, np.asarray(q), d)
+        want, hit = reference_scores(ref, np.asarray(q, np.int64), d)
         n_checked += d.size
         bad_score += int(np.count_nonzero(((want.view(np.uint32) & mag) != (s.view(np.uint32) & mag)) | ~hit))
         if np.unique(d).size != d.size:
@@ -238,31 +237,25 @@ def exact_equal(a, b) -> bool:
 # Machine description
 # =============================================================================
 def machine(dry: bool) -> dict[str, Any]:
-    from gpuir import __version__
-    from gpuir.gpu_info import gpu_report
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_gpu import machine as base_machine  # versions of gpuir, Python, NumPy, CuPy, CPU, gpu_report
 
-    info: dict[str, Any] = {"gpuir": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
-                            "numpy": np.__version__, "dry_run": dry}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
+    info = base_machine()
+    info["dry_run"] = dry
     info["cpu_count"] = os.cpu_count()
     if dry:
         info["device"] = "none (dry run: NumPy kernel model)"
+        info["cupy"] = None
         return info
     import cupy as cp
 
-    rep = gpu_report()
-    info["gpu_report"] = rep
+    rep = info["gpu"]
     props = cp.cuda.runtime.getDeviceProperties(0)
     info["device"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     info["sm_count"] = int(props.get("multiProcessorCount", 0))
     info["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
     info["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
     info["driver"] = rep.get("nvml", {}).get("driver")
-    info["cupy"] = cp.__version__
     with contextlib.suppress(Exception):
         from cupy.cuda import nvrtc
 
@@ -314,17 +307,17 @@ class Run:
         return cupy
 
     def corpus(self, n_docs: int):
-        """(index, posting weights, queries pool, tokens) for N documents, generated once."""
+        """(index, NumPy reference scorer, queries pool, tokens) for N documents, generated once."""
         if n_docs not in self._corpora:
-            from gpuir.backends.weights import posting_weights
+            from gpuir.backends.numpy_backend import NumpyScorer
             from gpuir.bm25 import BM25Params
 
             t = time.perf_counter()
             idx, tok_off, tok = make_index(n_docs, self.args.seed, self.xp())
-            pw = posting_weights(idx, BM25Params())
+            ref = NumpyScorer(idx, BM25Params())
             qs = make_queries(tok_off, tok, idx.n_terms, max(self.args.batch + [1024]), self.args.seed)
             self._corpora.clear()  # one corpus on the host at a time
-            self._corpora[n_docs] = (idx, pw, qs, (tok_off, tok))
+            self._corpora[n_docs] = (idx, ref, qs, (tok_off, tok))
             print(f"[gpu_verify] corpus N={n_docs}: {idx.n_postings} postings, V={idx.n_terms}, "
                   f"{time.perf_counter() - t:.1f}s", file=sys.stderr)
         return self._corpora[n_docs]
@@ -424,11 +417,8 @@ def part_sanitize(run: Run) -> dict[str, Any]:
 
 
 def part_scale(run: Run) -> dict[str, Any]:
-    from gpuir.backends.numpy_backend import NumpyScorer
-    from gpuir.bm25 import BM25Params
-
     n = max(run.args.n_docs)
-    idx, pw, pool, _ = run.corpus(n)
+    _, ref, pool, _ = run.corpus(n)
     gpu = run.scorer(n)
     B = max(run.args.batch)
     cases = [("batch", B, 100), ("k>4096", min(B, 16), 5000)]
@@ -444,14 +434,14 @@ def part_scale(run: Run) -> dict[str, Any]:
         r1 = gpu.search(qs, k)
         dt = time.perf_counter() - t
         r2 = gpu.search(qs, k)
-        chk = check_results(idx, pw, False, qs[: min(b, 2048)], r1)
+        chk = check_results(ref, qs[: min(b, 2048)], r1)
         case = {"case": name, "batch": b, "k": k, "BxN": b * n, "BxN_over_2^31": b * n > 2**31,
                 "seconds": round(dt, 3), "same_twice": exact_equal(r1, r2), **chk,
                 "candidates": r1.meta.get("candidates"), "overflow_rows": r1.meta.get("overflow_rows")}
         if run.left() > 60:
             sub = qs[:8]
             case["numpy_full_check_rows"] = len(sub)
-            case["numpy_full_equal"] = exact_equal(NumpyScorer(idx, BM25Params()).search(sub, k), gpu.search(sub, k))
+            case["numpy_full_equal"] = exact_equal(ref.search(sub, k), gpu.search(sub, k))
         out["cases"].append(case)
         print(f"[gpu_verify] scale {name}: {json.dumps(case)}", file=sys.stderr)
     out["ok"] = all(c["ok"] and c["same_twice"] and c.get("numpy_full_equal", True) for c in out["cases"])
@@ -501,11 +491,8 @@ def part_timings(run: Run, bw: float | None) -> dict[str, Any]:
 
 
 def part_filtered(run: Run) -> dict[str, Any]:
-    from gpuir.backends.numpy_backend import NumpyScorer
-    from gpuir.bm25 import BM25Params
-
     n = run.args.n_docs[min(1, len(run.args.n_docs) - 1)]
-    idx, pw, pool, _ = run.corpus(n)
+    _, ref, pool, _ = run.corpus(n)
     gpu = run.scorer(n)
     B = min(500, max(run.args.batch)) if not run.args.dry_run else 4
     size = min(500, max(8, n // 50))  # LongMemEval-S: ~500 records per question
@@ -516,7 +503,6 @@ def part_filtered(run: Run) -> dict[str, Any]:
         "scattered": [np.sort(rng.choice(n, size, replace=False)).astype(np.int64) for _ in range(B)],
     }
     out: dict[str, Any] = {"n_docs": n, "batch": B, "haystack": size, "shapes": {}}
-    ref = NumpyScorer(idx, BM25Params())
     for name, allow in shapes.items():
         if run.left() < 15:
             run.skip(f"filtered {name}")
@@ -528,7 +514,7 @@ def part_filtered(run: Run) -> dict[str, Any]:
             res = gpu.search(qs, 10, allow)
             ts.append(time.perf_counter() - t)
         med = statistics.median(ts)
-        chk = check_results(idx, pw, False, qs, res, allow)
+        chk = check_results(ref, qs, res, allow)
         sub = slice(0, 16)
         equal = exact_equal(ref.search(qs[sub], 10, allow[sub]), gpu.search(qs[sub], 10, allow[sub]))
         out["shapes"][name] = {"median_s": med, "per_query_ms": 1e3 * med / B, "qps": B / med,

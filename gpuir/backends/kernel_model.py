@@ -514,7 +514,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         launch instead of the model (e.g. the real kernel bodies compiled for
         the host, tests/cuda_host); ``host_args`` are NumPy arrays and scalars.
     """
-    cp = types.SimpleNamespace()
+    cp = types.SimpleNamespace(__version__="none (fake cupy: kernel model)")
     for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
         setattr(cp, nm, getattr(np, nm))
     cp.ndarray = DevArray
@@ -534,32 +534,24 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def synchronize(self):
             pass
 
-    class Stream:
+    class _Context:  # usable in `with`, synchronize() is a no-op: the model runs synchronously
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def synchronize(self):
+            pass
+
+    class Stream(_Context):
         def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
             pass
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-        def synchronize(self):
-            pass
-
-    class Device:
+    class Device(_Context):
         def __init__(self, i=0):
             self.id = int(i)
             self.attributes = {"MultiProcessorCount": sm_count}
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-        def synchronize(self):
-            pass
 
     class Pool:
         def free_all_blocks(self):

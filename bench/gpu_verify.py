@@ -263,23 +263,6 @@ def machine(dry: bool) -> dict[str, Any]:
     return info
 
 
-def copy_bandwidth_gbs(cp: Any, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth (GB/s, bytes read + written)."""
-    a = cp.empty(nbytes // 4, dtype=cp.float32)
-    b = cp.empty_like(a)
-    b[...] = a
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    for _ in range(10):
-        b[...] = a
-    e1.record()
-    e1.synchronize()
-    s = cp.cuda.get_elapsed_time(e0, e1) / 1e3 / 10
-    del a, b
-    cp.get_default_memory_pool().free_all_blocks()
-    return 2 * nbytes / s / 1e9
-
-
 # =============================================================================
 # Parts
 # =============================================================================
@@ -631,9 +614,9 @@ def main(argv=None) -> int:
         res: dict[str, Any] = {"machine": info, "parts": {}}
         bw = None
         if not args.dry_run and "timings" in args.parts:
-            import cupy
+            from bench_gpu import copy_bandwidth_gbs  # device-to-device copy of 1 GiB, read + write
 
-            bw = copy_bandwidth_gbs(cupy)
+            bw = copy_bandwidth_gbs()
         for part in PARTS:
             if part not in args.parts:
                 continue

@@ -45,15 +45,15 @@ def host_modules():
 
 
 @contextlib.contextmanager
-def _installed(host_modules, schedule):
-    """The fake cupy whose launches run the real kernel bodies on the CPU; yields the launched names."""
+def _installed(host_modules, schedule, sm_count=4):
+    """The fake cupy whose launches run the real kernel bodies on the CPU; yields (name, grid) of each launch."""
     launches = []
 
     def runner(filename, name, grid, block, args, shared):
-        launches.append(name)
+        launches.append((name, grid))
         host_modules[filename].launch(name, grid, block, args, shared=shared, schedule=schedule, seed=len(launches))
 
-    with km.fake_cupy_installed(runner=runner, sm_count=4), km.small_tiles():
+    with km.fake_cupy_installed(runner=runner, sm_count=sm_count), km.small_tiles():
         yield launches
 
 
@@ -96,7 +96,7 @@ def _check_corpus(corpus, method, launches):
     _exact(ref.search(qs, 100, allow), res, f"{method} filtered")
     assert res.meta["haystack_rows"] >= 1
     assert np.array_equal(ref.score_matrix(qs[:4], allow[:4]), gpu.score_matrix(qs[:4], allow[:4]))
-    assert {n.split("<")[0] for n in launches} >= {"tile_score", "haystack_score", "select_topk", "tile_dense"}
+    assert {n.split("<")[0] for n, _ in launches} >= {"tile_score", "haystack_score", "select_topk", "tile_dense"}
 
 
 def test_real_kernels_ties_groups_and_overflow(real_kernels, monkeypatch):
@@ -121,7 +121,7 @@ def test_real_sort_path_for_large_k(real_kernels):
     ref, gpu = NumpyScorer(idx, BM25Params()), cb.CupyScorer(idx, BM25Params())
     qs = [np.array([1], np.int64), np.array([0, 1, 5], np.int64)]
     _exact(ref.search(qs, 4097), gpu.search(qs, 4097))
-    assert "decode_keys" in real_kernels
+    assert "decode_keys" in [n for n, _ in real_kernels]
 
 
 def test_real_select_kernel_on_adversarial_rows(host_modules):
@@ -156,6 +156,17 @@ def test_real_select_kernel_on_adversarial_rows(host_modules):
         host_modules["topk.cu"].launch(
             f"select_topk<{threads}>", (rows.shape[0],), (threads,),
             [cand, np.array(off, np.int64), np.array([x.size for x in keys], np.int32), theta,
-             np.int32(12), np.int32(k), np.int32(kpad), ids, out], shared=8 * kpad, schedule="random", seed=k)
+             np.int32(12), np.int32(k), np.int32(kpad), np.int32(1), np.int32(0), ids, out],
+            shared=8 * kpad, schedule="random", seed=k)
         assert np.array_equal(ids, want.ids), k
         assert np.array_equal(out, want.scores), k
+
+
+def test_real_segmented_selection(host_modules, corpus):
+    """One row at a time on a 64-SM 'device': the two-stage selection of the real kernel, exactly."""
+    idx, qs, _ = corpus
+    with _installed(host_modules, "random", sm_count=64) as launches:
+        ref, gpu = NumpyScorer(idx, BM25Params()), cb.CupyScorer(idx, BM25Params(), haystack="never")
+        for i in (3, 7):
+            _exact(ref.search(qs[i:i + 1], 10), gpu.search(qs[i:i + 1], 10), f"query {i}")
+    assert any(n.startswith("select_topk") and g[0] > 1 for n, g in launches)

@@ -414,6 +414,20 @@ def test_query_groups_overflow_reruns_and_k_beyond_matches(model_device, corpus,
     assert res.meta["overflow_rows"] > 0
 
 
+def test_segmented_selection_for_small_batches(corpus):
+    """Fewer rows than SMs: each row's candidates are split over several blocks, then merged, exactly."""
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25l"))
+    with km.fake_cupy_installed(seed=0, sm_count=64) as cp, km.small_tiles(32, 64):
+        gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never")
+        for i in (1, 3, 7, 12, 15):
+            for k in (1, 10, 100):
+                _exact(ref.search(qs[i:i + 1], k, allow[i:i + 1]), gpu.search(qs[i:i + 1], k, allow[i:i + 1]),
+                       f"query {i} k={k}")
+        stage1 = [g for n, g, *_ in cp.launches if n.startswith("select_topk") and g[0] > 1]
+        assert stage1, "no search used the two-stage selection"
+
+
 def test_large_k_sort_path(model_device):
     idx = random_index(5003, 60, seed=21, heavy_df=4000)
     ref, gpu = NumpyScorer(idx, BM25Params(method="bm25+")), model_device(idx, "bm25+")

@@ -312,6 +312,14 @@ def model_haystack_score(a: dict, grid: tuple[int, ...]) -> None:
 
 def model_select_row(keys: np.ndarray, theta: int, k: int, doc_bits: int):
     """select_topk for one row: (ids (k,) int64, scores (k,) float32), sentinel-padded."""
+    top = model_select_keys(keys, theta, k, doc_bits)
+    ids = np.where(top > 0, key_doc(top), -1)
+    scores = np.where(top > 0, key_score(top), F32(-np.inf)).astype(F32)
+    return ids, scores
+
+
+def model_select_keys(keys: np.ndarray, theta: int, k: int, doc_bits: int) -> np.ndarray:
+    """select_topk's sorted shared buffer for one row: the k largest valid keys, descending, 0-padded."""
     keys = np.asarray(keys, dtype=U64)
     kpad = next_pow2(k)
     assert kpad <= K.SELECT_MAX_K
@@ -334,20 +342,26 @@ def model_select_row(keys: np.ndarray, theta: int, k: int, doc_bits: int):
     assert gathered.size == min(k, valid.size), "gather must find exactly min(k, valid) keys"
     sbuf = np.zeros(kpad, dtype=U64)  # every slot the sentinel before any read
     sbuf[: gathered.size] = gathered
-    sbuf = np.sort(sbuf)[::-1][:k]
-    ids = np.where(sbuf > 0, key_doc(sbuf), -1)
-    scores = np.where(sbuf > 0, key_score(sbuf), F32(-np.inf)).astype(F32)
-    return ids, scores
+    return np.sort(sbuf)[::-1][:k]
 
 
 def model_select_topk(a: dict, grid: tuple[int, ...]) -> None:
-    k = int(a["k"])
-    assert int(a["kpad"]) == next_pow2(k)
-    ids, out = a["out_ids"].reshape(-1, k), a["out_scores"].reshape(-1, k)
-    for r in range(grid[0]):
+    k, segs = int(a["k"]), int(a["segs"])
+    assert int(a["kpad"]) == next_pow2(k) and segs >= 1
+    ids = a["out_ids"].reshape(-1, k)
+    out = None if int(a["raw_keys"]) else a["out_scores"].reshape(-1, k)
+    for ob in range(grid[0]):
+        r = ob // segs
         c0, c1 = int(a["cand_off"][r]), int(a["cand_off"][r + 1])
-        n = min(int(a["counts"][r]), c1 - c0)
-        ids[r], out[r] = model_select_row(a["cand"][c0:c0 + n], int(a["theta"][r]), k, int(a["doc_bits"]))
+        n = max(0, min(int(a["counts"][r]), c1 - c0))
+        seg_len = -(-n // segs)
+        s0 = min((ob % segs) * seg_len, n)
+        n = min(n - s0, seg_len)
+        keys = a["cand"][c0 + s0:c0 + s0 + n]
+        if out is None:  # raw keys: the segment's top k, sentinel-padded, as int64 bits
+            ids[ob] = model_select_keys(keys, int(a["theta"][r]), k, int(a["doc_bits"])).view(np.int64)
+        else:
+            ids[ob], out[ob] = model_select_row(keys, int(a["theta"][r]), k, int(a["doc_bits"]))
 
 
 def model_pack_candidates(a: dict, grid: tuple[int, ...]) -> None:

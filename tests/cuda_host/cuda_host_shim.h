@@ -25,10 +25,12 @@
 //   * __CUDA_ARCH__ is defined (800 unless the harness says otherwise) so the
 //     device branches of common.cuh run, and GPUIR_HOST_EMU is defined.
 //
-// Scheduling. "parallel": every thread of the block runs at once (real
-// concurrency: races on atomics are real). "forward" / "reverse" / "random":
-// one CUDA thread runs at a time, switching only at barriers and warp
-// intrinsics, choosing the next thread by lowest id / highest id / at random.
+// Scheduling. "parallel": every thread of the block runs at once, one
+// std::thread each (real concurrency: races on atomics are real).
+// "forward" / "reverse" / "random": one CUDA thread runs at a time, switching
+// only at barriers and warp intrinsics, choosing the next thread by lowest id /
+// highest id / at random; these run the CUDA threads as fibers (ucontext) on
+// the launching thread, with the same barrier and warp state machine.
 // The serial orders are deterministic, so a missing __syncthreads (a read of
 // data another thread writes in the same barrier phase) shows as a wrong result
 // under at least one of them, reproducibly.
@@ -64,6 +66,24 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
+
+// Serial schedules run their CUDA threads as fibers (ucontext) on the launching
+// thread: a switch costs well under a microsecond where a hand-over between OS
+// threads costs 5-20. AddressSanitizer builds use OS threads for every
+// schedule (it does not follow swapcontext).
+#ifndef GPUIR_HOST_FIBERS
+#ifdef __SANITIZE_ADDRESS__
+#define GPUIR_HOST_FIBERS 0
+#else
+#define GPUIR_HOST_FIBERS 1
+#endif
+#endif
 
 // ---------------------------------------------------------------------------
 // Built-in types and variables
@@ -209,6 +229,7 @@ struct Launch {
     unsigned char* dyn = nullptr;  // dynamic shared memory + guard
     size_t dyn_bytes = 0;
     static constexpr size_t kGuard = 256;
+    static constexpr size_t kFiberStack = 256 * 1024;  // plus one guard page below each
     static constexpr unsigned char kGuardByte = 0xDB;
 
     // state, guarded by m
@@ -230,6 +251,14 @@ struct Launch {
     unsigned long long progress = 0;
     std::atomic<bool> failed{false};
     std::string error;
+
+    // fibers (serial schedules)
+    bool fibers = false;
+    std::unique_ptr<ucontext_t[]> fctx;
+    ucontext_t sched_ctx;
+    char* stacks = nullptr;
+    size_t stacks_bytes = 0;
+    static inline thread_local Launch* t_fiber_launch = nullptr;
 
     // -- errors ------------------------------------------------------------------
     std::string where() const {
@@ -327,6 +356,20 @@ struct Launch {
         } else {
             if (thr[me].state == RUN) thr[me].state = READY;  // a yield: stays runnable
             schedule_next_locked();
+            if (fibers && (thr[me].state != RUN || failed.load())) {
+                // Switch straight to the thread picked to run (or, after a failure,
+                // to the scheduler, which unwinds the block). The lock is never
+                // held across a switch: one fiber runs at a time.
+                const int r = failed.load() ? -1 : running;
+                lk.unlock();
+                if (r >= 0) {
+                    enter_fiber_tls(r);
+                    swapcontext(&fctx[me], &fctx[r]);
+                } else {
+                    swapcontext(&fctx[me], &sched_ctx);
+                }
+                lk.lock();
+            }
         }
         while (thr[me].state != RUN && !failed.load()) thr[me].cv.wait(lk);
         if (failed.load()) {
@@ -475,10 +518,13 @@ struct Launch {
                 seen = block_gen;
                 t_blockIdx = cur_block;
             }
-            if (failed.load()) {
-                exit_thread(me);
-                continue;
-            }
+            run_body(me);
+        }
+    }
+
+    //! One CUDA thread's kernel body, then its exit (both execution modes).
+    void run_body(int me) {
+        if (!failed.load()) {
             try {
                 invoke(args);
             } catch (const KernelAbort&) {
@@ -489,12 +535,95 @@ struct Launch {
                 std::unique_lock<std::mutex> lk(m);
                 fail_locked("a kernel thread threw an exception");
             }
-            exit_thread(me);
+        }
+        exit_thread(me);
+    }
+
+    // -- fibers ----------------------------------------------------------------------
+    static void fiber_entry(int me) {
+        Launch* L = t_fiber_launch;
+        L->run_body(me);
+        // returning resumes uc_link: the scheduler
+    }
+    void enter_fiber_tls(int me) {
+        t_ctx = ThreadCtx{this, me, me / 32, me % 32};
+        t_threadIdx = ::uint3{me % block.x, (me / block.x) % block.y, me / (block.x * block.y)};
+        t_blockIdx = cur_block;
+    }
+    bool alloc_fibers() {
+        const size_t page = 4096, per = kFiberStack + page;
+        stacks_bytes = per * size_t(nthreads);
+        void* p = mmap(nullptr, stacks_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (p == MAP_FAILED) return false;
+        stacks = static_cast<char*>(p);
+        for (int i = 0; i < nthreads; ++i) mprotect(stacks + per * size_t(i), page, PROT_NONE);  // overflow traps
+        fctx.reset(new ucontext_t[nthreads]);
+        return true;
+    }
+    //! Runs one block's fibers to completion (the lock is held on entry and exit).
+    void run_block_fibers(std::unique_lock<std::mutex>& lk) {
+        const size_t page = 4096, per = kFiberStack + page;
+        for (int i = 0; i < nthreads; ++i) {
+            getcontext(&fctx[i]);
+            fctx[i].uc_stack.ss_sp = stacks + per * size_t(i) + page;
+            fctx[i].uc_stack.ss_size = kFiberStack;
+            fctx[i].uc_link = &sched_ctx;
+            makecontext(&fctx[i], reinterpret_cast<void (*)()>(&Launch::fiber_entry), 1, i);
+        }
+        t_fiber_launch = this;
+        while (live > 0) {
+            int r = running;
+            if (failed.load() || r < 0) {  // unwind: resume every thread still in the block
+                r = -1;
+                for (int i = 0; i < nthreads && r < 0; ++i)
+                    if (thr[i].state != EXITED) r = i;
+                if (r < 0) break;
+            }
+            enter_fiber_tls(r);
+            lk.unlock();
+            swapcontext(&sched_ctx, &fctx[r]);
+            lk.lock();
+        }
+        t_ctx = ThreadCtx{};
+    }
+    //! Fibers run on the launching thread, so the watchdog needs a thread of its own.
+    void watchdog(const bool* done) {
+        using clock = std::chrono::steady_clock;
+        std::unique_lock<std::mutex> lk(m);
+        unsigned long long last = progress;
+        auto since = clock::now();
+        while (!*done) {
+            launcher_cv.wait_for(lk, std::chrono::milliseconds(100));
+            if (*done) break;
+            if (progress != last) {
+                last = progress;
+                since = clock::now();
+                continue;
+            }
+            const double idle = std::chrono::duration<double>(clock::now() - since).count();
+            if (!failed.load() && idle > timeout_s) {
+                fail_locked("no progress for " + std::to_string(int(timeout_s)) +
+                            " s: a thread loops forever or spins on another thread or block "
+                            "(only __syncthreads and warp intrinsics synchronise here)" + describe_waits());
+                since = clock::now();
+            } else if (failed.load() && idle > 10.0) {
+                std::fprintf(stderr, "gpuir cuda_host: %s\na kernel thread did not stop; aborting.\n", error.c_str());
+                std::fflush(stderr);
+                std::abort();
+            }
         }
     }
 
     void poison_bytes(unsigned char* p, size_t n) {
         if (poison < 0 || n == 0) return;
+#ifdef __SANITIZE_ADDRESS__
+        // The shared-memory section also holds AddressSanitizer's redzones
+        // between the variables: fill only the bytes that belong to them.
+        for (size_t i = 0; i < n; ++i)
+            if (!__asan_address_is_poisoned(p + i)) p[i] = poison < 256 ? (unsigned char)poison : (unsigned char)rng();
+        return;
+#endif
         if (poison < 256) {
             std::memset(p, poison, n);
             return;
@@ -525,13 +654,23 @@ struct Launch {
         if (schedule == REVERSE) std::reverse(order.begin(), order.end());
         if (schedule == RANDOM) std::shuffle(order.begin(), order.end(), rng);
 
+        fibers = GPUIR_HOST_FIBERS && schedule != PARALLEL;
         std::vector<std::thread> pool;
-        pool.reserve(size_t(nthreads));
-        try {
-            for (int i = 0; i < nthreads; ++i) pool.emplace_back(&Launch::worker, this, i);
-        } catch (const std::exception& e) {
-            std::unique_lock<std::mutex> lk(m);
-            fail_locked(std::string("cannot start ") + std::to_string(nthreads) + " threads: " + e.what());
+        bool done = false;
+        std::thread dog;
+        if (fibers) {
+            if (!alloc_fibers()) return "cannot allocate fiber stacks for " + std::to_string(nthreads) + " threads";
+            t_blockDim = block;
+            t_gridDim = grid;
+            dog = std::thread(&Launch::watchdog, this, &done);
+        } else {
+            pool.reserve(size_t(nthreads));
+            try {
+                for (int i = 0; i < nthreads; ++i) pool.emplace_back(&Launch::worker, this, i);
+            } catch (const std::exception& e) {
+                std::unique_lock<std::mutex> lk(m);
+                fail_locked(std::string("cannot start ") + std::to_string(nthreads) + " threads: " + e.what());
+            }
         }
         for (long long b : order) {
             std::unique_lock<std::mutex> lk(m);
@@ -560,15 +699,20 @@ struct Launch {
                 for (int i = 0; i < nthreads; ++i) thr[i].state = READY;
                 schedule_next_locked();
             }
-            wait_block(lk);
+            if (fibers) run_block_fibers(lk);
+            else wait_block(lk);
             if (!failed.load()) check_guard();
         }
         {
             std::unique_lock<std::mutex> lk(m);
             stop = true;
+            done = true;
             for (int i = 0; i < nthreads; ++i) thr[i].cv.notify_all();
+            launcher_cv.notify_all();
         }
         for (auto& t : pool) t.join();
+        if (dog.joinable()) dog.join();
+        if (stacks) munmap(stacks, stacks_bytes);
         return failed.load() ? error : std::string();
     }
 

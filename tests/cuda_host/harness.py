@@ -46,9 +46,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ SCHEDULES = {"parallel": 0, "forward": 1, "reverse": 2, "random": 3}
 FLAGS = ("-std=c++20", "-O1", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fdata-sections",
          "-fvisibility=hidden", "-fno-gnu-unique")
 #: Added for ``sanitize=True``.
-SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1")
 #: Bytes of guard on each side of an array argument, and their value.
 GUARD = 512
 GUARD_BYTE = 0xA7
@@ -235,7 +236,8 @@ def build(
     defines: dict[str, Any] | None = None,
     cuda_arch: int | None = 800,
     sanitize: bool = False,
-) -> "HostModule":
+    load: bool = True,
+) -> HostModule | Path:
     """Compile kernel instantiations for the host (cached) and load them.
 
     Parameters
@@ -256,10 +258,13 @@ def build(
         None leaves it undefined (the host branches run).
     sanitize : bool
         Build with AddressSanitizer + UBSan (load only under :func:`run_sanitized`).
+    load : bool
+        False: only compile (fill the cache, e.g. several builds in parallel
+        threads) and return the library's path.
 
     Returns
     -------
-    HostModule
+    HostModule, or Path with ``load=False``
 
     Raises
     ------
@@ -300,7 +305,7 @@ def build(
             tmp.unlink(missing_ok=True)
             raise HostBuildError(f"the host build of {kernel} failed ({' '.join(cmd)}):\n{r.stderr}{r.stdout}")
         os.replace(tmp, lib)
-    return HostModule(lib, kernel, text, sanitize)
+    return HostModule(lib, kernel, text, sanitize) if load else lib
 
 
 # =============================================================================
@@ -450,9 +455,9 @@ class HostModule:
             n = orig.nbytes
             bad = np.flatnonzero(np.concatenate([buf[:GUARD], buf[GUARD + n:]]) != GUARD_BYTE)
             if bad.size:
-                off = [int(b) - GUARD if b < GUARD else n + int(b) - GUARD for b in bad]
-                problems.append(f"wrote {bad.size} byte(s) outside argument {j}, {p.describe()} of "
-                                f"{n} bytes, at byte offsets {off[:8]}{' ...' if len(off) > 8 else ''}")
+                off = np.where(bad < GUARD, bad - GUARD, bad - GUARD + n)
+                problems.append(f"wrote {bad.size} byte(s) outside argument {j}, {p.describe()} of {n} bytes: "
+                                f"bytes {_runs(off)} (relative to its start)")
             body = buf[GUARD:GUARD + n]
             if p.const:
                 if not np.array_equal(body, orig.reshape(-1).view(np.uint8)):
@@ -491,6 +496,12 @@ class HostModule:
         buf[GUARD:GUARD + n] = a.reshape(-1).view(np.uint8)
         guarded.append((p, j, a, buf))
         return buf.ctypes.data + GUARD
+
+
+def _runs(x: np.ndarray) -> str:
+    """Sorted ints as half-open runs: ``[-3, 0), [400, 404)``."""
+    cuts = np.flatnonzero(np.diff(x) != 1) + 1
+    return ", ".join(f"[{int(r[0])}, {int(r[-1]) + 1})" for r in np.split(x, cuts))
 
 
 def _dims(v: Sequence[int] | int, what: str) -> tuple[int, int, int]:

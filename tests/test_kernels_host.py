@@ -194,7 +194,8 @@ def run_select(mod, c: SelectCase, k: int, *, threads=None, schedule="forward", 
     ids = np.full((R, k), 12345, np.int64)  # garbage: every slot must be written
     out = np.full((R, k), F32(7.0))
     mod.launch(f"{name}<{threads}>", (R,), (threads,),
-               [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad), ids, out],
+               [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad),
+                np.int32(1), np.int32(0), ids, out],  # segs = 1 (a block per row), raw_keys = 0
                shared=8 * kpad, schedule=schedule, seed=seed)
     return ids, out
 

@@ -15,10 +15,11 @@ Systems, in one process, same queries, same tokens where the library allows:
 * ``torch-sparse`` -- a torch baseline: CSR (N x V) document-term weight matrix
   times a (V x B) query matrix (torch.sparse.mm), then torch.topk, on the GPU
 
-Bandwidth floor: the least time any scorer can take for a batch is the time
-to write and read the B x N float32 score buffer once at the device-to-device
-copy bandwidth measured here (cupy copy of a 1 GiB buffer); reported as
-``floor_s`` and ``fraction_of_floor`` per cell.
+Bandwidth floor: the fused design reads each posting of each query term at
+most once (doc id + float32 weight, 8 bytes); the floor of a batch is those
+bytes over the device-to-device copy bandwidth measured here (cupy copy of a
+1 GiB buffer); reported as ``floor_s`` and ``fraction_of_floor`` per cell.
+For correctness checks and the sanitizers, run bench/gpu_verify.py first.
 
 Method: warm-up runs, then the median of ``--repeats`` timed runs per cell;
 JSON to ``bench/results/gpu_<gpu>_<date>.json`` naming the GPU, driver, CUDA,
@@ -241,7 +242,8 @@ def main(argv=None) -> int:
             for B in args.batch_sizes:
                 qb = batch_of(queries, B)
                 tb = batch_of(terms_all, B)
-                floor = 2 * B * N * 4 / (bw * 1e9)
+                df = np.diff(index.csr.offsets)
+                floor = 8 * sum(int(df[np.unique(t)].sum()) for t in tb) / (bw * 1e9)
                 med, res = median_time(lambda gpu=gpu, tb=tb, k=k: gpu.search(tb, k), args.repeats, args.warmup,
                                        cp.cuda.Device().synchronize)
                 results.append({"corpus": corpus, "n_docs": N, "system": "gpuir-cupy", "k": k, "batch": B,

@@ -12,6 +12,17 @@ from typing import Any
 
 from ._compat import cuda_device, has_cupy
 
+#: Whether the CUDA kernels of this version have been run and verified on a GPU
+#: (``bench/gpu_verify.py`` green: test suite under --require-gpu, sanitizers
+#: clean, bit-exact scale cases). Set to True only in the commit that adds that
+#: run's output to bench/results/.
+GPU_PATH_VERIFIED = False
+GPU_PATH_STATUS = (
+    "UNVERIFIED: the fused GPU kernels (tile scoring, haystack scoring, selection) have been compiled for "
+    "sm_80/sm_90 and run on the CPU (kernel model and host emulation of the real kernel bodies, bit-exact "
+    "with NumPy), but never on a GPU. Run `python bench/gpu_verify.py` on a GPU machine before trusting them."
+)
+
 
 def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
@@ -70,10 +81,12 @@ def gpu_report() -> dict[str, Any]:
         be compiled, e.g. "NVRTC 12.9"); ``nvml``: ``available``, and either
         ``driver``, ``cuda_driver`` and ``devices`` (``name``,
         ``memory_total_bytes``, ``memory_free_bytes``, ``compute_capability``)
-        or ``reason``.
+        or ``reason``; ``gpu_path``: ``verified`` (bool) and ``status`` (whether
+        the kernels of this version have run on a GPU, see :data:`GPU_PATH_VERIFIED`).
     """
     usable, reason = cuda_device()
-    rep: dict[str, Any] = {"usable": usable, "reason": reason, "cupy": None}
+    rep: dict[str, Any] = {"usable": usable, "reason": reason, "cupy": None,
+                           "gpu_path": {"verified": GPU_PATH_VERIFIED, "status": GPU_PATH_STATUS}}
     if has_cupy():
         import cupy
 

@@ -11,8 +11,15 @@
 // tie rule (score desc, doc asc). Keys of distinct documents are distinct, so
 // "top-k under the tie rule" is exactly "the k largest valid keys".
 //
-// select_topk: one block per row (grid = rows)
-// --------------------------------------------
+// select_topk: one block per (row, segment) (grid = rows x segs)
+// ---------------------------------------------------------------
+// With segs = 1 a block selects a whole row. With segs > 1 (a batch smaller
+// than the number of SMs, rows with many candidates) block b takes segment
+// b % segs of row b / segs -- an equal share of the row's written slots -- and
+// writes its segment's top k as raw keys (raw_keys = 1: the key bits into
+// out_ids, sentinels 0); a second launch with segs = 1 over those rows x segs x
+// k keys selects the row's top k. Exact: each segment's top k holds every
+// document of the row's top k that lies in the segment.
 // 1. Radix select of the k-th largest valid key, 11-bit digits, a 2048-bin
 //    shared histogram (schedule: common.cuh radix_digit): three passes over
 //    the score word (bits 63..53, 52..42, 41..32), then -- only when equal
@@ -42,20 +49,28 @@ __global__ void __launch_bounds__(THREADS) select_topk(
     const unsigned int* __restrict__ theta,       // (R,) uint32 ordered-score thresholds
     int doc_bits,                                 // ceil(log2 N), >= 1
     int k, int kpad,                              // kpad = next_pow2(k) <= 4096
-    long long* __restrict__ out_ids,              // (R, k) int64
-    float* __restrict__ out_scores) {             // (R, k) float32
+    int segs,                                     // blocks per row (>= 1)
+    int raw_keys,                                 // 1: write keys (as int64 bits) to out_ids only
+    long long* __restrict__ out_ids,              // (R * segs, k) int64: ids, or keys
+    float* __restrict__ out_scores) {             // (R * segs, k) float32 (unused when raw_keys)
     GPUIR_EXTERN_SHARED(unsigned long long, sbuf);  // (kpad,) composite keys
     __shared__ int hist[GPUIR_RADIX_BINS];
     __shared__ int warp_sums[GPUIR_WARP];
     __shared__ int s_bin, s_above, s_binc, s_count;
 
     const int tid = threadIdx.x;
-    const long long r = blockIdx.x;
+    const long long ob = blockIdx.x;  // output row
+    const long long r = ob / segs;
     const long long c0 = cand_off[r], cap = cand_off[r + 1] - c0;
     long long n = counts[r];
     if (n > cap) n = cap;
+    if (n < 0) n = 0;
+    const long long seg_len = (n + segs - 1) / segs;
+    long long s0 = (ob % segs) * seg_len;
+    if (s0 > n) s0 = n;
+    n = n - s0 < seg_len ? n - s0 : seg_len;
     const unsigned int th = theta[r];
-    const unsigned long long* row = cand + c0;
+    const unsigned long long* row = cand + c0 + s0;
 
     // Every slot of the sort buffer holds the sentinel before anything reads it.
     for (int i = tid; i < kpad; i += THREADS) sbuf[i] = 0ull;
@@ -115,8 +130,12 @@ __global__ void __launch_bounds__(THREADS) select_topk(
 
     for (int i = tid; i < k; i += THREADS) {
         const unsigned long long key = sbuf[i];
-        out_ids[r * k + i] = key ? gpuir::key_doc(key) : -1ll;
-        out_scores[r * k + i] = key ? gpuir::key_score(key) : __int_as_float(0xff800000);
+        if (raw_keys) {
+            out_ids[ob * k + i] = (long long)key;
+        } else {
+            out_ids[ob * k + i] = key ? gpuir::key_doc(key) : -1ll;
+            out_scores[ob * k + i] = key ? gpuir::key_score(key) : __int_as_float(0xff800000);
+        }
     }
 }
 

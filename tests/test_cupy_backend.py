@@ -155,7 +155,7 @@ def test_engine_search_cupy_equals_numpy():
     from gpuir.engine import BM25Index
 
     texts = [f"memory {i % 7} session note {i % 13} agent {'alpha' if i % 3 else 'beta'}" for i in range(4099)]
-    index = BM25Index.build(texts, progress=False)
+    index = BM25Index.build(texts, analyzer="nostem", progress=False)  # no PyStemmer needed on the device
     qs = ["memory note", "alpha alpha beta", "zzzz unknown", "", "agent 3"]
     a = index.search(qs, k=20, backend="numpy")
     b = index.search(qs, k=20, backend="cupy")
@@ -169,7 +169,7 @@ def test_parity_report_on_gpu():
     from gpuir.parity import parity_report
 
     texts = [f"doc {i} about topic {i % 11} and {i % 5}" for i in range(2000)]
-    index = BM25Index.build(texts, progress=False)
+    index = BM25Index.build(texts, analyzer="nostem", progress=False)
     qrels = {"0": {"5": 1}, "1": {"17": 2, "nope": 1}}
     rep = parity_report(index, ["topic 5", "topic 6 doc"], k=100, qrels=qrels)
     assert rep["topk_agree_share"] == 1.0 and rep["candidate_mismatches"] == 0

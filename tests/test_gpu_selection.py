@@ -86,6 +86,9 @@ def test_gpu_report_never_raises():
 
     rep = gpu_report()
     assert isinstance(rep["usable"], bool) and rep["reason"]
+    # Until a device has run the kernels, `gpuir info` says so.
+    assert rep["gpu_path"]["verified"] is False and "UNVERIFIED" in rep["gpu_path"]["status"]
+    assert "gpu_verify.py" in rep["gpu_path"]["status"]
     assert "nvml" in rep and isinstance(rep["nvml"]["available"], bool)
     if not rep["nvml"]["available"]:
         assert rep["nvml"]["reason"]

@@ -392,6 +392,22 @@ def test_any_block_order_gives_the_same_results(corpus, seed):
             _exact(ref.search(qs, k, allow), gpu.search(qs, k, allow), f"seed={seed} k={k}")
 
 
+def test_collection_stats_weight_a_segment_like_numpy(model_device, corpus):
+    """stats= (a segment of a larger collection): the GPU scorer adds the very same weights as NumPy."""
+    from gpuir.backends.base import CollectionStats
+
+    idx, qs, allow = corpus
+    stats = CollectionStats(n_docs=idx.n_docs + 777, df=idx.df.astype(np.int64) + 3, avgdl=idx.avgdl * 1.25)
+    for method in ("atire", "bm25+"):
+        p = BM25Params(method=method)
+        ref = NumpyScorer(idx, p, stats=stats)
+        gpu = cb.CupyScorer(idx, p, stats=stats)
+        _exact(ref.search(qs, 10, allow), gpu.search(qs, 10, allow), method)
+        assert not np.array_equal(NumpyScorer(idx, p).search(qs, 10).scores, ref.search(qs, 10).scores)
+    with pytest.raises(ValueError, match="cover the index"):
+        cb.CupyScorer(idx, BM25Params(), stats=CollectionStats(1, idx.df.astype(np.int64), 1.0))
+
+
 def test_ties_at_the_kth_place_across_tiles(model_device):
     idx = _tied_index(3000)
     ref, gpu = NumpyScorer(idx, BM25Params()), model_device(idx)
@@ -412,6 +428,20 @@ def test_query_groups_overflow_reruns_and_k_beyond_matches(model_device, corpus,
         res = gpu.search(qs, k, allow)
         _exact(ref.search(qs, k, allow), res, f"k={k}")
     assert res.meta["overflow_rows"] > 0
+
+
+def test_segmented_selection_for_small_batches(corpus):
+    """Fewer rows than SMs: each row's candidates are split over several blocks, then merged, exactly."""
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25l"))
+    with km.fake_cupy_installed(seed=0, sm_count=64) as cp, km.small_tiles(32, 64):
+        gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never")
+        for i in (1, 3, 7, 12, 15):
+            for k in (1, 10, 100):
+                _exact(ref.search(qs[i:i + 1], k, allow[i:i + 1]), gpu.search(qs[i:i + 1], k, allow[i:i + 1]),
+                       f"query {i} k={k}")
+        stage1 = [g for n, g, *_ in cp.launches if n.startswith("select_topk") and g[0] > 1]
+        assert stage1, "no search used the two-stage selection"
 
 
 def test_large_k_sort_path(model_device):

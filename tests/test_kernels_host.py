@@ -194,7 +194,8 @@ def run_select(mod, c: SelectCase, k: int, *, threads=None, schedule="forward", 
     ids = np.full((R, k), 12345, np.int64)  # garbage: every slot must be written
     out = np.full((R, k), F32(7.0))
     mod.launch(f"{name}<{threads}>", (R,), (threads,),
-               [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad), ids, out],
+               [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad),
+                np.int32(1), np.int32(0), ids, out],  # segs = 1 (a block per row), raw_keys = 0
                shared=8 * kpad, schedule=schedule, seed=seed)
     return ids, out
 
@@ -212,6 +213,26 @@ def test_select_topk_equals_tie_rule(topk_mod, k):
     for schedule in SCHEDULES:
         ids, out = run_select(topk_mod, c, k, schedule=schedule, seed=k)
         assert not topk_mismatches(c, ids, out, k), (schedule, topk_mismatches(c, ids, out, k))
+
+
+@pytest.mark.parametrize("segs", [2, 3, 7, 50])
+def test_select_topk_in_two_stages(topk_mod, segs):
+    """segs blocks per row each keep their segment's top k as raw keys; selecting over those equals the row's top k."""
+    c = SelectCase(np.random.default_rng(segs), 1000)
+    R, k = len(c.names), 30
+    kpad = 1 << (k - 1).bit_length()
+    raw = np.full((R * segs, k), 77, np.int64)
+    unused = np.zeros((1, 1), F32)
+    topk_mod.launch(f"select_topk<{SEL_T}>", (R * segs,), (SEL_T,),
+                    [c.cand, c.cand_off, c.counts, c.theta, np.int32(c.doc_bits), np.int32(k), np.int32(kpad),
+                     np.int32(segs), np.int32(1), raw, unused], shared=8 * kpad, schedule="reverse")
+    second = SelectCase.__new__(SelectCase)
+    second.names, second.doc_bits, second.theta, second.ref_rows = c.names, c.doc_bits, c.theta, c.ref_rows
+    second.cand = raw.view(U64).reshape(-1).copy()
+    second.cand_off = (np.arange(R + 1) * segs * k).astype(np.int64)
+    second.counts = np.full(R, segs * k, np.int32)
+    ids, out = run_select(topk_mod, second, k, schedule="random")
+    assert not topk_mismatches(c, ids, out, k), topk_mismatches(c, ids, out, k)
 
 
 def test_select_topk_production_block_size(topk_mod):

@@ -444,13 +444,15 @@ class _Timer:
 class _Workspace:
     """Device and pinned host buffers reused across calls (used under the scorer's lock).
 
-    ``io`` holds one chunk's inputs, then its state (counts, thresholds, tiles
-    scored), then its outputs (ids, scores), each 16-byte aligned: the inputs
-    and the state go up in ONE host-to-device copy of the prefix, the state and
-    the outputs come back in ONE device-to-host copy of the suffix.
+    One buffer holds a chunk's inputs, then its state (counts, thresholds,
+    tiles scored), then its outputs (ids, scores), each 8-byte aligned: the
+    inputs and the state go up in ONE host-to-device copy of the prefix (up to
+    the first output, padding included), the state and the outputs come back in
+    ONE device-to-host copy of the suffix. Every byte copied back was either
+    copied up or written by a kernel (compute-sanitizer initcheck stays quiet).
     """
 
-    ALIGN = 16
+    ALIGN = 8
 
     def __init__(self, cp: Any):
         self.cp = cp
@@ -495,7 +497,7 @@ class _Workspace:
         total = pos
         self._grow(total)
         staged = inputs + state
-        h2d_end = offs[len(staged) - 1] + staged[-1].nbytes if staged else 0
+        h2d_end = offs[len(staged)] if outputs else (offs[-1] + staged[-1].nbytes if staged else 0)
         state_start = offs[len(inputs)] if state else total
         for x, o in zip(staged, offs):
             self.host[o:o + x.nbytes] = np.ascontiguousarray(x).view(np.uint8).reshape(-1)
@@ -777,13 +779,36 @@ class CupyScorer(Scorer):
         return (ws.read(o[3], (R, k), np.int64), ws.read(o[4], (R, k), np.float32), ws.read(o[0], (R,), np.int32),
                 ws.read(o[1], (R,), np.uint32), ws.read(o[2], (R,), np.int32))
 
+    def select_segments(self, R: int, k: int, width: int) -> int:
+        """Blocks per row of the selection: 1, or up to 64 when a batch of fewer rows than SMs has many candidates.
+
+        Each segment keeps at least 4 max(k, 256) candidate slots, so the
+        second stage (segs x k keys per row) stays smaller than the first.
+        """
+        sms = max(1, self.target_blocks // 8)
+        if k > K.SELECT_MAX_K or 2 * R > sms:
+            return 1
+        return int(max(1, min(sms // R, width // (4 * max(k, 256)), 64)))
+
     def _select(self, cand, cand_off, counts, theta, R: int, k: int, width: int, out_ids, out_scores) -> None:
         cp = self._cp
         if k <= K.SELECT_MAX_K:
             kpad = _next_pow2(k)
-            self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
+            name, block = f"select_topk<{K.SELECT_THREADS}>", (K.SELECT_THREADS,)
+            segs = self.select_segments(R, k, width)
+            if segs > 1:
+                # Two stages: each of R x segs blocks keeps its segment's top k (raw keys), then one
+                # block per row selects from those segs x k keys.
+                part = cp.empty((R * segs, k), dtype=cp.int64)
+                self._launch(_TOPK_FILE, name, (R * segs,), block,
+                             (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k), np.int32(kpad),
+                              np.int32(segs), np.int32(1), part, out_scores), shared_mem=8 * kpad)
+                cand = part.view(cp.uint64).reshape(-1)
+                cand_off = cp.arange(R + 1, dtype=cp.int64) * np.int64(segs * k)
+                counts = cp.full(R, segs * k, dtype=cp.int32)
+            self._launch(_TOPK_FILE, name, (R,), block,
                          (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k), np.int32(kpad),
-                          out_ids, out_scores), shared_mem=8 * kpad)
+                          np.int32(1), np.int32(0), out_ids, out_scores), shared_mem=8 * kpad)
             return
         # k > SELECT_MAX_K: pack each row's valid keys, sort rows on the device, decode the top k.
         width = max(width, 1)

@@ -312,6 +312,14 @@ def model_haystack_score(a: dict, grid: tuple[int, ...]) -> None:
 
 def model_select_row(keys: np.ndarray, theta: int, k: int, doc_bits: int):
     """select_topk for one row: (ids (k,) int64, scores (k,) float32), sentinel-padded."""
+    top = model_select_keys(keys, theta, k, doc_bits)
+    ids = np.where(top > 0, key_doc(top), -1)
+    scores = np.where(top > 0, key_score(top), F32(-np.inf)).astype(F32)
+    return ids, scores
+
+
+def model_select_keys(keys: np.ndarray, theta: int, k: int, doc_bits: int) -> np.ndarray:
+    """select_topk's sorted shared buffer for one row: the k largest valid keys, descending, 0-padded."""
     keys = np.asarray(keys, dtype=U64)
     kpad = next_pow2(k)
     assert kpad <= K.SELECT_MAX_K
@@ -334,20 +342,26 @@ def model_select_row(keys: np.ndarray, theta: int, k: int, doc_bits: int):
     assert gathered.size == min(k, valid.size), "gather must find exactly min(k, valid) keys"
     sbuf = np.zeros(kpad, dtype=U64)  # every slot the sentinel before any read
     sbuf[: gathered.size] = gathered
-    sbuf = np.sort(sbuf)[::-1][:k]
-    ids = np.where(sbuf > 0, key_doc(sbuf), -1)
-    scores = np.where(sbuf > 0, key_score(sbuf), F32(-np.inf)).astype(F32)
-    return ids, scores
+    return np.sort(sbuf)[::-1][:k]
 
 
 def model_select_topk(a: dict, grid: tuple[int, ...]) -> None:
-    k = int(a["k"])
-    assert int(a["kpad"]) == next_pow2(k)
-    ids, out = a["out_ids"].reshape(-1, k), a["out_scores"].reshape(-1, k)
-    for r in range(grid[0]):
+    k, segs = int(a["k"]), int(a["segs"])
+    assert int(a["kpad"]) == next_pow2(k) and segs >= 1
+    ids = a["out_ids"].reshape(-1, k)
+    out = None if int(a["raw_keys"]) else a["out_scores"].reshape(-1, k)
+    for ob in range(grid[0]):
+        r = ob // segs
         c0, c1 = int(a["cand_off"][r]), int(a["cand_off"][r + 1])
-        n = min(int(a["counts"][r]), c1 - c0)
-        ids[r], out[r] = model_select_row(a["cand"][c0:c0 + n], int(a["theta"][r]), k, int(a["doc_bits"]))
+        n = max(0, min(int(a["counts"][r]), c1 - c0))
+        seg_len = -(-n // segs)
+        s0 = min((ob % segs) * seg_len, n)
+        n = min(n - s0, seg_len)
+        keys = a["cand"][c0 + s0:c0 + s0 + n]
+        if out is None:  # raw keys: the segment's top k, sentinel-padded, as int64 bits
+            ids[ob] = model_select_keys(keys, int(a["theta"][r]), k, int(a["doc_bits"])).view(np.int64)
+        else:
+            ids[ob], out[ob] = model_select_row(keys, int(a["theta"][r]), k, int(a["doc_bits"]))
 
 
 def model_pack_candidates(a: dict, grid: tuple[int, ...]) -> None:
@@ -498,8 +512,8 @@ def _wrap(fn):
 
 
 def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int | None = 0,
-                   sm_count: int = 4) -> types.SimpleNamespace:
-    """A stand-in for the ``cupy`` module whose kernels are the model.
+                   sm_count: int = 4, runner: Callable[..., None] | None = None) -> types.SimpleNamespace:
+    """A stand-in for the ``cupy`` module whose kernels are the model (or ``runner``).
 
     Parameters
     ----------
@@ -509,8 +523,12 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         Seeds the scheduler that interleaves tile_score's blocks (None: blocks in order).
     sm_count : int
         Reported ``MultiProcessorCount`` (the scorer sizes its grids from it).
+    runner : callable, optional
+        ``runner(filename, name, grid, block, host_args, shared_mem)`` runs a
+        launch instead of the model (e.g. the real kernel bodies compiled for
+        the host, tests/cuda_host); ``host_args`` are NumPy arrays and scalars.
     """
-    cp = types.SimpleNamespace()
+    cp = types.SimpleNamespace(__version__="none (fake cupy: kernel model)")
     for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
         setattr(cp, nm, getattr(np, nm))
     cp.ndarray = DevArray
@@ -530,32 +548,24 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def synchronize(self):
             pass
 
-    class Stream:
+    class _Context:  # usable in `with`, synchronize() is a no-op: the model runs synchronously
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def synchronize(self):
+            pass
+
+    class Stream(_Context):
         def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
             pass
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-        def synchronize(self):
-            pass
-
-    class Device:
+    class Device(_Context):
         def __init__(self, i=0):
             self.id = int(i)
             self.attributes = {"MultiProcessorCount": sm_count}
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-        def synchronize(self):
-            pass
 
     class Pool:
         def free_all_blocks(self):
@@ -587,6 +597,9 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             if oom_if is not None and oom_if(name, args):
                 raise FakeOOM(f"emulated OOM in {name}")
             base = name.split("<")[0]
+            if runner is not None:
+                runner(filename, name, grid, block, [as_host(v) for v in args], shared_mem)
+                return
             names = [p[0] for p in sigs[base]]
             a = {n: (np.asarray(v).view(np.ndarray) if isinstance(v, DevArray) else v) for n, v in zip(names, args)}
             for n, (_, _, is_ptr, is_const) in zip(names, sigs[base]):
@@ -634,15 +647,32 @@ def as_host(x: Any) -> Any:
     return np.asarray(x).view(np.ndarray) if isinstance(x, DevArray) else x
 
 
+#: Instantiations :func:`small_tiles` uses: small blocks and tiles, so that
+#: small test indexes span many tiles and the host emulation stays quick.
+SMALL = {"TILE_THREADS": 32, "TILE_DOCS": 64, "HAYSTACK_THREADS": 32, "SELECT_THREADS": 64, "PACK_THREADS": 32}
+
+
+def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """The kernel files' name expressions under the block sizes ``v`` (default :data:`SMALL`)."""
+    v = SMALL if v is None else v
+    return {
+        "bm25_score.cu": [f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"haystack_score<{v['HAYSTACK_THREADS']}>"],
+        "topk.cu": [f"select_topk<{v['SELECT_THREADS']}>", f"pack_candidates<{v['PACK_THREADS']}>", "decode_keys"],
+    }
+
+
 @contextlib.contextmanager
 def small_tiles(threads: int = 32, docs: int = 64) -> Iterator[None]:
-    """Scorers created inside use ``tile_score<threads, docs>`` (so small test indexes span many tiles)."""
-    saved = (K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS)
-    names = dict(K.NAME_EXPRESSIONS)
-    names["bm25_score.cu"] = [f"tile_score<{threads}, {docs}>", f"tile_dense<{threads}, {docs}>",
-                              *[n for n in names["bm25_score.cu"] if not n.startswith("tile_")]]
-    K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = threads, docs, names
+    """Scorers created inside use small instantiations (:data:`SMALL`, with ``threads`` / ``docs`` per tile)."""
+    v = {**SMALL, "TILE_THREADS": threads, "TILE_DOCS": docs}
+    saved = {n: getattr(K, n) for n in v} | {"NAME_EXPRESSIONS": K.NAME_EXPRESSIONS}
+    for n, x in v.items():
+        setattr(K, n, x)
+    K.NAME_EXPRESSIONS = {**K.NAME_EXPRESSIONS, **small_names(v)}
     try:
         yield
     finally:
-        K.TILE_THREADS, K.TILE_DOCS, K.NAME_EXPRESSIONS = saved
+        for n, x in saved.items():
+            setattr(K, n, x)

@@ -486,10 +486,47 @@ __global__ void spin(int* flag) {
 __global__ void chain(int* data) {
     if (threadIdx.x == 0 && blockIdx.x > 0) data[blockIdx.x] += data[blockIdx.x - 1];
 }
+
+// The shim's built-ins and intrinsics, for test_intrinsics_follow_cuda_semantics:
+// 12 ints per thread, 3 words per warp, 8 counters per launch.
+__global__ void intrinsics(int* __restrict__ out, unsigned int* __restrict__ warps, int* __restrict__ counters) {
+    const int n = blockDim.x * blockDim.y * blockDim.z;
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int g = b * n + t, lane = t & 31;
+    int* o = out + 12 * g;
+    o[0] = b;
+    o[1] = __shfl_up_sync(0xFFFFFFFFu, g, 3, 8);
+    o[2] = __shfl_down_sync(0xFFFFFFFFu, g, 5, 16);
+    o[3] = __shfl_xor_sync(0xFFFFFFFFu, g, 9, 8);
+    o[4] = __shfl_sync(0xFFFFFFFFu, g, lane + 33, 16);
+    o[5] = __syncthreads_count(t % 3 == 0);
+    o[6] = __syncthreads_and(t < n) + 2 * __syncthreads_or(t == 5) + 4 * __syncthreads_and(t != 7);
+    o[7] = (int)__reduce_add_sync(0xFFFFFFFFu, (unsigned)g);
+    o[8] = __reduce_max_sync(0xFFFFFFFFu, -g);
+    o[9] = __popc((unsigned)g) + 100 * __clz(g) + 10000 * __ffs(g);
+    o[10] = atomicCAS(&counters[4], 0, b + 1);  // only the first thread of the launch succeeds
+    o[11] = (int)(__brev((unsigned)g) >> 20);
+    const unsigned bal = __ballot_sync(0xFFFFFFFFu, lane % 3 == 0);
+    const int any = __any_sync(0xFFFFFFFFu, g == 37), all = __all_sync(0xFFFFFFFFu, lane < 32);
+    if (lane == 0) {
+        unsigned int* w = warps + 3 * (g / 32);
+        w[0] = bal;
+        w[1] = (unsigned)any;
+        w[2] = (unsigned)all;
+    }
+    atomicMin(&counters[0], -g);
+    atomicMax(&counters[1], g);
+    atomicInc((unsigned int*)&counters[2], 9u);
+    atomicSub(&counters[3], 2);
+    atomicExch(&counters[5], 42);
+    atomicAnd(&counters[6], ~(1 << (g % 31)));
+    atomicXor(&counters[7], 1 << (g % 31));
+}
 """
 
 _PLANTED_NAMES = ["reverse_block<64, true>", "reverse_block<64, false>", "twice<false>", "twice<true>",
-                  "uninit_sum", "divergent_sync", "partial_shuffle", "warp_sum", "spin", "chain"]
+                  "uninit_sum", "divergent_sync", "partial_shuffle", "warp_sum", "spin", "chain", "intrinsics"]
 
 
 @pytest.fixture(scope="module")
@@ -561,6 +598,50 @@ def test_block_order_dependence_is_caught(planted):
         planted.launch("chain", (8,), (32,), [d], schedule=schedule)
         results.add(tuple(d))
     assert len(results) == 2, "forward and reverse block orders must disagree on an order-dependent kernel"
+
+
+@pytest.mark.parametrize("schedule", ["reverse", "parallel"])
+def test_intrinsics_follow_cuda_semantics(planted, schedule):
+    """Built-ins of a 3-D launch and the intrinsics, against the CUDA Programming Guide's definitions."""
+    grid, block = (2, 1, 2), (16, 2, 2)  # x fastest: linear thread id = x + Dx * (y + Dy * z)
+    n = 64
+    total = 4 * n
+    out = np.zeros((total, 12), np.int32)
+    warps = np.zeros((total // 32, 3), np.uint32)
+    counters = np.array([0, 0, 0, 1000, 0, 0, -1, 0], np.int32)
+    planted.launch("intrinsics", grid, block, [out, warps, counters], schedule=schedule)
+    g = np.arange(total)
+    lane, b = g % 32, g // n
+    base = g - lane
+    assert np.array_equal(out[:, 0], b)
+    i8 = lane % 8  # shfl_up, width 8: lanes with index < delta in their group keep their value
+    assert np.array_equal(out[:, 1], np.where(i8 >= 3, g - 3, g))
+    i16 = lane % 16  # shfl_down, width 16
+    assert np.array_equal(out[:, 2], np.where(i16 + 5 < 16, g + 5, g))
+    src = lane ^ 9  # shfl_xor, width 8: a source in a later group of 8 returns the caller's own value
+    assert np.array_equal(out[:, 3], np.where(src >= (lane // 8 + 1) * 8, g, base + src))
+    assert np.array_equal(out[:, 4], base + (lane // 16) * 16 + (lane + 33) % 16)
+    assert np.all(out[:, 5] == sum(1 for x in range(n) if x % 3 == 0))
+    assert np.all(out[:, 6] == 1 + 2 + 0)
+    assert np.array_equal(out[:, 7], np.repeat(g.reshape(-1, 32).sum(axis=1), 32))
+    assert np.array_equal(out[:, 8], -base)
+    pop = np.array([int(x).bit_count() for x in g])
+    clz = np.array([32 - int(x).bit_length() for x in g])
+    ffs = np.array([(int(x) & -int(x)).bit_length() for x in g])
+    assert np.array_equal(out[:, 9], pop + 100 * clz + 10000 * ffs)
+    rev = np.array([int(f"{int(x):032b}"[::-1], 2) >> 20 for x in g])
+    assert np.array_equal(out[:, 11], rev)
+    first = np.flatnonzero(out[:, 10] == 0)  # one winner; everyone else sees its block number + 1
+    assert first.size == 1 and np.all(np.delete(out[:, 10], first) == b[first[0]] + 1)
+    assert np.all(warps[:, 0] == sum(1 << i for i in range(0, 32, 3)))
+    assert np.array_equal(warps[:, 1], (np.arange(total // 32) == 1).astype(np.uint32))  # g == 37: warp 1
+    assert np.all(warps[:, 2] == 1)
+    acc_and, acc_xor = -1, 0
+    for x in g:
+        acc_and &= ~(1 << (x % 31))
+        acc_xor ^= 1 << (x % 31)
+    assert counters.tolist() == [-(total - 1), total - 1, total % 10, 1000 - 2 * total, b[first[0]] + 1, 42,
+                                 np.int32(acc_and), np.int32(acc_xor)]
 
 
 def test_launch_arguments_are_checked(planted, topk_mod):

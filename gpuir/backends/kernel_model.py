@@ -664,9 +664,12 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
 
 
 @contextlib.contextmanager
-def small_tiles(threads: int = 32, docs: int = 64) -> Iterator[None]:
-    """Scorers created inside use small instantiations (:data:`SMALL`, with ``threads`` / ``docs`` per tile)."""
-    v = {**SMALL, "TILE_THREADS": threads, "TILE_DOCS": docs}
+def small_kernels(v: dict[str, int] | None = None) -> Iterator[None]:
+    """Scorers created inside launch the block sizes ``v`` (keys of :data:`SMALL`; missing keys default to it).
+
+    ``NAME_EXPRESSIONS`` lists the matching instantiations meanwhile; everything is restored on exit.
+    """
+    v = {**SMALL, **(v or {})}
     saved = {n: getattr(K, n) for n in v} | {"NAME_EXPRESSIONS": K.NAME_EXPRESSIONS}
     for n, x in v.items():
         setattr(K, n, x)
@@ -676,3 +679,8 @@ def small_tiles(threads: int = 32, docs: int = 64) -> Iterator[None]:
     finally:
         for n, x in saved.items():
             setattr(K, n, x)
+
+
+def small_tiles(threads: int = 32, docs: int = 64) -> contextlib.AbstractContextManager[None]:
+    """Scorers created inside use small instantiations (:data:`SMALL`, with ``threads`` / ``docs`` per tile)."""
+    return small_kernels({"TILE_THREADS": threads, "TILE_DOCS": docs})

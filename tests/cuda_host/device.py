@@ -27,24 +27,13 @@ from gpuir.backends import kernels as K
 from .harness import HostModule, build
 
 
-@contextlib.contextmanager
 def small_blocks(tile_threads: int = 32, tile_docs: int = 64, select_threads: int = 64,
-                 haystack_threads: int = 32, pack_threads: int = 32) -> Iterator[None]:
+                 haystack_threads: int = 32, pack_threads: int = 32) -> contextlib.AbstractContextManager[None]:
     """Scorers created inside launch these block sizes (and ``NAME_EXPRESSIONS`` lists them)."""
-    saved = {n: getattr(K, n) for n in ("TILE_THREADS", "TILE_DOCS", "SELECT_THREADS", "HAYSTACK_THREADS",
-                                        "PACK_THREADS", "NAME_EXPRESSIONS")}
-    K.TILE_THREADS, K.TILE_DOCS, K.SELECT_THREADS = tile_threads, tile_docs, select_threads
-    K.HAYSTACK_THREADS, K.PACK_THREADS = haystack_threads, pack_threads
-    names = dict(K.NAME_EXPRESSIONS)
-    names["bm25_score.cu"] = [f"tile_score<{tile_threads}, {tile_docs}>", f"tile_dense<{tile_threads}, {tile_docs}>",
-                              f"haystack_score<{haystack_threads}>"]
-    names["topk.cu"] = [f"select_topk<{select_threads}>", f"pack_candidates<{pack_threads}>", "decode_keys"]
-    K.NAME_EXPRESSIONS = names
-    try:
-        yield
-    finally:
-        for n, v in saved.items():
-            setattr(K, n, v)
+    from gpuir.backends import kernel_model as km
+
+    return km.small_kernels({"TILE_THREADS": tile_threads, "TILE_DOCS": tile_docs, "SELECT_THREADS": select_threads,
+                             "HAYSTACK_THREADS": haystack_threads, "PACK_THREADS": pack_threads})
 
 
 @contextlib.contextmanager
@@ -106,6 +95,7 @@ def real_kernels_installed(schedule: str = "forward", seed: int = 0, sm_count: i
 
 
 def small_names() -> dict[str, list[str]]:
-    """``NAME_EXPRESSIONS`` under :func:`small_blocks` (defaults)."""
-    with small_blocks():
-        return {f: list(v) for f, v in K.NAME_EXPRESSIONS.items()}
+    """``NAME_EXPRESSIONS`` of the kernel files under :func:`small_blocks` (defaults)."""
+    from gpuir.backends import kernel_model as km
+
+    return {**K.NAME_EXPRESSIONS, **km.small_names()}

@@ -17,7 +17,7 @@ from .bm25 import BM25Params
 from .filters import normalize_filters
 from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
-from .index.storage import load_index, save_index
+from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
 from .results import SearchResults, empty_results, padded_arrays
 
 
@@ -209,9 +209,22 @@ class BM25Index:
         return res
 
     # -- persistence -----------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
-        """Save atomically to directory ``path`` (see :mod:`gpuir.index.storage`)."""
-        save_index(self.csr, path, extra={"bm25": self.params.to_dict()})
+    def save(self, path: str | os.PathLike, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        """Save atomically to directory ``path`` (see :mod:`gpuir.index.storage`).
+
+        Parameters
+        ----------
+        path : directory: new, empty, or a gpuir index (never a folder of other files)
+        lock_timeout : float
+            Seconds to wait while another writer saves into ``path``.
+
+        Raises
+        ------
+        StoreError
+            (a ValueError) the path cannot hold an index, another writer holds it,
+            or the file system refused a write; the previous index is intact.
+        """
+        save_index(self.csr, path, extra={"bm25": self.params.to_dict()}, lock_timeout=lock_timeout)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> "BM25Index":
@@ -226,4 +239,11 @@ class BM25Index:
             Check the files' sha256 checksums (reads every byte once).
         """
         csr, manifest = load_index(path, mmap=mmap, verify=verify)
-        return cls(csr, BM25Params.from_dict(manifest.get("bm25", {})))
+        try:
+            params = BM25Params.from_dict(manifest.get("bm25", {}))
+        except (ValueError, TypeError) as e:
+            raise IndexFormatError(f"{path}: the manifest's bm25 parameters are invalid ({e}); rebuild the index") from None
+        try:
+            return cls(csr, params)
+        except (ValueError, TypeError) as e:
+            raise IndexFormatError(f"{path}: the manifest's analyzer is invalid ({e}); rebuild the index") from None

@@ -291,3 +291,14 @@ def test_eval_trec_run_refuses_ids_that_would_forge_lines(tmp_path, beir_toy):
     r = run("eval", "beir", "--data", beir_toy, "--n-boot", "10", "--run", tmp_path / "run.trec")
     assert r.returncode == 2 and no_traceback(r) and "TREC" in r.stderr, r.stderr
     assert not (tmp_path / "run.trec").exists()
+
+
+@pytest.mark.parametrize("target", ["corpus.jsonl", "qrels/test.tsv"])
+def test_invalid_utf8_in_beir_names_the_file_and_line(beir_toy, target):
+    p = beir_toy / target
+    lines = p.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"d", b"\xff", 1)
+    p.write_bytes(b"\n".join(lines))
+    r = run("eval", "beir", "--data", beir_toy, "--n-boot", "10")
+    assert r.returncode == 2 and no_traceback(r), r.stderr
+    assert f"{target.split('/')[-1]}:3:" in r.stderr and "UTF-8" in r.stderr

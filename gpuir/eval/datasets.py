@@ -691,9 +691,14 @@ def _find(folder: Path, stem: str) -> Path | None:
 
 
 def _read_jsonl(path: Path, what: str) -> Iterable[dict]:
-    with _open_text(path) as f:
-        for ln, line in enumerate(f, start=1):
-            line = line.strip()
+    """The objects of a JSONL file (``.gz`` too); errors name the physical line (bytes split at ``\n``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        for ln, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if ln == 1 else "utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{ln}: not valid UTF-8 in {what} ({e.reason})") from None
             if not line:
                 continue
             try:
@@ -761,7 +766,12 @@ def load_beir(path: str | os.PathLike, split: str = "test", *, title: bool = Tru
     qtext = {str(o["_id"]): str(o.get("text") or "") for o in _read_jsonl(queries_p, "queries")}
 
     qrels: dict[str, dict[str, int]] = {}
-    with open(qrels_p, encoding="utf-8", newline="") as f:
+    try:
+        qrels_text = qrels_p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = qrels_p.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"{qrels_p}:{line}: not valid UTF-8 ({e.reason})") from None
+    with io.StringIO(qrels_text, newline="") as f:
         for ln, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             if not row or not "".join(row).strip():
                 continue

@@ -66,6 +66,7 @@ import numpy as np
 from .csr import CSRIndex
 from .dirlock import (
     LEASE_NAME,
+    LOCK_NAME,
     LeaseUnavailable,
     StoreError,
     StoreWriteError,
@@ -179,7 +180,7 @@ def _strings(values: Any, what: str) -> list[str]:
 
 def _is_format1_index(root: Path) -> bool:
     """An unmarked directory holding nothing but a format-1 index's own entries."""
-    names = [p.name for p in root.iterdir()]
+    names = [p.name for p in root.iterdir() if p.name != LOCK_NAME]
     return "CURRENT" in names and all(
         n == "CURRENT" or _VERSION.match(n) or _DEBRIS.match(n) for n in names
     )

@@ -29,6 +29,7 @@ stopwords; ``en-large`` is NLTK's 179-word English list (bm25s's ``en_plus``).
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -118,6 +119,7 @@ class Analyzer:
         self._stop = stopwords(cfg.stopwords) if cfg.stopwords else frozenset()
         self._stem_cache: dict[str, str] = {}
         self._stemmer = None
+        self._stem_lock = threading.Lock()
         if cfg.stemmer:
             import Stemmer  # PyStemmer
 
@@ -149,14 +151,17 @@ class Analyzer:
             toks = [t for t in toks if t not in stop]
         if self._stemmer is not None and toks:
             cache_ = self._stem_cache
-            missing = [t for t in set(toks) if t not in cache_]
+            # a local map: another thread may clear the shared cache at any moment
+            stems = {t: cache_.get(t) for t in set(toks)}
+            missing = [t for t, s in stems.items() if s is None]
             if missing:
-                for t, s in zip(missing, self._stemmer.stemWords(missing)):
-                    cache_[t] = s
+                with self._stem_lock:  # PyStemmer: "must not be called concurrently"
+                    stemmed = self._stemmer.stemWords(missing)
+                for t, s in zip(missing, stemmed):
+                    stems[t] = cache_[t] = s
                 if len(cache_) > 2_000_000:  # bound memory on huge vocabularies
                     cache_.clear()
-                    return self._stemmer.stemWords(toks)
-            toks = [cache_[t] for t in toks]
+            toks = [stems[t] for t in toks]
         return toks
 
     def tokenize_many(self, texts: Iterable[str]) -> list[list[str]]:

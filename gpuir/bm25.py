@@ -31,6 +31,7 @@ Postings always store the raw integer tf; length normalisation happens here, onc
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from numbers import Real
 
 import numpy as np
 
@@ -38,20 +39,50 @@ import numpy as np
 METHODS: tuple[str, ...] = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
 
+#: Accepted range of k1. Inside it every posting weight, and every sum of them a
+#: query can make, is a finite float32 for every variant: tfc <= k1 + 1 + delta,
+#: idf <= log(N + 1) < 45, so a weight stays below ~1e8, far from float32's 3.4e38;
+#: and k1 never underflows in float32 (which made 0/0 = NaN out of k1 = 1e-320).
+K1_RANGE: tuple[float, float] = (1e-6, 1e6)
+#: Largest accepted delta (bm25l, bm25+), for the same reason.
+DELTA_MAX: float = 1e6
+
+
+def _number(name: str, value: object, lo: float, hi: float) -> float:
+    """``value`` as a float if it is a real number in [lo, hi]; a clear error otherwise."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not (lo <= v <= hi):  # also refuses NaN
+        raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class BM25Params:
     """Parameters of a BM25 variant.
+
+    Every accepted combination gives finite scores (tested for each variant at
+    the ends of each range).
 
     Parameters
     ----------
     method : str
         One of :data:`METHODS`. Default ``"lucene"``.
     k1 : float
-        Term-frequency saturation, > 0. Default 1.2.
+        Term-frequency saturation, in :data:`K1_RANGE` ([1e-6, 1e6]). Default 1.2.
     b : float
         Length normalisation, in [0, 1]. Default 0.75.
     delta : float
-        Lower bound of a present term's contribution (bm25l, bm25+ only). Default 0.5.
+        Lower bound of a present term's contribution (bm25l, bm25+ only), in
+        [0, :data:`DELTA_MAX`]. Default 0.5.
+
+    Raises
+    ------
+    ValueError
+        Unknown method, or a number outside its range (NaN and infinities included).
+    TypeError
+        A parameter that is not a real number (bools and strings included).
     """
 
     method: str = "lucene"
@@ -64,12 +95,10 @@ class BM25Params:
             raise ValueError(
                 f"unknown BM25 method {self.method!r}: choose one of {', '.join(METHODS)}"
             )
-        if not np.isfinite(self.k1) or self.k1 <= 0:
-            raise ValueError(f"k1 must be a positive number, got {self.k1!r}")
-        if not (0.0 <= self.b <= 1.0):
-            raise ValueError(f"b must lie in [0, 1], got {self.b!r}")
-        if not np.isfinite(self.delta) or self.delta < 0:
-            raise ValueError(f"delta must be a non-negative number, got {self.delta!r}")
+        # stored as plain floats: hashable, comparable and JSON-able whatever number type came in
+        object.__setattr__(self, "k1", _number("k1", self.k1, *K1_RANGE))
+        object.__setattr__(self, "b", _number("b", self.b, 0.0, 1.0))
+        object.__setattr__(self, "delta", _number("delta", self.delta, 0.0, DELTA_MAX))
 
     @property
     def code(self) -> int:
@@ -81,6 +110,9 @@ class BM25Params:
 
     @classmethod
     def from_dict(cls, d: dict) -> "BM25Params":
+        """Parameters from a dict such as :meth:`to_dict` makes (missing keys take the defaults)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"BM25 parameters must be a mapping, got {type(d).__name__}")
         return cls(**{k: d[k] for k in ("method", "k1", "b", "delta") if k in d})
 
 

@@ -1,7 +1,11 @@
 """The ``gpuir`` command line (also ``python -m gpuir``).
 
-Exit status: 0 on success, 2 on bad input (the message names what to fix, with
-file and line for JSONL), 1 on an internal error.
+Exit status: 0 on success, 2 on bad input or a file-system error (the message
+names what to fix, with file and line for JSONL), 1 on an internal error.
+
+Output is strict JSON (``--format jsonl``: any id, escaped) or TREC run lines
+(``--format trec``: ids and query ids with whitespace or control characters are
+refused, since TREC has no escape). See docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from typing import Sequence
 
@@ -23,8 +28,13 @@ SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli")
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from .bm25 import BM25Params
     from .engine import BM25Index
+    from .index.storage import check_save_path
 
+    # refuse a bad destination or bad parameters before the (long) build, not after
+    check_save_path(args.index_dir)
+    BM25Params(method=args.method, k1=args.k1, b=args.b, delta=args.delta)
     ids: list[str] = []
 
     def texts():
@@ -36,7 +46,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         texts(), ids=_LazyIds(ids), analyzer=args.analyzer, method=args.method,
         k1=args.k1, b=args.b, delta=args.delta, progress=None,
     )
-    idx.save(args.index_dir)
+    idx.save(args.index_dir, lock_timeout=args.lock_timeout)
     print(
         f"indexed {idx.n_docs} documents, {idx.csr.n_terms} terms, {idx.csr.n_postings} postings "
         f"-> {args.index_dir}",
@@ -73,22 +83,35 @@ def _read_queries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def _cmd_search(args: argparse.Namespace) -> int:
     from .engine import BM25Index
+    from .results import trec_field
 
     if args.k < 1:
         raise InputError(f"-k must be a positive integer, got {args.k}")
     idx = BM25Index.load(args.index_dir)
     qids, texts = _read_queries(args)
+    trec = args.format == "trec"
+    if trec:  # refuse before writing anything
+        for q in qids:
+            trec_field(q, "query id")
+    k = min(args.k, idx.n_docs)  # a huge -k allocates nothing k-sized
     out = sys.stdout
     for start in range(0, len(texts), 1024):
-        res = idx.search(texts[start : start + 1024], k=args.k, backend=args.backend)
-        for i in range(len(res)):
-            hits = res.hits(i, idx.ids)
-            qid = qids[start + i]
-            if args.format == "jsonl":
-                out.write(json.dumps({"query_id": qid, "hits": [{"id": d, "score": s} for d, s in hits]}) + "\n")
+        res = idx.search(texts[start : start + 1024], k=k, backend=args.backend)
+        rows = [(qids[start + i], res.hits(i, idx.ids)) for i in range(len(res))]
+        for qid, hits in rows:
+            for d, s in hits:
+                if not math.isfinite(s):  # cannot happen: BM25Params keeps every weight finite
+                    raise RuntimeError(f"non-finite score {s} for query {qid!r}, document {d!r}")
+                if trec:
+                    trec_field(d, "document id")
+        chunk = []
+        for qid, hits in rows:
+            if trec:
+                chunk.extend(f"{qid} Q0 {d} {rank} {s:.6f} gpuir\n" for rank, (d, s) in enumerate(hits, 1))
             else:
-                for rank, (d, s) in enumerate(hits, 1):
-                    out.write(f"{qid} Q0 {d} {rank} {s:.6f} gpuir\n")
+                row = {"query_id": qid, "hits": [{"id": d, "score": s} for d, s in hits]}
+                chunk.append(json.dumps(row, allow_nan=False) + "\n")
+        out.write("".join(chunk))
     return 0
 
 
@@ -153,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     pi.add_argument("--k1", type=float, default=1.2)
     pi.add_argument("--b", type=float, default=0.75)
     pi.add_argument("--delta", type=float, default=0.5, help="bm25l / bm25+ only")
+    pi.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="how long to wait while another writer saves into INDEX_DIR (default: %(default)s)")
     pi.set_defaults(func=_cmd_index)
 
     ps = sub.add_parser("search", help="search an index")
@@ -199,6 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a file-system error the command did not turn into a message itself
+        from .index.dirlock import os_error_message
+
+        print(f"gpuir {args.command}: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
+        return 2
     except Exception as e:  # internal error
         import traceback
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -16,14 +17,24 @@ from .bm25 import BM25Params
 from .filters import normalize_filters
 from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
-from .index.storage import load_index, save_index
-from .results import SearchResults, empty_results
+from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
+from .results import SearchResults, empty_results, padded_arrays
+
+
+def _checked_ids(ids: Iterable[str]) -> Iterator[str]:
+    """``ids``, refusing any item that is not a str (TypeError naming its position)."""
+    for i, d in enumerate(ids):
+        if not isinstance(d, str):
+            raise TypeError(f"ids[{i}] is a {type(d).__name__} ({d!r}); ids must be str (convert them with str())")
+        yield d
 
 
 class BM25Index:
     """A BM25 index over a document collection, searchable on any backend.
 
-    Build one with :meth:`build`, or load one with :meth:`load`.
+    Build one with :meth:`build`, or load one with :meth:`load`. Searching one
+    index from many threads at once is safe and returns what a serial search
+    returns (see docs/guarantees.md).
 
     Parameters
     ----------
@@ -38,6 +49,7 @@ class BM25Index:
         self.params = params or BM25Params()
         self.analyzer = Analyzer(csr.analyzer or "default")
         self._scorers: dict[tuple[str, BM25Params], Scorer] = {}
+        self._scorers_lock = threading.Lock()  # one scorer per key, even when threads race to make it
         self._id_to_num: dict[str, int] | None = None
 
     # -- construction ------------------------------------------------------------
@@ -59,16 +71,32 @@ class BM25Index:
         Parameters
         ----------
         texts : iterable of str
+            One text per document (a bare str is refused: it is not a corpus).
         ids : sequence of str, optional
-            Unique user ids, one per document; default "0", "1", ...
+            Unique user ids (str), one per document; default "0", "1", ...
         analyzer : analyzer name (see :data:`gpuir.analysis.ANALYZERS`), config or Analyzer
         method, k1, b, delta : BM25 variant and parameters (see :class:`BM25Params`)
         chunk_size : int
             Documents per build chunk.
         progress : bool or None
             Progress bar; None shows one on a terminal only.
+
+        Raises
+        ------
+        TypeError
+            ``texts`` or ``ids`` is a bare str (or bytes), or an id is not a str.
+        ValueError
+            Parameters out of range (see :class:`BM25Params`), empty corpus, ids not unique.
         """
+        for name, val in (("texts", texts), ("ids", ids)):
+            if isinstance(val, (str, bytes)):
+                raise TypeError(
+                    f"{name} must be an iterable of str, one per document, not a single "
+                    f"{type(val).__name__}: wrap it in a list ([{name[:-1]}])"
+                )
         params = BM25Params(method=method, k1=k1, b=b, delta=delta)
+        if ids is not None:
+            ids = _checked_ids(ids)
         csr = build_csr(texts, analyzer, ids=ids, chunk_size=chunk_size, progress=progress)
         return cls(csr, params)
 
@@ -107,9 +135,13 @@ class BM25Index:
         """The cached :class:`Scorer` for a backend ("auto" resolves first)."""
         name, _ = resolve_backend(backend)
         key = (name, self.params)
-        if key not in self._scorers:
-            self._scorers[key] = make_scorer(name, self.csr, self.params, **opts)
-        return self._scorers[key]
+        sc = self._scorers.get(key)
+        if sc is None:
+            with self._scorers_lock:
+                sc = self._scorers.get(key)
+                if sc is None:
+                    sc = self._scorers[key] = make_scorer(name, self.csr, self.params, **opts)
+        return sc
 
     def query_terms(self, queries: Sequence[str]) -> list[np.ndarray]:
         """Analyse queries into term ids (repeats kept, unknown terms dropped).
@@ -133,8 +165,9 @@ class BM25Index:
         ----------
         queries : str or sequence of B str
         k : int
-            Results per query, >= 1 (may exceed the number of documents; rows are
-            padded with id -1 and score -inf).
+            Results per query, >= 1. It may exceed the number of documents N:
+            the scorer then works with N, and rows are padded with id -1 and
+            score -inf up to k.
         filters : optional
             Per-query document filters applied before top-k: None, one NumPy
             bool mask (N,) or allow-list for all queries, or a list of B items,
@@ -161,18 +194,37 @@ class BM25Index:
         t0 = time.perf_counter()
         terms = self.query_terms(queries)
         t_an = time.perf_counter() - t0
+        k = int(k)
+        kk = min(k, max(self.n_docs, 1))  # nothing sized by a huge k before the scorer
         if not queries:
-            res = empty_results(0, int(k))
+            res = empty_results(0, k)
         else:
-            res = self.scorer(name).search(terms, int(k), allow)
+            res = self.scorer(name).search(terms, kk, allow)
+            if kk < k:
+                ids, scores = padded_arrays(len(queries), k)
+                ids[:, :kk], scores[:, :kk] = res.ids, res.scores
+                res = SearchResults(ids, scores, res.meta)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
         return res
 
     # -- persistence -----------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
-        """Save atomically to directory ``path`` (see :mod:`gpuir.index.storage`)."""
-        save_index(self.csr, path, extra={"bm25": self.params.to_dict()})
+    def save(self, path: str | os.PathLike, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        """Save atomically to directory ``path`` (see :mod:`gpuir.index.storage`).
+
+        Parameters
+        ----------
+        path : directory: new, empty, or a gpuir index (never a folder of other files)
+        lock_timeout : float
+            Seconds to wait while another writer saves into ``path``.
+
+        Raises
+        ------
+        StoreError
+            (a ValueError) the path cannot hold an index, another writer holds it,
+            or the file system refused a write; the previous index is intact.
+        """
+        save_index(self.csr, path, extra={"bm25": self.params.to_dict()}, lock_timeout=lock_timeout)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> "BM25Index":
@@ -187,4 +239,11 @@ class BM25Index:
             Check the files' sha256 checksums (reads every byte once).
         """
         csr, manifest = load_index(path, mmap=mmap, verify=verify)
-        return cls(csr, BM25Params.from_dict(manifest.get("bm25", {})))
+        try:
+            params = BM25Params.from_dict(manifest.get("bm25", {}))
+        except (ValueError, TypeError) as e:
+            raise IndexFormatError(f"{path}: the manifest's bm25 parameters are invalid ({e}); rebuild the index") from None
+        try:
+            return cls(csr, params)
+        except (ValueError, TypeError) as e:
+            raise IndexFormatError(f"{path}: the manifest's analyzer is invalid ({e}); rebuild the index") from None

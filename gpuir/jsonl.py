@@ -1,10 +1,17 @@
-"""Reading JSON-lines input with errors that name the file and line."""
+"""Reading JSON-lines input with errors that name the file and line.
+
+Line numbers count physical lines -- pieces of the file ended by ``\\n`` --
+whatever else a line holds (``\\r``, ``\\u2028``, bytes that are not UTF-8),
+so an error points at the line an editor shows. A UTF-8 byte-order mark at
+the start of the file is skipped.
+"""
 
 from __future__ import annotations
 
+import codecs
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 class InputError(ValueError):
@@ -16,39 +23,52 @@ def read_jsonl(path: str | Path, fields: dict[str, type | tuple[type, ...]]) -> 
 
     Parameters
     ----------
-    path : JSONL file, one JSON object per line
+    path : JSONL file, one JSON object per line, UTF-8
     fields : mapping field name -> accepted type(s)
         Every object must have these fields with these types.
 
     Raises
     ------
     InputError
-        ``"<path>:<line>: ..."`` for unreadable files, invalid JSON, non-objects,
-        missing fields and wrongly typed fields.
+        ``"<path>, line <n>: ..."`` for unreadable files, bytes that are not
+        UTF-8, invalid or too deeply nested JSON, non-objects, missing fields and
+        wrongly typed fields.
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory; expected a JSONL file")
     if not p.is_file():
         raise InputError(f"{p}: no such file")
     try:
-        f = open(p, encoding="utf-8")
+        f = open(p, "rb")  # noqa: SIM115 - closed by the with below; opening errors get their own message
     except OSError as e:
         raise InputError(f"{p}: cannot be read ({e.strerror})") from None
     with f:
         lineno = 0
         while True:
             try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                raise InputError(f"{p}, line {lineno + 1}: not valid UTF-8 ({e.reason})") from None
-            if not line:
+                raw = f.readline()  # binary: splits at b"\n" only, the physical lines
+            except OSError as e:
+                raise InputError(f"{p}, line {lineno + 1}: cannot be read ({e.strerror})") from None
+            if not raw:
                 break
             lineno += 1
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(
+                    f"{p}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start + 1} of the line)"
+                ) from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{p}, line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise InputError(f"{p}, line {lineno}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise InputError(f"{p}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
             for name, typ in fields.items():

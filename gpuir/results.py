@@ -1,9 +1,11 @@
-"""`SearchResults`: what every search returns."""
+"""`SearchResults`: what every search returns; its padding; the fields of a TREC run line."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -78,3 +80,31 @@ def padded_arrays(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 def empty_results(n_queries: int, k: int) -> SearchResults:
     """All-padding results: ids -1 and scores -inf, shape (n_queries, k)."""
     return SearchResults(*padded_arrays(n_queries, k))
+
+
+#: Characters a TREC run field cannot hold: whitespace (it separates the fields;
+#: a newline would start a forged line), control characters, and lone surrogates
+#: (not encodable, so not writable as text).
+_TREC_UNSAFE = re.compile(r"[\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def trec_field(value: str, what: str) -> str:
+    """``value`` if it can be one field of a TREC run line; ValueError saying why not.
+
+    TREC runs (``qid Q0 docid rank score tag``) are split on whitespace, and
+    there is no escape: an id holding a space, a tab, a newline or a control
+    character would shift the columns or forge another line, so it is refused.
+
+    Parameters
+    ----------
+    value : str
+        A query id, document id or run tag.
+    what : str
+        What it is, for the message (e.g. "document id").
+    """
+    if not isinstance(value, str) or not value or _TREC_UNSAFE.search(value):
+        raise ValueError(
+            f"{what} {value!r} cannot be written in TREC format: TREC fields must be non-empty and hold no "
+            "whitespace or control characters. Use --format jsonl (any id), or change the id"
+        )
+    return value

@@ -43,10 +43,14 @@ def test_manifest_records_what_matters(index, tmp_path):
 
 def test_resave_replaces_and_cleans_up(index, tmp_path):
     index.save(tmp_path / "ix")
+    first = _live(tmp_path)
     index.with_params(method="atire").save(tmp_path / "ix")
     assert BM25Index.load(tmp_path / "ix").params.method == "atire"
+    index.with_params(method="bm25+").save(tmp_path / "ix")
+    assert BM25Index.load(tmp_path / "ix").params.method == "bm25+"
+    # the previous version is kept until the next save, older ones are retired
     versions = [p for p in (tmp_path / "ix").iterdir() if p.name.startswith("v-")]
-    assert len(versions) == 1
+    assert len(versions) == 2 and _live(tmp_path) in versions and first not in versions
 
 
 def test_interrupted_save_leaves_previous_index_loadable(index, tmp_path, monkeypatch):
@@ -99,8 +103,8 @@ def test_corrupt_array_is_named(index, tmp_path):
 def test_truncated_and_missing_files_are_named(index, tmp_path):
     index.save(tmp_path / "ix")
     live = _live(tmp_path)
-    os.remove(live / "vocab.txt")
-    with pytest.raises(IndexFormatError, match=r"vocab\.txt: missing"):
+    os.remove(live / "vocab.json")
+    with pytest.raises(IndexFormatError, match=r"vocab\.json: missing"):
         BM25Index.load(tmp_path / "ix")
     (live / "doc_ids.npy").write_bytes(b"garbage")
     with pytest.raises(IndexFormatError, match=r"doc_ids\.npy"):

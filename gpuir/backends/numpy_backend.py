@@ -40,12 +40,20 @@ A query costs O(P_q') for the P_q' postings actually scanned (reported as
 Posting weights ``w = idf(t) * tfc(tf, |d|)`` (minus the absent-term weight for
 bm25l/bm25+) are computed once per (index, parameters) in float32 from the raw
 term frequencies, and cached on the scorer.
+
+**Threads.** A scorer is safe to use from many threads at once: everything it
+shares is read-only after construction, and the scratch arrays (the dense
+accumulator, the filter mask) belong to one thread each (``threading.local``,
+allocated on a thread's first search and reset after every query). A search
+interrupted by an exception drops its thread's scratch arrays, so no partial
+sum survives into a later search.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,6 +62,30 @@ from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
 from .base import CollectionStats, Scorer
 from .weights import posting_weights
+
+
+class _Scratch:
+    """One thread's work arrays, all N long and all-zero between queries.
+
+    Attributes
+    ----------
+    acc : ndarray (N,), float32, host -- the score accumulator
+    mask : ndarray (N,), bool, host -- the query's allow-list as a mask
+    owner : ndarray (N,), int64, host -- de-duplication slots (allocated on first use)
+    """
+
+    __slots__ = ("_owner", "acc", "mask")
+
+    def __init__(self, n_docs: int):
+        self.acc = np.zeros(n_docs, dtype=np.float32)
+        self.mask = np.zeros(n_docs, dtype=bool)
+        self._owner: np.ndarray | None = None
+
+    @property
+    def owner(self) -> np.ndarray:
+        if self._owner is None:
+            self._owner = np.zeros(self.acc.size, dtype=np.int64)
+        return self._owner
 
 
 class NumpyScorer(Scorer):
@@ -67,7 +99,6 @@ class NumpyScorer(Scorer):
         super().__init__(index, params, stats)
         #: Skip posting lists that cannot change the top k (MaxScore); exact either way.
         self.prune = prune
-        N = index.n_docs
         pw = posting_weights(index, params, self.stats)
         #: float32 (V,): idf of each term.
         self.idf = pw.idf
@@ -78,13 +109,23 @@ class NumpyScorer(Scorer):
         self.weights = pw.weights
         #: float64 (V,): the largest posting weight of each term (its MaxScore bound).
         self.ub = pw.ub
-        self._acc = np.zeros(N, dtype=np.float32)
-        self._owner = np.zeros(N, dtype=np.int64)
-        self._mask = np.zeros(N, dtype=bool)
-        self._scanned = 0  # postings read by search(), for meta["postings_scanned"]
+        self._local = threading.local()  # per-thread _Scratch
+
+    def _scratch(self) -> _Scratch:
+        """This thread's work arrays (made on its first search)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = _Scratch(self.index.n_docs)
+        return buf
+
+    def _drop_scratch(self) -> None:
+        """Forget this thread's work arrays (after an exception they may hold partial sums)."""
+        self._local.buf = None
 
     # -- one query -------------------------------------------------------------
-    def _candidates(self, q: np.ndarray, allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _candidates(
+        self, q: np.ndarray, allow: np.ndarray | None, buf: _Scratch
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Candidate documents of one query and their scores (unsorted).
 
         Returns
@@ -96,7 +137,7 @@ class NumpyScorer(Scorer):
         if q.size == 0:
             return empty
         idx = self.index
-        offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, self._acc
+        offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, buf.acc
         terms, mult = np.unique(q, return_counts=True)
         slices = []
         for t, c in zip(terms.tolist(), mult.tolist()):
@@ -108,11 +149,11 @@ class NumpyScorer(Scorer):
             slices.append(d)
         if not slices:
             return empty
-        cand = self._dedupe(slices)
+        cand = self._dedupe(slices, buf)
         scores = acc[cand]
         acc[cand] = 0.0
         if allow is not None:
-            mask = self._mask
+            mask = buf.mask
             mask[allow] = True
             keep = mask[cand]
             mask[allow] = False
@@ -129,13 +170,14 @@ class NumpyScorer(Scorer):
     _CHECK_GAIN = 1.0
     _CHECK_GROWTH = 2.0
 
-    def _dedupe(self, slices: list[np.ndarray]) -> np.ndarray:
+    @staticmethod
+    def _dedupe(slices: list[np.ndarray], buf: _Scratch) -> np.ndarray:
         """Distinct documents of posting slices, ndarray (m,), int32 (order unspecified)."""
         if len(slices) == 1:
             return np.asarray(slices[0])
         cat = np.concatenate(slices)
         pos = np.arange(cat.size, dtype=np.int64)
-        owner = self._owner
+        owner = buf.owner
         owner[cat] = pos  # any one position per document wins; exactly one matches below
         return cat[owner[cat] == pos]
 
@@ -179,14 +221,16 @@ class NumpyScorer(Scorer):
             n = vals.size
         return float(np.partition(vals, n - m)[n - m])
 
-    def _search_one(self, q: np.ndarray, k: int, allow: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (docs, scores) of one query (see the module docstring)."""
-        empty = (np.zeros(0, np.int32), np.zeros(0, np.float32))
+    def _search_one(
+        self, q: np.ndarray, k: int, allow: np.ndarray | None, buf: _Scratch
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Top-k (docs, scores) of one query (see the module docstring), and the postings read."""
+        empty = (np.zeros(0, np.int32), np.zeros(0, np.float32), 0)
         if q.size == 0:
             return empty
         terms, mult = np.unique(q, return_counts=True)
         idx = self.index
-        offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, self._acc
+        offsets, doc_ids, weights, acc = idx.offsets, idx.doc_ids, self.weights, buf.acc
         prune = self.prune and terms.size > 1
         if prune:
             ub = self.ub[terms] * mult
@@ -198,7 +242,7 @@ class NumpyScorer(Scorer):
             order = np.arange(terms.size)  # ascending term ids: the exact summation order
         mask = None
         if allow is not None:
-            mask = self._mask
+            mask = buf.mask
             mask[allow] = True
         slack = self._SLACK
         slices: list[np.ndarray] = []
@@ -215,7 +259,6 @@ class NumpyScorer(Scorer):
                 np.add.at(acc, d, w if c == 1 else w * np.float32(c))
                 slices.append(d)
                 n_seen += d.size
-                self._scanned += d.size
                 if not prune:
                     continue
                 remaining = float(rest[i + 1])
@@ -249,7 +292,7 @@ class NumpyScorer(Scorer):
         vals = np.take(acc, cat)
         acc[cat] = 0.0  # reset every touched entry (duplicates are harmless)
         if cat.size == 0:
-            return empty
+            return empty[0], empty[1], n_seen
         m = k * len(slices)
         if cat.size > m:  # keep the entries that can still reach the k-th best score
             theta = self._mth_largest(vals, m)
@@ -263,7 +306,7 @@ class NumpyScorer(Scorer):
             scores = vals[first]
         if self._has_w0:
             scores = scores + np.float32((self.w0[terms] * mult).sum(dtype=np.float32))
-        return self._select(cand, scores, k)
+        return (*self._select(cand, scores, k), n_seen)
 
     @staticmethod
     def _select(cand: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -286,15 +329,19 @@ class NumpyScorer(Scorer):
         B = len(queries)
         ids, out = padded_arrays(B, k)
         t0 = time.perf_counter()
-        self._scanned = 0
-        for i, q in enumerate(queries):
-            d, s = self._search_one(np.asarray(q, dtype=np.int64), k, None if allow is None else allow[i])
-            ids[i, : d.size] = d
-            out[i, : s.size] = s
+        scanned = 0
+        buf = self._scratch()
+        try:
+            for i, q in enumerate(queries):
+                d, s, n = self._search_one(np.asarray(q, dtype=np.int64), k, None if allow is None else allow[i], buf)
+                ids[i, : d.size] = d
+                out[i, : s.size] = s
+                scanned += n
+        except BaseException:
+            self._drop_scratch()
+            raise
         dt = time.perf_counter() - t0
-        return SearchResults(
-            ids, out, {"backend": "numpy", "timings": {"total_s": dt}, "postings_scanned": self._scanned}
-        )
+        return SearchResults(ids, out, {"backend": "numpy", "timings": {"total_s": dt}, "postings_scanned": scanned})
 
     def score_matrix(
         self,
@@ -303,7 +350,12 @@ class NumpyScorer(Scorer):
     ) -> np.ndarray:
         N = self.index.n_docs
         rows = np.full((len(queries), N), -np.inf, dtype=np.float32)
-        for i, q in enumerate(queries):
-            cand, scores = self._candidates(np.asarray(q, dtype=np.int64), None if allow is None else allow[i])
-            rows[i, cand] = scores
+        buf = self._scratch()
+        try:
+            for i, q in enumerate(queries):
+                cand, scores = self._candidates(np.asarray(q, dtype=np.int64), None if allow is None else allow[i], buf)
+                rows[i, cand] = scores
+        except BaseException:
+            self._drop_scratch()
+            raise
         return rows

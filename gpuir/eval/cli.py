@@ -11,7 +11,8 @@
 Every evaluation prints a table (overall and per category / question type,
 each cell ``mean [95% interval]``), and optionally writes the JSON report
 (``--out``), the TREC run (``--run``) and the qrels (``--qrels``).
-Bad input exits with status 2 and a message that says what to fix.
+Bad input (a malformed data set included) and file-system errors exit with
+status 2 and a message that says what to fix.
 
 Methods come from :data:`gpuir.eval.runner.METHODS`; each registered method adds
 its own options here.
@@ -124,6 +125,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.out:
         runner.save_json(res.report(per_query=not args.no_per_query), args.out)
         _log(f"report -> {args.out}")
+    if args.run or args.qrels:
+        _check_trec_ids(res, run=bool(args.run), qrels=bool(args.qrels))
     if args.run:
         res.write_run(args.run)
         _log(f"run -> {args.run}")
@@ -131,6 +134,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         res.write_qrels(args.qrels)
         _log(f"qrels -> {args.qrels}")
     return 0
+
+
+def _check_trec_ids(res: runner.EvalResult, run: bool, qrels: bool) -> None:
+    """Refuse, before writing anything, ids that would break or forge TREC lines (ValueError: exit 2)."""
+    import numpy as np
+
+    from gpuir.results import trec_field
+
+    for q in res.queries:
+        trec_field(q.qid, "query id")
+    ids = res.dataset.doc_ids
+    if run:
+        for d in np.unique(res.run.ranked[res.run.ranked >= 0]).tolist():
+            trec_field(ids[d], "document id")
+    if qrels:
+        for q in res.queries:
+            for d in q.gold:
+                trec_field(d, "document id")
 
 
 def _read_report(path: str) -> dict[str, Any]:
@@ -222,6 +243,11 @@ def _run_guarded(func):
             return func(args)
         except (EvalInputError, FileNotFoundError, ValueError, TypeError) as e:
             print(f"gpuir eval: error: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:  # unreadable data, an output path that cannot be written
+            from gpuir.index.dirlock import os_error_message
+
+            print(f"gpuir eval: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
             return 2
 
     return wrapped

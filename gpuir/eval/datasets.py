@@ -207,6 +207,67 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
+def _load_json_file(path: Path) -> Any:
+    """The JSON document in ``path`` (``.gz`` too); ValueError naming the file when it is not one."""
+    try:
+        with _open_text(path) as f:
+            return json.load(f)
+    except (ValueError, RecursionError, EOFError, OSError) as e:  # JSON, UTF-8, nesting, gzip errors
+        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+            raise  # the file system's error (permissions, ...), with its own message
+        raise ValueError(f"{path} is not valid JSON (plain or gzip): {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _malformed(path: Path, where: str, what: str) -> ValueError:
+    return ValueError(f"{path}: {where}: {what}; is this the right file?")
+
+
+def _check_locomo(path: Path, data: Any) -> None:
+    """Raise ValueError naming the first place where ``data`` is not LoCoMo-shaped."""
+    if not isinstance(data, list) or not data:
+        raise ValueError(
+            f"{path} does not look like LoCoMo: expected a JSON array of objects with "
+            "'sample_id', 'conversation' and 'qa'"
+        )
+    for ci, c in enumerate(data):
+        where = f"conversation {ci}"
+        if not isinstance(c, dict) or not isinstance(c.get("conversation"), dict) or not isinstance(c.get("qa"), list):
+            raise _malformed(path, where, "expected an object with 'conversation' (an object) and 'qa' (an array)")
+        for key, turns in c["conversation"].items():
+            if not _SESSION_KEY.match(key) or turns is None:
+                continue
+            if not isinstance(turns, list):
+                raise _malformed(path, f"{where}, {key}", f"expected an array of turns, got {type(turns).__name__}")
+            for ti, t in enumerate(turns, start=1):
+                if not isinstance(t, dict):
+                    raise _malformed(path, f"{where}, {key}, turn {ti}", f"expected an object, got {type(t).__name__}")
+        for qi, qa in enumerate(c["qa"]):
+            if not isinstance(qa, dict):
+                raise _malformed(path, f"{where}, qa {qi}", f"expected an object, got {type(qa).__name__}")
+            ev = qa.get("evidence")
+            if ev is not None and not isinstance(ev, list):
+                raise _malformed(path, f"{where}, qa {qi}", f"'evidence' must be an array, got {type(ev).__name__}")
+            cat = qa.get("category")
+            if cat is not None and (isinstance(cat, bool) or not isinstance(cat, (int, str))):
+                raise _malformed(path, f"{where}, qa {qi}", f"'category' must be a number, got {type(cat).__name__}")
+
+
+def _check_longmemeval_question(path: Path, i: int, q: dict[str, Any]) -> None:
+    """Raise ValueError naming the first field of question ``i`` that is not LongMemEval-shaped."""
+    where = f"question {i} ({str(q.get('question_id'))[:40]})"
+    for key in ("haystack_session_ids", "haystack_sessions", "answer_session_ids"):
+        if not isinstance(q[key], list):
+            raise _malformed(path, where, f"{key!r} must be an array, got {type(q[key]).__name__}")
+    if q.get("haystack_dates") is not None and not isinstance(q["haystack_dates"], list):
+        raise _malformed(path, where, "'haystack_dates' must be an array")
+    for si, sess in enumerate(q["haystack_sessions"]):
+        if not isinstance(sess, list):
+            raise _malformed(path, f"{where}, session {si}", f"expected an array of turns, got {type(sess).__name__}")
+        bad = next((t for t in sess if not isinstance(t, dict)), None)
+        if bad is not None:
+            raise _malformed(path, f"{where}, session {si}", f"turns must be objects, got {type(bad).__name__}")
+
+
 def _check_file(path: Path, what: str, hint: str) -> Path:
     path = Path(path).expanduser()
     if not path.exists():
@@ -296,18 +357,8 @@ def load_locomo(
         "LoCoMo file",
         "pass --data PATH to locomo10.json or set GPUIR_DATA",
     )
-    with _open_text(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, list) or not data or not all(
-        isinstance(c, dict) and "conversation" in c and "qa" in c for c in data
-    ):
-        raise ValueError(
-            f"{path} does not look like LoCoMo: expected a JSON array of objects with "
-            "'sample_id', 'conversation' and 'qa'"
-        )
+    data = _load_json_file(path)
+    _check_locomo(path, data)
 
     want: set[int] | None = None
     if categories is not None:
@@ -515,11 +566,7 @@ def load_longmemeval(
     if cache and key in _LME_CACHE:
         return _LME_CACHE[key]
 
-    with _open_text(path) as f:
-        try:
-            data = json.load(f)
-        except (json.JSONDecodeError, OSError, EOFError) as e:
-            raise ValueError(f"{path} is not a valid JSON (or gzip JSON) file: {e}") from None
+    data = _load_json_file(path)
     need = ("question_id", "question", "haystack_session_ids", "haystack_sessions", "answer_session_ids")
     if not isinstance(data, list) or not data or not all(
         isinstance(q, dict) and all(k in q for k in need) for q in data
@@ -539,7 +586,8 @@ def load_longmemeval(
         "empty_sessions": 0, "gold_not_in_haystack": 0, "unparsed_dates": 0,
     }
     per_type: dict[str, int] = {}
-    for q in data:
+    for qn, q in enumerate(data):
+        _check_longmemeval_question(path, qn, q)
         st["questions"] += 1
         qid = str(q["question_id"])
         sids = [str(s) for s in q["haystack_session_ids"]]
@@ -643,15 +691,20 @@ def _find(folder: Path, stem: str) -> Path | None:
 
 
 def _read_jsonl(path: Path, what: str) -> Iterable[dict]:
-    with _open_text(path) as f:
-        for ln, line in enumerate(f, start=1):
-            line = line.strip()
+    """The objects of a JSONL file (``.gz`` too); errors name the physical line (bytes split at ``\n``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        for ln, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if ln == 1 else "utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{ln}: not valid UTF-8 in {what} ({e.reason})") from None
             if not line:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{ln}: bad JSON line in {what}: {e}") from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise ValueError(f"{path}:{ln}: bad JSON line in {what}: {type(e).__name__}: {e}") from None
             if not isinstance(obj, dict) or "_id" not in obj:
                 raise ValueError(f"{path}:{ln}: each {what} line must be an object with an '_id'")
             yield obj
@@ -713,7 +766,12 @@ def load_beir(path: str | os.PathLike, split: str = "test", *, title: bool = Tru
     qtext = {str(o["_id"]): str(o.get("text") or "") for o in _read_jsonl(queries_p, "queries")}
 
     qrels: dict[str, dict[str, int]] = {}
-    with open(qrels_p, encoding="utf-8", newline="") as f:
+    try:
+        qrels_text = qrels_p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = qrels_p.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"{qrels_p}:{line}: not valid UTF-8 ({e.reason})") from None
+    with io.StringIO(qrels_text, newline="") as f:
         for ln, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             if not row or not "".join(row).strip():
                 continue

@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .analysis import ANALYZERS
@@ -19,7 +19,7 @@ from .bm25 import METHODS
 from .jsonl import InputError, read_jsonl
 
 #: Modules that add sub-commands through ``register(subparsers)``.
-SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli")
+SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
 
 
 def _cmd_index(args: argparse.Namespace) -> int:

@@ -86,6 +86,8 @@ def random_where(rng: np.random.Generator, timed: bool = True) -> dict:
         w["time"] = {"gte": lo, "lt": lo + int(rng.integers(1, 5)) * DAY}
     elif timed and rng.random() < 0.15:
         w["time"] = {"lte": T0 + int(rng.integers(0, 12)) * DAY}  # records without a time never match
+    elif timed and rng.random() < 0.05:
+        w["time"] = None  # only records without a time
     if rng.random() < 0.2:
         w["importance"] = {"gte": 0.3}
     if rng.random() < 0.2:

@@ -31,6 +31,7 @@ and sha256 before reading it; a damaged or missing file raises
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -119,11 +120,15 @@ def commit(root: Path, manifest: dict[str, Any]) -> str:
     _write_atomic(root, name, lambda f: f.write(data))
     fsync_dir(root)
     cur_tmp = root / f".tmp-{CURRENT}-{secrets.token_hex(4)}"
-    with open(cur_tmp, "wb") as f:
-        f.write((name + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(cur_tmp, root / CURRENT)
+    try:
+        with open(cur_tmp, "wb") as f:
+            f.write((name + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(cur_tmp, root / CURRENT)  # the commit
+    except BaseException:
+        cur_tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(root)
     return name
 
@@ -164,7 +169,7 @@ def read_manifest(root: Path) -> tuple[str, dict[str, Any]]:
 def _check_file(root: Path, entry: dict[str, Any], verify: bool) -> Path:
     p = root / entry["file"]
     if not p.is_file():
-        raise FileNotFoundError(p)
+        raise FileNotFoundError(errno.ENOENT, "missing", str(p))
     if p.stat().st_size != entry["bytes"]:
         raise MemoryFormatError(f"{p}: damaged file (size {p.stat().st_size} bytes, the manifest says "
                                 f"{entry['bytes']})")

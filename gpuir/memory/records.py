@@ -145,6 +145,8 @@ class RecordBatch:
         NaN where absent.
     metadata : list of str, length n
         Compact JSON of each record's metadata, ``""`` where absent.
+    labels : list of str or None
+        How error messages name each record (default "record <i> (id ...)").
     """
 
     ids: list[str]
@@ -153,6 +155,13 @@ class RecordBatch:
     time: np.ndarray
     importance: np.ndarray
     metadata: list[str]
+    labels: list[str] | None = None
+
+    def label(self, i: int) -> str:
+        """How messages name record ``i``."""
+        if self.labels is not None:
+            return f"{self.labels[i]} (id {self.ids[i]!r})"
+        return f"record {i} (id {self.ids[i]!r})"
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -167,6 +176,7 @@ class RecordBatch:
             time=self.time[np.asarray(r, dtype=np.int64)],
             importance=self.importance[np.asarray(r, dtype=np.int64)],
             metadata=[self.metadata[i] for i in r],
+            labels=None if self.labels is None else [self.labels[i] for i in r],
         )
 
     def record(self, i: int) -> dict[str, Any]:
@@ -196,12 +206,13 @@ def make_record(
     return {f: out[f] for f in FIELDS if f in out}
 
 
-def _name(i: int, rec: Any) -> str:
+def _name(where: str, rec: Any) -> str:
     rid = rec.get("id") if isinstance(rec, Mapping) else None
-    return f"record {i}" + (f" (id {rid!r})" if isinstance(rid, str) else "")
+    return where + (f" (id {rid!r})" if isinstance(rid, str) and rid else "")
 
 
-def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0) -> RecordBatch:
+def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
+                      labels: list[str] | None = None) -> RecordBatch:
     """Validate records and turn them into columns.
 
     Parameters
@@ -210,6 +221,8 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0) -> R
         See the module docstring for the fields.
     start : int
         Position of the first record, for error messages.
+    labels : list of str, optional
+        How messages name each record instead (e.g. ``"records.jsonl, line 7"``).
 
     Returns
     -------
@@ -232,10 +245,12 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0) -> R
     metas: list[str] = []
     seen: dict[str, int] = {}
     known = set(FIELDS)
-    for i, rec in enumerate(records, start=start):
+    for j, rec in enumerate(records):
+        i = start + j
+        where = labels[j] if labels is not None else f"record {i}"
         if not isinstance(rec, Mapping):
-            raise RecordError(f"record {i} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
-        who = _name(i, rec)
+            raise RecordError(f"{where} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
+        who = _name(where, rec)
         unknown = [k for k in rec if k not in known]
         if unknown:
             raise RecordError(
@@ -247,8 +262,9 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0) -> R
             got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
             raise RecordError(f"{who}: 'id' must be a non-empty string, got {got}")
         if rid in seen:
-            raise RecordError(f"{who}: id {rid!r} occurs twice in this batch (also record {seen[rid]})")
-        seen[rid] = i
+            first = labels[seen[rid]] if labels is not None else f"record {seen[rid] + start}"
+            raise RecordError(f"{who}: id {rid!r} occurs twice in this batch (also {first})")
+        seen[rid] = j
         text = rec.get("text")
         if not isinstance(text, str):
             got = "missing" if text is None else type(text).__name__
@@ -292,4 +308,5 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0) -> R
     return RecordBatch(
         ids=ids, texts=texts, strings=strings,
         time=np.asarray(times, dtype=np.int64), importance=np.asarray(imps, dtype=np.float64), metadata=metas,
+        labels=None if labels is None else list(labels),
     )

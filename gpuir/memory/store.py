@@ -196,13 +196,12 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            batch = normalize_records(records)
+            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
             if not len(batch):
                 return 0
             clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
             if clash:
-                i = clash[0]
-                raise RecordError(f"record {i} (id {batch.ids[i]!r}): the id already exists "
+                raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
             added, parts = self._append(batch)
             self._publish(added=added)
@@ -221,7 +220,7 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            batch = normalize_records(records)
+            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
             if not len(batch):
                 return 0
             unknown = [rid for rid in batch.ids if rid not in self._ids]

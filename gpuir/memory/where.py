@@ -93,12 +93,12 @@ class Where:
     # ---------------------------------------------------------------- partitions
     def may_match_partition(self, key: int | None, window_ms: int | None) -> bool:
         """Whether partition ``key`` (None = records without a time) can hold a match."""
+        if window_ms is None:  # one partition, timed and untimed records together
+            return True
         if key is None:
             return not self.timed_only
         if self.untimed_only:
             return False
-        if window_ms is None:
-            return True
         lo, hi = key * window_ms, (key + 1) * window_ms - 1
         return (self.time_hi is None or lo <= self.time_hi) and (self.time_lo is None or hi >= self.time_lo)
 
@@ -170,19 +170,20 @@ def compile_where(where: Mapping[str, Any] | None, dicts: dict[str, Interner], w
             raise WhereError(f"{what}: unknown field {k!r}; filter on {', '.join(_FILTERABLE)} or 'metadata.<key>'")
     for fld, key, v in items:
         name = f"metadata.{key}" if key is not None else fld
-        ops = _ops(v, f"{what}[{name!r}]")
-        c = Cond(fld, key, {})
-        for op, val in ops.items():
-            c.ops[op] = _check_value(fld, op, val, f"{what}[{name!r}]")
         if fld == "tenant":
-            if set(c.ops) != {"eq"} or len(c.ops["eq"]) != 1 or not isinstance(c.ops["eq"][0], str):
+            one = v.get("eq") if isinstance(v, Mapping) and set(v) == {"eq"} else v
+            if not isinstance(one, str):
                 raise WhereError(
                     f"{what}: tenant is a hard boundary: name exactly one tenant as a string, e.g. "
                     f'{{"tenant": "acme"}} (got {json.dumps(v, default=str)}); search tenants one at a time'
                 )
-            out.tenant = c.ops["eq"][0]
-            out.conds.insert(0, c)  # the tenant's rows first; every other condition narrows them
+            out.tenant = one
+            out.conds.insert(0, Cond("tenant", None, {"eq": (one,)}))  # first; every other condition narrows it
             continue
+        ops = _ops(v, f"{what}[{name!r}]")
+        c = Cond(fld, key, {})
+        for op, val in ops.items():
+            c.ops[op] = _check_value(fld, op, val, f"{what}[{name!r}]")
         if fld == "time":
             _time_bounds(out, c)
         out.conds.append(c)

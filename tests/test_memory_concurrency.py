@@ -4,6 +4,7 @@ result equals the serial search on the snapshot it saw; some snapshots also equa
 import threading
 
 import numpy as np
+import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record, random_where
 
 from gpuir import Memory
@@ -17,6 +18,7 @@ def _model_of(snap, params) -> Model:
     return model
 
 
+@pytest.mark.slow
 def test_eight_readers_one_writer():
     params = {"analyzer": "default", "method": "bm25+", "k1": 1.1, "b": 0.6}
     m = Memory(method="bm25+", k1=1.1, b=0.6, partition_days=1, merge_factor=3, merge_min=6)

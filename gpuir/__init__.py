@@ -8,18 +8,21 @@ from .bm25 import METHODS, BM25Params
 from .engine import BM25Index
 from .index.csr import CSRIndex
 from .index.storage import IndexFormatError
+from .memory import Memory, MemoryResults
 from .results import SearchResults
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ANALYZERS",
+    "METHODS",
     "Analyzer",
     "BM25Index",
     "BM25Params",
     "CSRIndex",
     "IndexFormatError",
-    "METHODS",
+    "Memory",
+    "MemoryResults",
     "SearchResults",
     "__version__",
 ]

@@ -24,7 +24,7 @@ from .bm25 import METHODS
 from .jsonl import InputError, read_jsonl
 
 #: Modules that add sub-commands through ``register(subparsers)``.
-SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli")
+SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
 
 
 def _cmd_index(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ __all__ = [
     "ROLES",
     "SyntheticMemory",
     "generate",
+    "iter_records",
     "iter_texts",
 ]
 
@@ -110,6 +111,9 @@ RECENT_SHARE = 0.8
 RECENT_WINDOW = 0.2
 P_DROP_IDENT = 0.15
 P_DROP_WORD = 0.3
+
+#: Largest number of tenants records are grouped into (by agent).
+N_TENANTS = 16
 
 #: Common English stopwords mixed into turns, most frequent first.
 STOPWORDS: tuple[str, ...] = (
@@ -223,16 +227,52 @@ class SyntheticMemory:
         return names[self.roles].tolist()
 
     def record(self, i: int) -> dict:
-        """Record ``i`` as a dict (id, text, session, role, agent, time, importance)."""
-        return {
-            "id": self.ids[i],
-            "text": self.texts[i],
-            "session": int(self.sessions[i]),
-            "role": ROLES[int(self.roles[i])],
-            "agent": int(self.agents[i]),
-            "time": float(self.times[i]),
-            "importance": float(self.importance[i]),
-        }
+        """Record ``i`` in the memory record model (:mod:`gpuir.memory.records`).
+
+        Fields: id, text, session (``"s<n>"``), role, agent (``"agent<n>"``),
+        tenant (``"tenant<agent % n_tenants>"``), time (epoch milliseconds),
+        importance, type (``"event"``) and metadata (``{"turn": position in the session}``).
+        """
+        return _record(self.ids[i], self.texts[i], int(self.sessions[i]), int(self.roles[i]), int(self.agents[i]),
+                       float(self.times[i]), float(self.importance[i]), int(self.turns[i]), self.n_tenants)
+
+    @property
+    def n_tenants(self) -> int:
+        """Tenants of the records: agents are grouped into ``min(N_TENANTS, n_agents)`` tenants."""
+        return min(N_TENANTS, int(self.extra.get("n_agents", N_TENANTS)))
+
+    def records(self, start: int = 0, stop: int | None = None) -> list[dict]:
+        """Records ``start .. stop - 1`` (see :meth:`record`), in record order."""
+        stop = self.n_records if stop is None else min(stop, self.n_records)
+        return [self.record(i) for i in range(start, stop)]
+
+
+def _record(rid: str, text: str, session: int, role: int, agent: int, t: float, imp: float, turn: int,
+            n_tenants: int) -> dict:
+    return {
+        "id": rid, "text": text, "session": f"s{session}", "role": ROLES[role], "agent": f"agent{agent}",
+        "tenant": f"tenant{agent % n_tenants}", "time": round(t * 1000.0), "importance": imp,
+        "type": "event", "metadata": {"turn": turn},
+    }
+
+
+def iter_records(n_records: int, seed: int = 0, n_agents: int | None = None) -> Iterator[list[dict]]:
+    """Stream the records of :func:`generate` (``SyntheticMemory.records()``) chunk by chunk.
+
+    Yields lists of at most :data:`CHUNK_RECORDS` record dicts; only the O(N)
+    metadata arrays and one chunk of texts are held at a time.
+    """
+    n_records, n_agents = _check(n_records, 0, n_agents)
+    plan = _plan(n_records, seed, n_agents)
+    width = max(8, len(str(n_records - 1)))
+    nt = min(N_TENANTS, n_agents)
+    for c in range(_n_chunks(plan.n)):
+        tok, bounds = _chunk_tokens(plan, c)
+        texts = _render(plan, tok, bounds)
+        a = c * CHUNK_RECORDS
+        yield [_record(f"m{i:0{width}d}", t, int(plan.sessions[i]), int(plan.roles[i]), int(plan.agents[i]),
+                       float(plan.times[i]), float(plan.importance[i]), int(plan.turns[i]), nt)
+               for i, t in zip(range(a, a + len(texts)), texts)]
 
 
 # ---------------------------------------------------------------------------

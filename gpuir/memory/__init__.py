@@ -1,0 +1,35 @@
+"""Agent memory: records with text and metadata that grow while serving, with exact global BM25.
+
+``Memory`` (:mod:`gpuir.memory.store`) over immutable CSR segments
+(:mod:`~gpuir.memory.segments`) with tombstones, time partitions and
+newest-first search (:mod:`~gpuir.memory.partitions`), ``where`` filters with a
+hard tenant boundary (:mod:`~gpuir.memory.where`), snapshots for concurrent
+readers (:mod:`~gpuir.memory.snapshot`), and checksummed, incrementally saved
+directories (:mod:`~gpuir.memory.persist`). See ``docs/memory.md``.
+"""
+
+from .partitions import MODES, budget_partitions, fit_decay
+from .persist import MemoryFormatError
+from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
+from .search import MemoryResults
+from .snapshot import Snapshot
+from .store import Memory, ReadOnlyError, UnknownIdError
+from .where import WhereError
+
+__all__ = [
+    "FIELDS",
+    "MODES",
+    "ROLES",
+    "Memory",
+    "MemoryFormatError",
+    "MemoryResults",
+    "ReadOnlyError",
+    "RecordError",
+    "Snapshot",
+    "UnknownIdError",
+    "WhereError",
+    "budget_partitions",
+    "fit_decay",
+    "format_time",
+    "to_epoch_ms",
+]

@@ -1,0 +1,246 @@
+"""``gpuir memory``: add, delete, search and describe a memory directory.
+
+::
+
+    gpuir memory add MEMORY_DIR RECORDS.jsonl [--analyzer NAME] [--method M] [--k1 X] [--b X] [--delta X]
+                                              [--partition-days D] [--lock-timeout S]
+    gpuir memory delete MEMORY_DIR --ids IDS.txt [--missing-ok] [--lock-timeout S]
+    gpuir memory search MEMORY_DIR (--query TEXT | --queries QUERIES.jsonl) [-k 10] [--where JSON]
+                                   [--backend auto|numpy|cupy] [--format jsonl|trec]
+                                   [--mode exhaustive|newest|budgeted] [--max-partitions K]
+    gpuir memory info MEMORY_DIR [--json]
+
+``add`` creates the memory when the directory is missing or empty (the analyzer
+and BM25 options apply then only), and adds every record of the file or none:
+the file is checked completely, then one save commits it. ``RECORDS.jsonl``
+holds one record per line (see :mod:`gpuir.memory.records`). ``IDS.txt`` holds
+one id per line. ``QUERIES.jsonl`` lines are ``{"id": ..., "text": ...}`` with an
+optional ``"where"``, AND-ed with ``--where``. Search hits (jsonl) carry id,
+score, text and the record's fields; ``trec`` writes ``qid Q0 id rank score gpuir-memory``.
+
+Exit status: 0 success; 2 bad input (the message names what to fix: file and
+line, unknown ids, a second writer, a damaged file); 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..index.dirlock import claim_dir, is_claimed
+from ..jsonl import InputError, read_jsonl
+from .persist import CURRENT
+
+BATCH = 10_000
+
+
+def _open_or_create(args: argparse.Namespace):
+    from .store import Memory
+
+    root = Path(args.memory_dir)
+    asked = {"analyzer": args.analyzer, "method": args.method, "k1": args.k1, "b": args.b, "delta": args.delta,
+             "partition_days": args.partition_days}
+    if (root / CURRENT).exists():
+        mem = Memory.open(root, writer=True, lock_timeout=args.lock_timeout)
+        have = mem.config()
+        now = {"analyzer": have["analyzer"].get("name"), **have["bm25"], "partition_days": have["partition_days"]}
+        clash = [f"--{k.replace('_', '-')} {v} (the memory has {now[k]})" for k, v in asked.items()
+                 if v is not None and v != now[k]]
+        if clash:
+            mem.close()
+            raise InputError(f"{root} exists; {', '.join(clash)}: these options apply only when creating a memory")
+        return mem, False
+    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not is_claimed(root))):
+        claim_dir(root, "memory")  # raises, naming the problem, before any record is read
+    # created by the final save (which claims the directory and takes its lock): a failed add leaves nothing
+    return Memory(**{k: v for k, v in asked.items() if v is not None}), True
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    from .records import normalize_records
+
+    path = Path(args.records)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    mem, created = _open_or_create(args)
+    try:
+        total = 0
+        recs: list[dict] = []
+        labels: list[str] = []
+
+        def flush():
+            nonlocal total
+            if recs:
+                total += mem.add(normalize_records(recs, labels=labels))
+                recs.clear()
+                labels.clear()
+
+        for lineno, obj in read_jsonl(path, {}):
+            recs.append(obj)
+            labels.append(f"{path}, line {lineno}")
+            if len(recs) >= BATCH:
+                flush()
+        flush()
+        mem.save(args.memory_dir, lock_timeout=args.lock_timeout)
+        print(f"added {total} records -> {args.memory_dir} ({len(mem)} records, "
+              f"{len(mem.snapshot().views)} segments{', created' if created else ''})", file=sys.stderr)
+    finally:
+        mem.close()
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    from .store import Memory, UnknownIdError
+
+    p = Path(args.ids)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file")
+    try:
+        ids = [line.strip() for line in p.read_text("utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as e:
+        raise InputError(f"{p}: not valid UTF-8 ({e.reason})") from None
+    mem = Memory.open(args.memory_dir, writer=True, lock_timeout=args.lock_timeout)
+    try:
+        try:
+            n = mem.delete(ids, missing_ok=args.missing_ok)
+        except UnknownIdError as e:
+            shown = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
+            raise InputError(f"{p}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {shown}; nothing was "
+                             "deleted (--missing-ok skips unknown ids)") from None
+        mem.save()
+        print(f"deleted {n} records from {args.memory_dir} ({len(mem)} left)", file=sys.stderr)
+    finally:
+        mem.close()
+    return 0
+
+
+def _parse_where(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        w = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--where is not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    if not isinstance(w, dict):
+        raise InputError(f"--where must be a JSON object of conditions, e.g. '{{\"tenant\": \"acme\"}}', got {text!r}")
+    return w
+
+
+def _and(a: dict | None, b: dict | None, where: str) -> dict | None:
+    if a is None or b is None:
+        return a if b is None else b
+    both = sorted(set(a) & set(b))
+    if both:
+        raise InputError(f"{where}: --where and the query's own where both filter {both[0]!r}; give it once")
+    return {**a, **b}
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from .store import Memory
+
+    if args.k < 1:
+        raise InputError(f"-k must be a positive integer, got {args.k}")
+    base = _parse_where(args.where)
+    if args.query is not None:
+        qids, texts, wheres = ["0"], [args.query], [base]
+    else:
+        qids, texts, wheres = [], [], []
+        for lineno, obj in read_jsonl(args.queries, {"id": (str, int), "text": str}):
+            w = obj.get("where")
+            if w is not None and not isinstance(w, dict):
+                raise InputError(f"{args.queries}, line {lineno}: \"where\" must be a JSON object")
+            qids.append(str(obj["id"]))
+            texts.append(obj["text"])
+            wheres.append(_and(base, w, f"{args.queries}, line {lineno}"))
+    mem = Memory.open(args.memory_dir, writer=False)
+    out = sys.stdout
+    opts: dict[str, Any] = {"mode": args.mode}
+    if args.max_partitions is not None:
+        opts["max_partitions"] = args.max_partitions
+    for s in range(0, len(texts), 1024):
+        res = mem.search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
+        for i in range(len(res)):
+            qid = qids[s + i]
+            hits = res.hits(i)
+            if args.format == "jsonl":
+                out.write(json.dumps({"query_id": qid, "hits": hits}, ensure_ascii=False) + "\n")
+            else:
+                for rank, h in enumerate(hits, 1):
+                    out.write(f"{qid} Q0 {h['id']} {rank} {h['score']:.6f} gpuir-memory\n")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .store import Memory
+
+    info = Memory.open(args.memory_dir, writer=False).info()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    span = info["time_span"]
+    print(f"memory {info['path']} (generation {info['generation']})")
+    print(f"  records     {info['records']:,} ({info['deleted_not_purged']:,} deleted, not yet purged)")
+    print(f"  tenants     {info['tenants']:,}" + (f" (+{info['records_without_tenant']:,} records without tenant)"
+                                                   if info["records_without_tenant"] else ""))
+    print(f"  segments    {info['segments']:,}")
+    days = info["partition_days"]
+    print(f"  partitions  {info['partitions']:,}" + (f" of {days:g} days" if days else " (time partitioning off)"))
+    print(f"  time span   {span['min']} .. {span['max']}" if span else "  time span   (no record has a time)")
+    print(f"  terms       {info['terms']:,}, postings {info['postings']:,}, avgdl {info['avgdl']:.2f}")
+    an = info["analyzer"].get("name") or json.dumps(info["analyzer"])
+    bm = info["bm25"]
+    print(f"  bm25        {bm['method']} k1={bm['k1']:g} b={bm['b']:g} delta={bm['delta']:g}, analyzer {an}")
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``gpuir memory`` and its sub-commands to the ``gpuir`` parser's subparsers."""
+    from ..analysis import ANALYZERS
+    from ..bm25 import METHODS
+    from .partitions import MODES
+
+    pm = subparsers.add_parser("memory", help="an agent memory: add, delete, search records; info",
+                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = pm.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    pa = sub.add_parser("add", help="add records (creates the memory if missing)")
+    pa.add_argument("memory_dir", metavar="MEMORY_DIR")
+    pa.add_argument("records", metavar="RECORDS.jsonl")
+    pa.add_argument("--analyzer", default=None, choices=sorted(ANALYZERS), help="on creation (default: default)")
+    pa.add_argument("--method", default=None, choices=METHODS, help="on creation (default: lucene)")
+    pa.add_argument("--k1", type=float, default=None, help="on creation (default: 1.2)")
+    pa.add_argument("--b", type=float, default=None, help="on creation (default: 0.75)")
+    pa.add_argument("--delta", type=float, default=None, help="on creation, bm25l/bm25+ (default: 0.5)")
+    pa.add_argument("--partition-days", type=float, default=None, help="on creation (default: 7)")
+    pa.add_argument("--lock-timeout", type=float, default=10.0, help="seconds to wait for another writer")
+    pa.set_defaults(func=_cmd_add)
+
+    pd = sub.add_parser("delete", help="delete records by id")
+    pd.add_argument("memory_dir", metavar="MEMORY_DIR")
+    pd.add_argument("--ids", required=True, metavar="IDS.txt", help="one id per line")
+    pd.add_argument("--missing-ok", action="store_true", help="skip unknown ids instead of failing")
+    pd.add_argument("--lock-timeout", type=float, default=10.0, help="seconds to wait for another writer")
+    pd.set_defaults(func=_cmd_delete)
+
+    ps = sub.add_parser("search", help="search a memory")
+    ps.add_argument("memory_dir", metavar="MEMORY_DIR")
+    g = ps.add_mutually_exclusive_group(required=True)
+    g.add_argument("--query", metavar="TEXT")
+    g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id", "text"[, "where"]} per line')
+    ps.add_argument("-k", type=int, default=10)
+    ps.add_argument("--where", metavar="JSON", help='filter, e.g. \'{"tenant": "acme", "time": {"gte": "2024-05-01"}}\'')
+    ps.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
+    ps.add_argument("--mode", default="exhaustive", choices=MODES, help="partition scan (default: %(default)s)")
+    ps.add_argument("--max-partitions", type=int, default=None, metavar="K", help="budget of --mode budgeted")
+    ps.set_defaults(func=_cmd_search)
+
+    pi = sub.add_parser("info", help="records, tenants, segments, partitions, time span")
+    pi.add_argument("memory_dir", metavar="MEMORY_DIR")
+    pi.add_argument("--json", action="store_true", help="machine-readable output")
+    pi.set_defaults(func=_cmd_info)
+    return pm

@@ -1,0 +1,139 @@
+"""Column storage for records: strings as offsets + UTF-8 bytes, and append-only dictionaries.
+
+* :class:`StrArray` keeps n strings in two NumPy arrays (``offsets`` (n+1,)
+  int64 and ``data`` (B,) uint8): compact in memory, saved as two ``.npy``
+  entries, gathered (:meth:`StrArray.take`) and concatenated without a Python
+  loop over the strings.
+* :class:`Interner` maps strings to integer codes and back. It only ever grows,
+  so a code once given never changes meaning: every snapshot of a memory shares
+  one interner per string field (and one for the terms) while the writer adds
+  new values. The writer appends the value before publishing its code, so a
+  reader that finds a code always finds its value.
+
+Why not pyarrow: these two small classes are all the columnar machinery the
+memory needs (fixed schema, NumPy arrays everywhere else, ``np.savez`` files);
+pyarrow would add a ~100 MB dependency for string arrays alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+
+import numpy as np
+
+
+class StrArray(Sequence):
+    """n strings stored as UTF-8 bytes plus offsets.
+
+    Parameters
+    ----------
+    offsets : ndarray, shape (n + 1,), int64, host
+        String i is ``data[offsets[i]:offsets[i + 1]]``; ``offsets[0] == 0``.
+    data : ndarray, shape (B,), uint8, host
+    """
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, offsets: np.ndarray, data: np.ndarray):
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.data = np.asarray(data, dtype=np.uint8)
+
+    @classmethod
+    def from_list(cls, strings: Iterable[str]) -> StrArray:
+        enc = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(enc) + 1, dtype=np.int64)
+        if enc:
+            np.cumsum(np.fromiter((len(b) for b in enc), dtype=np.int64, count=len(enc)), out=offsets[1:])
+        return cls(offsets, np.frombuffer(b"".join(enc), dtype=np.uint8).copy())
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"string {i} out of range [0, {len(self)})")
+        return self.data[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8")
+
+    def tolist(self) -> list[str]:
+        raw = self.data.tobytes()
+        off = self.offsets.tolist()
+        return [raw[a:b].decode("utf-8") for a, b in pairwise(off)]
+
+    def take(self, rows: np.ndarray) -> StrArray:
+        """The strings at ``rows`` (ndarray (m,), int), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts = self.offsets[rows]
+        lens = self.offsets[rows + 1] - starts
+        off = np.zeros(rows.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=off[1:])
+        src = np.repeat(starts - off[:-1], lens) + np.arange(int(off[-1]), dtype=np.int64)
+        return StrArray(off, self.data[src])
+
+    @staticmethod
+    def concat(parts: Sequence[StrArray]) -> StrArray:
+        if not parts:
+            return StrArray(np.zeros(1, np.int64), np.zeros(0, np.uint8))
+        shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+        off = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
+        return StrArray(off, np.concatenate([p.data for p in parts]))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.offsets.nbytes + self.data.nbytes)
+
+
+class Interner:
+    """An append-only bijection between strings and codes 0, 1, 2, ...
+
+    Attributes
+    ----------
+    values : list of str
+        ``values[code]``.
+    index : dict str -> int
+    """
+
+    __slots__ = ("index", "values")
+
+    def __init__(self, values: Iterable[str] = ()):
+        self.values: list[str] = []
+        self.index: dict[str, int] = {}
+        for v in values:
+            self.code(v)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def code(self, value: str) -> int:
+        """The code of ``value``, adding it when new (writer only)."""
+        c = self.index.get(value)
+        if c is None:
+            c = len(self.values)
+            self.values.append(value)  # value first: a reader that sees the code finds it
+            self.index[value] = c
+        return c
+
+    def codes(self, values: Sequence[str | None], dtype=np.int32) -> np.ndarray:
+        """Codes of ``values`` (None -> -1), adding new ones (writer only).
+
+        Returns
+        -------
+        ndarray, shape (len(values),), ``dtype``, host
+        """
+        code = self.code
+        uniq = {v: (-1 if v is None else code(v)) for v in dict.fromkeys(values)}  # each distinct value once
+        return np.fromiter(map(uniq.__getitem__, values), dtype=dtype, count=len(values))
+
+    def lookup(self, value: str) -> int:
+        """The code of ``value``, or -1 when it was never added."""
+        return self.index.get(value, -1)
+
+    def lookup_many(self, values: Sequence[str]) -> np.ndarray:
+        """Codes of ``values`` (-1 for unknown ones): ndarray (len(values),), int64."""
+        get = self.index.get
+        return np.fromiter((get(v, -1) for v in values), dtype=np.int64, count=len(values))

@@ -1,0 +1,224 @@
+"""The memory directory: checksummed segment files, a checksummed manifest, atomic commits.
+
+Layout of ``MEMORY_DIR``::
+
+    .gpuir                     marker: a gpuir "memory" store (gpuir.index.dirlock)
+    .gpuir.lock                the writers' OS lock (never deleted)
+    CURRENT                    one line: the name of the committed manifest
+    manifest-<gen>.json        configuration, counters, every segment with its file's sha256 and
+                               size, its deletions file; the manifest's own sha256 over the rest
+    seg-<uid>.npz              one immutable segment (np.savez, uncompressed; never rewritten)
+    del-<uid>-<gen>.npy        the deleted rows of a segment (int64, ascending), as of save <gen>
+
+**Incremental.** A save writes the segments not yet on disk and a deletions file
+for each segment whose deletions changed since the last save; everything else
+is referenced again, unchanged.
+
+**Atomic.** Every file is written under a temporary name (``.tmp-*``), flushed
+and fsynced, then renamed; the manifest likewise; the commit is the
+``os.replace`` of ``CURRENT`` (then the directory is fsynced). A process killed
+at any moment leaves ``CURRENT`` naming the previous manifest, whose files are
+all still there: files are removed only after a commit, and only those
+referenced by neither the new manifest nor the one before it (a reader that
+read ``CURRENT`` just before the commit can still load). Only files whose names
+follow these patterns are ever removed, and only inside a directory carrying
+gpuir's marker.
+
+**Checked.** Loading verifies the manifest's checksum, then each file's size
+and sha256 before reading it; a damaged or missing file raises
+:class:`MemoryFormatError` naming it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "gpuir-memory"
+FORMAT_VERSION = 1
+CURRENT = "CURRENT"
+_OWNED = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|manifest-\d{8}\.json|\.tmp-.*)$")
+
+
+class MemoryFormatError(ValueError):
+    """A memory directory is missing, damaged or of another format; the message names the file."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(root: Path, name: str, write) -> dict[str, Any]:
+    """Write ``root/name`` through a fsynced temporary; returns {"file", "sha256", "bytes"}."""
+    tmp = root / f".tmp-{name}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        entry = {"file": name, "sha256": sha256_file(tmp), "bytes": tmp.stat().st_size}
+        os.replace(tmp, root / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return entry
+
+
+def segment_name(uid: int) -> str:
+    return f"seg-{uid:08d}.npz"
+
+
+def write_segment(root: Path, uid: int, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Write one segment file; returns its manifest entry (file, sha256, bytes)."""
+    return _write_atomic(root, segment_name(uid), lambda f: np.savez(f, **arrays))
+
+
+def write_deletes(root: Path, uid: int, gen: int, rows: np.ndarray) -> dict[str, Any]:
+    """Write a segment's deleted rows (ndarray (m,), int64) as of save ``gen``."""
+    arr = np.ascontiguousarray(rows, dtype=np.int64)
+    entry = _write_atomic(root, f"del-{uid:08d}-{gen:08d}.npy", lambda f: np.save(f, arr, allow_pickle=False))
+    entry["n_deleted"] = int(arr.size)
+    return entry
+
+
+def _body_sha(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def commit(root: Path, manifest: dict[str, Any]) -> str:
+    """Write the manifest and make it current (the atomic commit); returns its file name."""
+    gen = int(manifest["generation"])
+    manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION)
+    manifest["sha256"] = _body_sha(manifest)
+    name = f"manifest-{gen:08d}.json"
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    _write_atomic(root, name, lambda f: f.write(data))
+    fsync_dir(root)
+    cur_tmp = root / f".tmp-{CURRENT}-{secrets.token_hex(4)}"
+    try:
+        with open(cur_tmp, "wb") as f:
+            f.write((name + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(cur_tmp, root / CURRENT)  # the commit
+    except BaseException:
+        cur_tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(root)
+    return name
+
+
+def read_manifest(root: Path) -> tuple[str, dict[str, Any]]:
+    """The committed manifest of memory ``root``: (file name, verified contents).
+
+    Raises
+    ------
+    MemoryFormatError
+        No memory there, or a damaged or foreign manifest (naming the file).
+    """
+    if not root.is_dir():
+        raise MemoryFormatError(f"no memory at {root}: the directory does not exist "
+                                "(create one with `gpuir memory add` or Memory().save(path))")
+    cur = root / CURRENT
+    if not cur.is_file():
+        raise MemoryFormatError(f"no memory at {root}: {cur.name} is missing "
+                                "(create one with `gpuir memory add` or Memory().save(path))")
+    name = cur.read_text("utf-8").strip()
+    mpath = root / name
+    if not re.fullmatch(r"manifest-\d{8}\.json", name) or not mpath.is_file():
+        raise MemoryFormatError(f"{cur}: names {name!r}, which is not a manifest in {root}")
+    try:
+        manifest = json.loads(mpath.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MemoryFormatError(f"{mpath}: damaged manifest (not valid JSON: {e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise MemoryFormatError(f"{mpath}: not a gpuir memory manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise MemoryFormatError(f"{mpath}: format version {manifest.get('format_version')!r} is not supported "
+                                f"(this gpuir reads version {FORMAT_VERSION})")
+    if manifest.get("sha256") != _body_sha(manifest):
+        raise MemoryFormatError(f"{mpath}: damaged manifest (checksum mismatch)")
+    return name, manifest
+
+
+def _check_file(root: Path, entry: dict[str, Any], verify: bool) -> Path:
+    p = root / entry["file"]
+    if not p.is_file():
+        raise FileNotFoundError(errno.ENOENT, "missing", str(p))
+    if p.stat().st_size != entry["bytes"]:
+        raise MemoryFormatError(f"{p}: damaged file (size {p.stat().st_size} bytes, the manifest says "
+                                f"{entry['bytes']})")
+    if verify and sha256_file(p) != entry["sha256"]:
+        raise MemoryFormatError(f"{p}: damaged file (checksum mismatch)")
+    return p
+
+
+def read_segment_arrays(root: Path, entry: dict[str, Any], verify: bool = True) -> dict[str, np.ndarray]:
+    """The arrays of one segment file (checked against its manifest entry)."""
+    p = _check_file(root, entry, verify)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
+        raise MemoryFormatError(f"{p}: damaged segment file ({type(e).__name__}: {e})") from None
+
+
+def read_deletes(root: Path, entry: dict[str, Any], n_docs: int, verify: bool = True) -> np.ndarray:
+    """The deleted rows of a segment: ndarray (m,), int64, checked to lie in [0, n_docs)."""
+    p = _check_file(root, entry, verify)
+    try:
+        rows = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise MemoryFormatError(f"{p}: damaged deletions file ({type(e).__name__}: {e})") from None
+    if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.size and (rows.min() < 0 or rows.max() >= n_docs)):
+        raise MemoryFormatError(f"{p}: damaged deletions file (rows outside the segment)")
+    return rows.astype(np.int64)
+
+
+def collect_garbage(root: Path, keep: set[str]) -> list[str]:
+    """Remove gpuir's own files in ``root`` that ``keep`` does not name; returns the names removed."""
+    removed = []
+    for p in root.iterdir():
+        if p.name in keep or not _OWNED.match(p.name) or not p.is_file():
+            continue
+        try:
+            p.unlink()
+            removed.append(p.name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def manifest_files(manifest: dict[str, Any]) -> set[str]:
+    """Every file a manifest references (segments, deletions)."""
+    out = set()
+    for s in manifest.get("segments", []):
+        out.add(s["file"])
+        if s.get("deletes"):
+            out.add(s["deletes"]["file"])
+    return out

@@ -1,0 +1,327 @@
+"""Agent-memory records: the one record model, validated and normalised once.
+
+A record is a dict with these fields (only ``id`` and ``text`` are required):
+
+===========  =====================  ==================================================
+field        type                   stored as
+===========  =====================  ==================================================
+id           str, unique            UTF-8 offsets + bytes
+text         str                    UTF-8 offsets + bytes (and indexed)
+session      str                    dictionary code, int32 (-1 = missing)
+role         "user", "assistant",   dictionary code, int32
+             "tool" or "system"
+agent        str                    dictionary code, int32
+tenant       str                    dictionary code, int32
+time         int epoch ms, ISO-8601 int64 epoch milliseconds (UTC); missing = int64 min
+             string, datetime, date
+importance   int or float, finite   float64 (NaN = missing)
+type         str (event, fact, ...) dictionary code, int32
+metadata     JSON object            compact JSON text, UTF-8 offsets + bytes
+===========  =====================  ==================================================
+
+Times: a number is an integer count of milliseconds since the Unix epoch (a
+float is refused: seconds passed by mistake would otherwise be silently read as
+milliseconds); strings are parsed with :meth:`datetime.fromisoformat` (ISO 8601,
+a trailing ``Z`` accepted); a naive time (no offset) is UTC. Records come back
+(:meth:`~gpuir.memory.Memory.get`, search hits) with ``time`` in epoch
+milliseconds; :func:`format_time` gives ISO 8601.
+
+Every problem is a :class:`RecordError` naming the record (its position in the
+batch and its id) and the field, and nothing of the batch is added.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+
+#: Every field a record may have, in output order.
+FIELDS: tuple[str, ...] = ("id", "text", "session", "role", "agent", "tenant", "time", "importance", "type",
+                           "metadata")
+#: Fields stored as dictionary-encoded strings.
+STRING_FIELDS: tuple[str, ...] = ("session", "role", "agent", "tenant", "type")
+#: The allowed roles.
+ROLES: tuple[str, ...] = ("user", "assistant", "tool", "system")
+#: The stored time of a record without one.
+MISSING_TIME = int(np.iinfo(np.int64).min)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
+
+
+class RecordError(ValueError):
+    """A record is malformed; the message names the record, the field and the fix."""
+
+
+def to_epoch_ms(value: Any, what: str = "time") -> int:
+    """One time value as integer epoch milliseconds (UTC).
+
+    Parameters
+    ----------
+    value : int (epoch ms), str (ISO 8601), datetime or date
+        A naive datetime or string is taken as UTC.
+    what : str
+        Names the value in error messages.
+
+    Raises
+    ------
+    RecordError
+        Wrong type, unparseable string, float, or outside the int64 range.
+    """
+    if isinstance(value, bool):
+        raise RecordError(f"{what} must be epoch milliseconds (int), an ISO-8601 string or a datetime, got bool")
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+    elif isinstance(value, (float, np.floating)):
+        raise RecordError(
+            f"{what} is the float {value!r}: give integer epoch milliseconds (if this is seconds, multiply "
+            "by 1000 and round), an ISO-8601 string or a datetime"
+        )
+    elif isinstance(value, str):
+        s = value.strip()
+        if s.endswith(("Z", "z")):
+            s = s[:-1] + "+00:00"
+        try:
+            dt = datetime.fromisoformat(s)
+        except ValueError:
+            raise RecordError(
+                f"{what} {value!r} is not an ISO-8601 date or time (e.g. 2024-05-08 or 2024-05-08T13:56:00Z)"
+            ) from None
+        v = _datetime_ms(dt)
+    elif isinstance(value, datetime):
+        v = _datetime_ms(value)
+    elif isinstance(value, date):
+        v = _datetime_ms(datetime(value.year, value.month, value.day))
+    else:
+        raise RecordError(
+            f"{what} must be epoch milliseconds (int), an ISO-8601 string or a datetime, got {type(value).__name__}"
+        )
+    if not (MISSING_TIME < v <= np.iinfo(np.int64).max):
+        raise RecordError(f"{what} {value!r} is outside the int64 millisecond range")
+    return v
+
+
+def _datetime_ms(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return (dt - _EPOCH) // _MS
+
+
+def format_time(ms: int) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC string (``2024-05-08T13:56:00+00:00``)."""
+    return (_EPOCH + timedelta(milliseconds=int(ms))).isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+
+
+def metadata_json(meta: Mapping[str, Any]) -> str:
+    """The stored form of a metadata object: compact JSON with sorted keys.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not JSON-serialisable (NaN and infinities are refused).
+    """
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass
+class RecordBatch:
+    """A batch of validated records, by column.
+
+    Attributes
+    ----------
+    ids : list of str, length n
+    texts : list of str, length n
+    strings : dict field -> list of (str or None), length n each
+        One list per :data:`STRING_FIELDS` entry.
+    time : ndarray, shape (n,), int64, host
+        Epoch milliseconds; :data:`MISSING_TIME` where absent.
+    importance : ndarray, shape (n,), float64, host
+        NaN where absent.
+    metadata : list of str, length n
+        Compact JSON of each record's metadata, ``""`` where absent.
+    labels : list of str or None
+        How error messages name each record (default "record <i> (id ...)").
+    """
+
+    ids: list[str]
+    texts: list[str]
+    strings: dict[str, list[str | None]]
+    time: np.ndarray
+    importance: np.ndarray
+    metadata: list[str]
+    labels: list[str] | None = None
+
+    def label(self, i: int) -> str:
+        """How messages name record ``i``."""
+        if self.labels is not None:
+            return f"{self.labels[i]} (id {self.ids[i]!r})"
+        return f"record {i} (id {self.ids[i]!r})"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, rows: np.ndarray | list[int]) -> RecordBatch:
+        """The records at ``rows`` (positions in this batch), in that order."""
+        r = [int(i) for i in rows]
+        return RecordBatch(
+            ids=[self.ids[i] for i in r],
+            texts=[self.texts[i] for i in r],
+            strings={f: [v[i] for i in r] for f, v in self.strings.items()},
+            time=self.time[np.asarray(r, dtype=np.int64)],
+            importance=self.importance[np.asarray(r, dtype=np.int64)],
+            metadata=[self.metadata[i] for i in r],
+            labels=None if self.labels is None else [self.labels[i] for i in r],
+        )
+
+    def record(self, i: int) -> dict[str, Any]:
+        """Record ``i`` as a dict in the output form (absent fields left out)."""
+        return make_record(
+            self.ids[i], self.texts[i], {f: v[i] for f, v in self.strings.items()},
+            int(self.time[i]), float(self.importance[i]), self.metadata[i],
+        )
+
+
+def make_record(
+    rid: str, text: str, strings: Mapping[str, str | None], time_ms: int, importance: float, meta: str
+) -> dict[str, Any]:
+    """A record dict in the output form from its stored columns (absent fields left out)."""
+    out: dict[str, Any] = {"id": rid, "text": text}
+    for f in STRING_FIELDS:
+        v = strings.get(f)
+        if v is not None:
+            out[f] = v
+    if time_ms != MISSING_TIME:
+        out["time"] = int(time_ms)
+    if not math.isnan(importance):
+        out["importance"] = float(importance)
+    if meta:
+        out["metadata"] = json.loads(meta)
+    # output order: FIELDS
+    return {f: out[f] for f in FIELDS if f in out}
+
+
+def _name(where: str, rec: Any) -> str:
+    rid = rec.get("id") if isinstance(rec, Mapping) else None
+    return where + (f" (id {rid!r})" if isinstance(rid, str) and rid else "")
+
+
+def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
+                      labels: list[str] | None = None) -> RecordBatch:
+    """Validate records and turn them into columns.
+
+    Parameters
+    ----------
+    records : iterable of dict
+        See the module docstring for the fields.
+    start : int
+        Position of the first record, for error messages.
+    labels : list of str, optional
+        How messages name each record instead (e.g. ``"records.jsonl, line 7"``).
+
+    Returns
+    -------
+    RecordBatch
+
+    Raises
+    ------
+    RecordError
+        The first malformed record: not a dict, a missing ``id`` or ``text``, a
+        field of the wrong type, an unknown field, a duplicate id in the batch.
+    """
+    if isinstance(records, (Mapping, str, bytes)):
+        raise RecordError("records must be an iterable of dicts (a list of records), not a single "
+                          f"{type(records).__name__}")
+    ids: list[str] = []
+    texts: list[str] = []
+    strings: dict[str, list[str | None]] = {f: [] for f in STRING_FIELDS}
+    times: list[int] = []
+    imps: list[float] = []
+    metas: list[str] = []
+    seen: dict[str, int] = {}
+    known = set(FIELDS)
+    str_fields = STRING_FIELDS
+    roles = frozenset(ROLES)
+    for j, rec in enumerate(records):
+
+        def who(j=j, rec=rec) -> str:  # built only for an error message
+            where = labels[j] if labels is not None else f"record {start + j}"
+            return where if not isinstance(rec, Mapping) else _name(where, rec)
+
+        if not isinstance(rec, Mapping):
+            raise RecordError(f"{who()} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
+        if not known.issuperset(rec.keys()):
+            unknown = [k for k in rec if k not in known]
+            raise RecordError(
+                f"{who()}: unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)} "
+                "(put anything else in 'metadata')"
+            )
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid:
+            got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
+            raise RecordError(f"{who()}: 'id' must be a non-empty string, got {got}")
+        if rid in seen:
+            first = labels[seen[rid]] if labels is not None else f"record {seen[rid] + start}"
+            raise RecordError(f"{who()}: id {rid!r} occurs twice in this batch (also {first})")
+        seen[rid] = j
+        text = rec.get("text")
+        if not isinstance(text, str):
+            got = "missing" if text is None else type(text).__name__
+            raise RecordError(f"{who()}: 'text' must be a string, got {got}")
+        for f in str_fields:
+            v = rec.get(f)
+            if v is not None and not isinstance(v, str):
+                raise RecordError(f"{who()}: {f!r} must be a string, got {type(v).__name__} {v!r}")
+            strings[f].append(v)
+        role = rec.get("role")
+        if role is not None and role not in roles:
+            raise RecordError(f"{who()}: role {role!r} is not one of {', '.join(ROLES)}")
+        t = rec.get("time")
+        if t is None:
+            times.append(MISSING_TIME)
+        elif t.__class__ is int and MISSING_TIME < t <= _INT64_MAX:
+            times.append(t)
+        else:
+            try:
+                times.append(to_epoch_ms(t, "'time'"))
+            except RecordError as e:
+                raise RecordError(f"{who()}: {e}") from None
+        imp = rec.get("importance")
+        if imp is None:
+            imps.append(math.nan)
+        elif isinstance(imp, bool) or not isinstance(imp, (int, float, np.integer, np.floating)):
+            raise RecordError(f"{who()}: 'importance' must be a number, got {type(imp).__name__} {imp!r}")
+        elif not math.isfinite(float(imp)):
+            raise RecordError(f"{who()}: 'importance' must be a finite number, got {imp!r}")
+        else:
+            imps.append(float(imp))
+        meta = rec.get("metadata")
+        if meta is None:
+            metas.append("")
+        elif not isinstance(meta, Mapping):
+            raise RecordError(f"{who()}: 'metadata' must be a JSON object (dict), got {type(meta).__name__}")
+        else:
+            try:
+                metas.append(metadata_json(meta) if meta else "")
+            except (TypeError, ValueError) as e:
+                bad = [k for k in meta if not isinstance(k, str)]
+                if bad:
+                    raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} "
+                                      f"{bad[0]!r}") from None
+                raise RecordError(f"{who()}: 'metadata' is not JSON-serialisable ({e})") from None
+            if not all(isinstance(k, str) for k in meta):
+                bad = [k for k in meta if not isinstance(k, str)]
+                raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
+        ids.append(rid)
+        texts.append(text)
+    return RecordBatch(
+        ids=ids, texts=texts, strings=strings,
+        time=np.asarray(times, dtype=np.int64), importance=np.asarray(imps, dtype=np.float64), metadata=metas,
+        labels=None if labels is None else list(labels),
+    )

@@ -1,0 +1,768 @@
+"""`Memory`: an agent memory that grows while serving, with exact global BM25.
+
+The writer (one thread at a time; one process at a time per directory) turns
+every ``add`` into new immutable segments (one per time partition touched),
+``delete`` into new live masks (tombstones), ``update`` into both; keeps the
+global statistics (N, df, total length) of the live records; and publishes a
+new :class:`~gpuir.memory.snapshot.Snapshot`. A tiered policy then merges
+segments of one partition: when a partition holds ``merge_factor`` segments
+of one size tier (tier 0 up to ``merge_min`` live records, tier j up to
+``merge_min * merge_factor**j``), they become one; a segment with more than
+a third of its rows deleted is rewritten alone. When records arrive in a newer
+time partition, each older partition is compacted into one segment, once (an
+agent's memory mostly grows at its newest end, so old partitions then hold one
+segment each; late records for an old partition start new small segments,
+merged by the tiers). :meth:`Memory.merge` compacts on demand. Merges purge
+tombstones and never change a search result.
+
+Searches run on the snapshot current when they start, from any number of
+threads, and never wait for the writer.
+
+Unknown ids: :meth:`Memory.delete` and :meth:`Memory.get` raise
+:class:`UnknownIdError` naming them (nothing is deleted) unless
+``missing_ok=True`` (then unknown ids are skipped, or returned as None by get).
+:meth:`Memory.update` requires every id to exist; :meth:`Memory.add` refuses ids
+that exist (use update). An update re-adds the record: it takes the place of
+the newest record in the add order, as a delete followed by an add would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..analysis import Analyzer
+from ..backends import resolve_backend
+from ..bm25 import BM25Params
+from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
+from . import persist
+from .columns import Interner
+from .partitions import MODES, budget_partitions, partition_keys, scan
+from .persist import MemoryFormatError
+from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
+from .search import MemoryResults, make_engine, plan_queries
+from .segments import SegView, build_segment, merge_segments, segment_arrays, segment_from_arrays
+from .snapshot import Snapshot
+from .where import compile_wheres
+
+DAY_MS = 86_400_000
+
+
+class UnknownIdError(KeyError, ValueError):
+    """Ids that name no live record; ``.ids`` holds them all."""
+
+    def __init__(self, ids: list[str], what: str):
+        self.ids = ids
+        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        super().__init__(f"{what}: {len(ids)} unknown id(s): {shown} (pass missing_ok=True to skip unknown ids)")
+
+    def __str__(self) -> str:  # KeyError would print the repr
+        return str(self.args[0])
+
+
+class ReadOnlyError(ValueError):
+    """A memory opened for reading was asked to change."""
+
+
+class Memory:
+    """Records with text and metadata, searchable with exact BM25 while they grow.
+
+    Parameters
+    ----------
+    analyzer : analyzer name, config dict or Analyzer (see :data:`gpuir.analysis.ANALYZERS`)
+    method, k1, b, delta : BM25 variant and parameters (see :class:`~gpuir.bm25.BM25Params`)
+    partition_days : float or None
+        Width of the time partitions in days (default 7); None: no time partitions.
+    merge_factor : int
+        Segments of one size tier that trigger a merge (>= 2).
+    merge_min : int
+        Live records up to which a segment is in the smallest tier (>= 1).
+
+    Examples
+    --------
+    >>> from gpuir import Memory
+    >>> m = Memory()
+    >>> m.add([{"id": "t1", "text": "Caroline went to the support group", "tenant": "conv-26",
+    ...         "time": "2023-05-08T13:56:00Z", "role": "user"}])
+    1
+    >>> m.search("support group", k=5, where={"tenant": "conv-26"}).hits(0)[0]["id"]
+    't1'
+    """
+
+    def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
+                 delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
+                 merge_min: int = 1024):
+        self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
+        self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
+        self.analyzer_config = self._analyzer.config
+        if partition_days is None:
+            self.window_ms: int | None = None
+        else:
+            if isinstance(partition_days, bool) or not isinstance(partition_days, (int, float)) or not (
+                    math.isfinite(partition_days) and partition_days > 0):
+                raise ValueError(f"partition_days must be a positive number of days or None, got {partition_days!r}")
+            self.window_ms = max(1, round(float(partition_days) * DAY_MS))
+        if isinstance(merge_factor, bool) or not isinstance(merge_factor, int) or merge_factor < 2:
+            raise ValueError(f"merge_factor must be an integer >= 2, got {merge_factor!r}")
+        if isinstance(merge_min, bool) or not isinstance(merge_min, int) or merge_min < 1:
+            raise ValueError(f"merge_min must be a positive integer, got {merge_min!r}")
+        self.merge_factor = merge_factor
+        self.merge_min = merge_min
+        self._terms = Interner()
+        self._dicts = {f: Interner() for f in STRING_FIELDS}
+        self._df = np.zeros(1024, dtype=np.int64)
+        self._n = 0
+        self._total_len = 0
+        self._ids: dict[str, int] = {}  # live id -> sequence number
+        self._next_seq = 0
+        self._next_uid = 0
+        self._views: list[SegView] = []
+        self._sealed: set = set()  # partitions compacted once they stopped being the newest
+        self._version = 0
+        self._write_lock = threading.RLock()
+        self._commit_lock = threading.Lock()
+        #: (records merged, seconds) of every merge, for benchmarks.
+        self.merge_log: list[tuple[int, float]] = []
+        self._path: Path | None = None
+        self._lock: WriterLock | None = None
+        self._readonly = False
+        self._gen = 0  # generation of the manifest this memory last loaded or saved
+        self._saved: dict[int, dict[str, Any]] = {}  # uid -> manifest entry on disk
+        self._saved_views: dict[int, SegView] = {}  # uid -> the view whose deletions are on disk
+        self._prev_files: set[str] = set()
+        self._snap = self._snapshot(self._df[:0].copy())
+
+    # ------------------------------------------------------------------ state
+    def config(self) -> dict[str, Any]:
+        """The settings fixed at creation (saved in the manifest)."""
+        return {"analyzer": self.analyzer_config, "bm25": self.params.to_dict(),
+                "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
+                "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min}
+
+    def _snapshot(self, df: np.ndarray) -> Snapshot:
+        self._version += 1
+        return Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
+                        self.analyzer_config, self.window_ms, self._terms, self._dicts)
+
+    def _publish(self, added: Mapping[str, int] | None = None, removed: Iterable[str] = (),
+                 stats_changed: bool = True) -> None:
+        df = self._df[: len(self._terms)].copy() if stats_changed else self._snap.df
+        snap = self._snapshot(df)
+        with self._commit_lock:
+            for rid in removed:
+                self._ids.pop(rid, None)
+            self._ids.update(added or {})
+            self._snap = snap
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot (what a search starting now sees)."""
+        return self._snap
+
+    def __len__(self) -> int:
+        return self._snap.n_docs
+
+    def len(self) -> int:
+        """Number of live records."""
+        return len(self)
+
+    def __repr__(self) -> str:
+        s = self._snap
+        return (f"Memory(records={s.n_docs}, segments={len(s.views)}, partitions={len(s.partitions)}, "
+                f"{self.params}, path={str(self._path) if self._path else None})")
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._ids
+
+    def _check_writable(self) -> None:
+        if self._readonly:
+            raise ReadOnlyError(f"the memory at {self._path} was opened for reading: open it with "
+                                "Memory.open(path, writer=True) to change it")
+
+    # ------------------------------------------------------------------ writes
+    def add(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Add new records (an iterable of dicts; see :mod:`gpuir.memory.records`).
+
+        Returns
+        -------
+        int: the number of records added.
+
+        Raises
+        ------
+        RecordError
+            A malformed record, or an id that already exists (nothing is added).
+        """
+        with self._write_lock:
+            self._check_writable()
+            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
+            if not len(batch):
+                return 0
+            clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
+            if clash:
+                raise RecordError(f"{batch.label(clash[0])}: the id already exists "
+                                  f"({len(clash)} such record(s)); use update() to replace records")
+            added, parts = self._append(batch)
+            self._publish(added=added)
+            self._merge_policy(parts)
+            return len(batch)
+
+    def update(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Replace existing records (matched by id) with new versions; atomic for the batch.
+
+        Raises
+        ------
+        RecordError
+            A malformed record.
+        UnknownIdError
+            An id that names no record (nothing is changed).
+        """
+        with self._write_lock:
+            self._check_writable()
+            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
+            if not len(batch):
+                return 0
+            unknown = [rid for rid in batch.ids if rid not in self._ids]
+            if unknown:
+                raise UnknownIdError(unknown, "update")
+            touched = self._remove(batch.ids)
+            added, parts = self._append(batch)
+            self._publish(added=added, removed=batch.ids)  # removed first, then the new versions
+            self._merge_policy(touched | parts)
+            return len(batch)
+
+    def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
+        """Delete records by id (tombstones, purged by later merges).
+
+        Returns
+        -------
+        int: the number of records deleted.
+
+        Raises
+        ------
+        UnknownIdError
+            Unless ``missing_ok``: ids naming no live record (nothing is deleted).
+        """
+        with self._write_lock:
+            self._check_writable()
+            ids = _id_list(ids, "delete")
+            unknown = [rid for rid in ids if rid not in self._ids]
+            if unknown and not missing_ok:
+                raise UnknownIdError(unknown, "delete")
+            ids = list(dict.fromkeys(rid for rid in ids if rid in self._ids))
+            if not ids:
+                return 0
+            touched = self._remove(ids)
+            self._publish(removed=ids)
+            self._merge_policy(touched)
+            return len(ids)
+
+    def _append(self, batch: RecordBatch) -> tuple[dict[str, int], set]:
+        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched)."""
+        n = len(batch)
+        seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+        self._next_seq += n
+        keys = partition_keys(batch.time, self.window_ms, MISSING_TIME)
+        groups: dict[Any, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        for key, rows in groups.items():
+            r = np.asarray(rows, dtype=np.int64)
+            seg = build_segment(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
+                                self._analyzer, self._terms, self._dicts)
+            self._next_uid += 1
+            self._grow_df(len(self._terms))
+            self._df[seg.l2g] += np.diff(seg.csr.offsets)
+            self._n += seg.n_docs
+            self._total_len += int(seg.csr.doc_lens.sum(dtype=np.int64))
+            self._views.append(SegView(seg))
+        return dict(zip(batch.ids, seqs.tolist())), set(groups)
+
+    def _grow_df(self, size: int) -> None:
+        if size > self._df.size:
+            new = np.zeros(max(size, 2 * self._df.size), dtype=np.int64)
+            new[: self._df.size] = self._df
+            self._df = new
+
+    def _locate(self, views: Sequence[SegView], seqs: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(view position, rows) of the records with sequence numbers ``seqs`` (sorted) in ``views``."""
+        out = []
+        for vi, v in enumerate(views):
+            s = v.seg.seqs
+            if not s.size or seqs[-1] < s[0] or seqs[0] > s[-1]:
+                continue
+            pos = np.minimum(np.searchsorted(s, seqs), s.size - 1)
+            hit = s[pos] == seqs
+            if hit.any():
+                rows = pos[hit]
+                if v.live is not None:
+                    rows = rows[v.live[rows]]
+                if rows.size:
+                    out.append((vi, rows))
+        return out
+
+    def _remove(self, ids: list[str]) -> set:
+        """Tombstone live records (no publish); returns the partitions touched."""
+        seqs = np.sort(np.fromiter((self._ids[i] for i in ids), dtype=np.int64, count=len(ids)))
+        touched = set()
+        drop = []
+        for vi, rows in self._locate(self._views, seqs):
+            v = self._views[vi]
+            seg = v.seg
+            live = np.ones(seg.n_docs, dtype=bool) if v.live is None else v.live.copy()
+            live[rows] = False
+            for r in rows.tolist():  # global statistics: the deleted records' distinct terms and lengths
+                g = self._terms.lookup_many(sorted(set(self._analyzer(seg.texts[r]))))
+                self._df[g] -= 1
+            self._n -= int(rows.size)
+            self._total_len -= int(seg.csr.doc_lens[rows].sum(dtype=np.int64))
+            nv = SegView(seg, live)
+            if nv.n_live == 0:
+                drop.append(vi)
+            self._views[vi] = nv
+            touched.add(seg.partition)
+        for vi in sorted(drop, reverse=True):
+            del self._views[vi]
+        return touched
+
+    # ------------------------------------------------------------------ merges
+    def _tier(self, n: int) -> int:
+        if n <= self.merge_min:
+            return 0
+        return math.ceil(math.log(n / self.merge_min, self.merge_factor) - 1e-9)
+
+    def _merge_policy(self, partitions: set) -> None:
+        """Tiered merging inside each partition of ``partitions`` (see the module docstring)."""
+        for key in partitions:
+            while True:
+                members = [i for i, v in enumerate(self._views) if v.seg.partition == key]
+                tiers: dict[int, list[int]] = {}
+                for i in members:
+                    tiers.setdefault(self._tier(self._views[i].n_live), []).append(i)
+                group = next((g for t, g in sorted(tiers.items()) if len(g) >= self.merge_factor), None)
+                if group is None:
+                    group = next(([i] for i in members
+                                  if 3 * (self._views[i].seg.n_docs - self._views[i].n_live) > self._views[i].seg.n_docs),
+                                 None)
+                if group is None:
+                    break
+                self._merge_views(group, key)
+        self._seal()
+
+    def _seal(self) -> None:
+        """Compact, once, each time partition that stopped being the newest (see the module docstring)."""
+        timed = [v.seg.partition for v in self._views if v.seg.partition is not None]
+        if self.window_ms is None or not timed:
+            return
+        newest = max(timed)
+        for key in sorted(set(timed)):
+            if key >= newest or key in self._sealed:
+                continue
+            self._sealed.add(key)
+            pos = [i for i, v in enumerate(self._views) if v.seg.partition == key]
+            if len(pos) > 1 or self._views[pos[0]].live is not None:
+                self._merge_views(pos, key)
+
+    def _merge_views(self, positions: list[int], key) -> None:
+        t0 = time.perf_counter()
+        views = [self._views[i] for i in positions]
+        seg = merge_segments(views, self._next_uid, key, self._terms)
+        self._next_uid += 1
+        first = min(positions)
+        keep = [v for i, v in enumerate(self._views) if i not in set(positions)]
+        keep.insert(sum(1 for i in range(first) if i not in set(positions)), SegView(seg))
+        self._views = keep
+        self._publish(stats_changed=False)
+        self.merge_log.append((seg.n_docs, time.perf_counter() - t0))
+
+    def merge(self, partition: Any = "all") -> int:
+        """Merge on demand: each partition (or the one named) into one segment, tombstones purged.
+
+        Returns
+        -------
+        int: the number of merges done.
+        """
+        with self._write_lock:
+            self._check_writable()
+            keys = list(dict.fromkeys(v.seg.partition for v in self._views))
+            if partition != "all":
+                keys = [k for k in keys if k == partition]
+            done = 0
+            for key in keys:
+                pos = [i for i, v in enumerate(self._views) if v.seg.partition == key]
+                if len(pos) > 1 or (pos and self._views[pos[0]].live is not None):
+                    self._merge_views(pos, key)
+                    done += 1
+            return done
+
+    # ------------------------------------------------------------------ reads
+    def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
+        """The records with these ids, in the order given (time as epoch milliseconds).
+
+        Raises
+        ------
+        UnknownIdError
+            Unless ``missing_ok`` (then unknown ids give None).
+        """
+        ids = _id_list(ids, "get")
+        with self._commit_lock:
+            snap = self._snap
+            seq_of = [self._ids.get(i) for i in ids]
+        unknown = [i for i, s in zip(ids, seq_of) if s is None]
+        if unknown and not missing_ok:
+            raise UnknownIdError(unknown, "get")
+        known = sorted({s for s in seq_of if s is not None})
+        where: dict[int, tuple[int, int]] = {}
+        if known:
+            arr = np.asarray(known, dtype=np.int64)
+            for vi, rows in self._locate(snap.views, arr):
+                for r in rows.tolist():
+                    where[int(snap.views[vi].seg.seqs[r])] = (vi, r)
+        return [None if s is None else snap.record(*where[s]) for s in seq_of]
+
+    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
+               mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
+               decay: float = 0.5, snapshot: Snapshot | None = None) -> MemoryResults:
+        """Top-k records of each query, with exact global BM25.
+
+        Parameters
+        ----------
+        queries : str or sequence of B str
+        k : int, >= 1
+        where : None, dict, or a list of B (dict or None)
+            Filters (see :mod:`gpuir.memory.where`); a tenant named there is a hard boundary.
+        backend : {"auto", "numpy", "cupy"}
+        mode : {"exhaustive", "newest", "budgeted"}
+            Partition scan (see :mod:`gpuir.memory.partitions`): "newest" returns
+            exactly what "exhaustive" returns, reading less; "budgeted" reads at
+            most ``max_partitions`` partitions (or ``K(epsilon, decay)``).
+        max_partitions : int, optional
+            Budget K of "budgeted".
+        epsilon, decay : float, optional
+            Budget by covered recency mass: ``K = ceil(log epsilon / log decay)``.
+        snapshot : Snapshot, optional
+            Search this snapshot instead of the current one.
+
+        Returns
+        -------
+        MemoryResults
+            ``hits(i)`` gives dicts with id, score, text and the record's fields.
+        """
+        if isinstance(queries, str):
+            queries = [queries]
+        if not isinstance(queries, Sequence):
+            raise TypeError(f"queries must be a str or a sequence of str, got {type(queries).__name__}")
+        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
+        if bad:
+            raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        k = int(k)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+        budget = None
+        if mode == "budgeted":
+            if max_partitions is not None:
+                if isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1:
+                    raise ValueError(f"max_partitions must be a positive integer, got {max_partitions!r}")
+                budget = max_partitions
+            elif epsilon is not None:
+                budget = budget_partitions(epsilon, decay)
+            else:
+                raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
+        name, reason = resolve_backend(backend)
+        snap = snapshot if snapshot is not None else self._snap
+        t0 = time.perf_counter()
+        wheres = compile_wheres(where, len(queries), snap.dicts)
+        plans = plan_queries(snap, list(queries))
+        t1 = time.perf_counter()
+        out = scan(snap, make_engine(snap, name), plans, wheres, k, mode, budget)
+        B = len(queries)
+        seqs = np.full((B, k), -1, dtype=np.int64)
+        scores = np.full((B, k), -np.inf, dtype=np.float32)
+        vidx = np.full((B, k), -1, dtype=np.int64)
+        rows = np.full((B, k), -1, dtype=np.int64)
+        for i, (h, _, _) in enumerate(out):
+            m = len(h)
+            seqs[i, :m], scores[i, :m], vidx[i, :m], rows[i, :m] = h.seqs, h.scores, h.vidx, h.rows
+        _check_tenants(snap, wheres, vidx, rows)
+        res = MemoryResults(seqs, scores, snap, vidx, rows, {
+            "backend": name, "backend_reason": reason, "mode": mode, "max_partitions": budget,
+            "postings_read": np.array([r for _, r, _ in out], dtype=np.int64),
+            "partitions_scanned": np.array([p for _, _, p in out], dtype=np.int64),
+            "partitions": len(snap.partitions), "snapshot_version": snap.version,
+            "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
+        })
+        return res
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict[str, Any]:
+        """Counts for people: records, tenants, segments, partitions, time span, deletions, settings."""
+        snap = self._snap
+        tenants: dict[str, int] = {}
+        tmin, tmax = None, None
+        parts = []
+        for key, vids in snap.partitions:
+            n = sum(snap.views[i].n_live for i in vids)
+            entry: dict[str, Any] = {"key": key, "records": n, "segments": len(vids)}
+            if key is not None and self.window_ms is not None:
+                entry["start"] = format_time(key * self.window_ms)
+                entry["end"] = format_time((key + 1) * self.window_ms)
+            parts.append(entry)
+        for v in snap.views:
+            rows = v.live_rows()
+            c = v.seg.codes["tenant"][rows]
+            u, cnt = np.unique(c, return_counts=True)
+            for code, x in zip(u.tolist(), cnt.tolist()):
+                name = "" if code < 0 else self._dicts["tenant"].values[code]
+                tenants[name] = tenants.get(name, 0) + x
+            t = v.seg.time[rows]
+            t = t[t != MISSING_TIME]
+            if t.size:
+                tmin = int(t.min()) if tmin is None else min(tmin, int(t.min()))
+                tmax = int(t.max()) if tmax is None else max(tmax, int(t.max()))
+        no_tenant = tenants.pop("", 0)
+        return {
+            "path": str(self._path) if self._path else None,
+            "records": snap.n_docs,
+            "tenants": len(tenants),
+            "records_without_tenant": no_tenant,
+            "largest_tenants": dict(sorted(tenants.items(), key=lambda kv: (-kv[1], kv[0]))[:10]),
+            "segments": len(snap.views),
+            "deleted_not_purged": sum(v.seg.n_docs - v.n_live for v in snap.views),
+            "partitions": len(snap.partitions),
+            "partition_list": parts,
+            "time_span": None if tmin is None else {"min": format_time(tmin), "max": format_time(tmax),
+                                                    "min_ms": tmin, "max_ms": tmax},
+            "terms": int(np.count_nonzero(snap.df)),
+            "postings": sum(v.seg.csr.n_postings for v in snap.views),
+            "avgdl": snap.avgdl,
+            "generation": self._gen,
+            **self.config(),
+        }
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike | None = None, lock_timeout: float = 10.0) -> Path:
+        """Commit the current state to a memory directory, writing only what changed.
+
+        The first save to a directory claims it (it must be new, empty, or this
+        memory's) and takes its writer lock, held until :meth:`close`.
+
+        Returns
+        -------
+        Path of the directory.
+
+        Raises
+        ------
+        StoreLockedError
+            Another writer holds the directory.
+        StoreError
+            The directory holds other files, or another memory.
+        """
+        with self._write_lock:
+            self._check_writable()
+            if path is None:
+                if self._path is None:
+                    raise ValueError("this memory has no directory yet: call save(path)")
+                root = self._path
+            else:
+                root = check_path(path)
+            if root != self._path:
+                self._bind(root, lock_timeout)
+            assert self._path is not None
+            snap = self._snap
+            gen = self._gen + 1
+            try:
+                cur_name, cur = persist.read_manifest(root)
+            except MemoryFormatError:
+                cur_name, cur = None, None
+            if cur is not None and int(cur["generation"]) != self._gen:
+                raise MemoryFormatError(f"{root} was changed by another writer since this memory loaded or saved "
+                                        f"it (generation {cur['generation']}, expected {self._gen}): reopen it")
+            entries = []
+            saved_views: dict[int, SegView] = {}
+            for v in snap.views:
+                seg = v.seg
+                e = self._saved.get(seg.uid)
+                if e is None:
+                    e = persist.write_segment(root, seg.uid, segment_arrays(seg, self._dicts))
+                    e = {"uid": seg.uid, "partition": seg.partition, "n_docs": seg.n_docs, **e, "deletes": None}
+                e = dict(e)
+                if v.live is None:
+                    e["deletes"] = None
+                elif self._saved_views.get(seg.uid) is not v:
+                    e["deletes"] = persist.write_deletes(root, seg.uid, gen, np.flatnonzero(~v.live))
+                entries.append(e)
+                saved_views[seg.uid] = v
+            manifest = {"generation": gen, "config": self.config(), "next_seq": self._next_seq,
+                        "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries}
+            name = persist.commit(root, manifest)
+            self._gen = gen
+            self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
+            self._saved_views = saved_views
+            keep = persist.manifest_files(manifest) | {name} | self._prev_files
+            if cur_name:
+                keep.add(cur_name)
+            persist.collect_garbage(root, keep)
+            self._prev_files = persist.manifest_files(manifest) | {name}
+            return root
+
+    def _bind(self, root: Path, lock_timeout: float) -> None:
+        """Claim ``root`` for this memory and take its writer lock."""
+        claim_dir(root, "memory")
+        lock = WriterLock(root, timeout=lock_timeout)
+        lock.__enter__()
+        try:
+            if (root / persist.CURRENT).exists():
+                raise MemoryFormatError(f"{root} already holds a memory: open it with Memory.open({str(root)!r})"
+                                        " to change it, or save to a new directory")
+        except BaseException:
+            lock.__exit__(None, None, None)
+            raise
+        self.close()
+        self._lock = lock
+        self._path = root
+        self._gen = 0
+        self._saved, self._saved_views, self._prev_files = {}, {}, set()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, writer: bool = True, verify: bool = True,
+             lock_timeout: float = 10.0) -> Memory:
+        """Load a memory directory.
+
+        Parameters
+        ----------
+        path : the directory
+        writer : bool
+            Take the directory's writer lock (held until :meth:`close`) so that
+            this memory may change and save it. False opens it for reading only
+            (any number of readers, while a writer works).
+        verify : bool
+            Check every file's sha256 (reads every byte once).
+        lock_timeout : float
+            Seconds to wait for another writer.
+
+        Raises
+        ------
+        MemoryFormatError
+            No memory there, or a damaged file (named).
+        StoreLockedError
+            ``writer`` and another writer holds the lock.
+        """
+        root = check_path(path)
+        if writer and root.is_dir() and not is_claimed(root):
+            persist.read_manifest(root)  # the right error: not a memory
+            raise MemoryFormatError(f"{root} has no gpuir marker; it is not a memory directory")
+        lock = None
+        if writer and root.is_dir():
+            lock = WriterLock(root, timeout=lock_timeout)
+            lock.__enter__()
+        try:
+            for attempt in range(5):
+                name, manifest = persist.read_manifest(root)
+                try:
+                    mem = cls._load(root, manifest, verify)
+                    break
+                except FileNotFoundError as e:  # a writer committed and cleaned up meanwhile: reload
+                    if persist.read_manifest(root)[0] == name or attempt == 4:
+                        raise MemoryFormatError(f"{e.filename}: missing (named by {root / name})") from None
+        except BaseException:
+            if lock is not None:
+                lock.__exit__(None, None, None)
+            raise
+        mem._path = root
+        mem._lock = lock
+        mem._readonly = not writer
+        mem._prev_files = persist.manifest_files(manifest) | {name}
+        return mem
+
+    @classmethod
+    def _load(cls, root: Path, manifest: dict[str, Any], verify: bool) -> Memory:
+        cfg = manifest.get("config", {})
+        bm = cfg.get("bm25", {})
+        try:
+            mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"),
+                      k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
+                      partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
+                      merge_min=cfg.get("merge_min", 1024))
+        except (TypeError, ValueError) as e:
+            raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
+        mem.window_ms = cfg.get("window_ms", mem.window_ms)
+        for e in manifest.get("segments", []):
+            arrs = persist.read_segment_arrays(root, e, verify)
+            try:
+                seg = segment_from_arrays(arrs, int(e["uid"]), e["partition"], mem.analyzer_config,
+                                          mem._terms, mem._dicts)
+            except (ValueError, IndexError) as err:
+                raise MemoryFormatError(f"{root / e['file']}: damaged segment ({err})") from None
+            live = None
+            if e.get("deletes"):
+                dead = persist.read_deletes(root, e["deletes"], seg.n_docs, verify)
+                live = np.ones(seg.n_docs, dtype=bool)
+                live[dead] = False
+            v = SegView(seg, live)
+            mem._views.append(v)
+            mem._grow_df(len(mem._terms))
+            mem._df[seg.l2g] += v.live_df()
+            mem._n += v.n_live
+            mem._total_len += v.live_length()
+            rows = v.live_rows()
+            ids = seg.ids.take(rows).tolist()
+            mem._ids.update(zip(ids, seg.seqs[rows].tolist()))
+            mem._saved[seg.uid] = {k: x for k, x in e.items()}
+            mem._saved_views[seg.uid] = v
+        if len(mem._ids) != mem._n:
+            raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique)")
+        mem._next_seq = int(manifest.get("next_seq", 0))
+        mem._next_uid = int(manifest.get("next_uid", 0))
+        mem._gen = int(manifest["generation"])
+        mem._publish()
+        return mem
+
+    def close(self) -> None:
+        """Release the directory's writer lock (if held). The memory stays usable in this process."""
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
+    def __enter__(self) -> Memory:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        with contextlib.suppress(Exception):
+            self.close()
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+
+def _id_list(ids: Iterable[str], what: str) -> list[str]:
+    if isinstance(ids, str):
+        ids = [ids]
+    out = list(ids)
+    bad = [x for x in out if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"{what}: ids must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
+    return out
+
+
+def _check_tenants(snap: Snapshot, wheres, vidx: np.ndarray, rows: np.ndarray) -> None:
+    """Defence in depth: a search naming a tenant returns only that tenant's records."""
+    for i, w in enumerate(wheres):
+        if w is None or w.tenant is None:
+            continue
+        want = snap.dicts["tenant"].lookup(w.tenant)
+        for v, r in zip(vidx[i].tolist(), rows[i].tolist()):
+            if v >= 0 and (want < 0 or int(snap.views[v].seg.codes["tenant"][r]) != want):
+                raise RuntimeError(f"internal error: a search confined to tenant {w.tenant!r} found another "
+                                   "tenant's record; refusing to return it")

@@ -642,8 +642,8 @@ def _register() -> None:
             "timings": timings, "fusion": name if name != "fusion" else norm, "alpha": alpha,
             "dense_mode": dense_mode, **info, **{x: y for x, y in meta.items() if not x.endswith("_s")}})
 
-    @register_method("fusion", help="BM25 + a second channel, z-score fusion (defaults: the best LOCO-validated config, "
-                     "BM25 + BM25 turn-level max, alpha 0.6)", **common)
+    @register_method("hybrid-fusion", help="BM25 + a second channel over dense score rows (early dense too); "
+                     "the Retriever-based fusion method replaces it", **common)
     def fusion_method(ds, queries, k, *, backend="auto", progress=False, encoder=None,
                       pooling=DEFAULT_FUSION["pooling"], pool_k=3, beta=10.0,
                       dense_mode=DEFAULT_FUSION["dense_mode"], alpha=DEFAULT_FUSION["alpha"],

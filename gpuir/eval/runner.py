@@ -90,7 +90,7 @@ METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid",)  # dense, late, fusion, rrf, agent_rrf
+METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid", "gpuir.eval.retriever_methods")  # dense, late, rrf, agent_rrf; fusion
 
 
 def load_method_modules() -> None:

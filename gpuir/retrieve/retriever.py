@@ -300,7 +300,7 @@ class Retriever:
             best: dict[str, list[dict[str, Any]]] = {}
             if n_best and keys[i]:
                 rec_hits = records.hits(i) if records is not None else self.memory.search(
-                    ran["queries"][i], k=100, where=_row_where(ran["where"], i)).hits(0)
+                    ran["queries"][i], k=100, where=_row_where(ran["where"], i), backend=ran["backend"]).hits(0)
                 for h in rec_hits:
                     sess = cat.session_of.get(h["id"])
                     if sess is not None and len(best.setdefault(sess, [])) < n_best:

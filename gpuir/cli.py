@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Sequence
+from typing import Sequence
 
 from . import __version__
 from .analysis import ANALYZERS

@@ -90,7 +90,8 @@ METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid", "gpuir.eval.retriever_methods")  # dense, late, rrf, agent_rrf; fusion
+#: dense, late, rrf, agent_rrf (hybrid); memory (Memory BM25); fusion (Retriever)
+METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods")
 
 
 def load_method_modules() -> None:

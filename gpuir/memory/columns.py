@@ -126,7 +126,8 @@ class Interner:
         ndarray, shape (len(values),), ``dtype``, host
         """
         code = self.code
-        return np.fromiter((-1 if v is None else code(v) for v in values), dtype=dtype, count=len(values))
+        uniq = {v: (-1 if v is None else code(v)) for v in dict.fromkeys(values)}  # each distinct value once
+        return np.fromiter(map(uniq.__getitem__, values), dtype=dtype, count=len(values))
 
     def lookup(self, value: str) -> int:
         """The code of ``value``, or -1 when it was never added."""

@@ -71,6 +71,7 @@ import numpy as np
 
 from .. import bm25
 from .search import Hits, Job, QueryPlan, top_k
+from .segments import Segment
 from .snapshot import Snapshot
 from .where import Where
 
@@ -123,21 +124,30 @@ def slack(plan: QueryPlan) -> float:
     return 1e-5 + 2e-7 * len(plan.terms)
 
 
+def term_bounds(seg: Segment, lt: np.ndarray, plan: QueryPlan, sel: np.ndarray, snap: Snapshot) -> np.ndarray:
+    """``u(t, s)`` of the module docstring for the local terms ``lt`` (plan terms ``sel``) of segment ``seg``.
+
+    Returns
+    -------
+    ndarray (len(lt),), float64: an upper bound of each term's posting weights in the segment
+    """
+    u = plan.idf[sel] * bm25.tfc(seg.maxtf[lt], seg.mindl[lt], snap.avgdl, snap.params)
+    if plan.has_w0:
+        u = u - plan.w0[sel]
+    return u.astype(np.float64)
+
+
 def partition_bound(snap: Snapshot, view_ids: tuple[int, ...], plan: QueryPlan) -> float:
     """``B_P`` of the module docstring (float64), before slack; -inf when P holds no query term."""
     T = len(plan.terms)
     best = np.full(T, -np.inf)
     for vi in view_ids:
         seg = snap.views[vi].seg
-        lids = seg.local_terms(plan.gids)
+        lids = plan.local_terms(vi, seg)
         sel = lids >= 0
         if not sel.any():
             continue
-        lt = lids[sel]
-        u = plan.idf[sel] * bm25.tfc(seg.maxtf[lt], seg.mindl[lt], snap.avgdl, snap.params)
-        if plan.has_w0:
-            u = u - plan.w0[sel]
-        best[sel] = np.maximum(best[sel], u.astype(np.float64))
+        best[sel] = np.maximum(best[sel], term_bounds(seg, lids[sel], plan, sel, snap))
     have = best > -np.inf
     if not have.any():
         return -np.inf
@@ -167,15 +177,24 @@ def scan(snap: Snapshot, engine, plans: list[QueryPlan], wheres: list[Where | No
         if mode == "budgeted" and max_partitions is not None:
             a = a[:max_partitions]
         allowed.append(a)
+    if mode == "exhaustive":  # every allowed partition at once: one pass per query, no bounds
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for qi, a in enumerate(allowed):
+            if a:
+                groups.setdefault(tuple(a), []).append(qi)
+        for a, qis in groups.items():
+            vids = tuple(vi for i in a for vi in parts[i][1])
+            for qi, (h, r) in engine.scan(vids, [Job(qi, plans[qi], wheres[qi]) for qi in qis], k).items():
+                res[qi], read[qi], scanned[qi] = h, r, len(a)
+        return [(res[i], read[i], scanned[i]) for i in range(B)]
     # per query: partition -> (bound, max bound of it and every later allowed partition)
     tail: list[dict[int, tuple[float, float]]] = [{} for _ in range(B)]
-    if mode != "exhaustive":
-        for qi, a in enumerate(allowed):
-            bounds = [partition_bound(snap, parts[i][1], plans[qi]) for i in a]
-            run = -np.inf
-            for i, bnd in zip(reversed(a), reversed(bounds)):
-                run = max(run, bnd)
-                tail[qi][i] = (bnd, run)
+    for qi, a in enumerate(allowed):
+        bounds = [partition_bound(snap, parts[i][1], plans[qi]) for i in a]
+        run = -np.inf
+        for i, bnd in zip(reversed(a), reversed(bounds)):
+            run = max(run, bnd)
+            tail[qi][i] = (bnd, run)
     stopped = [False] * B
     allowed_sets = [set(a) for a in allowed]
     for pi, (_, vids) in enumerate(parts):
@@ -183,15 +202,14 @@ def scan(snap: Snapshot, engine, plans: list[QueryPlan], wheres: list[Where | No
         for qi in range(B):
             if stopped[qi] or pi not in allowed_sets[qi]:
                 continue
-            if mode != "exhaustive":
-                bnd, rest = tail[qi][pi]
-                sl = 1.0 + slack(plans[qi])
-                if res[qi].kth(k) > rest * sl:  # nothing left can reach (or tie) the k-th score
-                    stopped[qi] = True
-                    continue
-                if bnd == -np.inf:  # no query term here: no candidate
-                    continue
-            jobs.append(Job(qi, plans[qi], wheres[qi]))
+            bnd, rest = tail[qi][pi]
+            if res[qi].kth(k) > rest * (1.0 + slack(plans[qi])):  # nothing left can reach (or tie) the k-th
+                stopped[qi] = True
+                continue
+            if bnd == -np.inf:  # no query term here: no candidate
+                continue
+            # the k-th score so far also prunes inside the partition (MaxScore, see CpuEngine)
+            jobs.append(Job(qi, plans[qi], wheres[qi], res[qi].kth(k)))
         if not jobs:
             continue
         for qi, (h, r) in engine.scan(vids, jobs, k).items():

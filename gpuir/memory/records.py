@@ -50,6 +50,7 @@ STRING_FIELDS: tuple[str, ...] = ("session", "role", "agent", "tenant", "type")
 ROLES: tuple[str, ...] = ("user", "assistant", "tool", "system")
 #: The stored time of a record without one.
 MISSING_TIME = int(np.iinfo(np.int64).min)
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
@@ -245,64 +246,78 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
     metas: list[str] = []
     seen: dict[str, int] = {}
     known = set(FIELDS)
+    str_fields = STRING_FIELDS
+    roles = frozenset(ROLES)
     for j, rec in enumerate(records):
-        i = start + j
-        where = labels[j] if labels is not None else f"record {i}"
+
+        def who(j=j, rec=rec) -> str:  # built only for an error message
+            where = labels[j] if labels is not None else f"record {start + j}"
+            return where if not isinstance(rec, Mapping) else _name(where, rec)
+
         if not isinstance(rec, Mapping):
-            raise RecordError(f"{where} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
-        who = _name(where, rec)
-        unknown = [k for k in rec if k not in known]
-        if unknown:
+            raise RecordError(f"{who()} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
+        if not known.issuperset(rec.keys()):
+            unknown = [k for k in rec if k not in known]
             raise RecordError(
-                f"{who}: unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)} "
+                f"{who()}: unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)} "
                 "(put anything else in 'metadata')"
             )
         rid = rec.get("id")
         if not isinstance(rid, str) or not rid:
             got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
-            raise RecordError(f"{who}: 'id' must be a non-empty string, got {got}")
+            raise RecordError(f"{who()}: 'id' must be a non-empty string, got {got}")
         if rid in seen:
             first = labels[seen[rid]] if labels is not None else f"record {seen[rid] + start}"
-            raise RecordError(f"{who}: id {rid!r} occurs twice in this batch (also {first})")
+            raise RecordError(f"{who()}: id {rid!r} occurs twice in this batch (also {first})")
         seen[rid] = j
         text = rec.get("text")
         if not isinstance(text, str):
             got = "missing" if text is None else type(text).__name__
-            raise RecordError(f"{who}: 'text' must be a string, got {got}")
-        for f in STRING_FIELDS:
+            raise RecordError(f"{who()}: 'text' must be a string, got {got}")
+        for f in str_fields:
             v = rec.get(f)
             if v is not None and not isinstance(v, str):
-                raise RecordError(f"{who}: {f!r} must be a string, got {type(v).__name__} {v!r}")
-            if f == "role" and v is not None and v not in ROLES:
-                raise RecordError(f"{who}: role {v!r} is not one of {', '.join(ROLES)}")
+                raise RecordError(f"{who()}: {f!r} must be a string, got {type(v).__name__} {v!r}")
             strings[f].append(v)
+        role = rec.get("role")
+        if role is not None and role not in roles:
+            raise RecordError(f"{who()}: role {role!r} is not one of {', '.join(ROLES)}")
         t = rec.get("time")
-        try:
-            times.append(MISSING_TIME if t is None else to_epoch_ms(t, "'time'"))
-        except RecordError as e:
-            raise RecordError(f"{who}: {e}") from None
+        if t is None:
+            times.append(MISSING_TIME)
+        elif t.__class__ is int and MISSING_TIME < t <= _INT64_MAX:
+            times.append(t)
+        else:
+            try:
+                times.append(to_epoch_ms(t, "'time'"))
+            except RecordError as e:
+                raise RecordError(f"{who()}: {e}") from None
         imp = rec.get("importance")
         if imp is None:
             imps.append(math.nan)
         elif isinstance(imp, bool) or not isinstance(imp, (int, float, np.integer, np.floating)):
-            raise RecordError(f"{who}: 'importance' must be a number, got {type(imp).__name__} {imp!r}")
+            raise RecordError(f"{who()}: 'importance' must be a number, got {type(imp).__name__} {imp!r}")
         elif not math.isfinite(float(imp)):
-            raise RecordError(f"{who}: 'importance' must be a finite number, got {imp!r}")
+            raise RecordError(f"{who()}: 'importance' must be a finite number, got {imp!r}")
         else:
             imps.append(float(imp))
         meta = rec.get("metadata")
         if meta is None:
             metas.append("")
         elif not isinstance(meta, Mapping):
-            raise RecordError(f"{who}: 'metadata' must be a JSON object (dict), got {type(meta).__name__}")
+            raise RecordError(f"{who()}: 'metadata' must be a JSON object (dict), got {type(meta).__name__}")
         else:
-            bad = [k for k in meta if not isinstance(k, str)]
-            if bad:
-                raise RecordError(f"{who}: metadata keys must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
             try:
                 metas.append(metadata_json(meta) if meta else "")
             except (TypeError, ValueError) as e:
-                raise RecordError(f"{who}: 'metadata' is not JSON-serialisable ({e})") from None
+                bad = [k for k in meta if not isinstance(k, str)]
+                if bad:
+                    raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} "
+                                      f"{bad[0]!r}") from None
+                raise RecordError(f"{who()}: 'metadata' is not JSON-serialisable ({e})") from None
+            if not all(isinstance(k, str) for k in meta):
+                bad = [k for k in meta if not isinstance(k, str)]
+                raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
         ids.append(rid)
         texts.append(text)
     return RecordBatch(

@@ -43,7 +43,7 @@ import numpy as np
 from .. import bm25
 from ..backends import make_scorer
 from ..backends.base import CollectionStats
-from .segments import merge_segments
+from .segments import Segment, merge_segments
 from .snapshot import Snapshot, thread_analyzer
 from .where import Where
 
@@ -75,10 +75,18 @@ class QueryPlan:
     w0: np.ndarray
     has_w0: bool
     const: np.float32
+    _local: dict = field(default_factory=dict, repr=False)
 
     @property
     def empty(self) -> bool:
         return not self.terms
+
+    def local_terms(self, vi: int, seg: Segment) -> np.ndarray:
+        """:meth:`Segment.local_terms` of this query's terms in view ``vi`` (cached per plan)."""
+        lids = self._local.get(vi)
+        if lids is None:
+            lids = self._local[vi] = seg.local_terms(self.gids)
+        return lids
 
 
 def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
@@ -158,20 +166,110 @@ def top_k(parts: list[Hits], k: int) -> Hits:
     return Hits(h.seqs[order], h.scores[order], h.vidx[order], h.rows[order])
 
 
+def shortlist(seg: Segment, vi: int, rows: np.ndarray, scores: np.ndarray, k: int) -> Hits:
+    """The candidates of one segment that can be in its top k (every one scoring at least its
+    k-th best score, ties included), unsorted: a superset :func:`top_k` orders later."""
+    if scores.size > k:
+        th = np.partition(scores, scores.size - k)[scores.size - k]
+        keep = np.flatnonzero(scores >= th)
+        rows, scores = rows[keep], scores[keep]
+    rows = rows.astype(np.int64, copy=False)
+    return Hits(seg.seqs[rows], scores, np.full(rows.size, vi, np.int64), rows)
+
+
 # --------------------------------------------------------------------------- engines
 
 
 @dataclass
 class Job:
-    """One query's work on one partition: its plan, filter and output slot."""
+    """One query's work on one partition.
+
+    Attributes
+    ----------
+    qi : int
+        The query's row in the batch.
+    plan : QueryPlan
+    where : Where or None
+    theta : float
+        The k-th best score found so far in other partitions (-inf: none, or no
+        pruning wanted). Records scoring below it cannot enter the top k.
+    """
 
     qi: int
     plan: QueryPlan
     where: Where | None
+    theta: float = -np.inf
+
+
+#: Longest posting list whose weights are computed per query without caching (short lists are cheap).
+CACHE_MIN_POSTINGS = 512
+#: Most posting weights a snapshot caches (float32 each).
+CACHE_MAX_POSTINGS = 64_000_000
+
+
+def term_weights(snap: Snapshot, vi: int, seg: Segment, t: int, s: int, n: int, plan: QueryPlan, j: int) -> np.ndarray:
+    """The float32 weights of local term ``t``'s postings (``s`` .. ``s + n``) in view ``vi``, under the
+    snapshot's statistics: ``idf * tfc(tf, |d|) - w0``, the reference's operations.
+
+    Long lists are cached per snapshot (the statistics are fixed for its lifetime), so the
+    common terms of many queries are weighted once.
+
+    Returns
+    -------
+    ndarray (n,), float32, host (read only)
+    """
+    key = (vi, t)
+    cache = snap._wcache
+    w = cache.get(key)
+    if w is not None:
+        return w
+    csr = seg.csr
+    w = plan.idf[j] * bm25.tfc(csr.tfs[s: s + n], csr.doc_lens[csr.doc_ids[s: s + n]], snap.avgdl, snap.params)
+    if plan.has_w0:
+        w = w - plan.w0[j]
+    w = w.astype(np.float32, copy=False)
+    if n >= CACHE_MIN_POSTINGS and snap._wcache_size + n <= CACHE_MAX_POSTINGS:
+        w.flags.writeable = False
+        cache[key] = w
+        snap._wcache_size += n
+    return w
+
+
+def kth_largest(vals: np.ndarray, k: int) -> float:
+    """The k-th largest of ``vals`` (1 <= k <= vals.size), exactly; a strided sample first
+    discards most values on large inputs (as the NumPy scorer does)."""
+    n = vals.size
+    if n > 256 * k:
+        sub = vals[:: n // (64 * k)]
+        lb = np.partition(sub, sub.size - k)[sub.size - k]
+        vals = vals[vals >= lb]  # still holds the k largest
+        n = vals.size
+    return float(np.partition(vals, n - k)[n - k])
+
+
+_tls = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's zeroed accumulator (float32) and touched flags (bool), at least ``n`` long.
+
+    Callers reset the entries they touched, so the buffers stay zero between calls.
+    """
+    acc = getattr(_tls, "acc", None)
+    if acc is None or acc.size < n:
+        size = max(n, 2 * (0 if acc is None else acc.size))
+        _tls.acc, _tls.touched = np.zeros(size, np.float32), np.zeros(size, bool)
+    return _tls.acc, _tls.touched
 
 
 class CpuEngine:
-    """Exact BM25 over segments with NumPy, weighting only the postings it reads."""
+    """Exact BM25 over segments with NumPy, weighting only the postings it reads.
+
+    One query's work on one partition is one vectorised pass: the query terms'
+    posting slices of every segment of the partition are gathered (a Python
+    loop over segments and terms, slicing only), weighted in one go and added
+    into one accumulator over the partition's rows.
+    """
 
     name = "numpy"
 
@@ -180,67 +278,187 @@ class CpuEngine:
 
     def scan(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
         """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read)."""
-        out = {}
-        for job in jobs:
-            parts, read = [], 0
-            for vi in view_ids:
-                h, r = self.segment_topk(vi, job.plan, job.where, k)
-                parts.append(h)
-                read += r
-            out[job.qi] = (top_k(parts, k), read)
-        return out
+        return {job.qi: self.partition_topk(view_ids, job, k) for job in jobs}
 
-    def segment_topk(self, vi: int, plan: QueryPlan, where: Where | None, k: int) -> tuple[Hits, int]:
+    def partition_topk(self, view_ids: tuple[int, ...], job: Job, k: int) -> tuple[Hits, int]:
+        """Top-k of one query over some segments, and the number of postings read.
+
+        With a threshold ``job.theta`` (the k-th best score found in newer
+        partitions), terms whose upper bounds sum to less than it are
+        *non-essential* in a segment (MaxScore): a record holding only such terms
+        scores below ``theta`` and cannot enter the top k, so only the essential
+        terms' postings are scanned, and the records found there are scored
+        exactly by looking them up in every query term's postings, adding in
+        ascending term order (the same float32 operations as the full scan).
+        """
+        snap, plan = self.snap, job.plan
+        parts: list[Hits] = []
+        read = 0
+        todo = []  # segments scanned in full: (vi, seg, sel, starts, lens, mask)
+        for vi in view_ids:
+            view = snap.views[vi]
+            seg = view.seg
+            lids = plan.local_terms(vi, seg)
+            sel = lids >= 0
+            if not sel.any():
+                continue
+            mask = view.live if job.where is None else job.where.mask(view, snap.dicts)
+            if mask is not None and not mask.any():
+                continue
+            lt = lids[sel]
+            starts = seg.csr.offsets[lt]
+            lens = seg.csr.offsets[lt + 1] - starts
+            if job.theta > -np.inf and lt.size > 1:
+                pruned = self._maxscore(seg, plan, sel, lt, starts, lens, mask, k, job.theta, vi)
+                if pruned is not None:
+                    parts.append(pruned[0])
+                    read += pruned[1]
+                    continue
+            todo.append((vi, seg, sel, starts, lens, mask))
+        if todo:
+            h, r = self._scan(todo, plan, k)
+            parts.append(h)
+            read += r
+        return top_k(parts, k), read
+
+    def _scan(self, todo: list, plan: QueryPlan, k: int) -> tuple[Hits, int]:
+        """Every posting of the query terms in the segments of ``todo``, in one vectorised pass."""
         snap = self.snap
-        view = snap.views[vi]
-        seg = view.seg
-        csr = seg.csr
-        lids = seg.local_terms(plan.gids)
-        sel = lids >= 0
-        if not sel.any():
-            return Hits(), 0
-        mask = view.live if where is None else where.mask(view, snap.dicts)
-        if mask is not None and not mask.any():
-            return Hits(), 0
-        lt = lids[sel]
-        starts = csr.offsets[lt]
-        lens = csr.offsets[lt + 1] - starts
-        total = int(lens.sum())
-        ends = np.cumsum(lens)
-        idx = np.repeat(starts - (ends - lens), lens) + np.arange(total, dtype=np.int64)
-        d = csr.doc_ids[idx]
-        tix = np.repeat(np.arange(lt.size, dtype=np.int64), lens)
-        if mask is not None:
-            keep = mask[d]
-            d, idx, tix = d[keep], idx[keep], tix[keep]
-            if d.size == 0:
-                return Hits(), total
-        # the reference's float32 operations, posting by posting (see the module docstring)
-        w = plan.idf[sel][tix] * bm25.tfc(csr.tfs[idx], csr.doc_lens[d], snap.avgdl, snap.params)
-        if plan.has_w0:
-            w = w - plan.w0[sel][tix]
-        m = plan.mult[sel]
-        if np.any(m != 1):
-            w = w * m.astype(np.float32)[tix]
-        w = w.astype(np.float32, copy=False)
-        n = seg.n_docs
-        if d.size * 16 < n:  # few postings: a compact accumulator
-            cand, inv = np.unique(d, return_inverse=True)
-            acc = np.zeros(cand.size, dtype=np.float32)
-            np.add.at(acc, inv, w)  # per document, in ascending term order
-            scores = acc
+        ds, ws, bases = [], [], []
+        base = read = 0
+        for vi, seg, sel, starts, lens, mask in todo:
+            csr = seg.csr
+            read += int(lens.sum())
+            tids = np.flatnonzero(sel)
+            dd, ww = [], []
+            for j, t, s, n in zip(tids.tolist(), plan.local_terms(vi, seg)[sel].tolist(), starts.tolist(),
+                                  lens.tolist()):
+                dd.append(csr.doc_ids[s: s + n])
+                w = term_weights(snap, vi, seg, t, s, n, plan, j)
+                ww.append(w if plan.mult[j] == 1 else w * np.float32(plan.mult[j]))
+            d = dd[0] if len(dd) == 1 else np.concatenate(dd)
+            w = ww[0] if len(ww) == 1 else np.concatenate(ww)
+            if mask is not None:
+                keep = mask[d]
+                d, w = d[keep], w[keep]
+            ds.append(d if base == 0 else d + np.int32(base))
+            ws.append(w)
+            bases.append(base)
+            base += seg.n_docs
+        key = ds[0] if len(ds) == 1 else np.concatenate(ds)
+        if key.size == 0:
+            return Hits(), read
+        w = ws[0] if len(ws) == 1 else np.concatenate(ws)
+        if key.size * 16 < base:  # few postings: a compact accumulator
+            cand, inv = np.unique(key, return_inverse=True)
+            scores = np.zeros(cand.size, dtype=np.float32)
+            np.add.at(scores, inv, w)  # per record, in ascending term order
         else:
-            acc = np.zeros(n, dtype=np.float32)
-            np.add.at(acc, d, w)
-            touched = np.zeros(n, dtype=bool)
-            touched[d] = True
-            cand = np.flatnonzero(touched)
+            acc, touched = _scratch(base)
+            np.add.at(acc, key, w)  # per record, in ascending term order
+            touched[key] = True
+            cand = np.flatnonzero(touched[:base])
             scores = acc[cand]
+            acc[cand] = 0.0  # leave the scratch buffers clean
+            touched[cand] = False
         if plan.has_w0:
             scores = scores + plan.const
-        rows = cand.astype(np.int64)
-        h = top_k([Hits(seg.seqs[rows], scores, np.full(rows.size, vi, np.int64), rows)], k)
-        return h, total
+        if scores.size > k:  # a superset of the top k (ties included); top_k orders it
+            keep = np.flatnonzero(scores >= kth_largest(scores, k))
+            cand, scores = cand[keep], scores[keep]
+        barr = np.asarray(bases, dtype=np.int64)
+        which = np.searchsorted(barr, cand, side="right") - 1
+        vis = np.asarray([t[0] for t in todo], dtype=np.int64)[which]
+        rows = cand.astype(np.int64) - barr[which]
+        seqs = np.empty(rows.size, dtype=np.int64)
+        for j, t in enumerate(todo):
+            m = which == j
+            if m.any():
+                seqs[m] = t[1].seqs[rows[m]]
+        return Hits(seqs, scores, vis, rows), read
+
+    def _maxscore(self, seg, plan: QueryPlan, sel, lt, starts, lens, mask, k: int, theta: float,
+                  vi: int) -> tuple[Hits, int] | None:
+        """The pruned path of :meth:`partition_topk` for one segment (None when not worth it).
+
+        1. Split the terms: the largest set of smallest-bound terms whose bounds
+           (plus C) sum to less than ``theta`` is non-essential.
+        2. Scan only the essential terms' postings into partial scores.
+        3. Keep the records whose partial score plus the non-essential bounds can
+           still reach ``theta`` (all others score strictly below it).
+        4. Score the survivors exactly: look each up in every query term's
+           postings, adding in ascending term order.
+        """
+        from .partitions import slack, term_bounds
+
+        snap = self.snap
+        ub = term_bounds(seg, lt, plan, sel, snap) * plan.mult[sel]
+        order = np.argsort(ub, kind="stable")
+        sl = 1.0 + slack(plan)
+        c = float(plan.const)
+        csum = np.cumsum(ub[order]) * sl + c * sl
+        n_ne = int(np.searchsorted(csum, theta, side="left"))
+        while n_ne > 0 and not csum[n_ne - 1] < theta:
+            n_ne -= 1
+        if n_ne == 0:
+            return None
+        ess = np.sort(order[n_ne:])
+        if ess.size == 0:  # even every query term together stays below theta
+            return Hits(), 0
+        n_ess_post = int(lens[ess].sum())
+        if n_ess_post * 2 > int(lens.sum()):
+            return None
+        csr = seg.csr
+        tids = np.flatnonzero(sel)
+        dd, ww = [], []
+        for j in ess.tolist():
+            s, n = int(starts[j]), int(lens[j])
+            dd.append(csr.doc_ids[s: s + n])
+            ww.append(term_weights(snap, vi, seg, int(lt[j]), s, n, plan, int(tids[j])) * np.float32(plan.mult[tids[j]]))
+        d = dd[0] if len(dd) == 1 else np.concatenate(dd)
+        w = ww[0] if len(ww) == 1 else np.concatenate(ww)
+        if mask is not None:
+            keep = mask[d]
+            d, w = d[keep], w[keep]
+        read = n_ess_post
+        if d.size == 0:
+            return Hits(), read
+        # partial scores over the essential terms (any order: only compared, with slack)
+        acc, touched = _scratch(seg.n_docs)
+        np.add.at(acc, d, w)
+        touched[d] = True
+        cand = np.flatnonzero(touched[: seg.n_docs])
+        partial = acc[cand]
+        acc[cand] = 0.0
+        touched[cand] = False
+        rest = float(ub[order[:n_ne]].sum())
+        cand = cand[(partial.astype(np.float64) + rest + c) * sl >= theta * (1 - slack(plan))]
+        if cand.size == 0:
+            return Hits(), read
+        out = np.zeros(cand.size, dtype=np.float32)
+        for j in range(lt.size):  # exact scores, ascending term order: the reference's summation order
+            s, n = int(starts[j]), int(lens[j])
+            plist = csr.doc_ids[s: s + n]
+            pos = np.minimum(np.searchsorted(plist, cand), n - 1)
+            found = plist[pos] == cand
+            read += int(cand.size)  # binary-search lookups
+            if not found.any():
+                continue
+            tj = int(tids[j])
+            cached = snap._wcache.get((vi, int(lt[j])))
+            if cached is not None:
+                wj = cached[pos[found]]
+            else:
+                wj = plan.idf[tj] * bm25.tfc(csr.tfs[s + pos[found]], csr.doc_lens[cand[found]], snap.avgdl,
+                                             snap.params)
+                if plan.has_w0:
+                    wj = wj - plan.w0[tj]
+            if plan.mult[tj] != 1:
+                wj = wj * np.float32(plan.mult[tj])
+            out[found] += wj
+        if plan.has_w0:
+            out = out + plan.const
+        return shortlist(seg, vi, cand, out, k), read
 
 
 class ScorerEngine:
@@ -276,7 +494,7 @@ class ScorerEngine:
             view = snap.views[vi]
             todo = []
             for job in jobs:
-                lids = view.seg.local_terms(job.plan.gids)
+                lids = job.plan.local_terms(vi, view.seg)
                 sel = lids >= 0
                 if not sel.any():
                     continue

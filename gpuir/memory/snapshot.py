@@ -75,6 +75,9 @@ class Snapshot:
             self.partitions.append((None, tuple(groups[None])))
         self._lock = threading.Lock()
         self._cache: dict[Any, Any] = {}
+        #: Posting weights of long lists, per (view, local term): valid for this snapshot's statistics.
+        self._wcache: dict[tuple[int, int], np.ndarray] = {}
+        self._wcache_size = 0
 
     @property
     def avgdl(self) -> float:

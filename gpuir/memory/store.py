@@ -8,8 +8,12 @@ new :class:`~gpuir.memory.snapshot.Snapshot`. A tiered policy then merges
 segments of one partition: when a partition holds ``merge_factor`` segments
 of one size tier (tier 0 up to ``merge_min`` live records, tier j up to
 ``merge_min * merge_factor**j``), they become one; a segment with more than
-a third of its rows deleted is rewritten alone. :meth:`Memory.merge` compacts
-on demand. Merges purge tombstones and never change a search result.
+a third of its rows deleted is rewritten alone. When records arrive in a newer
+time partition, each older partition is compacted into one segment, once (an
+agent's memory mostly grows at its newest end, so old partitions then hold one
+segment each; late records for an old partition start new small segments,
+merged by the tiers). :meth:`Memory.merge` compacts on demand. Merges purge
+tombstones and never change a search result.
 
 Searches run on the snapshot current when they start, from any number of
 threads, and never wait for the writer.
@@ -121,6 +125,7 @@ class Memory:
         self._next_seq = 0
         self._next_uid = 0
         self._views: list[SegView] = []
+        self._sealed: set = set()  # partitions compacted once they stopped being the newest
         self._version = 0
         self._write_lock = threading.RLock()
         self._commit_lock = threading.Lock()
@@ -348,6 +353,21 @@ class Memory:
                 if group is None:
                     break
                 self._merge_views(group, key)
+        self._seal()
+
+    def _seal(self) -> None:
+        """Compact, once, each time partition that stopped being the newest (see the module docstring)."""
+        timed = [v.seg.partition for v in self._views if v.seg.partition is not None]
+        if self.window_ms is None or not timed:
+            return
+        newest = max(timed)
+        for key in sorted(set(timed)):
+            if key >= newest or key in self._sealed:
+                continue
+            self._sealed.add(key)
+            pos = [i for i, v in enumerate(self._views) if v.seg.partition == key]
+            if len(pos) > 1 or self._views[pos[0]].live is not None:
+                self._merge_views(pos, key)
 
     def _merge_views(self, positions: list[int], key) -> None:
         t0 = time.perf_counter()

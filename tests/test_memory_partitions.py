@@ -1,0 +1,92 @@
+"""Time partitions at scale on the synthetic generator's recency-biased workload: exact newest-first
+returns exactly the exhaustive results while reading fewer postings; a time range reads only the
+partitions it overlaps; the budget stays exact inside its partitions; and everything equals a fresh
+index over the same records."""
+
+import numpy as np
+import pytest
+
+from gpuir import BM25Index, Memory
+from gpuir.memory import format_time
+from gpuir.synthetic import generate, iter_records
+
+N = 30_000
+WEEK = 7 * 86_400_000
+
+
+@pytest.fixture(scope="module")
+def synth():
+    g = generate(N, n_queries=400, seed=3)
+    m = Memory(partition_days=7)
+    for s in range(0, N, 4000):
+        m.add(g.records(s, s + 4000))
+    return g, m
+
+
+def test_synthetic_records_stream_and_fit_the_record_model(synth):
+    g, m = synth
+    assert len(m) == N
+    streamed = [r for chunk in iter_records(2000, seed=5) for r in chunk]
+    assert streamed == generate(2000, n_queries=0, seed=5).records()
+    r = m.get([g.ids[17]])[0]
+    assert r == g.record(17) and r["tenant"].startswith("tenant") and r["role"] in ("user", "assistant", "tool")
+    weeks = np.unique(np.round(g.times * 1000).astype(np.int64) // WEEK)
+    assert m.info()["partitions"] == weeks.size >= 26  # 180 days in 7-day windows
+
+
+def test_exhaustive_equals_a_fresh_index(synth):
+    g, m = synth
+    fresh = BM25Index.build(g.texts, ids=g.ids, progress=False)
+    qs = g.queries[:150]
+    want = fresh.search(qs, k=10, backend="numpy")
+    got = m.search(qs, k=10)
+    for i in range(len(qs)):
+        assert got.ids(i) == [fresh.ids[d] for d in want.ids[i] if d >= 0]
+    np.testing.assert_array_equal(got.scores, want.scores)
+
+
+@pytest.mark.parametrize("k", [1, 10])
+@pytest.mark.parametrize("where", [None, {"tenant": "tenant1"}, {"role": "user", "importance": {"gte": 0.3}}])
+def test_newest_first_is_exact_and_reads_less(synth, where, k):
+    g, m = synth
+    ex = m.search(g.queries, k=k, where=where, mode="exhaustive")
+    nf = m.search(g.queries, k=k, where=where, mode="newest")
+    np.testing.assert_array_equal(nf.seqs, ex.seqs)
+    np.testing.assert_array_equal(nf.scores, ex.scores)
+    assert nf.meta["postings_read"].sum() < 0.6 * ex.meta["postings_read"].sum()
+    assert (nf.meta["partitions_scanned"] <= ex.meta["partitions_scanned"]).all()
+    if k == 1 and where is None:  # the early stop: the top record outscores every older partition's bound
+        assert np.median(nf.meta["partitions_scanned"]) < np.median(ex.meta["partitions_scanned"])
+
+
+def test_time_range_reads_only_overlapping_partitions(synth):
+    g, m = synth
+    t_end = int(g.times.max() * 1000)
+    lo = t_end - 10 * 86_400_000
+    w = {"time": {"gte": format_time(lo)}}
+    res = m.search(g.queries, k=10, where=w)
+    overlapping = sum(1 for key, _ in m.snapshot().partitions if key is not None and (key + 1) * WEEK - 1 >= lo)
+    assert overlapping in (2, 3)
+    assert res.meta["partitions_scanned"].max() <= overlapping
+    for i in range(len(g.queries)):
+        assert all(h["time"] >= lo for h in res.hits(i))
+
+
+def test_budget_is_exact_inside_its_partitions(synth):
+    g, m = synth
+    K = 4
+    ex = m.search(g.queries, k=10, mode="exhaustive")
+    bu = m.search(g.queries, k=10, mode="budgeted", max_partitions=K)
+    keys = [k for k, _ in m.snapshot().partitions][:K]
+    newest = set(keys)
+    inside = 0
+    for i in range(len(g.queries)):
+        hits = ex.hits(i)
+        if hits and all((h["time"] // WEEK) in newest for h in hits):
+            inside += 1
+            assert bu.ids(i) == ex.ids(i)
+            np.testing.assert_array_equal(bu.scores[i], ex.scores[i])
+        assert all((h["time"] // WEEK) in newest for h in bu.hits(i))
+    assert inside > 0 and (bu.meta["partitions_scanned"] <= K).all()
+    e = m.search(g.queries[:5], k=10, mode="budgeted", epsilon=0.1, decay=0.5)
+    assert e.meta["max_partitions"] == 4

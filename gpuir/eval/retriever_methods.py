@@ -4,8 +4,8 @@
 :class:`~gpuir.memory.Memory` of **turn records** from the data set's sessions
 (:func:`session_turn_records`: one record per non-empty line of a session,
 ``session`` = the session's document id, ``tenant`` = the one question group
-whose haystack holds it), and runs a :class:`~gpuir.retrieve.Retriever`
-configuration at ``unit="session"``, each question restricted to its haystack
+whose haystack holds it, :func:`gpuir.eval.records.document_tenants`), and
+runs a :class:`~gpuir.retrieve.Retriever` configuration at ``unit="session"``, each question restricted to its haystack
 by ``where`` (:func:`haystack_wheres`). The run ranks the data set's documents,
 so the metrics are those of every other method.
 
@@ -29,19 +29,12 @@ from ..memory import Memory
 from ..results import padded_arrays
 from ..retrieve import ChannelConfig, Retriever, RetrieverConfig, default_config
 from .datasets import EvalDataset, EvalQuery
+from .records import document_tenants
 from .runner import Run, register_method
 
 __all__ = ["haystack_wheres", "loco_folds", "retriever_run", "session_turn_records"]
 
 ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.round(np.arange(0.0, 1.0001, 0.05), 2))
-
-
-def _tenants(ds: EvalDataset) -> list[str | None]:
-    owner: dict[str, set[str]] = {}
-    for q in ds.queries:
-        for d in q.candidates or ():
-            owner.setdefault(d, set()).add(q.group)
-    return [next(iter(owner[d])) if len(owner.get(d, ())) == 1 else None for d in ds.doc_ids]
 
 
 def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
@@ -53,7 +46,7 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
     if ds.unit != "session":
         raise ValueError(f"the retriever methods rank sessions: load {ds.name} with unit='session', not {ds.unit!r}")
     skip = ds.name == "locomo" and bool(ds.options.get("dates"))
-    tenants = _tenants(ds)
+    tenants = document_tenants(ds)
     out = []
     for did, text, tenant in zip(ds.doc_ids, ds.doc_texts, tenants):
         lines = text.split("\n")[1 if skip else 0:]
@@ -67,7 +60,7 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
 
 def haystack_wheres(ds: EvalDataset, queries: Sequence[EvalQuery]) -> list[dict[str, Any] | None]:
     """Each question's haystack as a ``where``: its tenant when the tenant holds exactly the haystack, else its sessions."""
-    tenants = _tenants(ds)
+    tenants = document_tenants(ds)
     idx = ds.doc_index
     size: dict[str, int] = {}
     for t in tenants:

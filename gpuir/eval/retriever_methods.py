@@ -2,7 +2,7 @@
 
 ``gpuir eval locomo --method fusion`` (and ``longmemeval``) builds a
 :class:`~gpuir.memory.Memory` of **turn records** from the data set's sessions
-(:func:`session_turn_records`: one record per non-empty line of a session,
+(:func:`session_turn_records`: LoCoMo's turns, a line of a session elsewhere;
 ``session`` = the session's document id, ``tenant`` = the one question group
 whose haystack holds it, :func:`gpuir.eval.records.document_tenants`), and
 runs a :class:`~gpuir.retrieve.Retriever` configuration at ``unit="session"``, each question restricted to its haystack
@@ -28,8 +28,8 @@ import numpy as np
 from ..memory import Memory
 from ..results import padded_arrays
 from ..retrieve import ChannelConfig, Retriever, RetrieverConfig, default_config
-from .datasets import EvalDataset, EvalQuery
-from .records import document_tenants
+from .datasets import EvalDataset, EvalQuery, load_locomo
+from .records import dataset_records, document_tenants
 from .runner import Run, register_method
 
 __all__ = ["haystack_wheres", "loco_folds", "retriever_run", "session_turn_records"]
@@ -38,19 +38,26 @@ ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.round(np.arange(0.0, 1.00
 
 
 def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
-    """One record per non-empty line of every session document of ``ds``, in document order.
+    """The turn records of ``ds``'s sessions, in document order.
 
-    A LoCoMo session holds one turn per line (``"speaker: text"``); a date
-    header (``dates=True``) is left out. Ids ``<doc id>#<line number>``.
+    LoCoMo: the loader's turns (:func:`gpuir.eval.records.dataset_records` of the
+    turn-level data set: ids ``<sample_id>:D<n>:<t>``, session ``<sample_id>:S<n>``,
+    the session's date as time), so the memory holds what a user adds, one record
+    per turn (a few turns span several lines). Other data sets: one record per
+    non-empty line of each session (``<doc id>#<line>``; LongMemEval turns are
+    joined by newlines and have no ids of their own).
     """
     if ds.unit != "session":
         raise ValueError(f"the retriever methods rank sessions: load {ds.name} with unit='session', not {ds.unit!r}")
-    skip = ds.name == "locomo" and bool(ds.options.get("dates"))
+    if ds.name == "locomo":
+        opts = ds.options
+        turns = load_locomo(ds.source, unit="turn", speakers=opts.get("speakers", True),
+                            captions=opts.get("captions", False))
+        return dataset_records(turns)
     tenants = document_tenants(ds)
     out = []
     for did, text, tenant in zip(ds.doc_ids, ds.doc_texts, tenants):
-        lines = text.split("\n")[1 if skip else 0:]
-        for j, line in enumerate(ln for ln in lines if ln.strip()):
+        for j, line in enumerate(ln for ln in text.split("\n") if ln.strip()):
             rec: dict[str, Any] = {"id": f"{did}#{j}", "text": line, "session": did}
             if tenant is not None:
                 rec["tenant"] = tenant
@@ -198,10 +205,15 @@ def _from_args(a) -> dict[str, Any]:
         out["config"] = a.retriever_config
     if getattr(a, "alpha", None) is not None:
         out["alpha"] = a.alpha if a.alpha == "loco" else float(a.alpha)
-    for name in ("pooling", "pool_k", "lse_beta", "dense_mode", "fusion_norm"):
+    for name in ("pooling", "dense_mode", "fusion_norm"):
         v = getattr(a, name, None)
         if v is not None:
             out[name] = v
+    # --pool-k and --lse-beta have defaults: they count only with the pooling they set
+    if out.get("pooling") == "topk" and getattr(a, "pool_k", None) is not None:
+        out["pool_k"] = a.pool_k
+    if out.get("pooling") == "lse" and getattr(a, "lse_beta", None) is not None:
+        out["lse_beta"] = a.lse_beta
     return out
 
 

@@ -324,3 +324,29 @@ def test_library_never_imports_eval():
             if any(n == "gpuir.eval" or n.startswith("gpuir.eval.") for n in names):
                 offenders.append(str(rel))
     assert offenders == [], f"modules importing gpuir.eval: {sorted(set(offenders))}"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_memory_search_cli_with_config_and_session_unit(tmp_path, capsys):
+    from gpuir.cli import main
+
+    recs = tmp_path / "r.jsonl"
+    recs.write_text("".join(json.dumps(r) + "\n" for r in records()), encoding="utf-8")
+    assert main(["memory", "add", str(tmp_path / "mem"), str(recs)]) == 0
+    capsys.readouterr()
+    args = ["memory", "search", str(tmp_path / "mem"), "--query", "sister Berlin", "-k", "2", "--where",
+            '{"tenant": "ta"}', "--backend", "numpy"]
+    assert main([*args, "--unit", "session"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert [h["session"] for h in hits] == ["s2", "s3"] and hits[0]["records"][0]["session"] == "s2"
+    cfg = RetrieverConfig(channels=[ChannelConfig("bm25_pool", pooling="topk", pool_k=2)], fusion=None)
+    cfg.save(tmp_path / "c.json")
+    assert main([*args, "--unit", "session", "--config", str(tmp_path / "c.json"), "--format", "trec"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[2] for ln in lines] == ["s2", "s3"]
+    # bad input: a clear message, exit 2
+    (tmp_path / "bad.json").write_text('{"channels": [{"kind": "bm26"}]}', encoding="utf-8")
+    assert main([*args, "--config", str(tmp_path / "bad.json")]) == 2
+    assert "unknown channel kind" in capsys.readouterr().err

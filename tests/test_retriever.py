@@ -73,10 +73,11 @@ def test_config_round_trip_and_json(tmp_path):
     assert json.loads(json.dumps(d)) == d
     assert RetrieverConfig.from_config(d) == cfg
     assert RetrieverConfig.load(cfg.save(tmp_path / "c.json")) == cfg
-    # the default is the LOCO-selected configuration: z-score, session BM25 0.6 + turn BM25 max 0.4
+    # the default is the LOCO-selected configuration: en-large, z-score, session BM25 0.75 + turn BM25 lse 0.25
     dd = default_config()
-    assert dd.fusion == "z" and [(c.kind, c.weight, c.pooling) for c in dd.channels] == [
-        ("bm25_session", 0.6, "max"), ("bm25_pool", 0.4, "max")]
+    assert dd.fusion == "z" and dd.analyzer == "en-large"
+    assert [(c.kind, c.weight, c.pooling, c.lse_beta) for c in dd.channels] == [
+        ("bm25_session", 0.75, "max", 1.0), ("bm25_pool", 0.25, "lse", 1.0)]
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -87,6 +88,7 @@ def test_config_round_trip_and_json(tmp_path):
     ({"channels": [{"kind": "bm25"}, {"kind": "dense"}], "fusion": None}, "exactly one channel"),
     ({"channels": [{"kind": "bm25"}], "fusion": "borda"}, "unknown fusion"),
     ({"channels": [{"kind": "bm25"}], "alpha": 0.5}, "unknown key"),
+    ({"channels": [{"kind": "bm25"}], "analyzer": "klingon"}, "analyzer"),
     ({"channels": [{"kind": "bm25", "wieght": 1}]}, "unknown key"),
 ])
 def test_config_errors(bad, msg):
@@ -109,12 +111,15 @@ def test_bad_search_arguments():
 
 def test_record_unit_has_the_hits_of_memory_search():
     m = memory()
-    r = Retriever(m)  # default config: session channels only -> records by exact BM25
-    for where in (None, {"tenant": "ta"}, {"tenant": "ta", "role": "user"}):
-        got = r.search(["puppy name", "sister Berlin"], k=4, where=where, backend="numpy")
-        ref = m.search(["puppy name", "sister Berlin"], k=4, where=where, backend="numpy")
-        for i in range(2):
-            assert got.hits(i) == ref.hits(i)
+    own = RetrieverConfig(channels=[ChannelConfig("bm25_session")], fusion=None)  # the memory's analyzer
+    large = Memory(analyzer="en-large")
+    large.add(records())
+    for r, ref_mem in ((Retriever(m, own), m), (Retriever(m), large)):  # default config: en-large analyzer
+        for where in (None, {"tenant": "ta"}, {"tenant": "ta", "role": "user"}):
+            got = r.search(["puppy name", "sister Berlin you"], k=4, where=where, backend="numpy")
+            ref = ref_mem.search(["puppy name", "sister Berlin you"], k=4, where=where, backend="numpy")
+            for i in range(2):
+                assert got.hits(i) == ref.hits(i)
 
 
 def _bm25_session_oracle(rows, query):
@@ -183,22 +188,20 @@ def test_bm25_pool_matches_pooling_by_hand(pooling, pool_k, beta):
 
 
 def test_default_fusion_is_z_of_the_two_channels():
-    """The fused score is 0.6 z(session BM25) + 0.4 z(turn max), computed here from the channels' own scores."""
+    """The fused score is 0.75 z(session BM25) + 0.25 z(turn lse), computed here from the channels' own scores."""
     m = memory()
     r = Retriever(m)
     res = r.search(["sister Berlin puppy"], k=5, where={"tenant": "ta"}, unit="session", backend="numpy")
-    sess = _bm25_session_oracle([t for t in TURNS if t[2] == "ta"], "sister Berlin puppy")
-    # session stats of the whole memory differ from tenant-only ones: take the channel's own scores instead
     ch = {c: {r.catalog.session_names[n]: s for n, s in zip(v.ids[0].tolist(), v.scores[0].tolist()) if n >= 0}
           for c, v in res.meta["channels"].items()}
-    assert set(ch["bm25_session"]) == set(sess)
+    assert set(ch["bm25_session"]) == {"s1", "s2", "s3"}
 
     def z(d):
         v = np.array(list(d.values()), np.float64)
         return {k: (x - v.mean()) / v.std() for k, x in d.items()}
 
     za, zb = z(ch["bm25_session"]), z(ch["bm25_pool"])
-    want = {s: 0.6 * za[s] + 0.4 * zb[s] for s in za}
+    want = {s: 0.75 * za[s] + 0.25 * zb[s] for s in za}
     got = {h["session"]: h["score"] for h in res.hits(0)}
     assert got.keys() == want.keys()
     for s, v in want.items():

@@ -10,15 +10,18 @@ by ``where`` (:func:`haystack_wheres`). The run ranks the data set's documents,
 so the metrics are those of every other method.
 
 ``--alpha loco`` (the default) is the honest figure: for each conversation
-(LoCoMo) or fold of questions (LongMemEval, 5 folds), the weight ``alpha`` of
-the first channel (the second gets ``1 - alpha``) is chosen on the *other*
-conversations' questions from the grid 0, 0.05, ..., 1
-(:func:`gpuir.eval.stats.leave_one_group_out`), and the held-out question is
-ranked with it. ``--alpha 0.6`` runs the default configuration as a user would.
+(LoCoMo) or fold of questions (LongMemEval, 5 folds), the setting is chosen on
+the *other* conversations' questions (:func:`gpuir.eval.stats.leave_one_group_out`)
+and the held-out question is ranked with it. The setting is the weight
+``alpha`` of the first channel (the second gets ``1 - alpha``; grid 0, 0.05,
+..., 1) and, with ``--loco-grid full`` (the default on LoCoMo), also the
+analyzer and the second channel's pooling: the selection that chose the default
+configuration. ``--alpha 0.75`` runs the default configuration as a user would.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +43,7 @@ ALPHAS: tuple[float, ...] = tuple(float(a) for a in np.round(np.arange(0.0, 1.00
 def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
     """The turn records of ``ds``'s sessions, in document order.
 
-    LoCoMo: the loader's turns (:func:`gpuir.eval.records.dataset_records` of the
+    LoCoMo (loaded from its file): the loader's turns (:func:`gpuir.eval.records.dataset_records` of the
     turn-level data set: ids ``<sample_id>:D<n>:<t>``, session ``<sample_id>:S<n>``,
     the session's date as time), so the memory holds what a user adds, one record
     per turn (a few turns span several lines). Other data sets: one record per
@@ -49,7 +52,7 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
     """
     if ds.unit != "session":
         raise ValueError(f"the retriever methods rank sessions: load {ds.name} with unit='session', not {ds.unit!r}")
-    if ds.name == "locomo":
+    if ds.name == "locomo" and ds.source and os.path.isfile(ds.source):
         opts = ds.options
         turns = load_locomo(ds.source, unit="turn", speakers=opts.get("speakers", True),
                             captions=opts.get("captions", False))
@@ -106,7 +109,7 @@ def build_retriever(ds: EvalDataset, config: RetrieverConfig) -> Retriever:
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is ds:
         return hit[1]
-    mem = Memory(partition_days=None)
+    mem = Memory(analyzer=config.analyzer or "default", partition_days=None)
     recs = session_turn_records(ds)
     for s in range(0, len(recs), 50_000):
         mem.add(recs[s: s + 50_000])
@@ -135,8 +138,21 @@ def _per_query(ds: EvalDataset, queries: Sequence[EvalQuery], ranked: np.ndarray
     return compute_metrics(ranked, gold, cutoffs=(int(cut),), metrics=(name,))[metric]
 
 
+#: Poolings of the second channel tried by ``grid="full"``: (pooling, pool_k, lse_beta).
+POOLING_GRID: tuple[tuple[str, int, float], ...] = (("max", 2, 1.0), ("topk", 2, 1.0), ("lse", 2, 1.0),
+                                                    ("lse", 2, 0.3))
+
+
+def _with(config: RetrieverConfig, analyzer: Any, pooling: tuple[str, int, float]) -> RetrieverConfig:
+    d = config.to_config()
+    d["analyzer"] = analyzer
+    d["channels"][1].update(pooling=pooling[0], pool_k=pooling[1], lse_beta=pooling[2])
+    return RetrieverConfig.from_config(d)
+
+
 def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: RetrieverConfig, *,
-                  alpha: Any = "loco", backend: str = "auto", metric: str | None = None) -> Run:
+                  alpha: Any = "loco", backend: str = "auto", metric: str | None = None,
+                  grid: str = "alpha") -> Run:
     """Rank ``ds``'s sessions for ``queries`` with a Retriever configuration.
 
     Parameters
@@ -147,46 +163,65 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         configuration's own weights.
     metric : str, optional
         Selection metric of "loco" (default ``hit@1`` on LoCoMo, ``recall_all@5`` otherwise).
+    grid : {"alpha", "full"}
+        What "loco" selects: alpha alone (on the configuration's analyzer and
+        pooling), or every analyzer of :data:`gpuir.analysis.ANALYZERS` x the
+        second channel's pooling (:data:`POOLING_GRID`) x alpha -- the selection
+        that chose the default configuration, so its held-out figure is the
+        honest one for it.
     """
+    from ..analysis import ANALYZERS
     from .stats import leave_one_group_out
 
     t0 = time.perf_counter()
-    r = build_retriever(ds, config)
-    t_build = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    ran = r.search_channels([q.text for q in queries], where=haystack_wheres(ds, queries), unit="session",
-                            backend=backend)
-    t_channels = time.perf_counter() - t1
-    t2 = time.perf_counter()
+    texts, wheres = [q.text for q in queries], haystack_wheres(ds, queries)
+    if alpha != "loco" or grid == "alpha":
+        configs = {(config.analyzer, None): config}
+    elif grid == "full":
+        configs = {(an, pool): _with(config, an, pool) for an in ANALYZERS for pool in POOLING_GRID}
+    else:
+        raise ValueError(f"grid must be 'alpha' or 'full', got {grid!r}")
     info: dict[str, Any] = {}
-    if alpha == "loco":
-        if len(ran["channels"]) != 2:
-            raise ValueError(f"--alpha loco weighs two channels; the configuration has {len(ran['channels'])}")
+    if alpha != "loco":
+        r = build_retriever(ds, config)
+        ran = r.search_channels(texts, where=wheres, unit="session", backend=backend)
+        w = None if alpha is None else (float(alpha), 1.0 - float(alpha))
+        ranked, scores = _ranked(ds, r, *_arrays(r.fuse_channels(ran, k, weights=w)))
+        info = {"alpha": alpha}
+    else:
+        if len(config.channels) != 2:
+            raise ValueError(f"--alpha loco weighs two channels; the configuration has {len(config.channels)}")
         metric = metric or ("hit@1" if ds.name == "locomo" else "recall_all@5")
-        runs = {a: _ranked(ds, r, *_arrays(r.fuse_channels(ran, k, weights=(a, 1.0 - a)))) for a in ALPHAS}
         scored = np.array([q.scored for q in queries], dtype=bool)
         groups = loco_folds(queries)
-        per = {a: _per_query(ds, queries, runs[a][0], metric)[scored] for a in ALPHAS}
+        runs, per = {}, {}
+        ran = None
+        for key, cfg in configs.items():
+            r = build_retriever(ds, cfg)
+            ran = r.search_channels(texts, where=wheres, unit="session", backend=backend)
+            for a in ALPHAS:
+                runs[(*key, a)] = _ranked(ds, r, *_arrays(r.fuse_channels(ran, k, weights=(a, 1.0 - a))))
+                per[(*key, a)] = _per_query(ds, queries, runs[(*key, a)][0], metric)[scored]
         lo = leave_one_group_out(per, groups[scored])
         chosen = dict(lo["chosen"])
         ranked, scores = padded_arrays(len(queries), k)
         for i, g in enumerate(groups.tolist()):
-            a = chosen.get(g, lo["best_overall"])  # groups without scored questions: the overall choice
-            ranked[i], scores[i] = runs[a][0][i], runs[a][1][i]
-        info = {"alpha": "loco", "alpha_per_group": {str(g): a for g, a in chosen.items()},
-                "select_metric": metric, "heldout_mean": lo["mean"], "best_overall_alpha": lo["best_overall"],
-                "best_overall_mean_in_sample": lo["best_overall_mean"]}
-    else:
-        w = None if alpha is None else (float(alpha), 1.0 - float(alpha))
-        ranked, scores = _ranked(ds, r, *_arrays(r.fuse_channels(ran, k, weights=w)))
-        info = {"alpha": alpha}
-    rec = ran["records"]
+            s = chosen.get(g, lo["best_overall"])  # groups without scored questions: the overall choice
+            ranked[i], scores[i] = runs[s][0][i], runs[s][1][i]
+
+        def name(s):
+            return s[-1] if grid == "alpha" else {"analyzer": s[0], "pooling": list(s[1]), "alpha": s[2]}
+
+        info = {"alpha": "loco", "grid": grid, "alpha_per_group": {str(g): name(s) for g, s in chosen.items()},
+                "select_metric": metric, "heldout_mean": lo["mean"], "best_overall_alpha": name(lo["best_overall"]),
+                "best_overall_mean_in_sample": lo["best_overall_mean"], "n_settings": len(per)}
+    rec = ran["records"] if ran is not None else None
     return Run(ranked, scores, {
         "backend": None if rec is None else rec.meta.get("backend"),
         "backend_reason": None if rec is None else rec.meta.get("backend_reason"),
         "retriever_config": config.to_config(), **info,
         "memory": {"records": len(r.memory), "sessions": len(r.catalog.session_names)},
-        "timings": {"build_s": t_build, "channels_s": t_channels, "fusion_s": time.perf_counter() - t2}})
+        "timings": {"total_s": time.perf_counter() - t0}})
 
 
 def _arrays(res) -> tuple[np.ndarray, np.ndarray]:
@@ -197,12 +232,17 @@ def _args(p) -> None:
     g = p.add_argument_group("retriever methods (fusion)")
     g.add_argument("--retriever-config", metavar="CONFIG.json", default=None,
                    help="a Retriever configuration (default: the LOCO-selected one, docs/retriever.md)")
+    g.add_argument("--loco-grid", default=None, choices=("alpha", "full"),
+                   help="what --alpha loco selects: alpha alone, or analyzer x pooling x alpha (the selection "
+                        "that chose the default; default: full on LoCoMo, alpha elsewhere)")
 
 
 def _from_args(a) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if getattr(a, "retriever_config", None):
         out["config"] = a.retriever_config
+    if getattr(a, "loco_grid", None):
+        out["grid"] = a.loco_grid
     if getattr(a, "alpha", None) is not None:
         out["alpha"] = a.alpha if a.alpha == "loco" else float(a.alpha)
     for name in ("pooling", "dense_mode", "fusion_norm"):
@@ -246,13 +286,19 @@ def config_from_options(config: Any = None, pooling: str | None = None, pool_k: 
                  "z-score fusion, alpha by leave-one-conversation-out (--alpha 0.6: the default configuration)",
                  add_arguments=_args, from_args=_from_args)
 def fusion_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
-                  progress: bool = False, config: Any = None, alpha: Any = None, **options: Any) -> Run:
-    """Retriever fusion (module docstring); ``alpha`` None: "loco", or the file's own weights with ``config``."""
+                  progress: bool = False, config: Any = None, alpha: Any = None, grid: str | None = None,
+                  **options: Any) -> Run:
+    """Retriever fusion (module docstring); ``alpha`` None: "loco", or the file's own weights with ``config``.
+
+    ``grid`` (of "loco"): default "full" on LoCoMo with the default configuration, else "alpha".
+    """
     cfg = config_from_options(config, **{x: y for x, y in options.items()
                                          if x in ("pooling", "pool_k", "lse_beta", "dense_mode", "fusion_norm")})
     if alpha is None and config is None:
         alpha = "loco"
-    return retriever_run(ds, queries, k, cfg, alpha=alpha, backend=backend)
+    if grid is None:
+        grid = "full" if ds.name == "locomo" and config is None and not options else "alpha"
+    return retriever_run(ds, queries, k, cfg, alpha=alpha, backend=backend, grid=grid)
 
 
 __all__ += ["ChannelConfig", "build_retriever", "config_from_options", "fusion_method"]

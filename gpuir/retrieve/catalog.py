@@ -8,6 +8,10 @@ documents** (a session's record texts, in add order, joined by newlines) for
 the ``bm25_session`` channel, rewriting only the sessions that changed.
 
 A record without a ``session`` is a session of its own, named by its id.
+
+With an ``analyzer`` other than the memory's, the catalog also keeps a
+**record index**: a memory of the same records (every field, so ``where``
+filters work unchanged) analysed with it, for the record BM25 channels.
 """
 
 from __future__ import annotations
@@ -34,9 +38,15 @@ class Catalog:
         Session id of each session number (first appearance order).
     """
 
-    def __init__(self, memory: Memory, with_sessions: bool = True):
+    def __init__(self, memory: Memory, with_sessions: bool = True, analyzer: Any = None):
+        from ..analysis import Analyzer
+
         self.memory = memory
         self.with_sessions = with_sessions
+        self.analyzer_config = memory.analyzer_config if analyzer is None else Analyzer(analyzer).config
+        own = self.analyzer_config == memory.analyzer_config
+        #: the memory the record BM25 channels search (the memory itself, or a copy with the analyzer)
+        self.records: Memory = memory if own else self._new_memory()
         self.version = -1
         self.seq_session = np.full(0, -1, dtype=np.int64)
         self.session_names: list[str] = []
@@ -63,6 +73,8 @@ class Catalog:
             live = snap.live_records()
             live_seqs = {s for s, _, _ in live}
             removed = [rid for rid, s in self.seq_of.items() if s not in live_seqs]
+            if removed and self.records is not self.memory:
+                self.records.delete(removed)
             touched: set[str] = set()
             for rid in removed:
                 s = self.seq_of.pop(rid)
@@ -72,7 +84,7 @@ class Catalog:
                 self.members[sess].pop(s, None)
                 self.seq_session[s] = -1
                 touched.add(sess)
-            added = []
+            added, copies = [], []
             top = max(live_seqs) + 1 if live_seqs else 0
             if top > self.seq_session.size:
                 grown = np.full(max(top, 2 * self.seq_session.size), -1, dtype=np.int64)
@@ -99,17 +111,34 @@ class Catalog:
                 self.seq_session[s] = self.session_num[sess]
                 touched.add(sess)
                 added.append(rid)
+                if self.records is not self.memory:
+                    copies.append(rec)
+            if copies:
+                self.records.add(copies)
             if self.with_sessions:
                 self._rewrite_sessions(touched)
             self.added, self.removed = added, removed
             self.version = snap.version
             return snap
 
+    def _new_memory(self) -> Memory:
+        p = self.memory.params
+        return Memory(analyzer=self.analyzer_config, method=p.method, k1=p.k1, b=p.b, delta=p.delta,
+                      partition_days=None)
+
+    def record_seqs(self, res) -> np.ndarray:
+        """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""
+        if self.records is self.memory:
+            return res.seqs.astype(np.int64)
+        out = np.full(res.seqs.shape, -1, np.int64)
+        for i in range(len(res)):
+            ids = res.ids(i)
+            out[i, : len(ids)] = [self.seq_of[r] for r in ids]
+        return out
+
     def _rewrite_sessions(self, touched: set[str]) -> None:
-        m = self.memory
         if self.sessions is None:
-            self.sessions = Memory(analyzer=m.analyzer_config, method=m.params.method, k1=m.params.k1,
-                                   b=m.params.b, delta=m.params.delta, partition_days=None)
+            self.sessions = self._new_memory()
         old = [s for s in touched if s in self.sessions]
         if old:
             self.sessions.delete(old)

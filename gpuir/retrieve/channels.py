@@ -8,7 +8,8 @@ memory's add order, which is also its tie order), session channels
 channel applies the same ``where`` (:mod:`gpuir.memory.where`); padding is -1 /
 -inf and rows follow the tie rule (higher score, then lower number).
 
-* ``bm25``: :meth:`Memory.search` at ``depth``.
+* ``bm25``: :meth:`Memory.search` at ``depth`` (of the catalog's record index when the
+  configuration's analyzer is not the memory's).
 * ``bm25_session``: BM25 over session documents (a session's records as one text).
 * ``bm25_pool``: record BM25 at ``depth``, pooled per session (max, top-``pool_k``
   mean, log-sum-exp with ``lse_beta``) by :func:`gpuir.dense.segment_reduce_numpy`.
@@ -80,11 +81,6 @@ def pool_rows(sessions: np.ndarray, scores: np.ndarray, op: str, pool_k: int, be
     return _sorted_rows(nums, vals, depth)
 
 
-def _memory_rows(res, depth: int) -> SearchResults:
-    """MemoryResults -> SearchResults over sequence numbers."""
-    return SearchResults(res.seqs.astype(np.int64), res.scores.astype(np.float32))
-
-
 def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: str):
     """``memory.search`` where a per-query ``where`` of False means "no candidates"."""
     if isinstance(where, list) and any(w is False for w in where):
@@ -109,13 +105,14 @@ def run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], w
     (SearchResults, extra): ``extra`` is the record-level MemoryResults of
     ``bm25`` / ``bm25_pool`` (for the best records of session hits), else None.
     """
-    memory = catalog.memory
-    if ch.kind == "bm25":
-        r = memory.search(queries, k=ch.depth, where=where, backend=backend, snapshot=snap)
-        return _memory_rows(r, ch.depth), r
-    if ch.kind == "bm25_pool":
-        r = memory.search(queries, k=ch.depth, where=where, backend=backend, snapshot=snap)
-        sess = np.where(r.seqs >= 0, catalog.seq_session[np.maximum(r.seqs, 0)], -1)
+    if ch.kind in ("bm25", "bm25_pool"):
+        records = catalog.records
+        r = records.search(queries, k=ch.depth, where=where, backend=backend,
+                           snapshot=snap if records is catalog.memory else None)
+        seqs = catalog.record_seqs(r)
+        if ch.kind == "bm25":
+            return SearchResults(seqs, r.scores.astype(np.float32)), r
+        sess = np.where(seqs >= 0, catalog.seq_session[np.maximum(seqs, 0)], -1)
         return pool_rows(sess, r.scores, ch.pooling, ch.pool_k, ch.lse_beta, ch.depth), r
     if ch.kind == "bm25_session":
         sw = catalog.session_wheres(snap, where, len(queries))

@@ -6,9 +6,10 @@ through a dict (:meth:`RetrieverConfig.to_config` / :meth:`RetrieverConfig.from_
 and a JSON file (:meth:`RetrieverConfig.save` / :meth:`RetrieverConfig.load`).
 
 The default (:func:`default_config`) is the configuration that
-leave-one-conversation-out cross-validation selects on LoCoMo
-(``docs/retriever.md``): z-score fusion of session-level BM25 (weight 0.6)
-with turn-level BM25 max-pooled to sessions (weight 0.4), default analyzer.
+leave-one-conversation-out cross-validation selects on LoCoMo over analyzers x
+poolings x weights (``docs/retriever.md``): the ``en-large`` analyzer, z-score
+fusion of session-level BM25 (weight 0.75) with turn-level BM25 pooled to
+sessions by log-sum-exp (beta 1, weight 0.25).
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ class RetrieverConfig:
         RRF constant.
     encoder : str or None
         Model name or folder of the dense channels (None: the shipped all-MiniLM-L6-v2).
+    analyzer : str, dict or None
+        Analyzer of the BM25 channels (a name of :data:`gpuir.analysis.ANALYZERS` or a
+        config dict). None: the memory's own. When it differs from the memory's, the
+        retriever keeps its own record index with it (:mod:`gpuir.retrieve.catalog`).
     session_records : int
         Best records listed with each session hit (``unit="session"``).
     """
@@ -114,6 +119,7 @@ class RetrieverConfig:
     missing: Any = "min"
     k_rrf: float = 60.0
     encoder: str | None = None
+    analyzer: Any = None
     session_records: int = 3
 
     def __post_init__(self) -> None:
@@ -127,6 +133,13 @@ class RetrieverConfig:
             raise ValueError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)} or None")
         if isinstance(self.missing, str) and self.missing not in ("min", "zero"):
             raise ValueError(f"missing must be 'min', 'zero' or a number, got {self.missing!r}")
+        if self.analyzer is not None:
+            from ..analysis import Analyzer
+
+            try:
+                Analyzer(self.analyzer)
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"analyzer {self.analyzer!r}: {e}") from None
         if isinstance(self.session_records, bool) or not isinstance(self.session_records, int) or \
                 self.session_records < 0:
             raise ValueError(f"session_records must be an integer >= 0, got {self.session_records!r}")
@@ -176,6 +189,6 @@ def _only(d: dict[str, Any], cls: type, what: str) -> dict[str, Any]:
 
 def default_config() -> RetrieverConfig:
     """The configuration leave-one-conversation-out selects on LoCoMo (see the module docstring)."""
-    return RetrieverConfig(channels=[ChannelConfig("bm25_session", depth=100, weight=0.6),
-                                     ChannelConfig("bm25_pool", depth=1000, weight=0.4, pooling="max")],
-                           fusion="z")
+    return RetrieverConfig(channels=[ChannelConfig("bm25_session", depth=100, weight=0.75),
+                                     ChannelConfig("bm25_pool", depth=1000, weight=0.25, pooling="lse", lse_beta=1.0)],
+                           fusion="z", analyzer="en-large")

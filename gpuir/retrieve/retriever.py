@@ -89,7 +89,8 @@ class Retriever:
             raise TypeError(f"Retriever needs a gpuir.Memory, got {type(memory).__name__}")
         self.memory = memory
         self.config = default_config() if config is None else RetrieverConfig.from_config(config)
-        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in self.config.channels))
+        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in self.config.channels),
+                               analyzer=self.config.analyzer)
         self._encoder = encoder
         self.embeddings: EmbeddingStore | None = None
         if self.config.needs_encoder:
@@ -156,7 +157,8 @@ class Retriever:
         config = RetrieverConfig.load(folder / "retriever.json")
         self = cls.__new__(cls)
         self.memory, self.config, self._encoder = memory, config, encoder
-        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in config.channels))
+        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in config.channels),
+                               analyzer=config.analyzer)
         self.embeddings = None
         if config.needs_encoder:
             self.embeddings = EmbeddingStore(self.encoder)

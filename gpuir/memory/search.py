@@ -284,17 +284,10 @@ class CpuEngine:
         """Top-k of one query over some segments, and the number of postings read.
 
         With a threshold ``job.theta`` (the k-th best score found in newer
-        partitions), terms whose upper bounds sum to less than it are
-        *non-essential* in a segment (MaxScore): a record holding only such terms
-        scores below ``theta`` and cannot enter the top k, so only the essential
-        terms' postings are scanned, and the records found there are scored
-        exactly by looking them up in every query term's postings, adding in
-        ascending term order (the same float32 operations as the full scan).
+        partitions), see :meth:`_maxscore`.
         """
         snap, plan = self.snap, job.plan
-        parts: list[Hits] = []
-        read = 0
-        todo = []  # segments scanned in full: (vi, seg, sel, starts, lens, mask)
+        todo = []  # (vi, seg, sel, starts, lens, mask)
         for vi in view_ids:
             view = snap.views[vi]
             seg = view.seg
@@ -307,48 +300,63 @@ class CpuEngine:
                 continue
             lt = lids[sel]
             starts = seg.csr.offsets[lt]
-            lens = seg.csr.offsets[lt + 1] - starts
-            if job.theta > -np.inf and lt.size > 1:
-                pruned = self._maxscore(seg, plan, sel, lt, starts, lens, mask, k, job.theta, vi)
-                if pruned is not None:
-                    parts.append(pruned[0])
-                    read += pruned[1]
-                    continue
-            todo.append((vi, seg, sel, starts, lens, mask))
-        if todo:
-            h, r = self._scan(todo, plan, k)
-            parts.append(h)
-            read += r
-        return top_k(parts, k), read
+            todo.append((vi, seg, sel, starts, seg.csr.offsets[lt + 1] - starts, mask))
+        if not todo:
+            return Hits(), 0
+        if job.theta > -np.inf and len(plan.terms) > 1:
+            pruned = self._maxscore(todo, plan, k, job.theta)
+            if pruned is not None:
+                return pruned
+        h, r = self._scan(todo, plan, k)
+        return top_k([h], k), r
 
-    def _scan(self, todo: list, plan: QueryPlan, k: int) -> tuple[Hits, int]:
-        """Every posting of the query terms in the segments of ``todo``, in one vectorised pass."""
+    def _gather(self, todo: list, plan: QueryPlan, only: np.ndarray | None = None):
+        """The postings of the query terms (all, or the plan terms flagged in ``only``) in the segments
+        of ``todo``, live and passing the filter, concatenated.
+
+        Returns
+        -------
+        key : ndarray (m,), int: segment base + row (ascending term order within each segment)
+        w : ndarray (m,), float32: weights times the terms' multiplicities
+        bases : ndarray (len(todo),), int64: each segment's first key
+        total : int: rows of all segments
+        read : int: postings read
+        """
         snap = self.snap
         ds, ws, bases = [], [], []
         base = read = 0
         for vi, seg, sel, starts, lens, mask in todo:
             csr = seg.csr
-            read += int(lens.sum())
             tids = np.flatnonzero(sel)
+            lt = plan.local_terms(vi, seg)[sel]
+            pick = range(tids.size) if only is None else np.flatnonzero(only[tids]).tolist()
             dd, ww = [], []
-            for j, t, s, n in zip(tids.tolist(), plan.local_terms(vi, seg)[sel].tolist(), starts.tolist(),
-                                  lens.tolist()):
-                dd.append(csr.doc_ids[s: s + n])
-                w = term_weights(snap, vi, seg, t, s, n, plan, j)
+            for i in pick:
+                j, t, s0, n = int(tids[i]), int(lt[i]), int(starts[i]), int(lens[i])
+                dd.append(csr.doc_ids[s0: s0 + n])
+                w = term_weights(snap, vi, seg, t, s0, n, plan, j)
                 ww.append(w if plan.mult[j] == 1 else w * np.float32(plan.mult[j]))
-            d = dd[0] if len(dd) == 1 else np.concatenate(dd)
-            w = ww[0] if len(ww) == 1 else np.concatenate(ww)
-            if mask is not None:
-                keep = mask[d]
-                d, w = d[keep], w[keep]
-            ds.append(d if base == 0 else d + np.int32(base))
-            ws.append(w)
+                read += n
             bases.append(base)
+            if dd:
+                d = dd[0] if len(dd) == 1 else np.concatenate(dd)
+                w = ww[0] if len(ww) == 1 else np.concatenate(ww)
+                if mask is not None:
+                    keep = mask[d]
+                    d, w = d[keep], w[keep]
+                ds.append(d if base == 0 else d + np.int32(base))
+                ws.append(w)
             base += seg.n_docs
-        key = ds[0] if len(ds) == 1 else np.concatenate(ds)
+        cat = (lambda xs: xs[0] if len(xs) == 1 else np.concatenate(xs))
+        key = cat(ds) if ds else np.zeros(0, np.int64)
+        w = cat(ws) if ws else np.zeros(0, np.float32)
+        return key, w, np.asarray(bases, dtype=np.int64), base, read
+
+    def _scan(self, todo: list, plan: QueryPlan, k: int) -> tuple[Hits, int]:
+        """Every posting of the query terms in the segments of ``todo``, in one vectorised pass."""
+        key, w, barr, base, read = self._gather(todo, plan)
         if key.size == 0:
             return Hits(), read
-        w = ws[0] if len(ws) == 1 else np.concatenate(ws)
         if key.size * 16 < base:  # few postings: a compact accumulator
             cand, inv = np.unique(key, return_inverse=True)
             scores = np.zeros(cand.size, dtype=np.float32)
@@ -366,7 +374,6 @@ class CpuEngine:
         if scores.size > k:  # a superset of the top k (ties included); top_k orders it
             keep = np.flatnonzero(scores >= kth_largest(scores, k))
             cand, scores = cand[keep], scores[keep]
-        barr = np.asarray(bases, dtype=np.int64)
         which = np.searchsorted(barr, cand, side="right") - 1
         vis = np.asarray([t[0] for t in todo], dtype=np.int64)[which]
         rows = cand.astype(np.int64) - barr[which]
@@ -377,88 +384,94 @@ class CpuEngine:
                 seqs[m] = t[1].seqs[rows[m]]
         return Hits(seqs, scores, vis, rows), read
 
-    def _maxscore(self, seg, plan: QueryPlan, sel, lt, starts, lens, mask, k: int, theta: float,
-                  vi: int) -> tuple[Hits, int] | None:
-        """The pruned path of :meth:`partition_topk` for one segment (None when not worth it).
+    def _maxscore(self, todo: list, plan: QueryPlan, k: int, theta: float) -> tuple[Hits, int] | None:
+        """MaxScore against ``theta`` over the segments of ``todo`` (None when it would not read less).
 
-        1. Split the terms: the largest set of smallest-bound terms whose bounds
-           (plus C) sum to less than ``theta`` is non-essential.
-        2. Scan only the essential terms' postings into partial scores.
+        1. Split the query terms: the largest set of smallest-bound terms whose
+           bounds (plus C) sum to less than ``theta`` is non-essential: a record
+           holding only those scores below ``theta`` and cannot enter the top k.
+        2. Scan only the essential terms' postings into partial scores (one pass).
         3. Keep the records whose partial score plus the non-essential bounds can
-           still reach ``theta`` (all others score strictly below it).
+           still reach ``theta``.
         4. Score the survivors exactly: look each up in every query term's
-           postings, adding in ascending term order.
+           postings of its segment, adding in ascending term order (the
+           reference's float32 operations and order).
         """
         from .partitions import slack, term_bounds
 
         snap = self.snap
-        ub = term_bounds(seg, lt, plan, sel, snap) * plan.mult[sel]
-        order = np.argsort(ub, kind="stable")
+        T = len(plan.terms)
+        ub = np.full(T, -np.inf)
+        total = 0
+        for vi, seg, sel, starts, lens, _ in todo:
+            ub[sel] = np.maximum(ub[sel], term_bounds(seg, plan.local_terms(vi, seg)[sel], plan, sel, snap))
+            total += int(lens.sum())
+        present = np.flatnonzero(ub > -np.inf)
+        ubm = ub[present] * plan.mult[present]
+        order = np.argsort(ubm, kind="stable")
         sl = 1.0 + slack(plan)
         c = float(plan.const)
-        csum = np.cumsum(ub[order]) * sl + c * sl
+        csum = np.cumsum(ubm[order]) * sl + c * sl
         n_ne = int(np.searchsorted(csum, theta, side="left"))
         while n_ne > 0 and not csum[n_ne - 1] < theta:
             n_ne -= 1
         if n_ne == 0:
             return None
-        ess = np.sort(order[n_ne:])
-        if ess.size == 0:  # even every query term together stays below theta
+        if n_ne == present.size:  # even every query term together stays below theta
             return Hits(), 0
-        n_ess_post = int(lens[ess].sum())
-        if n_ess_post * 2 > int(lens.sum()):
+        essential = np.zeros(T, dtype=bool)
+        essential[present[order[n_ne:]]] = True
+        rest = float(ubm[order[:n_ne]].sum())
+        # 2. the essential postings, in one pass
+        key, w, barr, base, read = self._gather(todo, plan, essential)
+        if read * 2 > total:
             return None
-        csr = seg.csr
-        tids = np.flatnonzero(sel)
-        dd, ww = [], []
-        for j in ess.tolist():
-            s, n = int(starts[j]), int(lens[j])
-            dd.append(csr.doc_ids[s: s + n])
-            ww.append(term_weights(snap, vi, seg, int(lt[j]), s, n, plan, int(tids[j])) * np.float32(plan.mult[tids[j]]))
-        d = dd[0] if len(dd) == 1 else np.concatenate(dd)
-        w = ww[0] if len(ww) == 1 else np.concatenate(ww)
-        if mask is not None:
-            keep = mask[d]
-            d, w = d[keep], w[keep]
-        read = n_ess_post
-        if d.size == 0:
+        if key.size == 0:
             return Hits(), read
-        # partial scores over the essential terms (any order: only compared, with slack)
-        acc, touched = _scratch(seg.n_docs)
-        np.add.at(acc, d, w)
-        touched[d] = True
-        cand = np.flatnonzero(touched[: seg.n_docs])
+        acc, touched = _scratch(base)
+        np.add.at(acc, key, w)  # partial sums in any order: only compared, with slack
+        touched[key] = True
+        cand = np.flatnonzero(touched[:base])
         partial = acc[cand]
         acc[cand] = 0.0
         touched[cand] = False
-        rest = float(ub[order[:n_ne]].sum())
-        cand = cand[(partial.astype(np.float64) + rest + c) * sl >= theta * (1 - slack(plan))]
+        # 3. survivors: those that can still reach theta
+        cand = cand[(partial.astype(np.float64) + rest + c) * sl >= theta * (1.0 - slack(plan))]
         if cand.size == 0:
             return Hits(), read
-        out = np.zeros(cand.size, dtype=np.float32)
-        for j in range(lt.size):  # exact scores, ascending term order: the reference's summation order
-            s, n = int(starts[j]), int(lens[j])
-            plist = csr.doc_ids[s: s + n]
-            pos = np.minimum(np.searchsorted(plist, cand), n - 1)
-            found = plist[pos] == cand
-            read += int(cand.size)  # binary-search lookups
-            if not found.any():
-                continue
-            tj = int(tids[j])
-            cached = snap._wcache.get((vi, int(lt[j])))
-            if cached is not None:
-                wj = cached[pos[found]]
-            else:
-                wj = plan.idf[tj] * bm25.tfc(csr.tfs[s + pos[found]], csr.doc_lens[cand[found]], snap.avgdl,
-                                             snap.params)
-                if plan.has_w0:
-                    wj = wj - plan.w0[tj]
-            if plan.mult[tj] != 1:
-                wj = wj * np.float32(plan.mult[tj])
-            out[found] += wj
-        if plan.has_w0:
-            out = out + plan.const
-        return shortlist(seg, vi, cand, out, k), read
+        # 4. exact scores, segment by segment
+        which = np.searchsorted(barr, cand, side="right") - 1
+        parts = []
+        for si in np.unique(which).tolist():
+            vi, seg, sel, starts, lens, _ = todo[si]
+            csr = seg.csr
+            rows = (cand[which == si] - barr[si]).astype(np.int64)
+            out = np.zeros(rows.size, dtype=np.float32)
+            tids = np.flatnonzero(sel)
+            lt = plan.local_terms(vi, seg)[sel]
+            for i in range(lt.size):  # ascending term order
+                j, t, s0, n = int(tids[i]), int(lt[i]), int(starts[i]), int(lens[i])
+                plist = csr.doc_ids[s0: s0 + n]
+                pos = np.minimum(np.searchsorted(plist, rows), n - 1)
+                found = plist[pos] == rows
+                read += int(rows.size)  # binary-search lookups
+                if not found.any():
+                    continue
+                cached = snap._wcache.get((vi, t))
+                if cached is not None:
+                    wj = cached[pos[found]]
+                else:
+                    wj = plan.idf[j] * bm25.tfc(csr.tfs[s0 + pos[found]], csr.doc_lens[rows[found]], snap.avgdl,
+                                                snap.params)
+                    if plan.has_w0:
+                        wj = wj - plan.w0[j]
+                if plan.mult[j] != 1:
+                    wj = wj * np.float32(plan.mult[j])
+                out[found] += wj
+            if plan.has_w0:
+                out = out + plan.const
+            parts.append(shortlist(seg, vi, rows, out, k))
+        return top_k(parts, k), read
 
 
 class ScorerEngine:

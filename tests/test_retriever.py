@@ -220,6 +220,12 @@ def test_tenant_is_a_boundary_for_every_channel():
     # a non-tenant filter narrows sessions to those with a passing record
     res = r.search(["puppy"], k=10, where={"tenant": "ta", "role": "assistant"}, unit="session", backend="numpy")
     assert res.ids(0) == ["s1"]
+    # per-query filters, one of which allows no record at all
+    res = r.search(["puppy", "puppy", "sister"], k=10, where=[{"tenant": "ta", "role": "system"}, None,
+                                                              {"tenant": "ta", "session": "s3"}],
+                   unit="session", backend="numpy")
+    assert res.ids(0) == [] and res.hits(0) == [] and np.all(res.scores[0] == -np.inf)
+    assert {"s1", "s9"} <= set(res.ids(1)) and res.ids(2) == ["s3"]
 
 
 # --------------------------------------------------------------------------- growth and persistence

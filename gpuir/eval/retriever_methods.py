@@ -104,18 +104,29 @@ _CACHE: dict[tuple, Any] = {}
 
 
 def build_retriever(ds: EvalDataset, config: RetrieverConfig) -> Retriever:
-    """A memory of ``ds``'s turn records with a retriever of ``config`` (cached per data set and configuration)."""
-    key = (ds.name, ds.source, ds.n_docs, tuple(sorted(ds.options.items(), key=str)), repr(config.to_config()))
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is ds:
-        return hit[1]
-    mem = Memory(analyzer=config.analyzer or "default", partition_days=None)
-    recs = session_turn_records(ds)
-    for s in range(0, len(recs), 50_000):
-        mem.add(recs[s: s + 50_000])
+    """A memory of ``ds``'s turn records with a retriever of ``config``.
+
+    The memory is cached per data set and analyzer, the retriever per
+    configuration (the last one of each), so a grid over poolings and weights
+    indexes once per analyzer.
+    """
+    dkey = (ds.name, ds.source, ds.n_docs, tuple(sorted(ds.options.items(), key=str)))
+    analyzer = config.analyzer or "default"
+    hit = _CACHE.get("retriever")
+    if hit is not None and hit[0] is ds and hit[1] == (dkey, repr(config.to_config())):
+        return hit[2]
+    mem_hit = _CACHE.get("memory")
+    if mem_hit is not None and mem_hit[0] is ds and mem_hit[1] == (dkey, repr(analyzer)):
+        mem = mem_hit[2]
+    else:
+        _CACHE.clear()
+        mem = Memory(analyzer=analyzer, partition_days=None)
+        recs = session_turn_records(ds)
+        for s in range(0, len(recs), 50_000):
+            mem.add(recs[s: s + 50_000])
+        _CACHE["memory"] = (ds, (dkey, repr(analyzer)), mem)
     r = Retriever(mem, config)
-    _CACHE.clear()
-    _CACHE[key] = (ds, r)
+    _CACHE["retriever"] = (ds, (dkey, repr(config.to_config())), r)
     return r
 
 

@@ -187,6 +187,23 @@ def test_bm25_pool_matches_pooling_by_hand(pooling, pool_k, beta):
         assert [x["score"] for x in h["records"]] == sorted((x["score"] for x in h["records"]), reverse=True)
 
 
+@pytest.mark.parametrize("kind", ["dense", "late"])
+def test_dense_channels_match_cosines_by_hand(kind):
+    enc = CountingEncoder()
+    cfg = RetrieverConfig(channels=[ChannelConfig(kind, depth=3, pooling="max")], fusion=None)
+    r = Retriever(memory(), cfg, encoder=enc)
+    unit = "record" if kind == "dense" else "session"
+    res = r.search(["my sister in Berlin"], k=3, where={"tenant": "ta"}, unit=unit, backend="numpy")
+    ta = [t for t in TURNS if t[2] == "ta"]
+    q = CountingEncoder()._enc(["my sister in Berlin"])[0]
+    cos = {i: float(CountingEncoder()._enc([t])[0] @ q) for i, _, _, t in ta}
+    if kind == "late":
+        cos = {s: max(cos[i] for i, s2, _, _ in ta if s2 == s) for s in dict.fromkeys(t[1] for t in ta)}
+    want = sorted(cos, key=lambda x: -cos[x])[:3]
+    assert res.ids(0) == want
+    np.testing.assert_allclose(res.scores[0], [cos[x] for x in want], rtol=1e-5)
+
+
 def test_default_fusion_is_z_of_the_two_channels():
     """The fused score is 0.75 z(session BM25) + 0.25 z(turn lse), computed here from the channels' own scores."""
     m = memory()

@@ -82,9 +82,12 @@ class Retriever:
     encoder : object, optional
         For dense channels: an encoder with ``encode_queries`` / ``encode_passages``
         (default: :class:`gpuir.dense.encoder.Encoder` of ``config.encoder``).
+    progress : bool
+        A progress bar while records are encoded (encoders with ``show_progress``).
     """
 
-    def __init__(self, memory: Memory, config: RetrieverConfig | dict | None = None, encoder: Any = None):
+    def __init__(self, memory: Memory, config: RetrieverConfig | dict | None = None, encoder: Any = None,
+                 progress: bool = False):
         if not isinstance(memory, Memory):
             raise TypeError(f"Retriever needs a gpuir.Memory, got {type(memory).__name__}")
         self.memory = memory
@@ -92,6 +95,7 @@ class Retriever:
         self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in self.config.channels),
                                analyzer=self.config.analyzer)
         self._encoder = encoder
+        self.progress = progress
         self.embeddings: EmbeddingStore | None = None
         if self.config.needs_encoder:
             self.embeddings = EmbeddingStore(self.encoder)
@@ -156,7 +160,7 @@ class Retriever:
             raise FileNotFoundError(f"{folder}: no retriever.json (save a Retriever there first)")
         config = RetrieverConfig.load(folder / "retriever.json")
         self = cls.__new__(cls)
-        self.memory, self.config, self._encoder = memory, config, encoder
+        self.memory, self.config, self._encoder, self.progress = memory, config, encoder, False
         self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in config.channels),
                                analyzer=config.analyzer)
         self.embeddings = None
@@ -176,7 +180,15 @@ class Retriever:
                 self.embeddings.discard(cat.removed)
             missing = [rid for rid in cat.seq_of if rid not in self.embeddings.row_of]
             if missing:
-                self.embeddings.ensure(missing, [cat.text_of[r] for r in missing])
+                enc = self.embeddings.encoder
+                shown = getattr(enc, "show_progress", None)
+                if shown is not None:
+                    enc.show_progress = self.progress
+                try:
+                    self.embeddings.ensure(missing, [cat.text_of[r] for r in missing])
+                finally:
+                    if shown is not None:
+                        enc.show_progress = shown
         return snap
 
     # ------------------------------------------------------------------ search

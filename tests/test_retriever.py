@@ -372,6 +372,13 @@ def test_memory_search_cli_with_config_and_session_unit(tmp_path, capsys):
     assert main([*args, "--unit", "session", "--config", str(tmp_path / "c.json"), "--format", "trec"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[2] for ln in lines] == ["s2", "s3"]
+    # a retriever saved beside the memory is used when no --config is given
+    m = Memory.open(tmp_path / "mem", writer=False)
+    one = RetrieverConfig(channels=[ChannelConfig("bm25_pool", depth=1)], fusion=None)  # one session at most
+    Retriever(m, one).save(tmp_path / "mem.retriever")
+    m.close()
+    assert main([*args, "--unit", "session", "--format", "trec"]) == 0
+    assert [ln.split()[2] for ln in capsys.readouterr().out.splitlines()] == ["s2"]
     # bad input: a clear message, exit 2
     (tmp_path / "bad.json").write_text('{"channels": [{"kind": "bm26"}]}', encoding="utf-8")
     assert main([*args, "--config", str(tmp_path / "bad.json")]) == 2

@@ -20,8 +20,9 @@ optional ``"where"``, AND-ed with ``--where``. Search hits (jsonl) carry id,
 score, text and the record's fields; ``trec`` writes ``qid Q0 id rank score gpuir-memory``.
 ``--config`` searches with a :class:`gpuir.Retriever` configuration (JSON, as
 ``RetrieverConfig.save`` writes it); ``--unit session`` ranks sessions (hits
-``{"session", "score", "records"}``; the default configuration when no
-``--config`` is given).
+``{"session", "score", "records"}``; without ``--config``, the retriever saved
+beside the memory (``MEMORY_DIR.retriever/``, :meth:`gpuir.Retriever.save`) or
+else the default configuration).
 
 Exit status: 0 success; 2 bad input (the message names what to fix: file and
 line, unknown ids, a second writer, a damaged file); 1 internal error.
@@ -171,11 +172,15 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
         if args.mode != "exhaustive" or args.max_partitions is not None:
             raise InputError("--mode/--max-partitions apply to plain BM25 search, not with --config or --unit session")
-        try:
-            cfg = None if args.config is None else RetrieverConfig.load(args.config)
-        except (OSError, ValueError, TypeError) as e:
-            raise InputError(f"--config {args.config}: {e}") from None
-        retriever = Retriever(mem, cfg)
+        saved = Retriever.folder_of(args.memory_dir)
+        if args.config is None and (saved / "retriever.json").exists():  # saved beside the memory: reuse it
+            retriever = Retriever.open(mem, saved)
+        else:
+            try:
+                cfg = None if args.config is None else RetrieverConfig.load(args.config)
+            except (OSError, ValueError, TypeError) as e:
+                raise InputError(f"--config {args.config}: {e}") from None
+            retriever = Retriever(mem, cfg)
 
         def search(q, k, where, backend):
             return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)

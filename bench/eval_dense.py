@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-import gpuir.hybrid as H
+import gpuir.eval.hybrid_methods as H
 from gpuir.eval.metrics import compute_metrics
 from gpuir.eval.runner import machine_info, save_json
 from gpuir.eval.stats import bootstrap_ci, leave_one_group_out, paired_bootstrap

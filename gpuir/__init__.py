@@ -10,6 +10,7 @@ from .index.csr import CSRIndex
 from .index.storage import IndexFormatError
 from .memory import Memory, MemoryResults
 from .results import SearchResults
+from .retrieve import Retriever, RetrieverConfig
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,8 @@ __all__ = [
     "IndexFormatError",
     "Memory",
     "MemoryResults",
+    "Retriever",
+    "RetrieverConfig",
     "SearchResults",
     "__version__",
 ]

@@ -1,4 +1,4 @@
-"""HybridRetriever and the dense evaluation methods, on a tiny hand-made memory."""
+"""Dense channels of the Retriever with the real encoder, and the dense evaluation methods, on a tiny memory."""
 
 from __future__ import annotations
 
@@ -29,48 +29,44 @@ def encoder(tmp_path_factory):
     return Encoder(cache_path=tmp_path_factory.mktemp("enc"), device="cpu")
 
 
-@pytest.mark.parametrize("fusion", ["z", "minmax", "rrf", "weighted_rrf", None])
-def test_hybrid_finds_the_session(encoder, fusion):
-    from gpuir.hybrid import HybridRetriever
+def _memory():
+    from gpuir import Memory
 
-    hr = HybridRetriever(TEXTS, turns=SESSIONS, encoder=encoder, fusion=fusion, backend="numpy")
-    res = hr.search(["what is the name of my dog", "which city is my sister moving to"], k=3)
-    assert res.ids[:, 0].tolist() == [0, 1]
-    assert res.shape == (2, 3)
-    assert {"bm25_score_s", "dense_score_pool_s", "fusion_s"} <= set(res.meta["timings"])
+    m = Memory()
+    m.add([{"id": f"S{i}:{j}", "text": t, "session": f"S{i}", "tenant": "u"}
+           for i, s in enumerate(SESSIONS) for j, t in enumerate(s)])
+    return m
+
+
+@pytest.mark.parametrize("fusion", ["z", "minmax", "rrf", "weighted_rrf"])
+def test_retriever_dense_channels_find_the_session(encoder, fusion):
+    from gpuir import Retriever, RetrieverConfig
+
+    cfg = RetrieverConfig(channels=[{"kind": "bm25_session"}, {"kind": "late"}], fusion=fusion)
+    r = Retriever(_memory(), cfg, encoder=encoder)
+    res = r.search(["what is the name of my dog", "which city is my sister moving to"], k=3, unit="session",
+                   backend="numpy")
+    assert [res.ids(0)[0], res.ids(1)[0]] == ["S0", "S1"]
     # a filter is honoured by every channel
-    res = hr.search(["what is the name of my dog"], k=4, filters=[np.array([2, 3])])
-    assert set(res.ids[0][res.ids[0] >= 0].tolist()) <= {2, 3}
+    res = r.search(["what is the name of my dog"], k=4, where={"tenant": "u", "session": {"in": ["S2", "S3"]}},
+                   unit="session", backend="numpy")
+    assert set(res.ids(0)) <= {"S2", "S3"}
 
 
-def test_hybrid_bm25_only_and_early(encoder):
-    from gpuir.engine import BM25Index
-    from gpuir.hybrid import HybridRetriever
+def test_retriever_dense_record_channel(encoder):
+    from gpuir import Retriever, RetrieverConfig
 
-    hr = HybridRetriever(TEXTS, dense_mode=None, backend="numpy")
-    ref = BM25Index.build(TEXTS, progress=False).search(["pottery class"], k=2, backend="numpy")
-    got = hr.search(["pottery class"], k=2)
-    np.testing.assert_array_equal(got.ids, ref.ids)
-    hr = HybridRetriever(TEXTS, encoder=encoder, dense_mode="early", fusion=None, backend="numpy")
-    assert hr.search(["volcano documentary"], k=1).ids[0, 0] == 3
-
-
-def test_agent_rrf_recency(encoder):
-    from gpuir.hybrid import HybridRetriever
-
-    hr = HybridRetriever(TEXTS, turns=SESSIONS, encoder=encoder, fusion="agent_rrf",
-                         doc_times=np.array([0.0, 10.0, 20.0, 100.0]), backend="numpy",
-                         fusion_options={"alpha": 1.0, "tau": 1.0})
-    # a huge recency weight puts the newest session first whatever the query
-    assert hr.search(["what is the name of my dog"], k=1, query_times=100.0).ids[0, 0] == 3
+    r = Retriever(_memory(), RetrieverConfig(channels=[{"kind": "dense"}], fusion=None), encoder=encoder)
+    assert r.search(["volcano documentary"], k=1, backend="numpy").ids(0) == ["S3:0"]
 
 
 def test_eval_methods_registered_and_run(encoder):
-    import gpuir.hybrid as H
+    from gpuir.dense import encoder as H
     from gpuir.eval.datasets import EvalDataset, EvalQuery
-    from gpuir.eval.runner import METHODS, evaluate
+    from gpuir.eval.runner import METHODS, evaluate, load_method_modules
 
-    assert {"dense", "late", "fusion", "rrf", "agent_rrf"} <= set(METHODS)
+    load_method_modules()
+    assert {"dense", "late", "fusion", "hybrid-fusion", "rrf", "agent_rrf"} <= set(METHODS)
     H.get_encoder.cache_clear()
     ids = [f"c{i // 2}:S{i}" for i in range(4)]
     qs = [
@@ -95,7 +91,7 @@ def test_eval_methods_registered_and_run(encoder):
 def test_channel_cache_tells_question_sets_apart(beir_toy):
     """Two different question lists of the same length never share cached rows."""
     from gpuir.eval.datasets import load_beir
-    from gpuir.hybrid import bm25_rows
+    from gpuir.eval.hybrid_methods import bm25_rows
 
     ds = load_beir(beir_toy)
     qs = list(ds.queries)

@@ -16,7 +16,7 @@ from .late_interaction import (
 
 
 def __getattr__(name):  # Encoder imports torch only when asked for
-    if name in ("Encoder", "default_model_path"):
+    if name in ("Encoder", "default_model_path", "get_encoder"):
         from . import encoder
 
         return getattr(encoder, name)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -315,3 +316,9 @@ class Encoder:
             "normalize": self.normalize,
             **self.stats,
         }
+
+
+@functools.lru_cache(maxsize=4)
+def get_encoder(model: str | None = None, batch_size: int = 64) -> Encoder:
+    """A shared :class:`Encoder` per model and batch size (loaded once per process)."""
+    return Encoder(model, batch_size=batch_size)

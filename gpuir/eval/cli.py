@@ -121,6 +121,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
           f"({'conversations' if ds.name == 'locomo' else 'questions'} resampled, {args.n_boot} replicates)")
     print(table)
+    if "retriever_config" in res.run.meta:  # the configuration that ran, as a --retriever-config file holds it
+        m = res.run.meta
+        print(f"retriever configuration: {json.dumps(m['retriever_config'], sort_keys=True)}")
+        if m.get("alpha") == "loco":
+            unit = "conversation" if ds.name == "locomo" else "fold"
+            print(f"chosen per held-out {unit} on the others by {m['select_metric']} ({m['n_settings']} settings, "
+                  f"grid {m['grid']}): {json.dumps(m['alpha_per_group'])}; the table is held out "
+                  f"(in-sample best {json.dumps(m['best_overall_alpha'])}: {m['best_overall_mean_in_sample']:.3f}, "
+                  "optimistic)")
     print(f"time: {res.timings['total_s']:.1f}s (load {t_load:.1f}s, method {res.timings['method_s']:.1f}s)")
     if args.out:
         runner.save_json(res.report(per_query=not args.no_per_query), args.out)

@@ -90,7 +90,9 @@ METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-METHOD_MODULES: tuple[str, ...] = ("gpuir.hybrid", "gpuir.eval.memory_methods")  # dense, late, fusion, rrf, ...; memory
+#: dense, late, rrf, agent_rrf, hybrid-fusion (dense rows); memory (Memory BM25); fusion (Retriever)
+METHOD_MODULES: tuple[str, ...] = (
+    "gpuir.eval.hybrid_methods", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods")
 
 
 def load_method_modules() -> None:

@@ -8,6 +8,7 @@
     gpuir memory search MEMORY_DIR (--query TEXT | --queries QUERIES.jsonl) [-k 10] [--where JSON]
                                    [--backend auto|numpy|cupy] [--format jsonl|trec]
                                    [--mode exhaustive|newest|budgeted] [--max-partitions K]
+                                   [--config CONFIG.json] [--unit record|session]
     gpuir memory info MEMORY_DIR [--json]
 
 ``add`` creates the memory when the directory is missing or empty (the analyzer
@@ -17,6 +18,11 @@ holds one record per line (see :mod:`gpuir.memory.records`). ``IDS.txt`` holds
 one id per line. ``QUERIES.jsonl`` lines are ``{"id": ..., "text": ...}`` with an
 optional ``"where"``, AND-ed with ``--where``. Search hits (jsonl) carry id,
 score, text and the record's fields; ``trec`` writes ``qid Q0 id rank score gpuir-memory``.
+``--config`` searches with a :class:`gpuir.Retriever` configuration (JSON, as
+``RetrieverConfig.save`` writes it); ``--unit session`` ranks sessions (hits
+``{"session", "score", "records"}``; without ``--config``, the retriever saved
+beside the memory (``MEMORY_DIR.retriever/``, :meth:`gpuir.Retriever.save`) or
+else the default configuration).
 
 Exit status: 0 success; 2 bad input (the message names what to fix: file and
 line, unknown ids, a second writer, a damaged file); 1 internal error.
@@ -160,8 +166,28 @@ def _cmd_search(args: argparse.Namespace) -> int:
     opts: dict[str, Any] = {"mode": args.mode}
     if args.max_partitions is not None:
         opts["max_partitions"] = args.max_partitions
+    search = mem.search
+    if args.config is not None or args.unit == "session":  # a Retriever configuration (gpuir.retrieve)
+        from ..retrieve import Retriever, RetrieverConfig
+
+        if args.mode != "exhaustive" or args.max_partitions is not None:
+            raise InputError("--mode/--max-partitions apply to plain BM25 search, not with --config or --unit session")
+        saved = Retriever.folder_of(args.memory_dir)
+        if args.config is None and (saved / "retriever.json").exists():  # saved beside the memory: reuse it
+            retriever = Retriever.open(mem, saved)
+        else:
+            try:
+                cfg = None if args.config is None else RetrieverConfig.load(args.config)
+            except (OSError, ValueError, TypeError) as e:
+                raise InputError(f"--config {args.config}: {e}") from None
+            retriever = Retriever(mem, cfg)
+
+        def search(q, k, where, backend):
+            return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)
+
+        opts = {}
     for s in range(0, len(texts), 1024):
-        res = mem.search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
+        res = search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
         for i in range(len(res)):
             qid = qids[s + i]
             hits = res.hits(i)
@@ -169,7 +195,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
                 out.write(json.dumps({"query_id": qid, "hits": hits}, ensure_ascii=False) + "\n")
             else:
                 for rank, h in enumerate(hits, 1):
-                    out.write(f"{qid} Q0 {h['id']} {rank} {h['score']:.6f} gpuir-memory\n")
+                    out.write(f"{qid} Q0 {h.get('id', h.get('session'))} {rank} {h['score']:.6f} gpuir-memory\n")
     return 0
 
 
@@ -237,6 +263,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
     ps.add_argument("--mode", default="exhaustive", choices=MODES, help="partition scan (default: %(default)s)")
     ps.add_argument("--max-partitions", type=int, default=None, metavar="K", help="budget of --mode budgeted")
+    ps.add_argument("--config", metavar="CONFIG.json", default=None,
+                    help="a Retriever configuration (channels and fusion, docs/retriever.md) instead of plain BM25")
+    ps.add_argument("--unit", default="record", choices=("record", "session"),
+                    help="rank records, or sessions with their best records (default: %(default)s)")
     ps.set_defaults(func=_cmd_search)
 
     pi = sub.add_parser("info", help="records, tenants, segments, partitions, time span")

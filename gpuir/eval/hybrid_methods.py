@@ -1,53 +1,36 @@
-"""Hybrid retrieval: BM25 and dense (early or late-interaction) channels, fused.
+"""The dense-row evaluation methods: ``dense``, ``late``, ``rrf``, ``agent_rrf`` and ``hybrid-fusion``.
 
-:class:`HybridRetriever` is the user-facing object: it indexes a collection of
-documents (sessions), each optionally split into turns, runs the channels and
-fuses them with any method of :mod:`gpuir.fusion`.
+Each channel is a dense score row per question over the data set's documents
+(``(B, N)`` float32, -inf outside the question's haystack), cached per data
+set and question list; fusion runs over the rows (:mod:`gpuir.fusion`). These
+methods cover what the :class:`gpuir.Retriever`-based ``fusion`` method
+(:mod:`gpuir.eval.retriever_methods`) does not run: early dense retrieval (a
+session encoded whole) and agent-aware RRF with per-haystack dates. They
+moved here from ``gpuir/hybrid.py`` (evaluation code lives in ``gpuir/eval``).
 
-This module also registers the evaluation methods ``dense``, ``late``,
-``fusion``, ``rrf`` and ``agent_rrf`` in :data:`gpuir.eval.runner.METHODS` when
-it is imported (``gpuir eval locomo --method fusion ...``). Nothing heavy is
-imported before a method runs.
-
-Channels (per query, over the documents its filter allows)
-----------------------------------------------------------
-* ``bm25``: session-level BM25 (:class:`gpuir.engine.BM25Index`); documents
-  without any query term are not candidates (-inf).
+Channels
+--------
+* ``bm25``: session-level BM25 (:func:`gpuir.eval.runner.bm25_index`).
 * ``dense``: the session text encoded as one passage ("early": truncated at the
   encoder's max_seq_length, 256 word pieces for MiniLM).
 * ``late``: every turn encoded; session score = pooling of its turns' cosine
-  similarities (:mod:`gpuir.dense.late_interaction`; ``mean`` pooling is early
-  pooling of turn vectors).
+  similarities (:mod:`gpuir.dense.late_interaction`).
+* ``bm25_turn``: turn-level BM25 pooled per session.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .fusion import fuse
-from .results import SearchResults, padded_arrays
+from ..dense.encoder import get_encoder
+from ..fusion import fuse
+from ..results import SearchResults, padded_arrays
 
-__all__ = ["DEFAULT_FUSION", "HybridRetriever", "get_encoder", "split_turns"]
-
-#: The defaults of ``--method fusion``: the best training-free configuration on
-#: LoCoMo, chosen by leave-one-conversation-out cross-validation over the grid
-#: {z, min-max} x {dense late max/top-2/lme, dense mean, dense early, BM25 turn max}
-#: x alpha in 0..1 (docs/dense.md): z-score fusion of session BM25 with BM25
-#: turn-level max pooling, alpha = 0.6 (the value most held-out folds chose).
+#: The second channel and fusion of ``hybrid-fusion`` when not given.
 DEFAULT_FUSION: dict[str, Any] = {"fusion": "z", "dense_mode": "bm25_turn", "pooling": "max", "alpha": 0.6}
-
-
-@functools.lru_cache(maxsize=4)
-def get_encoder(model: str | None = None, batch_size: int = 64):
-    """A shared :class:`gpuir.dense.encoder.Encoder` per model (loaded once per process)."""
-    from .dense.encoder import Encoder
-
-    return Encoder(model, batch_size=batch_size)
 
 
 def split_turns(text: str, skip_first_line: bool = False) -> list[str]:
@@ -69,172 +52,6 @@ def split_turns(text: str, skip_first_line: bool = False) -> list[str]:
     return [ln for ln in lines if ln.strip()]
 
 
-class HybridRetriever:
-    """BM25 + dense retrieval over sessions, fused.
-
-    Parameters
-    ----------
-    texts : sequence of N str
-        Document (session) texts, indexed by BM25 and, in ``dense_mode="early"``, encoded.
-    turns : sequence of N sequences of str, optional
-        The turns of each document, for ``dense_mode="late"``. Default: the
-        non-empty lines of each text.
-    ids : sequence of N str, optional
-        User document ids (for string filters).
-    encoder : str, Path or Encoder, optional
-        Model name / folder, or an :class:`~gpuir.dense.encoder.Encoder`
-        (default: the shipped all-MiniLM-L6-v2).
-    dense_mode : {"late", "early", None}, default "late"
-        None runs BM25 only.
-    pooling : {"max", "mean", "topk", "lse", "lme"}, default "max"
-    pool_k : int, default 3
-        Turns averaged by ``topk`` pooling.
-    beta : float, default 10
-        Temperature of ``lse``/``lme`` pooling.
-    fusion : {"z", "minmax", "rrf", "weighted_rrf", "agent_rrf", None}, default "z"
-        None returns the dense channel alone.
-    alpha : float, default 0.5
-        Weight of BM25 in z/min-max fusion (``alpha * bm25 + (1 - alpha) * dense``).
-    fusion_options : dict, optional
-        Extra keyword arguments of the fusion function (``missing``, ``k_rrf``,
-        ``tau``, ``beta``, ``importance``...).
-    doc_times : ndarray, shape (N,), float, optional
-        Document times for ``agent_rrf`` (days).
-    analyzer : str, default "default"
-        BM25 analyzer.
-    backend : {"auto", "numpy", "cupy"}
-        Device of BM25 scoring and pooling.
-    """
-
-    def __init__(
-        self,
-        texts: Sequence[str],
-        turns: Sequence[Sequence[str]] | None = None,
-        ids: Sequence[str] | None = None,
-        encoder: Any = None,
-        dense_mode: str | None = "late",
-        pooling: str = "max",
-        pool_k: int = 3,
-        beta: float = 10.0,
-        fusion: str | None = "z",
-        alpha: float = 0.5,
-        fusion_options: dict | None = None,
-        doc_times: Any = None,
-        analyzer: str = "default",
-        backend: str = "auto",
-    ):
-        from .engine import BM25Index
-
-        if dense_mode not in ("late", "early", None):
-            raise ValueError(f"dense_mode must be 'late', 'early' or None, got {dense_mode!r}")
-        self.texts = list(texts)
-        self.n_docs = len(self.texts)
-        self.ids = list(ids) if ids is not None else [str(i) for i in range(self.n_docs)]
-        self.dense_mode, self.pooling, self.pool_k, self.beta = dense_mode, pooling, pool_k, beta
-        self.fusion, self.alpha = fusion, alpha
-        self.fusion_options = dict(fusion_options or {})
-        self.doc_times = doc_times
-        self.backend = backend
-        self.timings: dict[str, float] = {}
-        t0 = time.perf_counter()
-        self.bm25 = BM25Index.build(self.texts, ids=self.ids, analyzer=analyzer, progress=False)
-        self.timings["bm25_index_s"] = time.perf_counter() - t0
-        self.encoder = None
-        if dense_mode is not None:
-            from .dense.encoder import Encoder
-
-            self.encoder = encoder if isinstance(encoder, Encoder) else get_encoder(
-                None if encoder is None else str(encoder))
-            t0 = time.perf_counter()
-            if dense_mode == "early":
-                self.doc_vecs = self.encoder.encode_passages(self.texts)
-            else:
-                tt = [list(t) for t in turns] if turns is not None else [split_turns(x) for x in self.texts]
-                if len(tt) != self.n_docs:
-                    raise ValueError(f"turns has {len(tt)} entries for {self.n_docs} documents")
-                flat = [t for ts in tt for t in ts]
-                self.turn_session = np.repeat(np.arange(self.n_docs), [len(ts) for ts in tt])
-                self.turn_vecs = self.encoder.encode_passages(flat)
-            self.timings["encode_docs_s"] = time.perf_counter() - t0
-
-    def channel_scores(self, queries: Sequence[str], filters: Any = None) -> dict[str, np.ndarray]:
-        """Dense score rows of every channel.
-
-        Returns
-        -------
-        dict name -> ndarray, shape (B, N), float32, host; -inf marks documents
-        outside the query's filter, and BM25 non-candidates.
-        """
-        from .dense.late_interaction import late_interaction_scores
-        from .filters import normalize_filters
-
-        B = len(queries)
-        allow = normalize_filters(filters, B, self.n_docs, self.bm25.id_to_num)
-        out: dict[str, np.ndarray] = {}
-        t0 = time.perf_counter()
-        out["bm25"] = self.bm25.scorer(self.backend).score_matrix(self.bm25.query_terms(queries), allow)
-        self.timings["bm25_score_s"] = time.perf_counter() - t0
-        if self.dense_mode is not None:
-            t0 = time.perf_counter()
-            q = self.encoder.encode_queries(queries)
-            self.timings["encode_queries_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if self.dense_mode == "early":
-                d = q @ self.doc_vecs.T
-            else:
-                d = late_interaction_scores(q, self.turn_vecs, self.turn_session, self.pooling,
-                                            k=self.pool_k, beta=self.beta, backend=self.backend)
-                # sessions without turns are -inf already
-            self.timings["dense_score_pool_s"] = time.perf_counter() - t0
-            if allow is not None:
-                mask = np.ones(d.shape, bool)
-                for i, a in enumerate(allow):
-                    if a is not None:
-                        mask[i] = False
-                        mask[i, a] = True
-                d = np.where(mask, d, -np.inf)
-            out["dense"] = d.astype(np.float32)
-        return out
-
-    def search(
-        self, queries: Sequence[str], k: int = 10, filters: Any = None, query_times: Any = None
-    ) -> SearchResults:
-        """Top-k fused results.
-
-        Parameters
-        ----------
-        queries : sequence of B str
-        k : int
-        filters : see :func:`gpuir.filters.normalize_filters`
-        query_times : ndarray (B,) or float, optional
-            For ``agent_rrf`` (same unit as ``doc_times``).
-
-        Returns
-        -------
-        SearchResults (B, k), host; ``meta["timings"]`` per stage.
-        """
-        from .backends.base import topk_from_dense
-
-        ch = self.channel_scores(queries, filters)
-        t0 = time.perf_counter()
-        if self.dense_mode is None:
-            res = topk_from_dense(ch["bm25"], k)
-        elif self.fusion is None:
-            res = topk_from_dense(ch["dense"], k)
-        else:
-            kw = dict(self.fusion_options)
-            if self.fusion in ("z", "zscore", "minmax"):
-                kw.setdefault("alpha", self.alpha)
-            if self.fusion == "agent_rrf":
-                kw.setdefault("doc_times", self.doc_times)
-                kw.setdefault("query_times", query_times)
-            res = fuse([ch["bm25"], ch["dense"]], k, method=self.fusion, **kw)
-        self.timings["fusion_s"] = time.perf_counter() - t0
-        res.meta["timings"] = dict(self.timings)
-        return res
-
-
-# =========================================================================== evaluation methods
 
 
 def _days(dt) -> float:
@@ -311,7 +128,7 @@ def _mask_rows(M: np.ndarray, filters) -> np.ndarray:
 
 def bm25_rows(ds, queries, *, backend="auto", analyzer="default", k1=1.2, b=0.75, progress=False):
     """Session-level BM25 score rows (B, N) float32, -inf outside each question's haystack."""
-    from .eval.runner import bm25_index
+    from .runner import bm25_index
 
     def make():
         idx = bm25_index(ds, analyzer, progress=progress).with_params(k1=float(k1), b=float(b))
@@ -375,7 +192,7 @@ def turn_vectors(ds, queries, *, encoder=None, progress=False):
 
 def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, backend="auto", progress=False):
     """Late-interaction rows: turn similarities pooled per session. (B, N) float32, -inf outside haystacks."""
-    from .dense.late_interaction import _resolve_backend, segment_reduce, segments_from_labels
+    from ..dense.late_interaction import _resolve_backend, segment_reduce, segments_from_labels
 
     def sims():
         _enc, q, tq = _encoder_rows(ds, queries, encoder, progress)
@@ -410,8 +227,8 @@ def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, 
 
 
 def _rows_to_run(M: np.ndarray, k: int, meta: dict):
-    from .backends.base import topk_from_dense
-    from .eval.runner import Run
+    from ..backends.base import topk_from_dense
+    from .runner import Run
 
     r = topk_from_dense(M, k)
     return Run(r.ids, r.scores, meta)
@@ -425,8 +242,8 @@ def bm25_turn_rows(ds, queries, *, pooling="max", pool_k=2, beta=1.0, backend="a
     pools them per session. (B, N) float32, -inf outside haystacks and for
     sessions without any matching turn.
     """
-    from .dense.late_interaction import bm25_turn_late_interaction
-    from .engine import BM25Index
+    from ..dense.late_interaction import bm25_turn_late_interaction
+    from ..engine import BM25Index
 
     def index():
         texts, doc = dataset_turns(ds)
@@ -512,7 +329,7 @@ def fuse_rows(method: str, bm25: np.ndarray, dense: np.ndarray, k: int, *, alpha
 
 
 def _per_query_metric(ds, queries, ranked: np.ndarray, metric: str) -> np.ndarray:
-    from .eval.metrics import compute_metrics
+    from .metrics import compute_metrics
 
     idx = ds.doc_index
     gold = [{idx.get(d, -2 - j): r for j, (d, r) in enumerate(q.gold.items())} for q in queries]
@@ -530,7 +347,7 @@ def loco_alpha_run(ds, queries, bm25, dense, k, method="z", alphas=None, metric=
     -------
     (SearchResults, dict) -- the run, and ``alpha_per_group`` plus the grid.
     """
-    from .eval.stats import leave_one_group_out
+    from .stats import leave_one_group_out
 
     alphas = list(alphas if alphas is not None else np.round(np.arange(0.0, 1.0001, 0.05), 2))
     metric = metric or ("hit@1" if ds.name == "locomo" else "recall_all@5")
@@ -590,7 +407,7 @@ def _dense_from_args(a) -> dict[str, Any]:
 
 def _register() -> None:
     try:
-        from .eval.runner import Run, register_method
+        from .runner import Run, register_method
     except ImportError:  # pragma: no cover - the harness is optional
         return
 
@@ -634,7 +451,7 @@ def _register() -> None:
         t_f = time.perf_counter() - t1
         timings = {"bm25_score_s": tb, **{x: y for x, y in meta.items() if x.endswith("_s")},
                    "fusion_s": t_f, "total_s": time.perf_counter() - t0}
-        from .backends import resolve_backend
+        from ..backends import resolve_backend
 
         be, why = resolve_backend(backend)
         return Run(res.ids, res.scores, {
@@ -642,8 +459,8 @@ def _register() -> None:
             "timings": timings, "fusion": name if name != "fusion" else norm, "alpha": alpha,
             "dense_mode": dense_mode, **info, **{x: y for x, y in meta.items() if not x.endswith("_s")}})
 
-    @register_method("fusion", help="BM25 + a second channel, z-score fusion (defaults: the best LOCO-validated config, "
-                     "BM25 + BM25 turn-level max, alpha 0.6)", **common)
+    @register_method("hybrid-fusion", help="BM25 + a second channel over dense score rows (early dense too); "
+                     "the Retriever-based fusion method replaces it", **common)
     def fusion_method(ds, queries, k, *, backend="auto", progress=False, encoder=None,
                       pooling=DEFAULT_FUSION["pooling"], pool_k=3, beta=10.0,
                       dense_mode=DEFAULT_FUSION["dense_mode"], alpha=DEFAULT_FUSION["alpha"],

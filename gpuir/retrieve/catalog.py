@@ -1,0 +1,205 @@
+"""What the channels need to know about a memory's records, kept in step with it.
+
+:class:`Catalog` follows a :class:`~gpuir.memory.Memory` by snapshot version:
+on :meth:`Catalog.sync` it reads only the records added since the last sync
+(and forgets deleted ones), maps each record to its session, numbers sessions
+in order of first appearance, and keeps a second memory of **session
+documents** (a session's record texts, in add order, joined by newlines) for
+the ``bm25_session`` channel, rewriting only the sessions that changed.
+
+A record without a ``session`` is a session of its own, named by its id.
+
+With an ``analyzer`` other than the memory's, the catalog also keeps a
+**record index**: a memory of the same records (every field, so ``where``
+filters work unchanged) analysed with it, for the record BM25 channels.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..memory import Memory
+from ..memory.where import compile_wheres
+
+__all__ = ["Catalog"]
+
+
+class Catalog:
+    """Record -> session maps and the session-document memory of one memory.
+
+    Attributes
+    ----------
+    seq_session : ndarray, shape (max seq + 1,), int64
+        Session number of each record sequence number (-1: not live / unknown).
+    session_names : list of str
+        Session id of each session number (first appearance order).
+    """
+
+    def __init__(self, memory: Memory, with_sessions: bool = True, analyzer: Any = None):
+        from ..analysis import Analyzer
+
+        self.memory = memory
+        self.with_sessions = with_sessions
+        self.analyzer_config = memory.analyzer_config if analyzer is None else Analyzer(analyzer).config
+        own = self.analyzer_config == memory.analyzer_config
+        #: the memory the record BM25 channels search (the memory itself, or a copy with the analyzer)
+        self.records: Memory = memory if own else self._new_memory()
+        self.version = -1
+        self.seq_session = np.full(0, -1, dtype=np.int64)
+        self.session_names: list[str] = []
+        self.session_num: dict[str, int] = {}
+        self.seq_of: dict[str, int] = {}  # live record id -> seq
+        self.id_of_seq: dict[int, str] = {}
+        self.text_of: dict[str, str] = {}
+        self.session_of: dict[str, str] = {}
+        self.members: dict[str, dict[int, str]] = {}  # session -> {seq: record id}
+        self.tenant_of: dict[str, str | None] = {}
+        self.sessions: Memory | None = None
+        self._lock = threading.Lock()
+        self.added: list[str] = []  # ids added by the last sync (for the embeddings)
+        self.removed: list[str] = []
+
+    # ------------------------------------------------------------------ sync
+    def sync(self):
+        """Catch up with the memory's current snapshot; returns that snapshot."""
+        with self._lock:
+            snap = self.memory.snapshot()
+            if snap.version == self.version:
+                self.added, self.removed = [], []
+                return snap
+            live = snap.live_records()
+            live_seqs = {s for s, _, _ in live}
+            removed = [rid for rid, s in self.seq_of.items() if s not in live_seqs]
+            if removed and self.records is not self.memory:
+                self.records.delete(removed)
+            touched: set[str] = set()
+            for rid in removed:
+                s = self.seq_of.pop(rid)
+                self.id_of_seq.pop(s, None)
+                sess = self.session_of.pop(rid)
+                self.text_of.pop(rid, None)
+                self.members[sess].pop(s, None)
+                self.seq_session[s] = -1
+                touched.add(sess)
+            added, copies = [], []
+            top = max(live_seqs) + 1 if live_seqs else 0
+            if top > self.seq_session.size:
+                grown = np.full(max(top, 2 * self.seq_session.size), -1, dtype=np.int64)
+                grown[: self.seq_session.size] = self.seq_session
+                self.seq_session = grown
+            for s, vi, row in live:
+                if s in self.id_of_seq:
+                    continue
+                rec = snap.record(vi, row)
+                rid = rec["id"]
+                sess = rec.get("session") or rid
+                if sess not in self.session_num:
+                    self.session_num[sess] = len(self.session_names)
+                    self.session_names.append(sess)
+                    self.members[sess] = {}
+                    self.tenant_of[sess] = rec.get("tenant")
+                elif self.tenant_of.get(sess) != rec.get("tenant"):
+                    self.tenant_of[sess] = None  # mixed tenants: the session document has no tenant
+                self.seq_of[rid] = s
+                self.id_of_seq[s] = rid
+                self.text_of[rid] = rec["text"]
+                self.session_of[rid] = sess
+                self.members[sess][s] = rid
+                self.seq_session[s] = self.session_num[sess]
+                touched.add(sess)
+                added.append(rid)
+                if self.records is not self.memory:
+                    copies.append(rec)
+            if copies:
+                self.records.add(copies)
+            if self.with_sessions:
+                self._rewrite_sessions(touched)
+            self.added, self.removed = added, removed
+            self.version = snap.version
+            return snap
+
+    def _new_memory(self) -> Memory:
+        p = self.memory.params
+        return Memory(analyzer=self.analyzer_config, method=p.method, k1=p.k1, b=p.b, delta=p.delta,
+                      partition_days=None)
+
+    def record_seqs(self, res) -> np.ndarray:
+        """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""
+        if self.records is self.memory:
+            return res.seqs.astype(np.int64)
+        out = np.full(res.seqs.shape, -1, np.int64)
+        for i in range(len(res)):
+            ids = res.ids(i)
+            out[i, : len(ids)] = [self.seq_of[r] for r in ids]
+        return out
+
+    def _rewrite_sessions(self, touched: set[str]) -> None:
+        if self.sessions is None:
+            self.sessions = self._new_memory()
+        old = [s for s in touched if s in self.sessions]
+        if old:
+            self.sessions.delete(old)
+        docs = []
+        for sess in sorted(touched, key=self.session_num.__getitem__):
+            mem = self.members.get(sess)
+            if not mem:
+                continue
+            doc: dict[str, Any] = {"id": sess, "text": "\n".join(self.text_of[mem[s]] for s in sorted(mem))}
+            if self.tenant_of.get(sess) is not None:
+                doc["tenant"] = self.tenant_of[sess]
+            docs.append(doc)
+        if docs:
+            self.sessions.add(docs)
+
+    # ------------------------------------------------------------------ filters
+    def allowed_seqs(self, snap, where: Any, n_queries: int) -> list[np.ndarray | None]:
+        """Sequence numbers of the live records each query's ``where`` allows (None: all).
+
+        Uses the memory's own compiled filters (:mod:`gpuir.memory.where`), so
+        every channel filters exactly as :meth:`Memory.search` does.
+        """
+        wheres = compile_wheres(where, n_queries, snap.dicts)
+        out: list[np.ndarray | None] = []
+        cache: dict[int, np.ndarray] = {}
+        for w in wheres:
+            if w is None:
+                out.append(None)
+                continue
+            key = id(w)
+            if key not in cache:
+                parts = [v.seg.seqs[w.mask(v, snap.dicts)] for v in snap.views]
+                cache[key] = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            out.append(cache[key])
+        return out
+
+    def session_wheres(self, snap, where: Any, n_queries: int) -> Any:
+        """The ``where`` of the session-document memory matching a record ``where``.
+
+        A session passes when any of its records passes. ``None`` and a
+        tenant-only filter carry over as they are; otherwise the sessions are
+        listed by id (a query whose filter allows no record gets ``False``).
+        """
+        if where is None:
+            return None
+        per = where if isinstance(where, list) else [where] * n_queries
+        if all(w is None or (isinstance(w, dict) and set(w) <= {"tenant"}) for w in per):
+            return where
+        allowed = self.allowed_seqs(snap, where, n_queries)
+        out: list[Any] = []
+        for w, a in zip(per, allowed):
+            if a is None:
+                out.append(None)
+                continue
+            nums = np.unique(self.seq_session[a])
+            nums = nums[nums >= 0]
+            if nums.size == 0:
+                out.append(False)
+                continue
+            cond: dict[str, Any] = {"id": {"in": [self.session_names[j] for j in nums.tolist()]}}
+            if isinstance(w, dict) and "tenant" in w:
+                cond["tenant"] = w["tenant"]
+            out.append(cond)
+        return out

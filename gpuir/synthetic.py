@@ -50,6 +50,14 @@ every record carrying the target's identifier (its block: 1-3 records), known
 exactly. ``query_times`` lie just after the end of the log ("now");
 ``query_agents`` is the target's agent.
 
+Records
+-------
+:meth:`SyntheticMemory.record` / :meth:`SyntheticMemory.records` and
+:func:`iter_records` (streaming) give the log in the memory record model
+(:mod:`gpuir.memory.records`): session, role, agent, a tenant per group of
+agents, time in epoch milliseconds, importance, type and the turn position in
+``metadata``.
+
 Determinism
 -----------
 Same ``(n_records, n_queries, seed, n_agents)`` -> identical output, on every

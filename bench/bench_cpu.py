@@ -96,6 +96,7 @@ import gzip
 import json
 import platform
 import re
+import shlex
 import sys
 import threading
 import time
@@ -660,7 +661,7 @@ def run(args, log=print) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "bench_cpu",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(pinned),
         "versions": versions(),
         "config": {key: v for key, v in vars(args).items()},

@@ -230,8 +230,9 @@ def _select(acc, dense, touched, nt, thr, sdoc, part, stride):
 
     Dense: every document (touched ones have acc > 0), in ascending order, and
     ``acc`` is reset on the way. Otherwise the touched ones, in touch order.
-    With ``stride`` > 1 only every stride-th is looked at and nothing is
-    written: the count times stride estimates the full count.
+    With ``stride`` > 1 only every stride-th (dense: block of 64 documents) is
+    looked at and nothing is written: the count times stride estimates the full
+    count.
     """
     n = 0
     if dense:
@@ -240,27 +241,27 @@ def _select(acc, dense, touched, nt, thr, sdoc, part, stride):
         if np.float64(lim) < thr:
             lim = np.nextafter(lim, np.float32(np.inf))
         N = acc.size
-        if stride > 1:
-            for d in range(0, N, stride):
-                n += acc[d] >= lim
-            return n * stride
         nb = N // 64
+        if stride > 1:  # every stride-th block of 64: a few cache lines, not all
+            for b in range(0, nb, stride):
+                blk = acc[b * 64:b * 64 + 64]
+                for j in range(64):
+                    n += blk[j] >= lim
+            return n * stride
         for b in range(nb + 1):  # 64 at a time: a vectorised count skips most blocks
             base = b * 64
-            c = 1
-            if b < nb:
-                blk = acc[base:base + 64]
-                c = 0
-                for j in range(64):
-                    c += blk[j] >= lim
+            blk = acc[base:min(base + 64, N)]
+            c = 0
+            for j in range(blk.size):
+                c += blk[j] >= lim
             if c:
-                for d in range(base, min(base + 64, N)):
-                    v = acc[d]
-                    sdoc[n] = d
+                for j in range(blk.size):
+                    v = blk[j]
+                    sdoc[n] = base + j
                     part[n] = v
                     n += v >= lim
-        for d in range(N):
-            acc[d] = np.float32(0.0)
+            for j in range(blk.size):  # reset on the way
+                blk[j] = np.float32(0.0)
         return n
     if stride > 1:
         for j in range(0, nt, stride):

@@ -31,13 +31,36 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Iterable
+from typing import Any
+
+import numpy as np
 
 STOPWORD_LISTS = {"en": "stopwords_en.txt", "en-large": "stopwords_en_large.txt"}
 STEMMERS = ("english", "porter")
+#: Token patterns whose tokens are the maximal runs of word characters (``\\w``,
+#: as the ``re`` module defines it) at least this long: the index build can
+#: find them in compiled code (:mod:`gpuir.index.compiled_build`).
+RUN_PATTERNS = {r"\w+": 1, r"(?u)\b\w\w+\b": 2}
+
+
+@cache
+def word_chars(ascii_only: bool = False) -> np.ndarray:
+    """Which code points ``re`` counts as ``\\w`` in a str pattern.
+
+    Returns
+    -------
+    ndarray, shape (0x110000,) (or (128,) with ``ascii_only``), bool, host
+        Computed by the ``re`` module itself (every code point through ``\\W``),
+        so compiled tokenisation agrees with :meth:`Analyzer.__call__` exactly.
+    """
+    n = 128 if ascii_only else 0x110000
+    every = "".join(map(chr, range(n)))
+    marked = re.sub(r"\W", "\x00", every)  # chr(0) is not a word character either
+    return np.frombuffer(marked.encode("utf-32-le", "surrogatepass"), dtype=np.uint32) != 0
 
 
 @cache
@@ -95,7 +118,7 @@ class Analyzer:
         manifest; an optional ``"name"`` key is ignored), or a config.
     """
 
-    def __init__(self, spec: "str | dict[str, Any] | AnalyzerConfig | Analyzer" = "default"):
+    def __init__(self, spec: str | dict[str, Any] | AnalyzerConfig | Analyzer = "default"):
         if isinstance(spec, Analyzer):
             spec = spec.config
         if isinstance(spec, str):
@@ -136,16 +159,45 @@ class Analyzer:
     def __repr__(self) -> str:
         return f"Analyzer({self.name or self.config!r})"
 
-    def __call__(self, text: str) -> list[str]:
-        """Tokens of ``text``, in order, repeats kept."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+    @property
+    def run_min_len(self) -> int | None:
+        """The least token length when tokens are maximal ``\\w`` runs (see :data:`RUN_PATTERNS`), else None."""
+        return RUN_PATTERNS.get(self.cfg.pattern)
+
+    def prepare(self, text: str) -> str:
+        """``text`` normalised and lowercased as configured: what the token pattern runs on."""
         cfg = self.cfg
         if cfg.normalize:
             text = unicodedata.normalize(cfg.normalize, text)
         if cfg.lowercase:
             text = text.lower()
-        toks = self._findall(text)
+        return text
+
+    def prepare_many(self, texts: list[str]) -> list[str]:
+        """:meth:`prepare` of each text (lowercasing alone maps ``str.lower``, without a call per text)."""
+        if self.cfg.normalize is None:
+            return list(map(str.lower, texts)) if self.cfg.lowercase else list(texts)
+        return [self.prepare(t) for t in texts]
+
+    def terms_of(self, surface: list[str]) -> list[str | None]:
+        """What each pattern match becomes: None for a stopword, else its stem (or itself).
+
+        Parameters
+        ----------
+        surface : list of str
+            Tokens as the pattern found them in :meth:`prepare`'s output, e.g. the
+            distinct ones of a corpus (each is stemmed once).
+        """
+        stop = self._stop
+        keep = [t for t in surface if t not in stop]
+        stems = iter(self._stemmer.stemWords(keep) if self._stemmer is not None and keep else keep)
+        return [None if t in stop else next(stems) for t in surface]
+
+    def __call__(self, text: str) -> list[str]:
+        """Tokens of ``text``, in order, repeats kept."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        toks = self._findall(self.prepare(text))
         if self._stop:
             stop = self._stop
             toks = [t for t in toks if t not in stop]

@@ -3,8 +3,9 @@
 * ``gpu`` marker: the test needs a usable CUDA device. Skipped without one;
   ``--require-gpu`` turns that skip into a failure (run it on a GPU machine).
 * ``slow`` marker: takes more than a few seconds.
-* ``backend`` fixture: "numpy", and "cupy" where a device can be used, so one
-  test body checks both backends.
+* ``backend`` fixture: "numpy", "numba" (the compiled CPU scorer; BM25 only:
+  skipped in the dense modules, which run on numpy or cupy), and "cupy" where
+  a device can be used, so one test body checks every backend.
 * ``data_dir`` fixture: the evaluation data, from ``GPUIR_DATA`` (default
   ``../shared/data`` beside the repository); tests that need it skip without it.
 * ``locomo`` / ``oracle`` fixtures: LoCoMo and the LongMemEval oracle split, loaded
@@ -51,12 +52,18 @@ def pytest_runtest_setup(item):
 
 
 def _backends():
-    return ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
+    return ["numpy", "numba", pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+#: Test modules of the dense channel: its operations have numpy and cupy paths only.
+_NOT_NUMBA = {"test_dense_index", "test_late_interaction"}
 
 
 @pytest.fixture(params=_backends())
 def backend(request):
-    """Backend name: every test using it runs on NumPy and, with a device, on CuPy."""
+    """Backend name: every test using it runs on NumPy, Numba and, with a device, on CuPy."""
+    if request.param == "numba" and request.module.__name__.rsplit(".", 1)[-1] in _NOT_NUMBA:
+        pytest.skip("numba is a BM25 scorer backend; the dense channel runs on numpy or cupy")
     return request.param
 
 

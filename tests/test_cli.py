@@ -119,7 +119,7 @@ def test_info_names_backends_and_auto_choice():
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["backends"]["numpy"]["usable"] is True
-    assert info["auto"]["backend"] in ("numpy", "cupy") and info["auto"]["reason"]
+    assert info["auto"]["backend"] in ("numpy", "numba", "cupy") and info["auto"]["reason"]
     r = run("info")
     assert r.returncode == 0 and "auto picks:" in r.stdout
 

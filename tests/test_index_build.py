@@ -98,3 +98,39 @@ class TestAnalyzer:
                              return_ids=False, show_progress=False)
         a = Analyzer("bm25s")
         assert [a(t) for t in texts] == ref
+
+
+UNICODE_ALPHABET = list("abcXYZ_09 \n\t.-'") + [
+    "é", "İ", "ß", "Σ", "ς", "ﬁ", "Ｆ", "\u0301", "\u0663", "²", "½", "\ud800", "😀", "中", "ǅ", "ⅸ", "\u00a0", "\u200b",
+]
+
+
+@pytest.mark.parametrize("analyzer", ["default", "bm25s", "plain", "nostop", "en-large"])
+def test_compiled_build_equals_the_python_build(analyzer):
+    """The compiled tokenizer and counting sort give the Python path's index, bit for bit."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(12)
+    docs = random_corpus(400, 150, seed=6)
+    # combining marks, case foldings that change length, final sigma, digits of other scripts,
+    # lone surrogates, emoji, one- and two-letter runs, empty documents
+    docs += ["".join(rng.choice(UNICODE_ALPHABET, size=rng.integers(0, 40))) for _ in range(300)]
+    docs += ["", "a", "ab", "The THE the", "ΣΑΣ ΌΔΟΣ", "I'm going to the gym at 10am on 2023-05-08!"]
+    for chunk in (1, 37, 10**6):
+        py = build_csr(docs, analyzer, chunk_size=chunk, compiled=False)
+        co = build_csr(iter(docs), analyzer, chunk_size=chunk, compiled=True)
+        for f in FIELDS:
+            a, b = getattr(py, f), getattr(co, f)
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (f, chunk)
+        assert py.vocab == co.vocab
+    # and the tokens themselves: every document's terms, in order, from the index's postings
+    an = Analyzer(analyzer)
+    lens = [len(an(d)) for d in docs]
+    assert co.doc_lens.tolist() == lens
+
+
+def test_compiled_build_needs_a_word_run_pattern():
+    pytest.importorskip("numba")
+    custom = {"pattern": r"[a-z]+", "stopwords": None, "stemmer": None}
+    with pytest.raises(ValueError, match="word-run token pattern"):
+        build_csr(["a b"], custom, compiled=True)
+    assert build_csr(["ab cd"], custom).vocab == ["ab", "cd"]  # auto: the Python path

@@ -1,11 +1,14 @@
-"""Backend selection: ``"auto" | "numpy" | "cupy"``, overridable by ``GPUIR_BACKEND``.
+"""Backend selection: ``"auto" | "numpy" | "numba" | "cupy"``, overridable by ``GPUIR_BACKEND``.
 
 "auto" picks CuPy only when a CUDA device can actually be used (not merely when
-CuPy imports), and always says why it chose what it chose.
+CuPy imports); otherwise the compiled CPU backend (Numba) when numba imports,
+else NumPy -- and always says why it chose what it chose. NumPy is the
+reference every other backend equals bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .._compat import cuda_device
@@ -13,9 +16,21 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from .base import CollectionStats, Scorer, topk_from_dense
 
-BACKENDS = ("auto", "numpy", "cupy")
+BACKENDS = ("auto", "numpy", "numba", "cupy")
 
-__all__ = ["BACKENDS", "CollectionStats", "Scorer", "make_scorer", "resolve_backend", "topk_from_dense"]
+__all__ = [
+    "BACKENDS", "CollectionStats", "Scorer", "make_scorer", "numba_available", "resolve_backend", "topk_from_dense",
+]
+
+
+@functools.cache
+def numba_available() -> tuple[bool, str]:
+    """Whether numba imports (the compiled CPU backend can run), with the reason when not."""
+    try:
+        import numba
+    except Exception as e:  # noqa: BLE001 - any import failure means: not usable
+        return False, f"numba does not import ({type(e).__name__}: {e})"
+    return True, f"numba {numba.__version__}"
 
 
 def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
@@ -23,9 +38,9 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
 
     Parameters
     ----------
-    name : {"auto", "numpy", "cupy"} or None
+    name : {"auto", "numpy", "numba", "cupy"} or None
         None means "auto". The environment variable ``GPUIR_BACKEND``, when set,
-        overrides "auto" (an explicit "numpy" or "cupy" argument wins over it).
+        overrides "auto" (an explicit backend argument wins over it).
 
     Returns
     -------
@@ -34,7 +49,8 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     Raises
     ------
     ValueError
-        Unknown name, or "cupy" requested where no CUDA device can be used.
+        Unknown name, "cupy" requested where no CUDA device can be used, or
+        "numba" requested where numba does not import.
     """
     name = "auto" if name is None else str(name).lower()
     source = "requested"
@@ -43,9 +59,18 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
         source = "GPUIR_BACKEND"
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} ({source}): choose one of {', '.join(BACKENDS)}")
-    usable, why = cuda_device()
+    via = "" if source == "requested" else " via environment"
     if name == "numpy":
-        return "numpy", f"numpy {source}" + ("" if source == "requested" else " via environment")
+        return "numpy", f"numpy {source}{via}"
+    if name == "numba":
+        ok, why = numba_available()
+        if not ok:
+            raise ValueError(
+                f"backend 'numba' was {source} but {why}. Fix: pip install 'gpuir[cpu]' "
+                "(numba ships wheels for Linux, macOS and Windows), or use backend='numpy'"
+            )
+        return "numba", f"numba {source}{via}: compiled CPU scorer ({why})"
+    usable, why = cuda_device()
     if name == "cupy":
         if not usable:
             raise ValueError(
@@ -55,17 +80,28 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
         return "cupy", f"cupy {source}: {why}"
     if usable:
         return "cupy", f"auto: {why}"
-    return "numpy", f"auto: no GPU ({why})"
+    ok, nwhy = numba_available()
+    if ok:
+        return "numba", f"auto: no GPU ({why}); compiled CPU scorer, {nwhy}"
+    return "numpy", f"auto: no GPU ({why}) and {nwhy}: NumPy scorer (pip install 'gpuir[cpu]' for the faster one)"
 
 
 def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Scorer:
-    """A :class:`Scorer` of the concrete ``backend`` ("numpy" or "cupy")."""
+    """A :class:`Scorer` of the concrete ``backend`` ("numpy", "numba" or "cupy").
+
+    ``opts`` go to the scorer: ``stats=`` (every backend), ``prune=`` (numpy,
+    numba), ``threads=`` (numba).
+    """
     if backend == "numpy":
         from .numpy_backend import NumpyScorer
 
         return NumpyScorer(index, params, **opts)
+    if backend == "numba":
+        from .numba_backend import NumbaScorer
+
+        return NumbaScorer(index, params, **opts)
     if backend == "cupy":
         from .cupy_backend import CupyScorer
 
         return CupyScorer(index, params, **opts)
-    raise ValueError(f"make_scorer needs a concrete backend ('numpy' or 'cupy'), got {backend!r}")
+    raise ValueError(f"make_scorer needs a concrete backend ('numpy', 'numba' or 'cupy'), got {backend!r}")

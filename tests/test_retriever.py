@@ -311,8 +311,6 @@ def test_imports_load_neither_eval_nor_cupy():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-@pytest.mark.xfail(reason="gpuir.backends.resolve_backend probes CUDA (imports CuPy) before honouring an explicit "
-                          "'numpy' (every Memory.search); fix there: test for 'numpy' before cuda_device()")
 def test_numpy_search_does_not_load_cupy():
     code = _IMPORTS + "r.search('hello', unit='session', backend='numpy').hits(0)\n" + _CHECK
     p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)

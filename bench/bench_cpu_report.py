@@ -72,11 +72,12 @@ def render_scaling(res: dict[str, Any]) -> str:
         lines.append(f"**{cname}**, gpuir-numba, {res['corpora'][cname].get('n_queries', '?'):,} queries a batch "
                      "(query analysis included):")
         lines.append("")
-        lines.append("| threads (= CPUs) | queries/s | speed-up over 1 thread | 1-min load average |")
-        lines.append("|---:|---:|---:|---:|")
+        lines.append("| threads (= CPUs) | queries/s (best pass) | queries/s (median) | speed-up over 1 thread "
+                     "| 1-min load average (max) |")
+        lines.append("|---:|---:|---:|---:|---:|")
         for r in rows:
-            lines.append(f"| {r['threads']} | {_fmt(r['qps'], 1)} | {r['speedup']:.2f}× "
-                         f"| {_fmt(r.get('loadavg_1min'), 1)} |")
+            lines.append(f"| {r['threads']} | {_fmt(r['qps'], 1)} | {_fmt(r.get('qps_median'), 1)} "
+                         f"| {r['speedup']:.2f}× | {_fmt(r.get('loadavg_1min'), 1)} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -154,7 +155,10 @@ def render_markdown(res: dict[str, Any], img_rel: str | None = "img/bench_cpu.pn
     if res.get("thread_scaling"):
         body += ["### Threads", "",
                  ("One batch spread over threads (`threads=t`, t CPUs, each query on one thread); "
-                  "same process, right after the single-core row."), "",
+                  "same process, right after the single-core row; the thread counts take turns pass by "
+                  "pass, and each one's best pass is compared (a pass slowed by another job on the "
+                  "machine is not). A speed-up needs the other cores idle: the load average says "
+                  "whether they were."), "",
                  render_scaling(res)]
         if threads_img_rel:
             body += [f"![gpuir-numba thread scaling]({threads_img_rel})", ""]

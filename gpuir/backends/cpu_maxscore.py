@@ -67,7 +67,7 @@ BLOCK = 64
 #: What finishing one survivor costs, per unscanned list, in postings scanned
 #: (chosen by measurement on LongMemEval-S: 16 to 128 within 10%).
 _PROBE = 32
-#: Survivors are counted on every _SAMPLE-th candidate when deciding to stop.
+#: When deciding to stop, survivors are counted on every _SAMPLE-th candidate (dense: block of 64).
 _SAMPLE = 16
 
 
@@ -76,7 +76,7 @@ def _block_of(bix, t, d):
     """Block of term t's postings that would hold document d (the first whose last document
     is >= d), or -1 when d lies past the term's last document.
 
-    ``bix`` is the block index (see :func:`search_rows_taat`): a doc-space
+    ``bix`` is the block index (see :func:`search_pruned`): a doc-space
     directory gives a block at most a step or two before the answer.
     """
     blk_off, blk_last, _bmax, dir_off, dir_shift, blk_dir = bix

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from . import __version__
 from .analysis import ANALYZERS
+from .backends import BACKENDS
 from .bm25 import METHODS
 from .jsonl import InputError, read_jsonl
 
@@ -117,6 +118,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from ._compat import cuda_device, has_cupy
+    from .backends import numba_available
     from .backends import resolve_backend
 
     usable, why = cuda_device()
@@ -125,6 +127,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "python": sys.version.split()[0],
         "backends": {
             "numpy": {"usable": True, "reason": "always available (the reference backend)"},
+            "numba": dict(zip(("usable", "reason"), numba_available())),
             "cupy": {"usable": usable, "installed": has_cupy(), "reason": why},
         },
     }
@@ -186,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--query", metavar="TEXT")
     g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id": ..., "text": ...} per line')
     ps.add_argument("-k", type=int, default=10)
-    ps.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    ps.add_argument("--backend", default="auto", choices=BACKENDS)
     ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
     ps.set_defaults(func=_cmd_search)
 
@@ -200,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--seed", type=int, default=0)
     pd.add_argument("--batch-size", type=int, default=256)
     pd.add_argument("-k", type=int, default=10)
-    pd.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    pd.add_argument("--backend", default="auto", choices=BACKENDS)
     pd.set_defaults(func=_cmd_demo)
 
     for mod in SUBCOMMAND_MODULES:

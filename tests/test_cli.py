@@ -119,6 +119,9 @@ def test_info_names_backends_and_auto_choice():
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["backends"]["numpy"]["usable"] is True
+    import importlib.util
+
+    assert info["backends"]["numba"]["usable"] is (importlib.util.find_spec("numba") is not None)
     assert info["auto"]["backend"] in ("numpy", "numba", "cupy") and info["auto"]["reason"]
     r = run("info")
     assert r.returncode == 0 and "auto picks:" in r.stdout

@@ -103,3 +103,16 @@ def test_topk_rows_ties_and_inf():
     assert ids.tolist() == [[1, 2, 4, 0, -1, -1]]
     ids, _ = topk_rows(s, 1)
     assert ids.tolist() == [[1]]
+
+
+def test_numba_backend_request_runs_dense_work_on_numpy(monkeypatch):
+    """GPUIR_BACKEND=numba (the compiled BM25 scorer) must not break the dense channel: it runs on NumPy."""
+    from gpuir.dense.index import _resolve_backend as dense_backend
+    from gpuir.dense.late_interaction import _resolve_backend as pool_backend
+
+    monkeypatch.setenv("GPUIR_BACKEND", "numba")
+    assert dense_backend("auto")[0] == "numpy"
+    assert pool_backend("auto", np.zeros(3, np.float32)) == "numpy"
+    monkeypatch.setenv("GPUIR_BACKEND", "tpu")
+    with pytest.raises(ValueError):
+        dense_backend("auto")

@@ -91,6 +91,8 @@ def topk_rows(scores: Any, k: int, col_ids: Any = None) -> tuple[Any, Any]:
 
 def _resolve_backend(backend: str) -> tuple[str, str]:
     b = os.environ.get("GPUIR_BACKEND", "auto") if backend == "auto" else backend
+    if b == "numba":  # the compiled CPU backend is a BM25 scorer; dense arrays run on NumPy on the CPU
+        return "numpy", "numba requested: the dense channel's CPU path is NumPy"
     if b == "auto":
         usable, reason = cuda_device()
         return ("cupy", f"auto: {reason}") if usable else ("numpy", f"auto: {reason}")

@@ -241,6 +241,8 @@ def _segment_reduce_cupy(values, offsets, op: str, k: int, beta: float):
 
 def _resolve_backend(backend: str, values: Any) -> str:
     b = os.environ.get("GPUIR_BACKEND", backend) if backend == "auto" else backend
+    if b == "numba":  # the compiled CPU backend is a BM25 scorer; pooling runs on NumPy on the CPU
+        return "numpy"
     if b == "auto":
         if type(values).__module__.startswith("cupy"):
             return "cupy"

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+from ..backends import BACKENDS
 from . import runner
 from .datasets import load_beir, load_locomo, load_longmemeval
 
@@ -58,7 +59,7 @@ def _common(p: argparse.ArgumentParser, data_help: str) -> None:
     p.add_argument("--data", metavar="PATH", default=None, help=data_help)
     p.add_argument("--method", default="bm25", choices=sorted(runner.METHODS),
                    help="retrieval method (default: %(default)s)")
-    p.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("-k", type=_positive_int, default=100, help="run depth per question (default: %(default)s)")
     p.add_argument("--cutoffs", type=_cutoffs, default=None,
                    help="comma-separated @k cut-offs (default 1,3,5,10; BEIR 1,3,5,10,100)")
@@ -313,7 +314,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     default=list(runner.ABLATION_ANALYZERS))
     pa.add_argument("--k1s", type=_floats, default=[0.9, 1.2, 1.5])
     pa.add_argument("--bs", type=_floats, default=[0.4, 0.75])
-    pa.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    pa.add_argument("--backend", default="auto", choices=BACKENDS)
     pa.add_argument("--n-boot", type=_positive_int, default=2000)
     pa.add_argument("--out", metavar="ABLATION.json")
     pa.add_argument("--progress", dest="progress", action="store_true", default=None)

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..backends import BACKENDS
 from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
 from .persist import CURRENT
@@ -259,7 +260,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id", "text"[, "where"]} per line')
     ps.add_argument("-k", type=int, default=10)
     ps.add_argument("--where", metavar="JSON", help='filter, e.g. \'{"tenant": "acme", "time": {"gte": "2024-05-01"}}\'')
-    ps.add_argument("--backend", default="auto", choices=("auto", "numpy", "cupy"))
+    ps.add_argument("--backend", default="auto", choices=BACKENDS)
     ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
     ps.add_argument("--mode", default="exhaustive", choices=MODES, help="partition scan (default: %(default)s)")
     ps.add_argument("--max-partitions", type=int, default=None, metavar="K", help="budget of --mode budgeted")

@@ -78,6 +78,7 @@ from .dirlock import (
     retire_dir,
     write_error,
 )
+from .files import fsync_dir, sha256_file
 
 FORMAT = "gpuir-csr"
 FORMAT_VERSION = 2
@@ -115,23 +116,8 @@ class _Moved(Exception):
 # -- writing
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _HashingWriter:
@@ -285,13 +271,13 @@ def save_index(
                 **(extra or {}),
             }
             _write_file(tmp / "manifest.json", _json_bytes(manifest, indent=2))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             os.rename(tmp, final)
-            _fsync_dir(root)
+            fsync_dir(root)
             _write_file(cur_tmp, (name + "\n").encode())
             os.replace(cur_tmp, root / "CURRENT")
             committed = True
-            _fsync_dir(root)
+            fsync_dir(root)
         except BaseException as e:
             if not committed:  # nobody can have seen the new version: remove every trace of it
                 for p in (tmp, final):
@@ -370,7 +356,7 @@ def _load_version(vdir: Path, mmap: bool, verify: bool) -> tuple[CSRIndex, dict[
         meta = files[p.name]
         if not p.is_file():
             raise IndexFormatError(f"{p}: missing")
-        if verify and _sha256(p) != meta["sha256"]:
+        if verify and sha256_file(p) != meta["sha256"]:
             raise IndexFormatError(f"{p}: checksum mismatch (the file is corrupt); rebuild the index")
         try:
             arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from ..index.files import fsync_dir, sha256_file
+
 FORMAT = "gpuir-memory"
 FORMAT_VERSION = 1
 CURRENT = "CURRENT"
@@ -53,23 +55,8 @@ class MemoryFormatError(ValueError):
     """A memory directory is missing, damaged or of another format; the message names the file."""
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_atomic(root: Path, name: str, write) -> dict[str, Any]:

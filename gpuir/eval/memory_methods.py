@@ -33,7 +33,7 @@ from ..memory import Memory
 from ..results import padded_arrays
 from .datasets import EvalDataset, EvalQuery
 from .records import dataset_records
-from .runner import Run, _bm25_args, _bm25_from_args, register_method
+from .runner import Run, _bm25_args, _bm25_from_args, haystack_groups, register_method
 
 _CACHE: dict[tuple, Any] = {}
 
@@ -120,16 +120,9 @@ def memory_tenant_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, 
     t0 = time.perf_counter()
     B = len(queries)
     ranked, scores = padded_arrays(B, k)
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, q in enumerate(queries):
-        groups.setdefault(q.candidates, []).append(i)
     idx = ds.doc_index
     meta: dict[str, Any] = {}
-    items = list(groups.items())
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(items, desc="tenants", unit="memory", file=sys.stderr)
+    items = haystack_groups(queries, progress, "tenants", "memory")
     for cands, qi in items:
         docs = ds.doc_ids if cands is None else cands
         tenant = queries[qi[0]].group
@@ -140,6 +133,6 @@ def memory_tenant_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, 
         _to_run(ds, res, rows, ranked, scores)
         meta = res.meta
     return Run(ranked, scores, {
-        "backend": meta.get("backend"), "backend_reason": meta.get("backend_reason"), "memories": len(groups),
+        "backend": meta.get("backend"), "backend_reason": meta.get("backend_reason"), "memories": len(items),
         "timings": {"search_s": time.perf_counter() - t0},
     })

@@ -233,6 +233,25 @@ def bm25_method(
     )
 
 
+def haystack_groups(queries: Sequence[EvalQuery], progress: bool, desc: str, unit: str
+                    ) -> list[tuple[tuple[str, ...] | None, list[int]]]:
+    """Query rows grouped by candidate set (LoCoMo: conversation; LongMemEval: question haystack).
+
+    Returns
+    -------
+    list of (candidate doc ids or None for all, row numbers), wrapped in a progress bar when asked.
+    """
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault(q.candidates, []).append(i)
+    items = list(groups.items())
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc=desc, unit=unit, file=sys.stderr)
+    return items
+
+
 @register_method(
     "bm25-private",
     help="BM25 with one index per haystack (idf from the question's own sessions), as the "
@@ -260,16 +279,9 @@ def bm25_private_method(
     t0 = time.perf_counter()
     B = len(queries)
     ranked, scores = padded_arrays(B, k)
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, q in enumerate(queries):
-        groups.setdefault(q.candidates, []).append(i)
     idx = ds.doc_index
     meta: dict[str, Any] = {}
-    items = list(groups.items())
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(items, desc="haystacks", unit="index", file=sys.stderr)
+    items = haystack_groups(queries, progress, "haystacks", "index")
     for cands, qi in items:
         nums = np.arange(ds.n_docs) if cands is None else np.fromiter((idx[d] for d in cands), np.int64)
         sub = BM25Index.build([ds.doc_texts[n] for n in nums], analyzer=analyzer, method=variant,
@@ -280,7 +292,7 @@ def bm25_private_method(
         meta = r.meta
     return Run(ranked, scores, {
         "backend": meta.get("backend"), "backend_reason": meta.get("backend_reason"),
-        "n_indexes": len(groups), "timings": {"search_s": time.perf_counter() - t0},
+        "n_indexes": len(items), "timings": {"search_s": time.perf_counter() - t0},
     })
 
 

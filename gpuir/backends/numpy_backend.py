@@ -88,6 +88,21 @@ class _Scratch:
         return self._owner
 
 
+def kth_largest(vals: np.ndarray, k: int) -> float:
+    """The k-th largest value of ``vals`` (ndarray (n,), float32, host; 1 <= k <= n), exactly.
+
+    On large inputs a strided sample's k-th largest (a lower bound) first
+    discards most values, so the partition runs on a few thousand.
+    """
+    n = vals.size
+    if n > 256 * k:
+        sub = vals[:: n // (64 * k)]
+        lb = np.partition(sub, sub.size - k)[sub.size - k]
+        vals = vals[vals >= lb]  # still holds the k largest
+        n = vals.size
+    return float(np.partition(vals, n - k)[n - k])
+
+
 class NumpyScorer(Scorer):
     """BM25 on the CPU with NumPy (see the module docstring for the algorithm)."""
 
@@ -206,20 +221,6 @@ class NumpyScorer(Scorer):
             out[found] += w if c == 1 else w * np.float32(c)
         return out
 
-    @staticmethod
-    def _mth_largest(vals: np.ndarray, m: int) -> float:
-        """The m-th largest value of ``vals`` (1 <= m <= vals.size), exactly.
-
-        On large inputs a strided sample's m-th largest (a lower bound) first
-        discards most values, so the partition runs on a few thousand.
-        """
-        n = vals.size
-        if n > 256 * m:
-            sub = vals[:: n // (64 * m)]
-            lb = np.partition(sub, sub.size - m)[sub.size - m]
-            vals = vals[vals >= lb]  # still holds the m largest
-            n = vals.size
-        return float(np.partition(vals, n - m)[n - m])
 
     def _search_one(
         self, q: np.ndarray, k: int, allow: np.ndarray | None, buf: _Scratch
@@ -276,7 +277,7 @@ class NumpyScorer(Scorer):
                 # the (k x lists)-th largest over the multiset of partials (a document occurs
                 # once per list) is a lower bound of the k-th largest distinct partial score
                 vals = np.take(acc, np.concatenate(slices) if len(slices) > 1 else d)
-                theta = self._mth_largest(vals, k * len(slices))
+                theta = kth_largest(vals, k * len(slices))
                 if remaining * (1 + slack) < theta * (1 - slack):
                     # worth stopping only if rescoring the survivors by binary search
                     # (|S| x T lookups) costs less than scanning the remaining postings
@@ -295,7 +296,7 @@ class NumpyScorer(Scorer):
             return empty[0], empty[1], n_seen
         m = k * len(slices)
         if cat.size > m:  # keep the entries that can still reach the k-th best score
-            theta = self._mth_largest(vals, m)
+            theta = kth_largest(vals, m)
             keep = vals + remaining * (1 + slack) >= theta * (1 - slack)
             cat, vals = cat[keep], vals[keep]
         if prune:  # partial sums in bound order: rescore in the exact (term id) order

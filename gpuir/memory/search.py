@@ -43,6 +43,7 @@ import numpy as np
 from .. import bm25
 from ..backends import make_scorer
 from ..backends.base import CollectionStats
+from ..backends.numpy_backend import kth_largest
 from .segments import Segment, merge_segments
 from .snapshot import Snapshot, thread_analyzer
 from .where import Where
@@ -233,18 +234,6 @@ def term_weights(snap: Snapshot, vi: int, seg: Segment, t: int, s: int, n: int, 
         cache[key] = w
         snap._wcache_size += n
     return w
-
-
-def kth_largest(vals: np.ndarray, k: int) -> float:
-    """The k-th largest of ``vals`` (1 <= k <= vals.size), exactly; a strided sample first
-    discards most values on large inputs (as the NumPy scorer does)."""
-    n = vals.size
-    if n > 256 * k:
-        sub = vals[:: n // (64 * k)]
-        lb = np.partition(sub, sub.size - k)[sub.size - k]
-        vals = vals[vals >= lb]  # still holds the k largest
-        n = vals.size
-    return float(np.partition(vals, n - k)[n - k])
 
 
 _tls = threading.local()

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: left unpinned it drags in gigabytes of CUDA wheels.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[cpu,gpu,dense,bench,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[cpu,gpu,dense,routing,service,langchain,llamaindex,mcp,bench,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

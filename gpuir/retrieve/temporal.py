@@ -116,7 +116,7 @@ class TimeWindow:
         for name in ("start_ms", "end_ms"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise ValueError(f"TimeWindow.{name} must be integer epoch milliseconds, got {v!r}")
+                raise ValueError(f"TimeWindow.{name} must be integer epoch milliseconds, got {v!r}")  # noqa: TRY004
             object.__setattr__(self, name, int(v))
         if self.end_ms <= self.start_ms:
             raise ValueError(f"TimeWindow needs start_ms < end_ms, got [{self.start_ms}, {self.end_ms})")
@@ -163,14 +163,14 @@ def _anchor_datetime(anchor: Any) -> tuple[datetime, int]:
             anchor = anchor.astimezone(timezone.utc).replace(tzinfo=None)
         return anchor, _ms(anchor)
     if isinstance(anchor, bool) or not isinstance(anchor, numbers.Real):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - the contract says ValueError
             f"anchor_ms must be epoch milliseconds (int or float) or a datetime, got "
             f"{type(anchor).__name__} {anchor!r}; convert ISO strings with gpuir.memory's to_epoch_ms first"
         )
     f = float(anchor)
     if not math.isfinite(f):
         raise ValueError(f"anchor_ms must be a finite number of epoch milliseconds, got {anchor!r}")
-    ms = int(anchor) if isinstance(anchor, numbers.Integral) else int(round(f))
+    ms = int(anchor) if isinstance(anchor, numbers.Integral) else round(f)
     if not MIN_MS <= ms < MAX_MS:
         raise ValueError(f"anchor_ms {anchor!r} is outside years 1..9999 (is it in seconds or microseconds?)")
     return _dt(ms), ms
@@ -536,7 +536,7 @@ def parse_time_window(query: str, anchor_ms: int, session_times_ms: Sequence[int
         dateparser / python-dateutil missing (``pip install 'gpuir[routing]'``).
     """
     if not isinstance(query, str):
-        raise ValueError(f"query must be a str, got {type(query).__name__}")
+        raise ValueError(f"query must be a str, got {type(query).__name__}")  # noqa: TRY004
     anchor, a_ms = _anchor_datetime(anchor_ms)
     if not _TIMEISH.search(query):
         return None

@@ -177,18 +177,27 @@ def _anchor_datetime(anchor: Any) -> tuple[datetime, int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _libs() -> tuple[Any, Any]:
-    """(DateDataParser class, dateutil.relativedelta module), imported on first use."""
+def _relativedelta() -> Any:
+    """dateutil's relativedelta module (light), imported on first use."""
     try:
-        from dateparser.date import DateDataParser
         from dateutil import relativedelta
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingExtra("routing", "parsing time expressions (dateparser, python-dateutil)") from e
-    return DateDataParser, relativedelta
+        raise MissingExtra("routing", "parsing time expressions (python-dateutil)") from e
+    return relativedelta
+
+
+@functools.lru_cache(maxsize=1)
+def _dateparser_class() -> Any:
+    """dateparser's DateDataParser (heavy: ~0.2 s to import), imported on first use."""
+    try:
+        from dateparser.date import DateDataParser
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise MissingExtra("routing", "parsing dates in queries (dateparser)") from e
+    return DateDataParser
 
 
 def _rd(**kw: Any) -> Any:
-    return _libs()[1].relativedelta(**kw)
+    return _relativedelta().relativedelta(**kw)
 
 
 _PARSE_LOCK = threading.Lock()
@@ -197,7 +206,7 @@ _PARSE_LOCK = threading.Lock()
 @functools.lru_cache(maxsize=256)
 def _parser(anchor: datetime) -> Any:
     """A dateparser DateDataParser anchored at ``anchor`` (cached per anchor)."""
-    cls = _libs()[0]
+    cls = _dateparser_class()
     return cls(
         languages=["en"],
         settings={
@@ -270,7 +279,10 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
     ("rolling", _c(rf"\b(?P<x>(?:(?:in|over|during|within|for)\s+)?(?P<the>the\s+|this\s+)?(?P<which>past|last)\s+"
                    rf"(?:{_QTY}\s+)?{_UNIT})\b(?!'s)(?!\s+of\b)", _I)),
     ("ago", _c(rf"\b(?P<x>{_QTY}\s+{_UNIT}\s+ago)\b", _I)),
-    ("shift_prefix", _c(rf"\b(?P<x>(?:{_QTY}|the)\s+{_UNIT}\s+(?P<dir>before|after|prior\s+to|following))\s+", _I)),
+    ("shift_prefix", _c(rf"\b(?P<x>(?:(?:{_QTY}|the|last)\s+{_UNIT}|the\s+(?P<swd>{_WEEKDAY}|weekend))\s+"
+                        r"(?P<dir>before|after|prior\s+to|following))\s+", _I)),
+    ("part_prefix", _c(r"\b(?P<x>the\s+(?P<pos>first|last|second|third|fourth)\s+(?:(?P<pn>two|three|four|[1-9])\s+)?"
+                       r"(?P<punit>week|weekend|day)s?\s+of)\s+", _I)),
     ("calendar", _c(r"\b(?P<x>(?P<which>last|this|next|the\s+previous|the\s+following|this\s+past)\s+"
                     r"(?P<cal>weekend|week|month|year))\b(?!'s)(?!\s+(?:before|after|of)\b)", _I)),
     ("unit_start", _c(r"\b(?P<x>(?:the\s+)?(?P<edge>start|beginning)\s+of\s+(?:the|this)\s+(?P<cal>week|month|year))\b", _I)),
@@ -442,6 +454,10 @@ def _resolve(kind: str, m: re.Match, anchor: datetime, anchor_ms: int,
         else:
             lo = datetime(today.year + step, 1, 1)
             hi, gran = lo + _rd(years=1), "year"
+        if which == "last" and cal != "weekend":
+            # "last week/month/year" is ambiguous between the previous calendar unit and the
+            # past 7 days / month / year: the window covers both readings, up to the anchor
+            hi = now_end
         if kind == "unit_start":  # "the start of the year": its first day
             hi, gran = lo + _DAY, "day"
         return lo, hi, gran
@@ -453,7 +469,7 @@ def _resolve(kind: str, m: re.Match, anchor: datetime, anchor_ms: int,
     if kind == "weekday":
         which = " ".join(g["which"].lower().split())
         wd = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"].index(g["wd"].lower())
-        rel = _libs()[1]
+        rel = _relativedelta()
         wdobj = (rel.MO, rel.TU, rel.WE, rel.TH, rel.FR, rel.SA, rel.SU)[wd]
         if which == "next":
             lo = today + _rd(days=1, weekday=wdobj(+1))
@@ -469,6 +485,23 @@ def _resolve(kind: str, m: re.Match, anchor: datetime, anchor_ms: int,
     raise AssertionError(kind)  # pragma: no cover
 
 
+def _part(m: re.Match, lo: datetime, hi: datetime) -> tuple[datetime, datetime]:
+    """"the first / second / last (N) week(s) / weekend / day(s) of" the span [lo, hi)."""
+    pos = m.group("pos").lower()
+    k = {"first": 1, "second": 2, "third": 3, "fourth": 4}.get(pos, 0)
+    n = int(m.group("pn")) if (m.group("pn") or "").isdigit() else _NUMWORDS.get((m.group("pn") or "one").lower(), 1)
+    unit = m.group("punit").lower()
+    sa = _relativedelta().SA
+    if unit == "weekend":  # the first Saturday in the span, or the last one that starts in it
+        sat = lo + _rd(weekday=sa(+k)) if k else hi - _DAY + _rd(weekday=sa(-1))
+        return sat, sat + 2 * _DAY
+    step = timedelta(weeks=1) if unit == "week" else _DAY
+    if k:
+        start = lo + (k - 1) * step if m.group("pn") is None else lo
+        return start, min(hi, start + n * step)
+    return max(lo, hi - n * step), hi
+
+
 def _find_atoms(q: str, anchor: datetime, anchor_ms: int, sessions: Sequence[int]) -> tuple[list[_Atom], list[tuple]]:
     """The accepted, resolved expressions of ``q`` in text order, plus the shift prefixes."""
     taken: list[tuple[int, int]] = []
@@ -479,7 +512,7 @@ def _find_atoms(q: str, anchor: datetime, anchor_ms: int, sessions: Sequence[int
             s, e = m.span("x")
             if any(s < te and ts < e for ts, te in taken):
                 continue
-            if kind == "shift_prefix":
+            if kind in ("shift_prefix", "part_prefix"):
                 shifts.append((s, e, m))
                 continue
             r = _resolve(kind, m, anchor, anchor_ms, sessions)
@@ -572,6 +605,25 @@ def parse_time_window(query: str, anchor_ms: int, session_times_ms: Sequence[int
             lo, hi = min(lo, nxt.lo), max(hi, nxt.hi)
             s, e, gran = op_m.start(), nxt.end, "range"
             i += 1
+        elif shift is not None and "pos" in shift[2].groupdict():  # "the first weekend of October 2023"
+            if a.kind in ("month", "month_year", "year", "season_year", "season"):
+                lo, hi = _part(shift[2], lo, hi)
+                s, gran = shift[0], "part"
+        elif shift is not None and shift[2].group("swd"):  # "the Sunday / weekend before X"
+            sm, rel = shift[2], _relativedelta()
+            d = " ".join(sm.group("dir").lower().split())
+            swd = sm.group("swd").lower()
+            before_x = d in ("before", "prior to")
+            if swd == "weekend":
+                sat = (_floor_day(lo) + _rd(days=-2, weekday=rel.SA(-1)) if before_x
+                       else _floor_day(hi) + _rd(weekday=rel.SA(+1)))
+                lo, hi = sat, sat + 2 * _DAY
+            else:
+                wdobj = getattr(rel, swd[:2].upper())
+                day = (_floor_day(lo) + _rd(days=-1, weekday=wdobj(-1)) if before_x
+                       else _floor_day(hi) + _rd(weekday=wdobj(+1)))
+                lo, hi = day, day + _DAY
+            s, gran = shift[0], "shift"
         elif shift is not None:
             sm = shift[2]
             unit = sm.group("unit").lower()
@@ -604,6 +656,8 @@ def parse_time_window(query: str, anchor_ms: int, session_times_ms: Sequence[int
         lo = min(o[0] for o in out)
         hi = max(o[1] for o in out)
         s, e, gran = out[0][2], out[-1][3], "hull"
+    if lo != datetime.min and _ms(lo) > a_ms:
+        return None  # only the future ("next week", "this weekend" asked on a Wednesday): nothing is stored there
     if lo == datetime.min:
         lo_ms = MIN_MS
         hi_ms = MAX_MS if hi == datetime.max else _ms(hi)

@@ -16,7 +16,9 @@ Figures (no tuning anywhere; the parser's constants are fixed a priori):
 ``coverage`` (questions with a window), per category / question type and per
 granularity; ``gold_all_in`` / ``gold_any_in`` (of windowed questions with gold
 and dates: all / at least one gold session starts inside the window; a
-precision-like figure); ``haystack_fraction`` (mean share of the question's own
+precision-like figure); ``gold_all_in_with_7d_tail`` (diagnostic: the
+window extended 7 days past its end, since a record is written when an event is
+mentioned, often after it happened); ``haystack_fraction`` (mean share of the question's own
 sessions inside the window: how much the window narrows the search); timings of
 the parser; a fixed-seed sample of 30 parsed questions for eyeballing.
 """
@@ -40,6 +42,9 @@ from gpuir.retrieve.temporal import _TIMEISH, parse_time_window
 
 REPO = Path(__file__).resolve().parents[1]
 _EPOCH = datetime(1970, 1, 1)
+#: Diagnostic only (fixed, not tuned): is the gold inside the window extended this many days
+#: past its end? A memory records an event when it is *mentioned*, often days after it happened.
+TAIL_DAYS = 7
 
 
 def to_ms(d: datetime) -> int:
@@ -97,7 +102,8 @@ def measure(items, name: str):
     per_gran: dict[str, int] = {}
     rows = []
     times = {"pre_check_rejects": [], "no_window": [], "window": []}
-    all_in = any_in = with_gold = 0
+    all_in = any_in = with_gold = tail_in = 0
+    tail_ms = TAIL_DAYS * 86_400_000
     frac = []
     for it in tqdm(items, desc=name, mininterval=2):
         a = to_ms(it["anchor"])
@@ -117,6 +123,7 @@ def measure(items, name: str):
             with_gold += 1
             all_in += all(inside)
             any_in += any(inside)
+            tail_in += all(w.start_ms <= g < w.end_ms + tail_ms for g in it["gold"])
         if it["hay"]:
             frac.append(sum(h in w for h in it["hay"]) / len(it["hay"]))
         rows.append({
@@ -130,9 +137,10 @@ def measure(items, name: str):
     by_gran_prec: dict[str, list[int]] = {}
     for r in rows:
         if r["gold_in_window"]:
-            g = by_gran_prec.setdefault(r["granularity"], [0, 0])
+            g = by_gran_prec.setdefault(r["granularity"], [0, 0, 0])
             g[0] += 1
             g[1] += all(r["gold_in_window"])
+            g[2] += any(r["gold_in_window"])
 
     def stats_us(v):
         if not v:
@@ -151,7 +159,8 @@ def measure(items, name: str):
         "windowed_with_gold_dates": with_gold,
         "gold_all_in": round(all_in / with_gold, 4) if with_gold else None,
         "gold_any_in": round(any_in / with_gold, 4) if with_gold else None,
-        "gold_all_in_per_granularity": {k: {"n": v[0], "all_in": round(v[1] / v[0], 4)}
+        f"gold_all_in_with_{TAIL_DAYS}d_tail": round(tail_in / with_gold, 4) if with_gold else None,
+        "gold_in_per_granularity": {k: {"n": v[0], "all_in": round(v[1] / v[0], 4), "any_in": round(v[2] / v[0], 4)}
                                         for k, v in sorted(by_gran_prec.items(), key=lambda kv: -kv[1][0])},
         "haystack_fraction_mean": round(statistics.mean(frac), 4) if frac else None,
         "timing_warm": {k: stats_us(v) for k, v in times.items()},
@@ -217,7 +226,9 @@ def main(argv=None):
               f"(n={d['windowed_with_gold_dates']}); mean haystack fraction {d['haystack_fraction_mean']}")
         print("   per category:", {k: f"{v['with_window']}/{v['questions']}" for k, v in d["per_category"].items()})
         print("   per granularity:", d["per_granularity"])
-        print("   gold all-in per granularity:", d["gold_all_in_per_granularity"])
+        print(f"   gold all-in with a {TAIL_DAYS}-day tail after the window (diagnostic):",
+              d[f"gold_all_in_with_{TAIL_DAYS}d_tail"])
+        print("   gold in, per granularity:", d["gold_in_per_granularity"])
         print("   warm timings:", d["timing_warm"])
     print(f"\n== sample of {len(sample)} (seed 13)")
     for s in result["sample"]:

@@ -219,8 +219,9 @@ def _parser(anchor: datetime) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _dateparse(text: str, anchor: datetime) -> datetime | None:
-    """dateparser's reading of an absolute date text (a day or a month), or None."""
+    """dateparser's reading of an absolute date text (a day or a month), or None (cached)."""
     with _PARSE_LOCK:
         data = _parser(anchor).get_date_data(text)
     return None if data is None or data.date_obj is None else data.date_obj.replace(tzinfo=None)

@@ -88,6 +88,10 @@ TABLE = [
     ("What have I been reading recently?", ms(2023, 4, 25), NOW),
     ("I've been sneezing quite a bit lately.", ms(2023, 4, 25), NOW),
     ("I met her the other day.", ms(2023, 5, 18), NOW),
+    ("What filling did Nate use in the cake he made recently in May 2022?", ms(2022, 5, 1), ms(2022, 6, 1)),
+    # a relative expression next to a dated one counts back from that date (23 Jan 2022 is a Sunday)
+    ("What did Joanna do last Friday on 23 January, 2022?", ms(2022, 1, 21), ms(2022, 1, 24)),
+    ("What did John do last week, as mentioned on November 6, 2022?", ms(2022, 10, 24), ms(2022, 11, 7)),
     # combinators
     ("What happened between March 1 and April 2 2023?", ms(2023, 3, 1), ms(2023, 4, 3)),
     ("Where was John between August 11 and August 15 2022?", ms(2022, 8, 11), ms(2022, 8, 16)),

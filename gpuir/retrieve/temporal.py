@@ -558,8 +558,12 @@ def parse_time_window(query: str, anchor_ms: int, session_times_ms: Sequence[int
     -------
     TimeWindow or None
         ``[start_ms, end_ms)``; None when the query names no time (a "when"
-        question asks about a time and names none). Several expressions give
-        their hull. See ``docs/temporal.md`` for the rules.
+        question asks about a time and names none), or names only the future
+        (the window starts after the anchor: "next week", "this weekend" asked
+        on a Wednesday; a memory holds nothing there). Several expressions give
+        their hull; "recently" next to a date is dropped, and relative
+        expressions next to a dated one count back from that date. See
+        ``docs/temporal.md`` for the rules.
 
     Raises
     ------
@@ -580,8 +584,21 @@ def parse_time_window(query: str, anchor_ms: int, session_times_ms: Sequence[int
             raise ValueError(f"session_times_ms must be epoch milliseconds (numbers), got {t!r}")
         sessions.append(int(t))
     atoms, shifts = _find_atoms(query, anchor, a_ms, sessions)
+    if any(a.kind not in ("recent", "other_day") for a in atoms):
+        # "recently in May 2022": the date names the time; "recently" is relative to it, not to the anchor
+        atoms = [a for a in atoms if a.kind not in ("recent", "other_day")]
     if not atoms:
         return None
+    dated = [a for a in atoms if a.kind in ("iso_day", "num_day", "day", "month_year") and a.explicit_year]
+    if dated:
+        # "last Friday, as mentioned on 23 January, 2022": relative expressions count back from
+        # the dated one (the end of its span), not from the anchor; the hull then spans both
+        local = dated[0].hi - timedelta(milliseconds=1)
+        for a in atoms:
+            if a.kind in ("weekday", "calendar", "ago", "day_word", "rolling") and a.match is not None:
+                r = _resolve(a.kind, a.match, local, _ms(local), sessions)
+                if r is not None:
+                    a.lo, a.hi = r[0], r[1]
     now_end = anchor + timedelta(milliseconds=1)
 
     out: list[tuple[datetime, datetime, int, int, str]] = []  # lo, hi, span start, span end, granularity

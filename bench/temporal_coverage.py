@@ -192,6 +192,26 @@ def cold_timings():
             "first_relative_ms": round(rel * 1e3, 2), "first_dateparser_ms": round(dp * 1e3, 1)}
 
 
+def micro_timings():
+    """Warm per-call cost of typical queries (mean over repeats; 2 shared CPU cores, so noisy)."""
+    a = 1685019600000  # 2023-05-25 13:00 UTC
+    parse_time_window("What happened on 7 July, 2022?", a)  # warm dateparser up
+    cases = {
+        "non_temporal_us": ("What is Caroline's identity?", 5000, False),
+        "timeish_no_window_us": ("How many days ago did I buy a smoker?", 5000, False),
+        "relative_window_us": ("What did I do last Tuesday?", 5000, False),
+        "date_window_cached_us": ("What happened on 7 July, 2022?", 5000, False),
+        "date_window_uncached_us": ("What happened on 7 July, 2022?", 300, True),
+    }
+    out = {}
+    for name, (q, n, new_anchor) in cases.items():
+        t0 = time.perf_counter()
+        for i in range(n):
+            parse_time_window(q, a + (i + 1) * 86_400_000 if new_anchor else a)
+        out[name] = round((time.perf_counter() - t0) / n * 1e6, 1)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--splits", nargs="*", default=["s", "oracle"], choices=["s", "oracle"],
@@ -201,7 +221,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     result = {"command": "PYTHONPATH=$PWD python bench/temporal_coverage.py " + " ".join(argv or sys.argv[1:]),
-              "cold": cold_timings(), "datasets": {}}
+              "cold": cold_timings(), "micro": micro_timings(), "datasets": {}}
     result["datasets"]["locomo"] = measure(locomo_items(), "locomo")
     for split in args.splits:
         items, mis = longmemeval_items(split)
@@ -219,7 +239,8 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
 
-    print(json.dumps(result["cold"]))
+    print("cold:", json.dumps(result["cold"]))
+    print("warm per call:", json.dumps(result["micro"]))
     for name, d in result["datasets"].items():
         print(f"\n== {name}: {d['with_window']}/{d['questions']} questions with a window ({d['coverage']:.1%}); "
               f"gold all-in {d['gold_all_in']}, any-in {d['gold_any_in']} "

@@ -308,3 +308,22 @@ def test_no_dateparser_call_without_a_date_text(monkeypatch):
     assert parse_time_window("two weeks ago", A_MS) is not None
     with pytest.raises(AssertionError, match="dateparser was called"):
         parse_time_window("on 7 July, 2023", A_MS)
+
+
+def test_missing_dateparser_names_the_extra(monkeypatch):
+    """Without dateparser: queries that need no date text still work; the others name the extra."""
+    import sys
+
+    for f in (temporal._dateparser_class, temporal._parser, temporal._dateparse):
+        f.cache_clear()
+    monkeypatch.setitem(sys.modules, "dateparser", None)
+    monkeypatch.setitem(sys.modules, "dateparser.date", None)
+    try:
+        assert parse_time_window("What is my favourite colour?", A_MS) is None
+        assert parse_time_window("What did I do last Tuesday?", A_MS) is not None
+        with pytest.raises(ImportError, match=r"pip install 'gpuir\[routing\]'"):
+            parse_time_window("What happened on 7 July, 2022?", A_MS)
+    finally:
+        for f in (temporal._dateparser_class, temporal._parser, temporal._dateparse):
+            f.cache_clear()
+

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 from ..index.files import fsync_dir, sha256_file
 
-__all__ = ["HOP_SCORES", "COMMON_WORDS", "EntityGraph", "extract_entities", "is_multi_hop_query"]
+__all__ = ["COMMON_WORDS", "HOP_SCORES", "EntityGraph", "extract_entities", "is_multi_hop_query"]
 
 #: Score of a record whose best path from a query entity has 0, 1, 2, 3 hops (Arc Labs).
 HOP_SCORES: tuple[float, ...] = (1.0, 0.6, 0.35, 0.15)
@@ -32,7 +32,7 @@ HOP_SCORES: tuple[float, ...] = (1.0, 0.6, 0.35, 0.15)
 #: pronouns, question words, auxiliaries, conversational openers, the days and
 #: the months ("May", "March" and "Sunday" are far more often dates or verbs than
 #: names in chat). They break a capitalised span wherever they occur.
-COMMON_WORDS: frozenset[str] = frozenset("""
+_COMMON_TEXT = """
 a about above after again against all almost also although always am among an and another any anybody anyone
 anything anyway anyways are around as at away back be because been before being below besides between both but
 by can cannot could did do does doing done down during each either else enough even ever every everybody
@@ -56,17 +56,19 @@ mr mrs ms dr st mt jr sr
 monday tuesday wednesday thursday friday saturday sunday weekend
 january february march april june july august september october november december
 jan feb mar apr jun jul aug sep sept oct nov dec
-""".split())
+"""
+COMMON_WORDS: frozenset[str] = frozenset(_COMMON_TEXT.split())
 
 _CONNECTORS = frozenset({"of", "the", "de", "da", "du", "del", "la", "le", "van", "von", "al"})
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['\u2019&.-][A-Za-z0-9]+)*")
 _SENTENCE_END = re.compile(r"[.!?\u2026\n]")
+_ABBREV = frozenset({"mr", "mrs", "ms", "dr", "st", "mt", "jr", "sr", "prof", "vs", "etc", "e.g", "i.e"})
 _INITIAL_VERBISH = re.compile(r"(?:ing|ed|ly)$")
 _QUOTED = re.compile(r"[\"\u201c]([^\"\u201c\u201d\n]{2,80})[\"\u201d]")
 _POSSESSIVE = re.compile(r"['\u2019]s?$")
 _MULTI_HOP = re.compile(
     r"\b(both|in common|together|between|related|relationship|connect(?:ed|ion)?|same|also|each other|"
-    r"compare|similar|who else|what other|and)\b", re.I)
+    r"compare|similar|who else|what other|and)\b", re.IGNORECASE)
 
 
 def _norm(word: str) -> str:
@@ -103,7 +105,8 @@ def extract_entities(text: str, speaker: str | None = None) -> list[str]:
     great``): a one-word span at the start of a sentence (the text's start, or
     after ``. ! ? ...`` or a newline) is kept only when it is written in
     capitals (``LGBTQ``), possessive (``Jon's``), or mentioned again inside a
-    sentence of the same text; a sentence-initial first word ending in
+    sentence of the same text (a period after ``Dr``, ``Mr``, ``St`` ... or an
+    initial does not end a sentence); a sentence-initial first word ending in
     ``-ing``, ``-ed`` or ``-ly`` is dropped from a longer span (``Visiting New
     York`` -> ``new york``). Names at the start of a sentence are lost by this
     rule unless repeated; the speaker is always kept.
@@ -151,15 +154,17 @@ def extract_entities(text: str, speaker: str | None = None) -> list[str]:
         pending.clear()
 
     pos = 0
+    prev = ""
     sentence_start = True
     for m in _WORD.finditer(text):
         gap = text[pos:m.start()]
         pos = m.end()
         if gap.strip():  # punctuation between words breaks a span
             close()
-            if _SENTENCE_END.search(gap):
+            if _SENTENCE_END.search(gap) and not (
+                    gap.strip() == "." and (prev.lower() in _ABBREV or len(prev) == 1)):
                 sentence_start = True
-        w = m.group(0)
+        w = prev = m.group(0)
         low = _norm(w)
         cap = w[0].isupper() and len(w) > 1
         initial, sentence_start = sentence_start, False
@@ -508,6 +513,11 @@ class EntityGraph:
         """
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        if allowed is not None:
+            allowed = np.asarray(allowed)
+            if allowed.ndim != 1 or (allowed.size and not np.issubdtype(allowed.dtype, np.integer)):
+                raise ValueError(f"allowed must be a 1-D integer array of seqs, got shape {allowed.shape} "
+                                 f"dtype {allowed.dtype}")
         empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         ent_hop = self._entity_hops(query, max_hops)   # flushes
         reached = np.flatnonzero(ent_hop >= 0)
@@ -527,10 +537,6 @@ class EntityGraph:
         cand = np.flatnonzero((rec_hop < len(HOP_SCORES)) & self._live)
         seqs = self._slot_seq[cand]
         if allowed is not None:
-            allowed = np.asarray(allowed)
-            if allowed.ndim != 1 or (allowed.size and not np.issubdtype(allowed.dtype, np.integer)):
-                raise ValueError(f"allowed must be a 1-D integer array of seqs, got shape {allowed.shape} "
-                                 f"dtype {allowed.dtype}")
             keep = np.isin(seqs, allowed)
             cand, seqs = cand[keep], seqs[keep]
         scores = np.asarray(HOP_SCORES, np.float32)[rec_hop[cand]]
@@ -556,7 +562,7 @@ class EntityGraph:
             os.fsync(f.fileno())
         os.replace(tmp, npz)
         doc = {"format": "gpuir-entity-graph", "version": 1, "keys": self._keys,
-               "n_records": int(len(self._slot_seq)), "npz_sha256": sha256_file(npz),
+               "n_records": len(self._slot_seq), "npz_sha256": sha256_file(npz),
                "hub_fraction": self.hub_fraction, "hub_min_records": self.hub_min_records,
                "hub_mode": self.hub_mode, "batch": self.batch}
         tmp = folder / "entity_graph.json.tmp"

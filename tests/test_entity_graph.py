@@ -100,8 +100,18 @@ def test_depth_allowed_and_unknown():
     g = _hand_graph()
     seqs, _ = g.score("Where did Alice go?", max_hops=3, depth=2)
     assert seqs.tolist() == [10, 11]
+    # the filter restricts the graph itself: paths run through admitted records only.
+    # admitted {10, 11, 13, 15}: alice -> r10 (0); bob, paris via r10 -> r11 (1); carol, acme via r11 (2)
+    # admit no further record (r12 is out), so tokyo and r13 stay unreached.
+    seqs, scores = g.score("Where did Alice go?", max_hops=3, allowed=np.array([10, 11, 13, 15], np.int64))
+    assert seqs.tolist() == [10, 11] and scores.tolist() == pytest.approx([1.0, 0.6])
     seqs, scores = g.score("Where did Alice go?", max_hops=3, allowed=np.array([11, 13, 15], np.int64))
-    assert seqs.tolist() == [11, 13] and scores.tolist() == pytest.approx([0.6, 0.15])
+    assert seqs.size == 0  # alice's only record is filtered out: nothing to expand from
+    everything = np.array(sorted(HAND), np.int64)
+    for mh in range(4):
+        a, b = g.score("Did Erin ever meet Bob?", max_hops=mh), g.score("Did Erin ever meet Bob?", max_hops=mh,
+                                                                          allowed=everything)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
     seqs, _ = g.score("Where did Alice go?", allowed=np.zeros(0, np.int64))
     assert seqs.size == 0
     assert g.query_entities("Where is Quentin?") == []
@@ -168,6 +178,18 @@ def test_hubs_are_not_expanded():
     p = _hub_graph("plain")
     seqs, scores = p.score("What did Sam say about Rome?", depth=1000)
     assert set(scores.tolist()) == {1.0} and len(seqs) == 30
+
+
+def test_hubs_counted_within_allowed():
+    g = _hub_graph("demote")
+    n = 300  # another conversation: sam falls to 30 / 330 < 10% of all records
+    g.add(np.arange(100, 100 + n, dtype=np.int64), [f"Kim: I had soup number {i}." for i in range(n)], ["Kim"] * n)
+    sam = np.arange(30, dtype=np.int64)
+    seqs, scores = g.score("What about Rome?", max_hops=3, allowed=sam)
+    assert seqs.tolist() == [26, 27, 28] and scores.tolist() == pytest.approx([1.0, 1.0, 0.6])
+    # unfiltered, sam is no hub (kim is): rome -> sam (hop 1) -> every sam record at 0.6
+    seqs, scores = g.score("What about Rome?", max_hops=3, depth=1000)
+    assert seqs.tolist()[:2] == [26, 27] and len(seqs) == 30 and scores.tolist()[2:] == pytest.approx([0.6] * 28)
 
 
 # ---------------------------------------------------------------- incremental == scratch
@@ -252,6 +274,12 @@ def test_incremental_equals_scratch(seed):
             assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
             ref = _reference_hops(live, [key], max_hops)
             assert dict(zip(a[0].tolist(), a[1].tolist())) == pytest.approx(
+                {s: HOP_SCORES[h] for s, h in ref.items()})
+            # a where filter: the graph of the admitted records only
+            sub = np.sort(rng.choice(np.array(order, np.int64), size=len(order) // 2, replace=False))
+            c = g.score(q, max_hops=max_hops, depth=10_000, allowed=sub)
+            ref = _reference_hops({s: live[s] for s in sub.tolist()}, [key], max_hops)
+            assert dict(zip(c[0].tolist(), c[1].tolist())) == pytest.approx(
                 {s: HOP_SCORES[h] for s, h in ref.items()})
 
 

@@ -203,6 +203,16 @@ def is_multi_hop_query(query: str) -> bool:
     return len(extract_entities(query)) >= 2 and _MULTI_HOP.search(query) is not None
 
 
+def _check_allowed(allowed: np.ndarray | None) -> np.ndarray | None:
+    if allowed is None:
+        return None
+    allowed = np.asarray(allowed)
+    if allowed.ndim != 1 or (allowed.size and not np.issubdtype(allowed.dtype, np.integer)):
+        raise ValueError(f"allowed must be a 1-D integer array of seqs, got shape {allowed.shape} "
+                         f"dtype {allowed.dtype}")
+    return allowed.astype(np.int64, copy=False)
+
+
 def _csr(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
     data = np.ones(len(indices), np.int32)
     return sp.csr_matrix((data, indices.astype(np.int32, copy=False), indptr.astype(np.int64, copy=False)),
@@ -448,11 +458,26 @@ class EntityGraph:
         """Whether the query asks to connect entities (:func:`is_multi_hop_query`)."""
         return is_multi_hop_query(query)
 
-    def _hubs(self) -> np.ndarray:
-        n = int(self._live.sum())
+    def _hubs(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """Hub mask over entities, shape (n_entities,), bool: counted over the live slots
+        ``rows`` admits (bool mask over slots) or over all live slots."""
+        if rows is None:
+            n, df = int(self._live.sum()), self._df
+        else:
+            n = int(rows.sum())
+            df = self._column_counts(rows)
         if self.hub_fraction is None or n == 0:
-            return np.zeros(len(self._df), bool)
-        return (self._df > self.hub_fraction * n) & (self._df >= self.hub_min_records)
+            return np.zeros(len(self._keys), bool)
+        return (df > self.hub_fraction * n) & (df >= self.hub_min_records)
+
+    def _column_counts(self, rows: np.ndarray) -> np.ndarray:
+        """Records among the slots ``rows`` (bool, shape (n_slots,)) mentioning each entity."""
+        m0 = self._main.shape[0]
+        out = np.zeros(len(self._keys), np.int64)
+        for block, mask in ((self._main, rows[:m0]), (self._tail, rows[m0:])):
+            if block.nnz and mask.any():
+                out += np.bincount(block[np.flatnonzero(mask)].indices, minlength=len(self._keys))
+        return out
 
     def _csc(self) -> tuple[sp.csc_matrix, sp.csc_matrix]:
         if self._main_csc is None:
@@ -462,12 +487,47 @@ class EntityGraph:
             self._tail_csc = self._tail.tocsc()
         return self._main_csc, self._tail_csc
 
-    def entity_hops(self, query: str, max_hops: int = 2) -> dict[str, int]:
+    def _slots_of(self, ents: np.ndarray, ent_hop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, hops): every (slot, entity hop) pair of a slot mentioning one of ``ents``."""
+        main, tail = self._csc()
+        m0 = main.shape[0]
+        slots, hops = [], []
+        for block, off in ((main, 0), (tail, m0)):
+            if not block.nnz:
+                continue
+            cols = ents[ents < block.shape[1]]
+            sub = block[:, cols]
+            slots.append(sub.indices.astype(np.int64) + off)
+            hops.append(np.repeat(ent_hop[cols], np.diff(sub.indptr)))
+        if not slots:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(slots), np.concatenate(hops)
+
+    def _entities_of(self, slots: np.ndarray) -> np.ndarray:
+        """Distinct entity ids the slots mention."""
+        m0 = self._main.shape[0]
+        parts = [self._main[slots[slots < m0]].indices, self._tail[slots[slots >= m0] - m0].indices]
+        return np.unique(np.concatenate(parts)).astype(np.int64)
+
+    def entity_hops(self, query: str, max_hops: int = 2, allowed: np.ndarray | None = None) -> dict[str, int]:
         """The hop of each entity reached from the query (for diagnostics)."""
-        hops = self._entity_hops(query, max_hops)
+        self._flush()
+        hops = self._entity_hops(query, max_hops, self._row_mask(_check_allowed(allowed)))
         return {self._keys[i]: int(h) for i, h in enumerate(hops) if h >= 0}
 
-    def _entity_hops(self, query: str, max_hops: int) -> np.ndarray:
+    def _row_mask(self, allowed: np.ndarray | None) -> np.ndarray | None:
+        """Live slots whose seq ``allowed`` admits (bool, shape (n_slots,)), or None for all."""
+        if allowed is None:
+            return None
+        return self._live & np.isin(self._slot_seq, allowed)
+
+    def _entity_hops(self, query: str, max_hops: int, rows: np.ndarray | None) -> np.ndarray:
+        """Hop of each entity (int64, shape (n_entities,), -1: unreached).
+
+        ``rows`` None: expansion along the co-mention matrix of all live records;
+        otherwise along the records ``rows`` admits only (entity -> records ->
+        entities through the incidence matrix), with hubs counted among them.
+        """
         if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) \
                 or not 0 <= max_hops < len(HOP_SCORES):
             raise ValueError(f"max_hops must be an int in 0..{len(HOP_SCORES) - 1}, got {max_hops!r}")
@@ -476,17 +536,19 @@ class EntityGraph:
         hop = np.full(n_ent, -1, np.int64)
         if not ids.size:
             return hop
-        hubs = self._hubs()
+        hubs = self._hubs(rows)
         hop[ids] = 0
         if self.hub_mode == "demote" and (~hubs[ids]).any():
             hop[ids[hubs[ids]]] = min(1, max_hops) if max_hops >= 1 else -1
         frontier = ids[~hubs[ids]]
-        A = self._A
         for h in range(1, max_hops + 1):
             if not frontier.size:
                 break
-            sub = A[frontier]
-            nb = np.unique(sub.indices)
+            if rows is None:
+                nb = np.unique(self._A[frontier].indices)
+            else:
+                slots, _ = self._slots_of(frontier, hop)
+                nb = self._entities_of(np.unique(slots[rows[slots]]))
             new = nb[(hop[nb] < 0) & ~hubs[nb]]
             hop[new] = h
             frontier = new
@@ -513,32 +575,19 @@ class EntityGraph:
         """
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
-        if allowed is not None:
-            allowed = np.asarray(allowed)
-            if allowed.ndim != 1 or (allowed.size and not np.issubdtype(allowed.dtype, np.integer)):
-                raise ValueError(f"allowed must be a 1-D integer array of seqs, got shape {allowed.shape} "
-                                 f"dtype {allowed.dtype}")
+        allowed = _check_allowed(allowed)
         empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
-        ent_hop = self._entity_hops(query, max_hops)   # flushes
+        self._flush()
+        rows = self._row_mask(allowed)
+        ent_hop = self._entity_hops(query, max_hops, rows)
         reached = np.flatnonzero(ent_hop >= 0)
         if not reached.size or depth == 0:
             return empty
-        main, tail = self._csc()
-        m0 = main.shape[0]
+        slots, hops = self._slots_of(reached, ent_hop)
         rec_hop = np.full(self._n_slots(), len(HOP_SCORES), np.int64)
-        for block, off in ((main, 0), (tail, m0)):
-            if not block.nnz:
-                continue
-            cols = reached[reached < block.shape[1]]
-            sub = block[:, cols]
-            rows = sub.indices.astype(np.int64) + off
-            hops = np.repeat(ent_hop[cols], np.diff(sub.indptr))
-            np.minimum.at(rec_hop, rows, hops)
-        cand = np.flatnonzero((rec_hop < len(HOP_SCORES)) & self._live)
+        np.minimum.at(rec_hop, slots, hops)
+        cand = np.flatnonzero((rec_hop < len(HOP_SCORES)) & (self._live if rows is None else rows))
         seqs = self._slot_seq[cand]
-        if allowed is not None:
-            keep = np.isin(seqs, allowed)
-            cand, seqs = cand[keep], seqs[keep]
         scores = np.asarray(HOP_SCORES, np.float32)[rec_hop[cand]]
         order = np.lexsort((seqs, -scores))[:depth]
         return seqs[order], scores[order]

@@ -67,6 +67,16 @@ def main() -> None:
     n_ents = sum(len(extract_entities(r["text"], r["metadata"]["speaker"])) for r in recs)
     t_extract = time.perf_counter() - t0
 
+    # one graph over every conversation, each question filtered to its own (what a shared memory does)
+    t0 = time.perf_counter()
+    shared = EntityGraph()
+    shared.add(np.arange(len(recs), dtype=np.int64), [r["text"] for r in recs],
+               [r["metadata"]["speaker"] or None for r in recs])
+    shared.n_entities  # noqa: B018 - forces the flush into the timing
+    shared_build_s = time.perf_counter() - t0
+    shared_seq = {r["id"]: i for i, r in enumerate(recs)}
+    shared_calls = {"n": 0, "s": 0.0, "mismatches": 0}
+
     rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     build_s = {v: 0.0 for v in VARIANTS}
     query_s = {v: 0.0 for v in VARIANTS}
@@ -98,8 +108,17 @@ def main() -> None:
                 gold_hop = min((hop[s] for s in gold if s in hop), default=None)
                 n_within = [int(sum(1 for h in hop.values() if h <= k)) for k in range(3)]
                 multi = g.is_multi_hop(q.text)
-                top, _ = g.score(q.text, max_hops=3 if multi else 2, depth=max(CUTOFFS))
+                top, top_sc = g.score(q.text, max_hops=3 if multi else 2, depth=max(CUTOFFS))
                 top = top.tolist()
+                if name == "demote":
+                    allowed = np.array([shared_seq[r["id"]] for r in crecs], np.int64)
+                    t1 = time.perf_counter()
+                    s2, sc2 = shared.score(q.text, allowed=allowed, max_hops=3 if multi else 2,
+                                           depth=max(CUTOFFS))
+                    shared_calls["s"] += time.perf_counter() - t1
+                    shared_calls["n"] += 1
+                    shared_calls["mismatches"] += int((s2 - allowed[0]).tolist() != top
+                                                      or sc2.tolist() != top_sc.tolist())
                 rows[name].append({
                     "conv": conv, "category": q.category, "n_entities": len(ents), "n_specific": n_specific, "multi_hop": multi,
                     "gold_hop": gold_hop, "n_within": n_within,
@@ -154,12 +173,20 @@ def main() -> None:
                        "seconds": t_extract},
         "build_records_per_s": {v: len(recs) / s for v, s in build_s.items()},
         "query_ms_per_question": {v: 1000 * s / len(queries) / 2 for v, s in query_s.items()},
+        "shared_graph": {
+            "what": "one graph over all 10 conversations, each question filtered (allowed) to its own turns",
+            "build_records_per_s": len(recs) / shared_build_s,
+            "ms_per_filtered_score_call": 1000 * shared_calls["s"] / max(shared_calls["n"], 1),
+            "questions_differing_from_per_conversation_graph": shared_calls["mismatches"],
+        },
         "graphs": graph_sizes,
         "variants": results,
     }
     save_json(out, args.out)
     print(f"extraction: {out['extraction']['records_per_s']:.0f} turns/s, "
           f"{out['extraction']['entities_per_turn']:.2f} entities/turn")
+    print(f"shared graph, filtered per conversation: {out['shared_graph']['ms_per_filtered_score_call']:.2f} ms "
+          f"per call, {shared_calls['mismatches']} questions differ from the per-conversation graphs")
     for name, res in results.items():
         print(f"\n== {name}  (build {out['build_records_per_s'][name]:.0f} turns/s, "
               f"{out['query_ms_per_question'][name]:.2f} ms per score call)")

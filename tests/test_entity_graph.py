@@ -187,6 +187,10 @@ def test_hubs_counted_within_allowed():
     sam = np.arange(30, dtype=np.int64)
     seqs, scores = g.score("What about Rome?", max_hops=3, allowed=sam)
     assert seqs.tolist() == [26, 27, 28] and scores.tolist() == pytest.approx([1.0, 1.0, 0.6])
+    # an entity only records outside the filter mention is unknown under it: sam is not demoted
+    g.add(np.array([999], np.int64), ["Kim: We flew to Lima."], ["Kim"])
+    seqs, scores = g.score("What did Sam say about Lima?", allowed=sam, depth=1000)
+    assert len(seqs) == 30 and set(scores.tolist()) == {1.0}
     # unfiltered, sam is no hub (kim is): rome -> sam (hop 1) -> every sam record at 0.6
     seqs, scores = g.score("What about Rome?", max_hops=3, depth=1000)
     assert seqs.tolist()[:2] == [26, 27] and len(seqs) == 30 and scores.tolist()[2:] == pytest.approx([0.6] * 28)

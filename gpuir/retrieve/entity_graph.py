@@ -458,14 +458,14 @@ class EntityGraph:
         """Whether the query asks to connect entities (:func:`is_multi_hop_query`)."""
         return is_multi_hop_query(query)
 
-    def _hubs(self, rows: np.ndarray | None = None) -> np.ndarray:
+    def _hubs(self, rows: np.ndarray | None = None, df: np.ndarray | None = None) -> np.ndarray:
         """Hub mask over entities, shape (n_entities,), bool: counted over the live slots
-        ``rows`` admits (bool mask over slots) or over all live slots."""
+        ``rows`` admits (bool mask over slots; ``df`` its column counts when known) or over all live slots."""
         if rows is None:
             n, df = int(self._live.sum()), self._df
         else:
             n = int(rows.sum())
-            df = self._column_counts(rows)
+            df = self._column_counts(rows) if df is None else df
         if self.hub_fraction is None or n == 0:
             return np.zeros(len(self._keys), bool)
         return (df > self.hub_fraction * n) & (df >= self.hub_min_records)
@@ -536,7 +536,12 @@ class EntityGraph:
         hop = np.full(n_ent, -1, np.int64)
         if not ids.size:
             return hop
-        hubs = self._hubs(rows)
+        if rows is not None:  # entities no admitted record mentions are unknown here
+            df = self._column_counts(rows)
+            ids = ids[df[ids] > 0]
+            if not ids.size:
+                return hop
+        hubs = self._hubs(rows, None if rows is None else df)
         hop[ids] = 0
         if self.hub_mode == "demote" and (~hubs[ids]).any():
             hop[ids[hubs[ids]]] = min(1, max_hops) if max_hops >= 1 else -1

@@ -384,10 +384,9 @@ class EntityGraph:
 
     @staticmethod
     def _comention(block: sp.csr_matrix) -> sp.csr_matrix:
-        c = (block.T.astype(np.int64) @ block.astype(np.int64)).tocsr()
-        c.setdiag(0)
-        c.eliminate_zeros()
-        return c
+        c = (block.T.astype(np.int64) @ block.astype(np.int64)).tocoo()
+        off = c.row != c.col
+        return sp.csr_matrix((c.data[off], (c.row[off], c.col[off])), shape=c.shape)
 
     def remove(self, seqs: np.ndarray) -> None:
         """Remove records; seqs not in the graph are ignored.
@@ -589,8 +588,9 @@ class EntityGraph:
         if not reached.size or depth == 0:
             return empty
         slots, hops = self._slots_of(reached, ent_hop)
-        rec_hop = np.full(self._n_slots(), len(HOP_SCORES), np.int64)
-        np.minimum.at(rec_hop, slots, hops)
+        rec_hop = np.full(self._n_slots(), len(HOP_SCORES), np.int8)
+        for h in range(max_hops, -1, -1):  # deepest first: each record ends with its best hop
+            rec_hop[slots[hops == h]] = h
         cand = np.flatnonzero((rec_hop < len(HOP_SCORES)) & (self._live if rows is None else rows))
         seqs = self._slot_seq[cand]
         scores = np.asarray(HOP_SCORES, np.float32)[rec_hop[cand]]

@@ -325,3 +325,25 @@ def test_save_load_round_trip(tmp_path):
         EntityGraph.load(tmp_path / "eg")
     with pytest.raises(FileNotFoundError, match="no entity graph"):
         EntityGraph.load(tmp_path / "nothing")
+
+
+def test_threads_share_one_graph():
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    texts = [_random_text(rng) for _ in range(400)]
+    g = EntityGraph(hub_fraction=None, batch=16)
+    ref = EntityGraph(hub_fraction=None)
+    ref.add(np.arange(400, dtype=np.int64), texts, [None] * 400)
+
+    def add(i):  # 25 batches of 16, in any order, while other threads query
+        g.add(np.arange(16 * i, 16 * i + 16, dtype=np.int64), texts[16 * i:16 * i + 16], [None] * 16)
+        return g.score("What about Alice?", max_hops=2, depth=5)
+
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(add, range(25)))
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda name: g.score(f"What about {name}?", max_hops=3, depth=10_000), NAMES * 3))
+    for name, (s, sc) in zip(NAMES * 3, got):
+        rs, rsc = ref.score(f"What about {name}?", max_hops=3, depth=10_000)
+        assert s.tolist() == rs.tolist() and sc.tolist() == rsc.tolist()

@@ -12,9 +12,11 @@ See ``docs/entity-graph.md`` for the rules and the measured figures.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,6 +205,17 @@ def is_multi_hop_query(query: str) -> bool:
     return len(extract_entities(query)) >= 2 and _MULTI_HOP.search(query) is not None
 
 
+def _locked(method):
+    """Run a method under the graph's lock (queries flush and cache, so they mutate too)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _check_allowed(allowed: np.ndarray | None) -> np.ndarray | None:
     if allowed is None:
         return None
@@ -255,6 +268,9 @@ class EntityGraph:
     counts as hop 1 instead of 0 when the query also names a non-hub entity; with
     ``"plain"`` it stays at hop 0.
 
+    Every public method holds the graph's re-entrant lock (queries flush pending
+    rows and cache the CSC), so threads may share one graph.
+
     Parameters
     ----------
     hub_fraction : float or None
@@ -277,6 +293,7 @@ class EntityGraph:
         self.hub_min_records = int(hub_min_records)
         self.hub_mode = hub_mode
         self.batch = int(batch)
+        self._lock = threading.RLock()
         self._keys: list[str] = []
         self._key_id: dict[str, int] = {}
         self._slot_seq = np.zeros(0, np.int64)
@@ -298,6 +315,7 @@ class EntityGraph:
         return int(self._live.sum()) + len(self._pending_seqs)
 
     @property
+    @_locked
     def n_entities(self) -> int:
         """Entities mentioned by at least one live record."""
         self._flush()
@@ -317,6 +335,7 @@ class EntityGraph:
             ids.append(i)
         return np.unique(np.asarray(ids, np.int32))
 
+    @_locked
     def add(self, seqs: np.ndarray, texts: Sequence[str], speakers: Sequence[str | None]) -> None:
         """Add records (a seq already present is replaced: upsert).
 
@@ -388,6 +407,7 @@ class EntityGraph:
         off = c.row != c.col
         return sp.csr_matrix((c.data[off], (c.row[off], c.col[off])), shape=c.shape)
 
+    @_locked
     def remove(self, seqs: np.ndarray) -> None:
         """Remove records; seqs not in the graph are ignored.
 
@@ -432,6 +452,7 @@ class EntityGraph:
         self._seq_slot = {s: i for i, s in enumerate(self._slot_seq.tolist())}
 
     # ------------------------------------------------------------------ queries
+    @_locked
     def query_entities(self, query: str) -> list[str]:
         """The query's entities known to the graph (mentioned by a live record), in order.
 
@@ -508,6 +529,7 @@ class EntityGraph:
         parts = [self._main[slots[slots < m0]].indices, self._tail[slots[slots >= m0] - m0].indices]
         return np.unique(np.concatenate(parts)).astype(np.int64)
 
+    @_locked
     def entity_hops(self, query: str, max_hops: int = 2, allowed: np.ndarray | None = None) -> dict[str, int]:
         """The hop of each entity reached from the query (for diagnostics)."""
         self._flush()
@@ -558,6 +580,7 @@ class EntityGraph:
             frontier = new
         return hop
 
+    @_locked
     def score(self, query: str, allowed: np.ndarray | None = None, max_hops: int = 2,
               depth: int = 100) -> tuple[np.ndarray, np.ndarray]:
         """Records reachable from the query's entities within ``max_hops``, best first.
@@ -598,6 +621,7 @@ class EntityGraph:
         return seqs[order], scores[order]
 
     # ------------------------------------------------------------------ persistence
+    @_locked
     def save(self, folder: Path) -> None:
         """Write ``entity_graph.npz`` and ``entity_graph.json`` into ``folder`` (each atomically).
 

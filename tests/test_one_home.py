@@ -111,3 +111,19 @@ def test_eval_registry_and_bm25_variants_have_distinct_names():
 
     assert not hasattr(runner, "METHODS") and isinstance(runner.EVAL_METHODS, dict)
     assert "lucene" in bm25.METHODS
+
+
+def test_encoder_device_follows_the_backend_request(monkeypatch):
+    from gpuir.backends import torch_device
+
+    monkeypatch.delenv("GPUIR_DISABLE_GPU", raising=False)
+    monkeypatch.setenv("GPUIR_BACKEND", "numpy")
+    assert torch_device("auto") == "cpu"
+    monkeypatch.setenv("GPUIR_BACKEND", "numba")
+    assert torch_device() == "cpu"
+    monkeypatch.delenv("GPUIR_BACKEND")
+    assert torch_device("numpy") == "cpu" and torch_device("cupy") == "cuda"
+    monkeypatch.setenv("GPUIR_DISABLE_GPU", "1")
+    assert torch_device("auto") == "cpu"
+    with pytest.raises(ValueError, match="choose one of"):
+        torch_device("tpu")

@@ -27,7 +27,7 @@ BACKENDS = ("auto", "numpy", "numba", "cupy")
 
 __all__ = [
     "BACKENDS", "CollectionStats", "DeviceUnavailable", "Scorer", "device_unavailable", "make_scorer",
-    "numba_available", "resolve_array_backend", "resolve_backend", "topk_from_dense",
+    "numba_available", "resolve_array_backend", "resolve_backend", "topk_from_dense", "torch_device",
 ]
 
 _GPU_FIX = ("Fix: run on a machine with an NVIDIA GPU and install 'gpuir[gpu]' (CUDA 12) or "
@@ -153,6 +153,28 @@ def resolve_array_backend(name: str | None = "auto", values: Any = None) -> tupl
     if backend == "numba":
         return "numpy", f"{reason}; dense work runs on NumPy on the CPU"
     return backend, reason
+
+
+def torch_device(name: str | None = "auto") -> str:
+    """The torch device of the encoder under the same backend request: "cpu" or "cuda".
+
+    "numpy" and "numba" (requested, or through ``GPUIR_BACKEND`` under "auto")
+    and ``GPUIR_DISABLE_GPU`` mean the CPU; "cupy" means "cuda" (torch then
+    reports it when no device can be used); "auto" is "cuda" when torch sees a
+    device. Never imports CuPy; imports torch only under "auto".
+    """
+    name = "auto" if name is None else str(name).lower()
+    if name == "auto" and os.environ.get("GPUIR_BACKEND"):
+        name = os.environ["GPUIR_BACKEND"].strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    if name in ("numpy", "numba") or os.environ.get("GPUIR_DISABLE_GPU"):
+        return "cpu"
+    if name == "cupy":
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Scorer:

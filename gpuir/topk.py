@@ -5,7 +5,8 @@ keeps every candidate tied at the k-th score until the final ordering, so the
 result is exact (never "some k of the tied ones"):
 
 * :func:`kth_largest` -- the k-th largest value of a vector (a pruning threshold);
-* :func:`topk_pairs` -- the best k of one candidate set ``(ids, scores)``;
+* :func:`topk_pairs` -- the best k of one candidate set ``(ids, scores)``
+  (:func:`topk_order`: their positions, to gather other arrays alike);
 * :func:`topk_rows` -- the best k of each row of a dense score matrix (NumPy or
   CuPy), ``-inf`` (and NaN) marking non-candidates, with optional per-column ids.
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "kth_largest", "topk_pairs", "topk_rows"]
+__all__ = ["array_module", "kth_largest", "topk_order", "topk_pairs", "topk_rows"]
 
 
 def array_module(a: Any):
@@ -45,8 +46,8 @@ def kth_largest(vals: np.ndarray, k: int) -> float:
     return float(np.partition(vals, n - k)[n - k])
 
 
-def topk_pairs(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best ``k`` of one candidate set, sorted by score descending, then id ascending.
+def topk_order(ids: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the best ``k`` of one candidate set, best first (score descending, then id ascending).
 
     Parameters
     ----------
@@ -59,19 +60,29 @@ def topk_pairs(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray,
 
     Returns
     -------
-    (ids, scores) : ndarrays, shape (min(k, m),), dtypes of the inputs, host.
+    ndarray, shape (min(k, m),), int64, host: indices into ``ids`` / ``scores``
+    (to gather other per-candidate arrays in the same order).
     """
     neg = -scores
-    sel = None
-    if ids.size > k:
-        th = np.partition(neg, k - 1)[k - 1] if k > 0 else -np.inf
-        sel = np.flatnonzero(neg <= th)  # every candidate tied with the k-th stays
-        ids_s, neg = ids[sel], neg[sel]
-    else:
-        ids_s = ids
-    order = np.lexsort((ids_s, neg))[:k]
-    if sel is not None:
-        order = sel[order]
+    if ids.size <= k:
+        return np.lexsort((ids, neg))[:k].astype(np.int64)
+    th = np.partition(neg, k - 1)[k - 1] if k > 0 else -np.inf
+    sel = np.flatnonzero(neg <= th)  # every candidate tied with the k-th stays
+    return sel[np.lexsort((ids[sel], neg[sel]))[:k]].astype(np.int64)
+
+
+def topk_pairs(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of one candidate set, sorted by score descending, then id ascending.
+
+    Parameters
+    ----------
+    ids, scores, k : as :func:`topk_order`.
+
+    Returns
+    -------
+    (ids, scores) : ndarrays, shape (min(k, m),), dtypes of the inputs, host.
+    """
+    order = topk_order(ids, scores, k)
     return ids[order], scores[order]
 
 

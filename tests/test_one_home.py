@@ -127,3 +127,12 @@ def test_encoder_device_follows_the_backend_request(monkeypatch):
     assert torch_device("auto") == "cpu"
     with pytest.raises(ValueError, match="choose one of"):
         torch_device("tpu")
+
+
+def test_topk_order_gathers_alike():
+    from gpuir.topk import topk_order
+
+    ids = np.array([9, 4, 7, 1, 5], np.int64)
+    sc = np.array([1.0, 3.0, 3.0, 3.0, 0.5], np.float32)
+    assert topk_order(ids, sc, 3).tolist() == [3, 1, 2]
+    assert topk_order(ids, sc, 9).tolist() == [3, 1, 2, 0, 4]

@@ -221,3 +221,29 @@ def test_mcp_cli_bad_directory_exits_2(tmp_path, capsys):
     f.write_text("x")
     assert main([str(f)]) == 2
     assert "gpuir mcp server" in capsys.readouterr().err
+
+
+def test_retriever_backend_sees_growth(memory):
+    """A gpuir.Retriever as the backend: its hits, and records added through the adapter are found."""
+    pytest.importorskip("langchain_core")
+    from gpuir import Retriever
+    from gpuir.adapters.langchain import GpuirRetriever
+
+    ret = Retriever(memory)
+    lc = GpuirRetriever(backend=ret, k=3)
+    want = ret.search(["Rex dog"], k=3).hits(0)
+    assert [d.id for d in lc.invoke("Rex dog")] == [h["id"] for h in want]
+    assert lc.backend.add([{"id": "r9", "text": "a parrot named Polly", "session": "s9"}]) == 1
+    assert [d.id for d in lc.invoke("parrot Polly")] == ["r9"]
+    assert lc.backend.delete(["r9", "missing"]) == 1
+    assert lc.invoke("parrot Polly") == []
+
+
+def test_local_backend_saves_changes_to_its_directory(tmp_path, memory):
+    memory.save(tmp_path / "m")
+    b = as_backend(memory)
+    b.add([{"id": "n1", "text": "saved before the call returns"}])
+    memory.close()
+    again = Memory.open(tmp_path / "m", writer=False)
+    assert [r["id"] for r in again.get(["n1"])] == ["n1"]
+    again.close()

@@ -6,7 +6,8 @@ filtered search returns only allowed documents (never zero-score filler).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -91,3 +92,26 @@ def normalize_filters(
         )
     out = [_one(f, n_docs, id_to_num, f"filter of query {i}") for i, f in enumerate(filters)]
     return None if all(f is None for f in out) else out
+
+
+def allow_mask(allow: Sequence[np.ndarray | None], n_docs: int) -> np.ndarray:
+    """Boolean allow masks of normalised filters (the one allow-list -> mask conversion).
+
+    Parameters
+    ----------
+    allow : sequence of B items, each None (every document) or ndarray (m,), int64
+        Allowed document numbers, as :func:`normalize_filters` returns them.
+    n_docs : int
+        N.
+
+    Returns
+    -------
+    ndarray, shape (B, N), bool, host: ``mask[i, d]`` is True when query i may return document d.
+    """
+    mask = np.zeros((len(allow), n_docs), dtype=bool)
+    for i, a in enumerate(allow):
+        if a is None:
+            mask[i] = True
+        elif a.size:
+            mask[i, a] = True
+    return mask

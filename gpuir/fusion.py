@@ -19,8 +19,8 @@ How a candidate missing from one channel is scored (explicit, everywhere)
   any candidate of that query* -- the channel ranked it no higher than its worst
   retrieved document. ``missing="zero"`` gives it 0 instead (the channel's mean
   under z-scores, its minimum under min-max); a float gives that normalised value.
-* **RRF, weighted RRF, agent-aware RRF**: a missing candidate contributes 0 from
-  that channel (rank = infinity), as in Cormack et al. (2009).
+* **RRF, weighted RRF, score RRF, agent-aware RRF**: a missing candidate
+  contributes 0 from that channel (rank = infinity), as in Cormack et al. (2009).
 * A channel whose returned scores for a query are all equal (or that returned a
   single candidate) carries no ranking information: its normalised scores are 0
   for every candidate, retrieved or missing.
@@ -30,13 +30,23 @@ Formulas (``c`` runs over channels, ``w_c`` their weights, ranks 1-based):
 
 * z-score:   ``sum_c w_c * (s_c - mean_c) / std_c`` (population std over the
   channel's returned candidates of that query); two channels with ``alpha``:
-  ``alpha * z(bm25) + (1 - alpha) * z(dense)``.
+  ``alpha * z(bm25) + (1 - alpha) * z(dense)`` -- ``alpha`` is only ever this
+  convex weight of the first of two channels (z-score and min-max fusion).
 * min-max:   ``sum_c w_c * (s_c - min_c) / (max_c - min_c)``.
 * RRF:       ``sum_c w_c / (k_rrf + rank_c)``, ``k_rrf = 60``.
 * weighted RRF: ``sum_c w_c * sqrt(max(s_c, 0)) / (k_rrf + rank_c)``.
-* agent-aware RRF: ``RRF + alpha * exp(-dt / tau) + beta * importance`` with
-  ``dt = max(query_time - doc_time, 0)`` (same unit as ``tau``); documents with
-  unknown time (NaN) get no recency bonus.
+* score RRF (score-weighted RRF, as Arc Labs describe it): each channel
+  contributes ``w_c * n_c / (k_rrf + rank_c)``, where ``n_c`` is the candidate's
+  min-max normalised score in that channel for that query,
+  ``(s_c - min_c) / (max_c - min_c)`` over the candidates the channel returned
+  (its best gets 1, its worst 0); a channel whose returned scores are all equal
+  (or that returned one candidate) gives ``n_c = 1`` to each of them, so it
+  contributes plain weighted RRF; a candidate the channel did not return
+  contributes 0. The rank keeps RRF's robustness, the normalised score how far
+  apart the channel put its candidates.
+* agent-aware RRF: ``RRF + recency_weight * exp(-dt / tau) + importance_weight *
+  importance`` with ``dt = max(query_time - doc_time, 0)`` (same unit as
+  ``tau``); documents with unknown time (NaN) get no recency bonus.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ from typing import Any
 import numpy as np
 
 from .results import SearchResults
+from .topk import array_module as _xp
+from .topk import topk_rows
 
 __all__ = [
     "FUSION_METHODS",
@@ -56,22 +68,13 @@ __all__ = [
     "fuse",
     "minmax_fusion",
     "rrf_fusion",
+    "score_rrf_fusion",
     "select_alpha_loco",
     "topk_fused",
     "union_candidates",
     "weighted_rrf_fusion",
     "zscore_fusion",
 ]
-
-
-def _xp(a: Any):
-    """The array module (numpy or cupy) of ``a``."""
-    mod = type(a).__module__
-    if mod.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
 
 
 @dataclass
@@ -275,19 +278,11 @@ def topk_fused(ids, fused, k: int) -> SearchResults:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     xp = _xp(ids)
-    key = xp.where(ids >= 0, -fused, xp.inf)
-    # columns are sorted by doc number, so a stable sort keeps lower doc first on ties
-    order = xp.argsort(key, axis=1, kind="stable")[:, :k]
-    out_ids = xp.take_along_axis(ids, order, 1)
-    out_sc = xp.where(out_ids >= 0, xp.take_along_axis(fused, order, 1), -xp.inf)
+    # columns are sorted by doc number, so the tie rule's "lower column" is "lower doc"
+    out_ids, out_sc = topk_rows(xp.where(ids >= 0, fused, -xp.inf), k, col_ids=ids)
     if xp is not np:
         out_ids, out_sc = out_ids.get(), out_sc.get()
-    B = out_ids.shape[0]
-    if out_ids.shape[1] < k:
-        pad = k - out_ids.shape[1]
-        out_ids = np.concatenate([out_ids, np.full((B, pad), -1, np.int64)], 1)
-        out_sc = np.concatenate([out_sc, np.full((B, pad), -np.inf)], 1)
-    return SearchResults(out_ids.astype(np.int64), out_sc.astype(np.float32))
+    return SearchResults(out_ids, out_sc)
 
 
 def _combine_norm(channels, k, weights, alpha, missing, how, return_candidates):
@@ -345,29 +340,48 @@ def minmax_fusion(
     return _combine_norm(channels, k, weights, alpha, missing, "minmax", return_candidates)
 
 
-def _rrf_union(channels: Sequence[Any], weights, k_rrf: float, score_weighted: bool):
-    """Candidate union, its array module, the channel weights and the (weighted) RRF matrix."""
+#: How RRF variants scale a channel's 1 / (k_rrf + rank): not at all, by the
+#: square root of the raw score (weighted RRF), by the min-max normalised score (score RRF).
+_RRF_SCALES = ("none", "sqrt", "minmax")
+
+
+def _rrf_union(channels: Sequence[Any], weights, k_rrf: float, scale: str):
+    """Candidate union, its array module, the channel weights and the (scaled) RRF matrix."""
     cand = union_candidates(channels)
     xp = _xp(cand.ids)
     w = _weights(weights, len(channels), None)
-    return cand, xp, w, _rrf_matrix(cand, w, k_rrf, score_weighted, xp)
+    return cand, xp, w, _rrf_matrix(cand, w, k_rrf, scale, xp)
 
 
-def _combine_rrf(channels, k, weights, k_rrf, score_weighted, method, return_candidates):
-    """Plain or score-weighted RRF, recorded as ``meta["fusion"]["method"] = method``."""
-    cand, _, w, fused = _rrf_union(channels, weights, k_rrf, score_weighted)
+def _combine_rrf(channels, k, weights, k_rrf, scale, method, return_candidates):
+    """RRF scaled per :data:`_RRF_SCALES`, recorded as ``meta["fusion"]["method"] = method``."""
+    cand, _, w, fused = _rrf_union(channels, weights, k_rrf, scale)
     meta = {"method": method, "weights": w, "k_rrf": k_rrf}
     return _fused_results(cand, fused, k, meta, return_candidates)
 
 
-def _rrf_matrix(cand: Candidates, w, k_rrf: float, score_weighted: bool, xp):
+def _minmax_present(S, present, xp):
+    """Row-wise min-max of the present entries to [0, 1]; 1 for every entry of a degenerate row."""
+    S64 = S.astype(xp.float64)
+    lo = xp.where(present, S64, xp.inf).min(axis=1, keepdims=True)
+    hi = xp.where(present, S64, -xp.inf).max(axis=1, keepdims=True)
+    rng = hi - lo
+    degenerate = ~(rng > 1e-12 * xp.maximum(xp.abs(hi), 1.0))  # also rows with nothing present
+    return xp.where(degenerate, 1.0, (S64 - lo) / xp.where(degenerate, 1.0, rng))
+
+
+def _rrf_matrix(cand: Candidates, w, k_rrf: float, scale: str, xp):
+    if scale not in _RRF_SCALES:  # pragma: no cover - internal
+        raise ValueError(scale)
     fused = xp.zeros(cand.ids.shape, dtype=xp.float64)
     for wc, S, R in zip(w, cand.scores, cand.ranks):
         present = xp.isfinite(R)
         contrib = wc / (k_rrf + xp.where(present, R, 1.0))
-        if score_weighted:
+        if scale == "sqrt":
             s = xp.where(present, S.astype(xp.float64), 0.0)
             contrib = contrib * xp.sqrt(xp.maximum(s, 0.0))
+        elif scale == "minmax":
+            contrib = contrib * _minmax_present(S, present, xp)
         fused += xp.where(present, contrib, 0.0)
     return fused
 
@@ -392,7 +406,7 @@ def rrf_fusion(
     -------
     SearchResults (B, k), host.
     """
-    return _combine_rrf(channels, k, weights, k_rrf, False, "rrf", return_candidates)
+    return _combine_rrf(channels, k, weights, k_rrf, "none", "rrf", return_candidates)
 
 
 def weighted_rrf_fusion(
@@ -408,7 +422,24 @@ def weighted_rrf_fusion(
     candidate gets nothing from that channel); missing candidates contribute 0.
     Arguments and result as :func:`rrf_fusion`.
     """
-    return _combine_rrf(channels, k, weights, k_rrf, True, "weighted_rrf", return_candidates)
+    return _combine_rrf(channels, k, weights, k_rrf, "sqrt", "weighted_rrf", return_candidates)
+
+
+def score_rrf_fusion(
+    channels: Sequence[Any],
+    k: int,
+    weights: Sequence[float] | None = None,
+    k_rrf: float = 60.0,
+    return_candidates: bool = False,
+):
+    """Score-weighted RRF: ``sum_c w_c * n_c / (k_rrf + rank_c)``, ``n_c`` the min-max normalised score.
+
+    ``n_c = (s_c - min_c) / (max_c - min_c)`` over the candidates channel ``c``
+    returned for the query (1 for all of them when their scores are all equal);
+    a candidate the channel did not return contributes 0 from it (see the module
+    docstring). Arguments and result as :func:`rrf_fusion`.
+    """
+    return _combine_rrf(channels, k, weights, k_rrf, "minmax", "score_rrf", return_candidates)
 
 
 def agent_rrf_fusion(
@@ -416,17 +447,18 @@ def agent_rrf_fusion(
     k: int,
     doc_times: Any = None,
     query_times: Any = None,
-    alpha: float = 0.005,
+    recency_weight: float = 0.005,
     tau: float = 30.0,
     importance: Any = None,
-    beta: float = 0.0,
+    importance_weight: float = 0.0,
     weights: Sequence[float] | None = None,
     k_rrf: float = 60.0,
     return_candidates: bool = False,
 ):
     """Agent-aware RRF: RRF plus a recency bonus and an importance term.
 
-    ``fused = sum_c w_c / (k_rrf + rank_c) + alpha * exp(-dt / tau) + beta * importance[d]``
+    ``fused = sum_c w_c / (k_rrf + rank_c) + recency_weight * exp(-dt / tau)
+    + importance_weight * importance[d]``
     with ``dt = max(query_time - doc_time, 0)``. The bonus is added to every
     candidate of the union (never to documents no channel returned).
 
@@ -438,13 +470,13 @@ def agent_rrf_fusion(
         Time of each document (e.g. days since an epoch); NaN = unknown (no bonus).
     query_times : ndarray, shape (B,) float64, or a float, optional
         Time of each query, same unit as ``doc_times``.
-    alpha : float, default 0.005
+    recency_weight : float, default 0.005
         Weight of the recency bonus.
     tau : float, default 30
         Decay constant, same unit as the times (30 days with times in days).
     importance : ndarray, shape (N,), float, optional
         Importance weight of each document (0 when absent).
-    beta : float, default 0
+    importance_weight : float, default 0
         Weight of the importance term.
     weights, k_rrf : as :func:`rrf_fusion`.
 
@@ -454,21 +486,22 @@ def agent_rrf_fusion(
     """
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
-    cand, xp, w, fused = _rrf_union(channels, weights, k_rrf, False)
+    cand, xp, w, fused = _rrf_union(channels, weights, k_rrf, "none")
     safe = xp.maximum(cand.ids, 0)
-    if doc_times is not None and alpha:
+    if doc_times is not None and recency_weight:
         if query_times is None:
             raise ValueError("doc_times given without query_times")
         dt_doc = xp.asarray(doc_times, dtype=xp.float64)[safe]
         qt = xp.asarray(query_times, dtype=xp.float64)
         qt = qt.reshape(-1, 1) if qt.ndim else qt
         dt = xp.maximum(qt - dt_doc, 0.0)
-        bonus = xp.where(xp.isnan(dt), 0.0, alpha * xp.exp(-xp.where(xp.isnan(dt), 0.0, dt) / tau))
+        bonus = xp.where(xp.isnan(dt), 0.0, recency_weight * xp.exp(-xp.where(xp.isnan(dt), 0.0, dt) / tau))
         fused = fused + bonus
-    if importance is not None and beta:
+    if importance is not None and importance_weight:
         imp = xp.asarray(importance, dtype=xp.float64)[safe]
-        fused = fused + beta * xp.where(xp.isnan(imp), 0.0, imp)
-    meta = {"method": "agent_rrf", "weights": w, "k_rrf": k_rrf, "alpha": alpha, "tau": tau, "beta": beta}
+        fused = fused + importance_weight * xp.where(xp.isnan(imp), 0.0, imp)
+    meta = {"method": "agent_rrf", "weights": w, "k_rrf": k_rrf, "recency_weight": recency_weight, "tau": tau,
+            "importance_weight": importance_weight}
     return _fused_results(cand, fused, k, meta, return_candidates)
 
 
@@ -478,12 +511,17 @@ FUSION_METHODS: dict[str, Callable[..., Any]] = {
     "minmax": minmax_fusion,
     "rrf": rrf_fusion,
     "weighted_rrf": weighted_rrf_fusion,
+    "score_rrf": score_rrf_fusion,
     "agent_rrf": agent_rrf_fusion,
 }
 
 
 def fuse(channels: Sequence[Any], k: int, method: str = "z", **kw) -> SearchResults:
-    """Fuse channels with a named method (``z``, ``minmax``, ``rrf``, ``weighted_rrf``, ``agent_rrf``)."""
+    """Fuse channels with a named method (``z``, ``minmax``, ``rrf``, ``weighted_rrf``, ``score_rrf``, ``agent_rrf``).
+
+    ``kw`` goes to the method's function, e.g.
+    ``fuse(results, k, method="score_rrf", weights=[1.0, 0.5], k_rrf=60)``.
+    """
     try:
         fn = FUSION_METHODS[method]
     except KeyError:

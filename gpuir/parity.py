@@ -21,7 +21,7 @@ and reports
   float32 tolerance, and the same set of documents among those scoring above the
   k-th score (plus tolerance) -- only documents tied with the k-th may differ;
 * with qrels: nDCG@10 and Recall@100 of each backend and their differences
-  (via :mod:`gpuir.eval.metrics`, exponential gain as trec_eval).
+  (via :mod:`gpuir.metrics_core`, exponential gain as trec_eval).
 
 The CLI is ``gpuir parity INDEX_DIR --queries Q.jsonl [-k 100] [--qrels QRELS.tsv]``;
 it exits 2 with a message when no GPU can be used.
@@ -42,8 +42,10 @@ import numpy as np
 RTOL, ATOL = 1e-5, 1e-6
 
 
-class NoGPUError(RuntimeError):
-    """The parity check needs a usable CUDA device."""
+from .backends import DeviceUnavailable
+
+#: The parity check needs a usable CUDA device: the one "device unavailable" error.
+NoGPUError = DeviceUnavailable
 
 
 def topk_agree(
@@ -164,16 +166,16 @@ def parity_report(
         No usable CUDA device (the message says why).
     """
     from ._compat import cuda_device
-    from .backends import make_scorer
-    from .eval.metrics import compute_metrics
+    from .backends import device_unavailable, make_scorer
+    from .metrics_core import ndcg_at_k, recall_at_k, relevance_matrix
 
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     usable, why = cuda_device()
     if not usable:
-        raise NoGPUError(
-            f"the parity check compares the cupy backend with numpy, but {why}. "
-            "Run it on a machine with an NVIDIA GPU and 'gpuir[gpu]' installed"
+        raise device_unavailable(
+            "the parity check compares the cupy backend with numpy", why,
+            "Run it on a machine with an NVIDIA GPU and 'gpuir[gpu]' installed",
         )
     if query_ids is not None and len(query_ids) != len(queries):
         raise ValueError(f"query_ids has {len(query_ids)} entries for {len(queries)} queries")
@@ -217,8 +219,14 @@ def parity_report(
         scored = [i for i, g in enumerate(gold) if any(v >= 1 for v in g.values())]
         if scored:
             g = [gold[i] for i in scored]
-            m_np = compute_metrics(r_np.ids[scored], g, cutoffs=(10, 100), metrics=("ndcg", "recall"))
-            m_cp = compute_metrics(r_cp.ids[scored], g, cutoffs=(10, 100), metrics=("ndcg", "recall"))
+
+            def ndcg10_recall100(ids):
+                rel, ideal = relevance_matrix(ids, g)
+                if rel.shape[1] < 100:  # cut-offs beyond k: padding counts as non-relevant
+                    rel = np.pad(rel, ((0, 0), (0, 100 - rel.shape[1])))
+                return {"ndcg@10": ndcg_at_k(rel, ideal, 10), "recall@100": recall_at_k(rel, ideal, 100)}
+
+            m_np, m_cp = ndcg10_recall100(r_np.ids[scored]), ndcg10_recall100(r_cp.ids[scored])
             for name in ("ndcg@10", "recall@100"):
                 a, b = float(m_np[name].mean()), float(m_cp[name].mean())
                 rep[name] = {"numpy": a, "cupy": b, "delta": b - a}

@@ -24,6 +24,8 @@ class SearchResults:
         descending score, ties broken by ascending document number.
     meta : dict
         How the results were made: ``backend`` and the reason it was chosen, timings.
+
+    Unpacks as ``ids, scores = results``.
     """
 
     ids: np.ndarray
@@ -42,7 +44,17 @@ class SearchResults:
         return self.ids.shape  # type: ignore[return-value]
 
     def __len__(self) -> int:
+        """The number of queries (rows)."""
         return self.ids.shape[0]
+
+    def __iter__(self):
+        """``ids, scores = results``: unpacks into the two arrays (``meta`` stays on the object).
+
+        Iterating yields exactly ``ids`` then ``scores``, not the query rows
+        (``len(results)`` still counts queries).
+        """
+        yield self.ids
+        yield self.scores
 
     def hits(self, i: int, doc_ids: Sequence[str] | None = None) -> list[tuple[Any, float]]:
         """The real (non-padding) hits of query ``i`` as ``(id, score)`` pairs.

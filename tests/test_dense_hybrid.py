@@ -63,10 +63,10 @@ def test_retriever_dense_record_channel(encoder):
 def test_eval_methods_registered_and_run(encoder):
     from gpuir.dense import encoder as H
     from gpuir.eval.datasets import EvalDataset, EvalQuery
-    from gpuir.eval.runner import METHODS, evaluate, load_method_modules
+    from gpuir.eval.runner import EVAL_METHODS, evaluate, load_method_modules
 
     load_method_modules()
-    assert {"dense", "late", "fusion", "hybrid-fusion", "rrf", "agent_rrf"} <= set(METHODS)
+    assert {"dense", "late", "fusion", "hybrid-fusion", "rrf", "agent_rrf"} <= set(EVAL_METHODS)
     H.get_encoder.cache_clear()
     ids = [f"c{i // 2}:S{i}" for i in range(4)]
     qs = [

@@ -107,12 +107,61 @@ def test_topk_rows_ties_and_inf():
 
 def test_numba_backend_request_runs_dense_work_on_numpy(monkeypatch):
     """GPUIR_BACKEND=numba (the compiled BM25 scorer) must not break the dense channel: it runs on NumPy."""
-    from gpuir.dense.index import _resolve_backend as dense_backend
-    from gpuir.dense.late_interaction import _resolve_backend as pool_backend
+    from gpuir.backends import resolve_array_backend
 
     monkeypatch.setenv("GPUIR_BACKEND", "numba")
-    assert dense_backend("auto")[0] == "numpy"
-    assert pool_backend("auto", np.zeros(3, np.float32)) == "numpy"
+    assert resolve_array_backend("auto")[0] == "numpy"
+    assert resolve_array_backend("auto", np.zeros(3, np.float32))[0] == "numpy"
+    assert DenseIndex(np.eye(3, dtype=np.float32)).backend == "numpy"
+    monkeypatch.delenv("GPUIR_BACKEND")
+    assert resolve_array_backend("numba")[0] == "numpy"
     monkeypatch.setenv("GPUIR_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="choose one of"):
+        resolve_array_backend("auto")
     with pytest.raises(ValueError):
-        dense_backend("auto")
+        DenseIndex(np.eye(3, dtype=np.float32))
+
+
+def test_explicit_numpy_never_imports_cupy():
+    """backend='numpy' resolves without importing CuPy (a fresh interpreter shows it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gpuir.dense import DenseIndex, segment_reduce; import numpy as np; "
+            "DenseIndex(np.eye(3, dtype=np.float32), backend='numpy').search(np.eye(3, dtype=np.float32), 2); "
+            "segment_reduce(np.ones((1, 2)), np.array([0, 2]), backend='numpy'); "
+            "print('cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cupy_without_device_raises_device_unavailable(monkeypatch):
+    from gpuir import backends
+    from gpuir.backends import DeviceUnavailable
+
+    monkeypatch.delenv("GPUIR_BACKEND", raising=False)
+    monkeypatch.setattr(backends, "cuda_device", lambda: (False, "no driver here"))
+    with pytest.raises(DeviceUnavailable, match="no driver here") as ei:
+        DenseIndex(np.eye(3, dtype=np.float32), backend="cupy")
+    assert "\n" not in str(ei.value) and "backend='numpy'" in str(ei.value)
+    from gpuir.dense import segment_reduce
+
+    with pytest.raises(DeviceUnavailable):
+        segment_reduce(np.ones((1, 2)), np.array([0, 2]), backend="cupy")
+
+
+@pytest.mark.parametrize("k", [1, 5, 11, 12, 800])
+def test_flat_faiss_same_ids_as_numpy_under_the_tie_rule(data, k):
+    """IndexFlatIP (exact) gives the NumPy path's ids, also where many documents tie at the k-th score."""
+    pytest.importorskip("faiss")
+    docs, q = data
+    ref = DenseIndex(docs, backend="numpy").search(q, k)
+    flat = DenseIndex(docs, kind="flat").search(q, k)
+    np.testing.assert_array_equal(flat.ids, ref.ids)
+    np.testing.assert_allclose(flat.scores, ref.scores, rtol=1e-5, atol=1e-6)
+    if k in (5, 11):  # query 3 equals doc 0, which has 10 duplicates: the lowest numbers win
+        assert flat.ids[3, :k].tolist() == ([0] + list(range(600, 610)))[:k]
+    # ties also through a filter (IDSelectorBatch, above the exact_below cut)
+    allow = [np.arange(0, 700, 1)] + [None] * 10
+    got = DenseIndex(docs, kind="flat", exact_below=10).search(q, k, filters=allow)
+    np.testing.assert_array_equal(got.ids, ref.ids)

@@ -105,7 +105,7 @@ def test_method_registry(locomo):
         assert calls["opts"] == {"foo": 1}
         assert res.summary()["overall"]["hit@1"]["mean"] < 0.2
     finally:
-        runner.METHODS.pop("reverse-test", None)
+        runner.EVAL_METHODS.pop("reverse-test", None)
     with pytest.raises(ValueError, match="unknown method"):
         evaluate(locomo, "nope")
 

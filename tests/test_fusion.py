@@ -12,6 +12,7 @@ from gpuir.fusion import (
     fuse,
     minmax_fusion,
     rrf_fusion,
+    score_rrf_fusion,
     select_alpha_loco,
     union_candidates,
     weighted_rrf_fusion,
@@ -96,7 +97,8 @@ def test_weighted_rrf():
 def test_agent_rrf_recency_and_importance():
     times = np.zeros(8)
     times[[0, 2, 5, 7]] = [0.0, 90.0, 100.0, 100.0]
-    r = agent_rrf_fusion([A, B], k=4, doc_times=times, query_times=np.array([100.0]), alpha=0.005, tau=30)
+    r = agent_rrf_fusion([A, B], k=4, doc_times=times, query_times=np.array([100.0]), recency_weight=0.005,
+                         tau=30)
     e = {
         0: 1 / 62 + 1 / 61 + 0.005 * math.exp(-100 / 30),
         2: 1 / 61 + 0.005 * math.exp(-10 / 30),
@@ -107,7 +109,7 @@ def test_agent_rrf_recency_and_importance():
     np.testing.assert_allclose(r.scores[0], [e[d] for d in (0, 7, 5, 2)], rtol=1e-6)
     imp = np.zeros(8)
     imp[2] = 1.0
-    r = agent_rrf_fusion([A, B], k=4, doc_times=times, query_times=100.0, importance=imp, beta=0.01)
+    r = agent_rrf_fusion([A, B], k=4, doc_times=times, query_times=100.0, importance=imp, importance_weight=0.01)
     assert r.ids.tolist() == [[0, 2, 7, 5]]
     np.testing.assert_allclose(r.scores[0, 1], e[2] + 0.01, rtol=1e-6)
     # a document later than the query gets dt = 0 (full bonus); unknown time: none
@@ -145,7 +147,7 @@ def _dense(res, n):
     return m
 
 
-@pytest.mark.parametrize("method", ["z", "minmax", "rrf", "weighted_rrf", "agent_rrf"])
+@pytest.mark.parametrize("method", ["z", "minmax", "rrf", "weighted_rrf", "score_rrf", "agent_rrf"])
 def test_parity_dense_rows_and_lists(backend, method):
     """Dense (B, N) rows on either backend fuse exactly like top-k lists on the host."""
     rng = np.random.default_rng(0)
@@ -157,7 +159,7 @@ def test_parity_dense_rows_and_lists(backend, method):
     d[:, ::7] = np.round(d[:, ::7], 1)  # ties
     kw = {"alpha": 0.3} if method in ("z", "minmax") else {}
     if method == "agent_rrf":
-        kw = {"doc_times": rng.random(N) * 100, "query_times": np.full(B, 100.0), "alpha": 0.01, "tau": 30}
+        kw = {"doc_times": rng.random(N) * 100, "query_times": np.full(B, 100.0), "recency_weight": 0.01, "tau": 30}
     ref = fuse([a, d], 25, method=method, **kw)
     # the same channels as lists covering all their candidates
     la = SearchResults(*_topk_all(a))
@@ -196,6 +198,39 @@ def test_select_alpha_loco():
 def test_document_missing_from_every_channel_is_no_candidate():
     a = np.array([[2.0, -np.inf, 1.0, -np.inf]], np.float32)
     d = np.array([[0.1, -np.inf, 0.3, 0.2]], np.float32)
-    for m in ("z", "minmax", "rrf", "weighted_rrf", "agent_rrf"):
+    for m in ("z", "minmax", "rrf", "weighted_rrf", "score_rrf", "agent_rrf"):
         r = fuse([a, d], 4, method=m)
         assert 1 not in r.ids[0].tolist() and r.ids[0, 3] == -1, m
+
+
+def test_score_rrf_hand_computed():
+    # A min-max: doc2 (3.0) -> 1, doc0 (2.0) -> 0.5, doc5 (1.0) -> 0; B: doc0 (0.9) -> 1, doc7 (0.5) -> 0.
+    # doc0 = 0.5/(60+2) + 1/(60+1); doc2 = 1/61 (missing from B: 0); docs 5, 7 = 0 (their channel's worst).
+    r = fuse([A, B], 4, method="score_rrf", k_rrf=60)
+    assert r.ids.tolist() == [[0, 2, 5, 7]]  # 5 and 7 tie at 0: lower doc number first
+    np.testing.assert_allclose(r.scores[0], [0.5 / 62 + 1 / 61, 1 / 61, 0.0, 0.0], rtol=1e-6, atol=1e-9)
+    assert r.meta["fusion"] == {"method": "score_rrf", "weights": [1.0, 1.0], "k_rrf": 60}
+    # weights scale each channel: 2 * 1/61 beats 2 * 0.5/62 + 1/61
+    r = fuse([A, B], 2, method="score_rrf", weights=[2.0, 1.0], k_rrf=60)
+    assert r.ids.tolist() == [[2, 0]]
+    np.testing.assert_allclose(r.scores[0], [2 / 61, 1 / 62 + 1 / 61], rtol=1e-6)
+    # k_rrf enters the denominator
+    r = score_rrf_fusion([A, B], 1, k_rrf=0)
+    np.testing.assert_allclose(r.scores[0, 0], 0.5 / 2 + 1 / 1, rtol=1e-6)
+
+
+def test_score_rrf_degenerate_channel_counts_as_plain_rrf():
+    one = sr([[3]], [[7.0]])  # one candidate: normalised score 1, so 1 / (60 + 1)
+    r = score_rrf_fusion([A, one], k=4)
+    assert r.ids.tolist() == [[2, 3, 0, 5]]  # docs 2 and 3 tie at 1/61: lower doc number first
+    np.testing.assert_allclose(r.scores[0], [1 / 61, 1 / 61, 0.5 / 62, 0.0], rtol=1e-6)
+
+
+def test_fusion_weight_names_say_what_they_weigh():
+    import inspect
+
+    params = inspect.signature(agent_rrf_fusion).parameters
+    assert "recency_weight" in params and "importance_weight" in params
+    assert "alpha" not in params and "beta" not in params
+    with pytest.raises(TypeError):
+        agent_rrf_fusion([A, B], k=2, alpha=0.1)

@@ -46,7 +46,7 @@ def test_hand_values():
     o = np.array([0, 2, 2, 5])
     assert segment_reduce_numpy(x, o, "mean").tolist() == [[1.5, -np.inf, 4.0]]
     assert segment_reduce_numpy(x, o, "max").tolist() == [[2.0, -np.inf, 5.0]]
-    assert segment_reduce_numpy(x, o, "topk", k=2).tolist() == [[1.5, -np.inf, 4.5]]
+    assert segment_reduce_numpy(x, o, "topk", pool_k=2).tolist() == [[1.5, -np.inf, 4.5]]
     lse = segment_reduce_numpy(x, o, "lse", beta=1.0)
     assert lse[0, 0] == pytest.approx(math.log(math.e + math.e**2), rel=1e-6)
     lme = segment_reduce_numpy(x, o, "lme", beta=1.0)
@@ -60,7 +60,7 @@ def test_reference_matches_brute_force(op):
     o = np.concatenate([[0], np.cumsum(lens)])
     v = rng.normal(size=(4, o[-1])).astype(np.float32)
     v[:, 3:6] = 0.5  # ties inside a segment
-    np.testing.assert_allclose(segment_reduce_numpy(v, o, op, k=3, beta=5.0), brute(v, o, op, 3, 5.0), rtol=1e-5)
+    np.testing.assert_allclose(segment_reduce_numpy(v, o, op, pool_k=3, beta=5.0), brute(v, o, op, 3, 5.0), rtol=1e-5)
 
 
 def test_lse_limits_and_stability():
@@ -102,8 +102,8 @@ def test_backend_parity(backend, op, dtype):
     o = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     v = rng.normal(size=(9, o[-1])).astype(dtype)
     v[:, 100:140] = dtype(0.25)  # ties
-    ref = segment_reduce_numpy(v, o, op, k=4, beta=8.0)
-    got = segment_reduce(v, o, op, k=4, beta=8.0, backend=backend)
+    ref = segment_reduce_numpy(v, o, op, pool_k=4, beta=8.0)
+    got = segment_reduce(v, o, op, pool_k=4, beta=8.0, backend=backend)
     if backend == "cupy":
         assert type(got).__module__.startswith("cupy")
         got = got.get()
@@ -113,9 +113,9 @@ def test_backend_parity(backend, op, dtype):
     for kk in (1, 1000):  # k = 1 and k larger than any segment
         if op == "topk":
             np.testing.assert_allclose(
-                np.asarray(segment_reduce(v, o, op, k=kk, backend=backend).get()
-                           if backend == "cupy" else segment_reduce(v, o, op, k=kk, backend=backend)),
-                segment_reduce_numpy(v, o, op, k=kk), rtol=rtol, atol=rtol,
+                np.asarray(segment_reduce(v, o, op, pool_k=kk, backend=backend).get()
+                           if backend == "cupy" else segment_reduce(v, o, op, pool_k=kk, backend=backend)),
+                segment_reduce_numpy(v, o, op, pool_k=kk), rtol=rtol, atol=rtol,
             )
 
 
@@ -143,5 +143,38 @@ def test_bm25_turn_late_interaction():
     got = bm25_turn_late_interaction(dense, lab, op="mean")
     assert got.tolist() == [[1.0, 2.0, -np.inf]]  # unmatched turn counts as 0
     lst = SearchResults(np.array([[3, 0, 2, -1]]), np.array([[3.0, 2.0, 1.0, -np.inf]], np.float32))
-    got = bm25_turn_late_interaction(lst, lab, n_sessions=4, op="topk", k=2)
+    got = bm25_turn_late_interaction(lst, lab, n_sessions=4, op="topk", pool_k=2)
     assert got.tolist() == [[1.0, 2.0, -np.inf, -np.inf]]
+
+
+def test_k_is_a_deprecated_spelling_of_pool_k():
+    """``pool_k`` (turns averaged) is the name; ``k=`` still works, with a DeprecationWarning."""
+    x = np.array([[1.0, 2.0, 4.0, 5.0]], np.float32)
+    o = np.array([0, 4])
+    want = segment_reduce_numpy(x, o, "topk", pool_k=2)
+    assert want.tolist() == [[4.5]]
+    with pytest.warns(DeprecationWarning, match="pool_k"):
+        assert segment_reduce_numpy(x, o, "topk", k=2).tolist() == [[4.5]]
+    with pytest.warns(DeprecationWarning, match="pool_k"):
+        assert segment_reduce(x, o, "topk", k=2, backend="numpy").tolist() == [[4.5]]
+
+
+def test_kernel_compiled_through_the_one_loader(monkeypatch):
+    """segment_reduce.cu is compiled by gpuir.backends.kernels with its options (not a RawModule of its own)."""
+    from gpuir.backends import kernels as K
+    from gpuir.dense import late_interaction as L
+
+    seen = {}
+
+    def fake(filename, source, arch, ptx):
+        seen.update(filename=filename, arch=arch, source=source)
+        return b"\x7fELF-fake"
+
+    monkeypatch.setattr(K, "_compile_nvrtc", fake)
+    assert L.compile_segment_reduce("sm_90") == b"\x7fELF-fake"
+    assert seen["filename"] == "segment_reduce.cu" and seen["arch"] == "90"
+    assert seen["source"] == K.load_source("segment_reduce.cu")
+    assert "segment_reduce.cu" in K.NAME_EXPRESSIONS
+    import inspect
+
+    assert "RawModule" not in inspect.getsource(L)

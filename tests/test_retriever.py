@@ -317,11 +317,6 @@ def test_numpy_search_does_not_load_cupy():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-#: Command-line tools that are themselves clients of gpuir.eval (parity reports nDCG with its metrics); to move
-#: under gpuir/eval, after which this set must be emptied.
-EVAL_CLIENT_TOOLS = {"parity.py"}
-
-
 def test_library_never_imports_eval():
     """No module of gpuir outside gpuir/eval imports gpuir.eval (it is a client of the library)."""
     import ast
@@ -333,7 +328,7 @@ def test_library_never_imports_eval():
     offenders = []
     for f in root.rglob("*.py"):
         rel = f.relative_to(root)
-        if rel.parts[0] == "eval" or str(rel) in EVAL_CLIENT_TOOLS:
+        if rel.parts[0] == "eval":
             continue
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             names = []

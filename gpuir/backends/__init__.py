@@ -4,12 +4,19 @@
 CuPy imports); otherwise the compiled CPU backend (Numba) when numba imports,
 else NumPy -- and always says why it chose what it chose. NumPy is the
 reference every other backend equals bit for bit.
+
+This module is the one home of backend resolution: BM25 scorers use
+:func:`resolve_backend`; dense work (the dense index, turn pooling, the encoder
+side of a channel) uses :func:`resolve_array_backend`, which follows it and maps
+"numba" (a BM25 scorer) to the NumPy path. An explicit "numpy" never imports
+CuPy. Every path that needs a GPU and has none raises :class:`DeviceUnavailable`.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 from .._compat import cuda_device
 from ..bm25 import BM25Params
@@ -19,8 +26,26 @@ from .base import CollectionStats, Scorer, topk_from_dense
 BACKENDS = ("auto", "numpy", "numba", "cupy")
 
 __all__ = [
-    "BACKENDS", "CollectionStats", "Scorer", "make_scorer", "numba_available", "resolve_backend", "topk_from_dense",
+    "BACKENDS", "CollectionStats", "DeviceUnavailable", "Scorer", "device_unavailable", "make_scorer",
+    "numba_available", "resolve_array_backend", "resolve_backend", "topk_from_dense", "torch_device",
 ]
+
+_GPU_FIX = ("Fix: run on a machine with an NVIDIA GPU and install 'gpuir[gpu]' (CUDA 12) or "
+            "'gpuir[gpu-cuda13]', or use backend='numpy'")
+
+
+class DeviceUnavailable(RuntimeError, ValueError):
+    """A path that needs a usable CUDA device has none; the one-line message says why and the fix.
+
+    A :class:`RuntimeError`; also a :class:`ValueError`, because resolving
+    ``backend="cupy"`` without a device raised ValueError before this type
+    existed (callers catching either keep working).
+    """
+
+
+def device_unavailable(what: str, why: str, fix: str = _GPU_FIX) -> DeviceUnavailable:
+    """The :class:`DeviceUnavailable` for ``what`` (e.g. "backend 'cupy' was requested"), one line."""
+    return DeviceUnavailable(" ".join(f"{what} but {why}. {fix}".split()))
 
 
 @functools.cache
@@ -49,8 +74,9 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     Raises
     ------
     ValueError
-        Unknown name, "cupy" requested where no CUDA device can be used, or
-        "numba" requested where numba does not import.
+        Unknown name, or "numba" requested where numba does not import.
+    DeviceUnavailable
+        "cupy" requested where no CUDA device can be used.
     """
     name = "auto" if name is None else str(name).lower()
     source = "requested"
@@ -73,10 +99,7 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     usable, why = cuda_device()
     if name == "cupy":
         if not usable:
-            raise ValueError(
-                f"backend 'cupy' was {source} but {why}. Fix: run on a machine with an NVIDIA "
-                "GPU and install 'gpuir[gpu]' (CUDA 12) or 'gpuir[gpu-cuda13]', or use backend='numpy'"
-            )
+            raise device_unavailable(f"backend 'cupy' was {source}", why)
         return "cupy", f"cupy {source}: {why}"
     if usable:
         return "cupy", f"auto: {why}"
@@ -84,6 +107,74 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     if ok:
         return "numba", f"auto: no GPU ({why}); compiled CPU scorer, {nwhy}"
     return "numpy", f"auto: no GPU ({why}) and {nwhy}: NumPy scorer (pip install 'gpuir[cpu]' for the faster one)"
+
+
+def _is_device_array(a: Any) -> bool:
+    return a is not None and type(a).__module__.startswith("cupy")
+
+
+def resolve_array_backend(name: str | None = "auto", values: Any = None) -> tuple[str, str]:
+    """The device of dense array work (vector search, turn pooling): "numpy" or "cupy", with the reason.
+
+    Follows :func:`resolve_backend` (``GPUIR_BACKEND`` overrides "auto"; an
+    explicit "numpy" never imports CuPy), with two rules of its own:
+
+    * "numba" (requested, from the environment, or chosen by "auto" on a machine
+      without a GPU) maps to "numpy": the compiled backend is a BM25 scorer, and
+      dense matrix products and pooling run on NumPy on the CPU;
+    * under "auto" without ``GPUIR_BACKEND``, ``values`` already on the device
+      (a CuPy array) selects "cupy".
+
+    Parameters
+    ----------
+    name : {"auto", "numpy", "numba", "cupy"} or None
+    values : array, optional
+        The input of the work, NumPy (host) or CuPy (device).
+
+    Returns
+    -------
+    (backend, reason) : ("numpy" | "cupy", str)
+
+    Raises
+    ------
+    ValueError
+        Unknown name.
+    DeviceUnavailable
+        "cupy" requested where no CUDA device can be used.
+    """
+    name = "auto" if name is None else str(name).lower()
+    if name == "numba":  # explicit: never needs numba to import, dense work is NumPy
+        return "numpy", "numba requested: dense work runs on NumPy on the CPU"
+    if name == "auto" and not os.environ.get("GPUIR_BACKEND") and _is_device_array(values):
+        return "cupy", "auto: the input is already on the device"
+    if name == "auto" and os.environ.get("GPUIR_BACKEND", "").strip().lower() == "numba":
+        return "numpy", "numba via GPUIR_BACKEND: dense work runs on NumPy on the CPU"
+    backend, reason = resolve_backend(name)
+    if backend == "numba":
+        return "numpy", f"{reason}; dense work runs on NumPy on the CPU"
+    return backend, reason
+
+
+def torch_device(name: str | None = "auto") -> str:
+    """The torch device of the encoder under the same backend request: "cpu" or "cuda".
+
+    "numpy" and "numba" (requested, or through ``GPUIR_BACKEND`` under "auto")
+    and ``GPUIR_DISABLE_GPU`` mean the CPU; "cupy" means "cuda" (torch then
+    reports it when no device can be used); "auto" is "cuda" when torch sees a
+    device. Never imports CuPy; imports torch only under "auto".
+    """
+    name = "auto" if name is None else str(name).lower()
+    if name == "auto" and os.environ.get("GPUIR_BACKEND"):
+        name = os.environ["GPUIR_BACKEND"].strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    if name in ("numpy", "numba") or os.environ.get("GPUIR_DISABLE_GPU"):
+        return "cpu"
+    if name == "cupy":
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Scorer:

@@ -14,14 +14,15 @@ Ties: higher score first, then lower document number -- in every backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from ..results import SearchResults, padded_arrays
+from ..results import SearchResults
+from ..topk import topk_rows
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class CollectionStats:
     avgdl: float
 
     @classmethod
-    def of(cls, index: CSRIndex) -> "CollectionStats":
+    def of(cls, index: CSRIndex) -> CollectionStats:
         """The statistics of ``index`` alone."""
         return cls(index.n_docs, np.asarray(index.df, dtype=np.int64), index.avgdl)
 
@@ -140,15 +141,6 @@ def topk_from_dense(scores: np.ndarray, k: int) -> SearchResults:
 
     Returns
     -------
-    SearchResults, shape (B, k)
+    SearchResults, shape (B, k) (:func:`gpuir.topk.topk_rows`)
     """
-    B, N = scores.shape
-    ids, out = padded_arrays(B, k)
-    for i in range(B):
-        row = scores[i]
-        cand = np.flatnonzero(row > -np.inf)
-        order = np.lexsort((cand, -row[cand].astype(np.float64)))[:k]
-        sel = cand[order]
-        ids[i, : sel.size] = sel
-        out[i, : sel.size] = row[sel]
-    return SearchResults(ids, out)
+    return SearchResults(*topk_rows(np.asarray(scores), k))

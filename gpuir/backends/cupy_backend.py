@@ -568,11 +568,9 @@ class CupyScorer(Scorer):
         super().__init__(index, params, stats)
         usable, why = cuda_device()
         if not usable:
-            raise RuntimeError(
-                f"the cupy backend needs a usable CUDA device, but {why}. Fix: run on a machine "
-                "with an NVIDIA GPU and install 'gpuir[gpu]' (CUDA 12) or 'gpuir[gpu-cuda13]', "
-                "or use backend='numpy'"
-            )
+            from . import device_unavailable
+
+            raise device_unavailable("the cupy backend needs a usable CUDA device", why)
         if memory_budget_bytes is not None and (
             not isinstance(memory_budget_bytes, (int, np.integer)) or isinstance(memory_budget_bytes, bool)
             or memory_budget_bytes <= 0

@@ -60,8 +60,11 @@ import numpy as np
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
+from ..topk import kth_largest, topk_pairs
 from .base import CollectionStats, Scorer
 from .weights import posting_weights
+
+__all__ = ["NumpyScorer", "kth_largest"]  # kth_largest: re-exported from its home, gpuir.topk
 
 
 class _Scratch:
@@ -86,21 +89,6 @@ class _Scratch:
         if self._owner is None:
             self._owner = np.zeros(self.acc.size, dtype=np.int64)
         return self._owner
-
-
-def kth_largest(vals: np.ndarray, k: int) -> float:
-    """The k-th largest value of ``vals`` (ndarray (n,), float32, host; 1 <= k <= n), exactly.
-
-    On large inputs a strided sample's k-th largest (a lower bound) first
-    discards most values, so the partition runs on a few thousand.
-    """
-    n = vals.size
-    if n > 256 * k:
-        sub = vals[:: n // (64 * k)]
-        lb = np.partition(sub, sub.size - k)[sub.size - k]
-        vals = vals[vals >= lb]  # still holds the k largest
-        n = vals.size
-    return float(np.partition(vals, n - k)[n - k])
 
 
 class NumpyScorer(Scorer):
@@ -311,14 +299,8 @@ class NumpyScorer(Scorer):
 
     @staticmethod
     def _select(cand: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k of (cand, scores) by score desc, then doc asc."""
-        neg = -scores
-        if cand.size > k:
-            th = np.partition(neg, k - 1)[k - 1]
-            sel = np.flatnonzero(neg <= th)
-            cand, neg = cand[sel], neg[sel]
-        order = np.lexsort((cand, neg))[:k]
-        return cand[order], -neg[order]
+        """Top-k of (cand, scores) by score desc, then doc asc (:func:`gpuir.topk.topk_pairs`)."""
+        return topk_pairs(cand, scores, k)
 
     # -- the Scorer contract ----------------------------------------------------
     def search(

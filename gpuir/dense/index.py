@@ -16,22 +16,28 @@ hnsw       ``faiss.IndexHNSWFlat`` with inner product (``M``, ``ef``)      appro
 Vectors are L2-normalised at build and query time unless ``normalize=False``,
 so scores are cosine similarities. Every document is a candidate (unlike BM25):
 rows are padded with -1 / -inf only when fewer than k documents pass the filter.
-FAISS results are re-sorted by the tie rule; which of several documents tied at
-the k-th score FAISS keeps is its own choice.
+FAISS results are re-sorted by the tie rule, and a FAISS search is deepened
+until it has returned every document tied with the k-th score, so the tie rule
+(not FAISS) picks among them: ``flat`` returns the same ids as ``exact`` on
+NumPy wherever the two compute the same float32 scores (FAISS's own inner
+product may round a last bit differently from NumPy's matrix product, which can
+only swap documents whose scores agree to about 1e-7).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .._compat import cuda_device, optional_import
-from ..filters import normalize_filters
+from .._compat import optional_import
+from ..backends import resolve_array_backend
+from ..filters import allow_mask, normalize_filters
 from ..results import SearchResults, padded_arrays
+from ..topk import array_module as _xp
+from ..topk import topk_pairs, topk_rows
 
 __all__ = ["DenseIndex", "l2_normalize", "topk_rows"]
 
@@ -43,71 +49,6 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return (x / xp.where(n > 0, n, 1)).astype(xp.float32)
 
 
-def _xp(a: Any):
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
-
-
-def topk_rows(scores: Any, k: int, col_ids: Any = None) -> tuple[Any, Any]:
-    """Top-k of score rows under the tie rule (score desc, column asc), -inf excluded.
-
-    Parameters
-    ----------
-    scores : ndarray, shape (B, N), float32, NumPy or CuPy
-    k : int
-    col_ids : ndarray, shape (N,), int64, optional
-        Document number of each column (ascending); default ``arange(N)``.
-
-    Returns
-    -------
-    (ids, scores) : ndarrays (B, k) int64 / float32 on the input's device; -1 / -inf padding.
-    """
-    xp = _xp(scores)
-    B, N = scores.shape
-    kk = min(k, N)
-    if N == 0:
-        return xp.full((B, k), -1, xp.int64), xp.full((B, k), -xp.inf, xp.float32)
-    if kk < N:
-        # candidates: everything >= the kk-th largest value (keeps all ties at the boundary)
-        part = xp.partition(scores, N - kk, axis=1)[:, N - kk: N - kk + 1]
-        keep = scores >= part
-        key = xp.where(keep & (scores > -xp.inf), -scores.astype(xp.float64), xp.inf)
-    else:
-        key = xp.where(scores > -xp.inf, -scores.astype(xp.float64), xp.inf)
-    order = xp.argsort(key, axis=1, kind="stable")[:, :kk]  # stable: lower column first on ties
-    sel_key = xp.take_along_axis(key, order, 1)
-    valid = sel_key < xp.inf
-    cols = order if col_ids is None else xp.asarray(col_ids)[order]
-    ids = xp.where(valid, cols, -1).astype(xp.int64)
-    sc = xp.where(valid, -sel_key, -xp.inf).astype(xp.float32)
-    if kk < k:
-        ids = xp.concatenate([ids, xp.full((B, k - kk), -1, xp.int64)], 1)
-        sc = xp.concatenate([sc, xp.full((B, k - kk), -xp.inf, xp.float32)], 1)
-    return ids, sc
-
-
-def _resolve_backend(backend: str) -> tuple[str, str]:
-    b = os.environ.get("GPUIR_BACKEND", "auto") if backend == "auto" else backend
-    if b == "numba":  # the compiled CPU backend is a BM25 scorer; dense arrays run on NumPy on the CPU
-        return "numpy", "numba requested: the dense channel's CPU path is NumPy"
-    if b == "auto":
-        usable, reason = cuda_device()
-        return ("cupy", f"auto: {reason}") if usable else ("numpy", f"auto: {reason}")
-    if b == "cupy":
-        usable, reason = cuda_device()
-        if not usable:
-            raise RuntimeError(
-                f"backend='cupy' asked for but {reason}. Use backend='numpy' (or 'auto')."
-            )
-        return "cupy", reason
-    if b != "numpy":
-        raise ValueError(f"backend must be 'auto', 'numpy' or 'cupy', got {b!r}")
-    return "numpy", "asked for"
-
-
 class DenseIndex:
     """Inner-product search over document vectors.
 
@@ -116,9 +57,10 @@ class DenseIndex:
     vectors : ndarray, shape (N, d), float32
         Document vectors (document number = row).
     kind : {"exact", "flat", "hnsw"}, default "exact"
-    backend : {"auto", "numpy", "cupy"}, default "auto"
-        Device of the ``exact`` kind (``GPUIR_BACKEND`` overrides ``auto``).
-        FAISS kinds run on the CPU.
+    backend : {"auto", "numpy", "numba", "cupy"}, default "auto"
+        Device of the ``exact`` kind, resolved by
+        :func:`gpuir.backends.resolve_array_backend` (``GPUIR_BACKEND``
+        overrides ``auto``; "numba" runs on NumPy). FAISS kinds run on the CPU.
     normalize : bool, default True
         L2-normalise documents and queries (cosine similarity).
     ids : sequence of N str, optional
@@ -166,7 +108,7 @@ class DenseIndex:
         self.ef_search = int(ef_search)
         self.exact_below = int(exact_below)
         if kind == "exact":
-            self.backend, self.backend_reason = _resolve_backend(backend)
+            self.backend, self.backend_reason = resolve_array_backend(backend)
             self._dev = None
             if self.backend == "cupy":
                 import cupy
@@ -249,13 +191,7 @@ class DenseIndex:
             qs = xp.asarray(q[b0:b1])
             S = qs @ docs.T  # (b, N) float32
             if allow is not None:
-                mask = xp.zeros(S.shape, dtype=bool)
-                for i in range(b0, b1):
-                    if allow[i] is None:
-                        mask[i - b0] = True
-                    elif allow[i].size:
-                        mask[i - b0, xp.asarray(allow[i])] = True
-                S = xp.where(mask, S, -xp.inf)
+                S = xp.where(xp.asarray(allow_mask(allow[b0:b1], N)), S, -xp.inf)
             cid, csc = topk_rows(S, k)
             if xp is not np:
                 cid, csc = cid.get(), csc.get()
@@ -268,21 +204,16 @@ class DenseIndex:
         ids, sc = padded_arrays(B, k)
         if self.n_docs == 0 or B == 0:
             return ids, sc
-        kk = min(k, self.n_docs)
 
-        def params(sel=None):
+        def params(depth, sel=None):
             if self.kind == "hnsw":
                 p = faiss.SearchParametersHNSW()
-                p.efSearch = max(self.ef_search, kk)
+                p.efSearch = max(self.ef_search, depth)
             else:
                 p = faiss.SearchParameters()
             if sel is not None:
                 p.sel = sel
             return p
-
-        def run(rows, sel=None):
-            D, I = self._faiss.search(q[rows], kk, params=params(sel))
-            return D, I
 
         if allow is None:
             groups = [(np.arange(B), None)]
@@ -305,12 +236,37 @@ class DenseIndex:
                 ids[rows], sc[rows] = cid, csc
                 continue
             sel = faiss.IDSelectorBatch(al) if al is not None else None
-            D, I = run(rows, sel)
-            for r, drow, irow in zip(rows, D, I):
+            avail = self.n_docs if al is None else int(al.size)
+            kk = min(k, avail)
+            depth = min(avail, kk + 1)  # one more: says whether a tie at the kk-th goes on
+            D, I = self._faiss.search(q[rows], depth, params=params(depth, sel))
+            for r, drow, irow in zip(rows.tolist(), D, I):
                 ok = irow >= 0
                 d, i = drow[ok], irow[ok].astype(np.int64)
-                order = np.lexsort((i, -d.astype(np.float64)))
-                n = order.size
-                ids[r, :n] = i[order]
-                sc[r, :n] = d[order]
+                if kk < d.size == depth < avail and d[-1] == d[kk - 1]:
+                    d, i = self._faiss_tied(q[r: r + 1], kk, avail, lambda depth, sel=sel: params(depth, sel))
+                i, d = topk_pairs(i, d, k)
+                ids[r, : i.size] = i
+                sc[r, : d.size] = d
         return ids, sc
+
+    def _faiss_tied(self, q1: np.ndarray, kk: int, avail: int, params) -> tuple[np.ndarray, np.ndarray]:
+        """One query's FAISS hits, deepened until no document tied with the ``kk``-th is left out.
+
+        FAISS returns some ``kk`` of the documents tied at the ``kk``-th score;
+        asking for more until the last score returned is below the ``kk``-th
+        (or every document is returned) gives all of them, so the tie rule
+        (lower document number) picks exactly as the NumPy path does.
+
+        Returns
+        -------
+        (scores, doc numbers) : ndarrays (m,), float32 / int64, host, m >= kk unless fewer exist.
+        """
+        depth = min(avail, 2 * (kk + 1))
+        while True:
+            D, I = self._faiss.search(q1, depth, params=params(depth))
+            ok = I[0] >= 0
+            d, i = D[0][ok], I[0][ok].astype(np.int64)
+            if d.size < kk or depth >= avail or d[-1] < d[kk - 1]:
+                return d, i
+            depth = min(avail, depth * 2)

@@ -9,28 +9,27 @@ op       session score of turn scores ``v_1..v_n``
 =======  =====================================================================
 mean     ``(1/n) sum v_j`` -- equals ``q . mean(turn vectors)``: early pooling
 max      ``max v_j`` (max-sim)
-topk     mean of the ``min(k, n)`` largest ``v_j``
+topk     mean of the ``min(pool_k, n)`` largest ``v_j``
 lse      ``(1/beta) log sum exp(beta v_j)`` (log-sum-exp; -> max as beta -> inf,
          and grows with n by at most ``log(n)/beta``)
 lme      ``(1/beta) log mean exp(beta v_j)`` (log-mean-exp; between mean and max)
 =======  =====================================================================
 
 Empty sessions score ``-inf``. :func:`segment_reduce` runs the NumPy reference or
-the CUDA kernel ``kernels/segment_reduce.cu`` (one block per (session, query),
+the CUDA kernel ``kernels/segment_reduce.cu``, loaded and compiled by the one
+kernel loader :mod:`gpuir.backends.kernels` (one block per (session, query),
 double accumulation, no atomics).
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._compat import cuda_device
+from ..backends import resolve_array_backend
 from ..results import SearchResults
 
 __all__ = [
@@ -48,8 +47,16 @@ __all__ = [
 #: Pooling operators in the order of their integer codes in the CUDA kernel.
 POOLING_OPS: tuple[str, ...] = ("mean", "max", "topk", "lse", "lme")
 
-_KERNEL_FILE = Path(__file__).resolve().parents[2] / "kernels" / "segment_reduce.cu"
-_NAME_EXPRESSIONS = ("segment_reduce<float>", "segment_reduce<double>")
+_KERNEL_FILE = "segment_reduce.cu"
+
+
+def _pool_k(pool_k: int, k: int | None, fn: str) -> int:
+    """``pool_k``, or the deprecated spelling ``k=`` of it (which says "results per query" elsewhere)."""
+    if k is None:
+        return pool_k
+    warnings.warn(f"{fn}(k=...) is renamed pool_k=... (turns averaged by topk pooling)",
+                  DeprecationWarning, stacklevel=3)
+    return int(k)
 
 
 def segments_from_labels(turn_session: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -81,18 +88,19 @@ def segments_from_labels(turn_session: Sequence[int]) -> tuple[np.ndarray, np.nd
     return order, offsets
 
 
-def _check(op: str, k: int, beta: float) -> int:
+def _check(op: str, pool_k: int, beta: float) -> int:
     if op not in POOLING_OPS:
         raise ValueError(f"unknown pooling {op!r}; choose from {POOLING_OPS}")
-    if op == "topk" and k < 1:
-        raise ValueError(f"topk pooling needs k >= 1, got {k}")
+    if op == "topk" and pool_k < 1:
+        raise ValueError(f"topk pooling needs pool_k >= 1, got {pool_k}")
     if op in ("lse", "lme") and not beta > 0:
         raise ValueError(f"{op} pooling needs beta > 0, got {beta}")
     return POOLING_OPS.index(op)
 
 
 def segment_reduce_numpy(
-    values: np.ndarray, offsets: np.ndarray, op: str = "max", k: int = 3, beta: float = 10.0
+    values: np.ndarray, offsets: np.ndarray, op: str = "max", pool_k: int = 3, beta: float = 10.0,
+    *, k: int | None = None,
 ) -> np.ndarray:
     """NumPy reference of :func:`segment_reduce`.
 
@@ -103,8 +111,8 @@ def segment_reduce_numpy(
     offsets : ndarray, shape (S + 1,), int64
         Segment boundaries (non-decreasing, ``offsets[0] = 0``, ``offsets[-1] = T``).
     op : {"mean", "max", "topk", "lse", "lme"}
-    k : int
-        Turns averaged by ``topk``.
+    pool_k : int
+        Turns averaged by ``topk`` (``k=`` is its deprecated spelling).
     beta : float
         Temperature of ``lse`` / ``lme``.
 
@@ -112,7 +120,8 @@ def segment_reduce_numpy(
     -------
     ndarray, shape (B, S), dtype of ``values``, host. ``-inf`` for empty segments.
     """
-    _check(op, k, beta)
+    pool_k = _pool_k(pool_k, k, "segment_reduce_numpy")
+    _check(op, pool_k, beta)
     values = np.asarray(values)
     if values.ndim != 2:
         raise ValueError(f"values must be (B, T), got shape {values.shape}")
@@ -135,7 +144,7 @@ def segment_reduce_numpy(
     elif op == "topk":
         for s in np.flatnonzero(nonempty):
             seg = v64[:, offsets[s]: offsets[s + 1]]
-            kk = min(k, seg.shape[1])
+            kk = min(pool_k, seg.shape[1])
             top = -np.sort(-seg, axis=1)[:, :kk]
             out[:, s] = top.mean(axis=1)
     else:
@@ -151,15 +160,19 @@ def segment_reduce_numpy(
 
 
 def kernel_source() -> str:
-    """The CUDA source of the kernel, with a ``#line`` directive naming its file."""
-    return f'#line 1 "kernels/{_KERNEL_FILE.name}"\n' + _KERNEL_FILE.read_text()
+    """The CUDA source of the kernel, with a ``#line`` directive naming its file
+    (:func:`gpuir.backends.kernels.load_source`)."""
+    from ..backends.kernels import load_source
+
+    return load_source(_KERNEL_FILE)
 
 
 def compile_segment_reduce(arch: str = "sm_80") -> bytes:
     """Compile the kernel for ``arch`` with NVRTC, without needing a device.
 
-    Uses :func:`gpuir.backends.kernels.compile_kernels` when that module provides
-    it, else NVRTC directly.
+    The one kernel loader compiles it (:mod:`gpuir.backends.kernels`), with the
+    options and name expressions every ``.cu`` file gets (``OPTIONS``,
+    ``NAME_EXPRESSIONS["segment_reduce.cu"]`` and CuPy's implicit ones).
 
     Parameters
     ----------
@@ -171,49 +184,17 @@ def compile_segment_reduce(arch: str = "sm_80") -> bytes:
     bytes
         The CUBIN.
     """
-    from cupy_backends.cuda.libs import nvrtc
+    from ..backends import kernels as K
 
-    prog = nvrtc.createProgram(kernel_source(), f"kernels/{_KERNEL_FILE.name}", [], [])
-    try:
-        for name in _NAME_EXPRESSIONS:
-            nvrtc.addNameExpression(prog, name)
-        try:
-            nvrtc.compileProgram(prog, [f"-arch={arch}", "--std=c++17"])
-        except nvrtc.NVRTCError as e:
-            log = nvrtc.getProgramLog(prog)
-            raise RuntimeError(f"segment_reduce.cu failed to compile for {arch}:\n{log}") from e
-        for name in _NAME_EXPRESSIONS:
-            nvrtc.getLoweredName(prog, name)
-        return nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    return K._compile_nvrtc(_KERNEL_FILE, K.load_source(_KERNEL_FILE), K._arch_number(arch), False)
 
 
-@functools.cache
-def _module(device_id: int):
-    """The compiled RawModule on one device (compiled on first use, cached per device)."""
-    try:  # the shared loader, when another part of gpuir provides it
-        from ..backends import kernels as _k  # type: ignore
-
-        loader = getattr(_k, "load_module", None) or getattr(_k, "get_module", None)
-        if loader is not None:
-            try:
-                return loader("segment_reduce.cu", name_expressions=list(_NAME_EXPRESSIONS))
-            except TypeError:
-                return loader("segment_reduce.cu")
-    except ImportError:
-        pass
+def _segment_reduce_cupy(values, offsets, op: str, pool_k: int, beta: float):
     import cupy
 
-    return cupy.RawModule(
-        code=kernel_source(), options=("--std=c++17",), name_expressions=list(_NAME_EXPRESSIONS)
-    )
+    from ..backends.kernels import kernel
 
-
-def _segment_reduce_cupy(values, offsets, op: str, k: int, beta: float):
-    import cupy
-
-    code = _check(op, k, beta)
+    code = _check(op, pool_k, beta)
     values = cupy.asarray(values)
     if values.dtype not in (cupy.float32, cupy.float64):
         values = values.astype(cupy.float32)
@@ -224,9 +205,8 @@ def _segment_reduce_cupy(values, offsets, op: str, k: int, beta: float):
     out = cupy.empty((B, S), dtype=values.dtype)
     if B == 0 or S == 0:
         return out
-    mod = _module(cupy.cuda.runtime.getDevice())
     name = "segment_reduce<float>" if values.dtype == cupy.float32 else "segment_reduce<double>"
-    fn = mod.get_function(name)
+    fn = kernel(_KERNEL_FILE, name)
     block = 128
     step = 65535  # gridDim.y limit
     for b0 in range(0, B, step):
@@ -234,36 +214,20 @@ def _segment_reduce_cupy(values, offsets, op: str, k: int, beta: float):
         osub = out[b0: b0 + step]
         fn(
             (S, sub.shape[0]), (block,),
-            (sub, offs, osub, np.int64(T), np.int32(S), np.int32(code), np.int32(k), np.float64(beta)),
+            (sub, offs, osub, np.int64(T), np.int32(S), np.int32(code), np.int32(pool_k), np.float64(beta)),
         )
     return out
-
-
-def _resolve_backend(backend: str, values: Any) -> str:
-    b = os.environ.get("GPUIR_BACKEND", backend) if backend == "auto" else backend
-    if b == "numba":  # the compiled CPU backend is a BM25 scorer; pooling runs on NumPy on the CPU
-        return "numpy"
-    if b == "auto":
-        if type(values).__module__.startswith("cupy"):
-            return "cupy"
-        usable, _ = cuda_device()
-        return "cupy" if usable else "numpy"
-    if b == "cupy":
-        usable, reason = cuda_device()
-        if not usable:
-            raise RuntimeError(f"backend='cupy' asked for but {reason}; use backend='numpy'")
-    elif b != "numpy":
-        raise ValueError(f"backend must be 'auto', 'numpy' or 'cupy', got {b!r}")
-    return b
 
 
 def segment_reduce(
     values: Any,
     offsets: Any,
     op: str = "max",
-    k: int = 3,
+    pool_k: int = 3,
     beta: float = 10.0,
     backend: str = "auto",
+    *,
+    k: int | None = None,
 ) -> Any:
     """Pool turn scores into session scores.
 
@@ -273,34 +237,39 @@ def segment_reduce(
         Turn scores, turns grouped by session (see :func:`segments_from_labels`).
     offsets : ndarray, shape (S + 1,), int64
     op : {"mean", "max", "topk", "lse", "lme"}
-    k : int, default 3
-        Turns averaged by ``topk``.
+    pool_k : int, default 3
+        Turns averaged by ``topk`` (``k=`` is its deprecated spelling: ``k``
+        means results per query everywhere else).
     beta : float, default 10
         Temperature of ``lse`` / ``lme``.
-    backend : {"auto", "numpy", "cupy"}
-        ``auto``: ``GPUIR_BACKEND`` when set, else CuPy when ``values`` is a CuPy
-        array or a device can be used.
+    backend : {"auto", "numpy", "numba", "cupy"}
+        Resolved by :func:`gpuir.backends.resolve_array_backend`: ``auto`` is
+        ``GPUIR_BACKEND`` when set, else CuPy when ``values`` is a CuPy array or
+        a device can be used; "numba" runs on NumPy.
 
     Returns
     -------
     ndarray, shape (B, S), dtype of ``values``: NumPy for the numpy backend, CuPy
     (on the device) for the cupy backend.
     """
-    b = _resolve_backend(backend, values)
+    pool_k = _pool_k(pool_k, k, "segment_reduce")
+    b, _ = resolve_array_backend(backend, values)
     if b == "cupy":
-        return _segment_reduce_cupy(values, offsets, op, k, beta)
+        return _segment_reduce_cupy(values, offsets, op, pool_k, beta)
     if hasattr(values, "get"):
         values = values.get()
-    return segment_reduce_numpy(np.asarray(values), np.asarray(offsets), op, k, beta)
+    return segment_reduce_numpy(np.asarray(values), np.asarray(offsets), op, pool_k, beta)
 
 
 def pool_turn_scores(
     turn_scores: Any,
     turn_session: Sequence[int],
     op: str = "max",
-    k: int = 3,
+    pool_k: int = 3,
     beta: float = 10.0,
     backend: str = "auto",
+    *,
+    k: int | None = None,
 ) -> np.ndarray:
     """Session scores from turn scores given a turn -> session map (any turn order).
 
@@ -311,21 +280,22 @@ def pool_turn_scores(
         ``max`` ignore them but poison ``mean``; give finite scores.
     turn_session : sequence of T ints
         Session number of each turn (0 .. S-1).
-    op, k, beta, backend : see :func:`segment_reduce`.
+    op, pool_k, beta, backend : see :func:`segment_reduce`.
 
     Returns
     -------
     ndarray, shape (B, S), float, host (NumPy).
     """
+    pool_k = _pool_k(pool_k, k, "pool_turn_scores")
     order, offsets = segments_from_labels(turn_session)
-    b = _resolve_backend(backend, turn_scores)
+    b, _ = resolve_array_backend(backend, turn_scores)
     if b == "cupy":
         import cupy
 
         v = cupy.asarray(turn_scores)[:, cupy.asarray(order)]
-        return cupy.asnumpy(_segment_reduce_cupy(v, offsets, op, k, beta))
+        return cupy.asnumpy(_segment_reduce_cupy(v, offsets, op, pool_k, beta))
     v = np.asarray(turn_scores.get() if hasattr(turn_scores, "get") else turn_scores)[:, order]
-    return segment_reduce_numpy(v, offsets, op, k, beta)
+    return segment_reduce_numpy(v, offsets, op, pool_k, beta)
 
 
 def late_interaction_scores(
@@ -333,9 +303,11 @@ def late_interaction_scores(
     turn_vecs: Any,
     turn_session: Sequence[int],
     op: str = "max",
-    k: int = 3,
+    pool_k: int = 3,
     beta: float = 10.0,
     backend: str = "auto",
+    *,
+    k: int | None = None,
 ) -> np.ndarray:
     """Dense late interaction: inner products with every turn, pooled per session.
 
@@ -344,22 +316,23 @@ def late_interaction_scores(
     query_vecs : ndarray, shape (B, d), float32
     turn_vecs : ndarray, shape (T, d), float32 (normalised for cosine)
     turn_session : sequence of T ints
-    op, k, beta, backend : see :func:`segment_reduce`.
+    op, pool_k, beta, backend : see :func:`segment_reduce`.
 
     Returns
     -------
     ndarray, shape (B, S), float32, host.
     """
-    b = _resolve_backend(backend, query_vecs)
+    pool_k = _pool_k(pool_k, k, "late_interaction_scores")
+    b, _ = resolve_array_backend(backend, query_vecs)
     if b == "cupy":
         import cupy
 
         q = cupy.asarray(query_vecs, dtype=cupy.float32)
         t = cupy.asarray(turn_vecs, dtype=cupy.float32)
-        return pool_turn_scores(q @ t.T, turn_session, op, k, beta, backend="cupy")
+        return pool_turn_scores(q @ t.T, turn_session, op, pool_k, beta, backend="cupy")
     q = np.asarray(query_vecs, dtype=np.float32)
     t = np.asarray(turn_vecs, dtype=np.float32)
-    return pool_turn_scores(q @ t.T, turn_session, op, k, beta, backend="numpy")
+    return pool_turn_scores(q @ t.T, turn_session, op, pool_k, beta, backend="numpy")
 
 
 def bm25_turn_late_interaction(
@@ -367,8 +340,10 @@ def bm25_turn_late_interaction(
     turn_session: Sequence[int],
     n_sessions: int | None = None,
     op: str = "max",
-    k: int = 2,
+    pool_k: int = 2,
     beta: float = 1.0,
+    *,
+    k: int | None = None,
 ) -> np.ndarray:
     """BM25 turn-level late interaction: score a session by its best turns under BM25.
 
@@ -384,13 +359,14 @@ def bm25_turn_late_interaction(
     n_sessions : int, optional
         S (default ``max(turn_session) + 1``).
     op : {"max", "topk", "mean", "lse", "lme"}, default "max"
-    k, beta : see :func:`segment_reduce`.
+    pool_k, beta : see :func:`segment_reduce`.
 
     Returns
     -------
     ndarray, shape (B, S), float32, host; ``-inf`` for sessions in which no turn
     matched (non-candidates, as in session-level BM25), or that have no turns.
     """
+    pool_k = _pool_k(pool_k, k, "bm25_turn_late_interaction")
     lab = np.asarray(turn_session, dtype=np.int64)
     T = lab.size
     if isinstance(turn_scores, SearchResults):
@@ -408,7 +384,7 @@ def bm25_turn_late_interaction(
     order, offs = segments_from_labels(lab)
     # pad with empty sessions up to S (sessions with no turns at the end)
     offs = np.concatenate([offs, np.full(S + 1 - offs.size, offs[-1] if offs.size else 0, np.int64)])
-    pooled = segment_reduce_numpy(filled[:, order], offs, op, k, beta)
+    pooled = segment_reduce_numpy(filled[:, order], offs, op, pool_k, beta)
     any_match = np.zeros((dense.shape[0], S), dtype=bool)
     if T:
         hit = np.zeros((dense.shape[0], S), dtype=np.int64)

@@ -14,7 +14,7 @@ each cell ``mean [95% interval]``), and optionally writes the JSON report
 Bad input (a malformed data set included) and file-system errors exit with
 status 2 and a message that says what to fix.
 
-Methods come from :data:`gpuir.eval.runner.METHODS`; each registered method adds
+Methods come from :data:`gpuir.eval.runner.EVAL_METHODS`; each registered method adds
 its own options here.
 """
 
@@ -57,7 +57,7 @@ def _cutoffs(s: str) -> tuple[int, ...]:
 
 def _common(p: argparse.ArgumentParser, data_help: str) -> None:
     p.add_argument("--data", metavar="PATH", default=None, help=data_help)
-    p.add_argument("--method", default="bm25", choices=sorted(runner.METHODS),
+    p.add_argument("--method", default="bm25", choices=sorted(runner.EVAL_METHODS),
                    help="retrieval method (default: %(default)s)")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("-k", type=_positive_int, default=100, help="run depth per question (default: %(default)s)")
@@ -73,7 +73,7 @@ def _common(p: argparse.ArgumentParser, data_help: str) -> None:
                    help="progress bars on stderr (default: when stderr is a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     added = []
-    for spec in runner.METHODS.values():
+    for spec in runner.EVAL_METHODS.values():
         if spec.add_arguments is not None and spec.add_arguments not in added:
             spec.add_arguments(p)  # methods sharing options share one hook
             added.append(spec.add_arguments)

@@ -192,7 +192,8 @@ def turn_vectors(ds, queries, *, encoder=None, progress=False):
 
 def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, backend="auto", progress=False):
     """Late-interaction rows: turn similarities pooled per session. (B, N) float32, -inf outside haystacks."""
-    from ..dense.late_interaction import _resolve_backend, segment_reduce, segments_from_labels
+    from ..backends import resolve_array_backend
+    from ..dense.late_interaction import segment_reduce, segments_from_labels
 
     def sims():
         _enc, q, tq = _encoder_rows(ds, queries, encoder, progress)
@@ -202,7 +203,7 @@ def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, 
     q, vecs, doc, tq, te = _CACHE.get(("sims", id(ds), _qkey(queries), encoder), sims, ds)
 
     def make():
-        be = _resolve_backend(backend, q)
+        be, _ = resolve_array_backend(backend, q)
         order, offsets = segments_from_labels(doc)
         offsets = np.concatenate([offsets, np.full(ds.n_docs + 1 - offsets.size, offsets[-1], np.int64)])
         v = vecs[order]
@@ -213,7 +214,7 @@ def late_rows(ds, queries, *, encoder=None, pooling="max", pool_k=3, beta=10.0, 
             t0 = time.perf_counter()
             S = q[s: s + step] @ v.T
             t1 = time.perf_counter()
-            P = segment_reduce(S, offsets, pooling, k=pool_k, beta=beta, backend=be)
+            P = segment_reduce(S, offsets, pooling, pool_k=pool_k, beta=beta, backend=be)
             rows.append(P.get() if hasattr(P, "get") else P)
             t_score += t1 - t0
             t_pool += time.perf_counter() - t1
@@ -267,7 +268,7 @@ def bm25_turn_rows(ds, queries, *, pooling="max", pool_k=2, beta=1.0, backend="a
             rows.append(T)
         T = np.concatenate(rows)
         t1 = time.perf_counter()
-        P = bm25_turn_late_interaction(T, doc, n_sessions=ds.n_docs, op=pooling, k=pool_k, beta=beta)
+        P = bm25_turn_late_interaction(T, doc, n_sessions=ds.n_docs, op=pooling, pool_k=pool_k, beta=beta)
         P = _mask_rows(P, filters)
         return P, {"bm25_turn_index_s": t_index, "bm25_turn_score_s": t1 - t0,
                    "pool_s": time.perf_counter() - t1, "pooling": pooling, "n_turns": int(doc.size)}
@@ -316,12 +317,12 @@ def fuse_rows(method: str, bm25: np.ndarray, dense: np.ndarray, k: int, *, alpha
         shared, per_q = _doc_days(ds, queries)
         if shared is not None:
             return fuse([bm25, dense], k, method="agent_rrf", doc_times=shared, query_times=qt,
-                        alpha=recency, tau=tau, k_rrf=k_rrf)
+                        recency_weight=recency, tau=tau, k_rrf=k_rrf)
         out_ids, out_sc = [], []
         # times differ per question (LongMemEval): one fusion call per question
         for i in range(len(queries)):
             r = fuse([bm25[i: i + 1], dense[i: i + 1]], k, method="agent_rrf", doc_times=per_q[i],
-                     query_times=qt[i: i + 1], alpha=recency, tau=tau, k_rrf=k_rrf)
+                     query_times=qt[i: i + 1], recency_weight=recency, tau=tau, k_rrf=k_rrf)
             out_ids.append(r.ids)
             out_sc.append(r.scores)
         return SearchResults(np.concatenate(out_ids), np.concatenate(out_sc))

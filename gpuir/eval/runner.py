@@ -1,7 +1,7 @@
 """Evaluate a retrieval method on a data set: one batch, per-query metrics, run file, report.
 
 A **method** turns a data set and its questions into a ranked run of document
-numbers. Methods live in a registry, :data:`METHODS`, so new ones (dense, late
+numbers. Methods live in a registry, :data:`EVAL_METHODS`, so new ones (dense, late
 interaction, fusion...) plug in with :func:`register_method` and show up in the
 CLI (``gpuir eval ... --method NAME``) without touching the runner::
 
@@ -86,7 +86,7 @@ class MethodSpec:
     from_args: Callable[[Any], dict[str, Any]] | None = None
 
 
-METHODS: dict[str, MethodSpec] = {}
+EVAL_METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
@@ -119,7 +119,7 @@ def register_method(
     """Decorator registering ``fn`` as evaluation method ``name`` (see :class:`MethodSpec`)."""
 
     def deco(fn: MethodFn) -> MethodFn:
-        METHODS[name] = MethodSpec(name, fn, help, add_arguments, from_args)
+        EVAL_METHODS[name] = MethodSpec(name, fn, help, add_arguments, from_args)
         return fn
 
     return deco
@@ -127,11 +127,11 @@ def register_method(
 
 def get_method(name: str) -> MethodSpec:
     """The registered method ``name`` (ValueError naming the choices otherwise)."""
-    if name not in METHODS:
+    if name not in EVAL_METHODS:
         load_method_modules()
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}: choose one of {', '.join(sorted(METHODS))}")
-    return METHODS[name]
+    if name not in EVAL_METHODS:
+        raise ValueError(f"unknown method {name!r}: choose one of {', '.join(sorted(EVAL_METHODS))}")
+    return EVAL_METHODS[name]
 
 
 # --------------------------------------------------------------------------- BM25
@@ -477,7 +477,7 @@ def evaluate(
     ----------
     ds : EvalDataset
     method : str
-        A name in :data:`METHODS`.
+        A name in :data:`EVAL_METHODS`.
     k : int
         Run depth (results per question); MRR is computed over it. Default 100,
         deeper than any LoCoMo conversation or LongMemEval haystack.
@@ -666,7 +666,7 @@ def save_json(obj: Any, path: str | os.PathLike) -> None:
 
 __all__ = [
     "ABLATION_ANALYZERS",
-    "METHODS",
+    "EVAL_METHODS",
     "EvalResult",
     "MethodSpec",
     "Run",

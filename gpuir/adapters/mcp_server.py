@@ -1,0 +1,126 @@
+"""An MCP server over a gpuir memory, with the tools ``remember``, ``recall`` and ``forget``.
+
+Run it on stdio (how agent hosts start MCP servers)::
+
+    python -m gpuir.adapters.mcp_server MEMORY_DIR [--config RETRIEVER.json] [--tenant T]
+
+``MEMORY_DIR`` is opened (or created when new or empty); every ``remember`` and
+``forget`` is saved to it before the tool answers. ``--config`` searches with a
+:class:`gpuir.Retriever` configuration instead of plain BM25. From Python,
+:func:`build_server` wraps any memory backend (a ``Memory``, a ``Retriever``, or
+``gpuir.service.client.MemoryClient``) and returns the
+``mcp.server.mcpserver.MCPServer``.
+
+Tools
+-----
+``remember(text, id=None, session=None, role=None, time=None, importance=None, metadata=None)``
+    Store one record; returns ``{"added": 1, "id": ...}`` (a new id when none is given).
+``recall(query, k=5, where=None)``
+    The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``.
+``forget(ids)``
+    Delete records by id; returns ``{"deleted": n}`` (unknown ids are skipped).
+
+Needs ``pip install 'gpuir[mcp]'`` (the official ``mcp`` package, 2.x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from . import as_backend, require
+
+__all__ = ["build_server", "main", "open_memory"]
+
+
+def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = None) -> Any:
+    """An ``MCPServer`` with the tools ``remember``, ``recall`` and ``forget`` over ``backend``.
+
+    Parameters
+    ----------
+    backend : gpuir.Memory, gpuir.Retriever or a MemoryBackend (e.g. MemoryClient)
+    name : str
+        The server's name, as MCP clients see it.
+    tenant : str, optional
+        Confine the server to one tenant: records it stores get this tenant, and
+        every recall is filtered to it (a hard boundary, see ``gpuir.memory.where``).
+    """
+    mcp_server = require("mcp.server.mcpserver", "mcp")
+    mem = as_backend(backend)
+    server = mcp_server.MCPServer(
+        name,
+        instructions="Long-term memory: remember stores a note, recall finds the most relevant ones, "
+                     "forget deletes notes by id.",
+    )
+
+    @server.tool()
+    def remember(text: str, id: str | None = None, session: str | None = None, role: str | None = None,
+                 time: str | None = None, importance: float | None = None,
+                 metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Store one memory record (text, and optional id, session, role, time, importance, metadata)."""
+        rec: dict[str, Any] = {"id": id or uuid.uuid4().hex, "text": text}
+        for key, v in (("session", session), ("role", role), ("time", time), ("importance", importance),
+                       ("metadata", metadata), ("tenant", tenant)):
+            if v is not None:
+                rec[key] = v
+        return {"added": int(mem.add([rec])), "id": rec["id"]}
+
+    @server.tool()
+    def recall(query: str, k: int = 5, where: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The k memory records most relevant to the query, best first, optionally filtered by where."""
+        if tenant is not None:
+            where = {**(where or {}), "tenant": tenant}
+        return {"hits": mem.search([query], k=k, where=where)[0]}
+
+    @server.tool()
+    def forget(ids: list[str]) -> dict[str, Any]:
+        """Delete memory records by id; unknown ids are skipped."""
+        return {"deleted": int(mem.delete(list(ids)))}
+
+    return server
+
+
+def open_memory(path: str | Path) -> Any:
+    """The memory in directory ``path``: opened when it holds one, created (and saved there) when new or empty."""
+    from ..memory import Memory
+
+    p = Path(path)
+    if p.is_dir() and any(p.iterdir()):
+        return Memory.open(p)
+    mem = Memory()
+    mem.save(p)
+    return mem
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpuir.adapters.mcp_server MEMORY_DIR``: serve the memory over MCP on stdio."""
+    ap = argparse.ArgumentParser(prog="python -m gpuir.adapters.mcp_server",
+                                 description="Serve a gpuir memory over MCP (stdio) with remember/recall/forget.")
+    ap.add_argument("memory_dir", metavar="MEMORY_DIR", help="memory directory (created when new or empty)")
+    ap.add_argument("--config", default=None, help="a Retriever configuration JSON (default: plain BM25)")
+    ap.add_argument("--tenant", default=None, help="confine the server to this tenant (default: none)")
+    ap.add_argument("--name", default="gpuir-memory", help="server name (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        require("mcp.server.mcpserver", "mcp")
+        mem = open_memory(args.memory_dir)
+        backend: Any = mem
+        if args.config:
+            from ..retrieve import Retriever
+
+            backend = Retriever.from_config(mem, args.config)
+    except (ImportError, OSError, ValueError) as e:
+        print(f"gpuir mcp server: {e}", file=sys.stderr)
+        return 2
+    try:
+        build_server(backend, name=args.name, tenant=args.tenant).run("stdio")
+    finally:
+        mem.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

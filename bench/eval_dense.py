@@ -76,7 +76,7 @@ def locomo(args):
     sess_of_turn = np.array([ds.doc_index[":".join([t.split(":")[0], "S" + t.split(":")[1][1:]])]
                              for t in dst.doc_ids])
     assert [q.qid for q in dst.queries] == [q.qid for q in queries]
-    for op, kw in [("max", {}), ("topk", {"k": 2}), ("topk", {"k": 3}), ("lse", {"beta": 1.0})]:
+    for op, kw in [("max", {}), ("topk", {"pool_k": 2}), ("topk", {"pool_k": 3}), ("lse", {"beta": 1.0})]:
         t1 = time.perf_counter()
         P = bm25_turn_late_interaction(Tm, sess_of_turn, n_sessions=ds.n_docs, op=op, **kw)
         name = f"bm25_turn_{op}" + "".join(f"{v:g}" for v in kw.values())

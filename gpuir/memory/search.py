@@ -43,7 +43,7 @@ import numpy as np
 from .. import bm25
 from ..backends import make_scorer
 from ..backends.base import CollectionStats
-from ..backends.numpy_backend import kth_largest
+from ..topk import kth_largest, topk_order
 from .segments import Segment, merge_segments
 from .snapshot import Snapshot, thread_analyzer
 from .where import Where
@@ -154,16 +154,7 @@ def top_k(parts: list[Hits], k: int) -> Hits:
         h = parts[0]
     else:
         h = Hits(*(np.concatenate([getattr(p, a) for p in parts]) for a in ("seqs", "scores", "vidx", "rows")))
-    neg = -h.scores
-    sel = None
-    if neg.size > k:
-        th = np.partition(neg, k - 1)[k - 1]
-        sel = np.flatnonzero(neg <= th)
-        neg = neg[sel]
-    seqs = h.seqs if sel is None else h.seqs[sel]
-    order = np.lexsort((seqs, neg))[:k]
-    if sel is not None:
-        order = sel[order]
+    order = topk_order(h.seqs, h.scores, k)
     return Hits(h.seqs[order], h.scores[order], h.vidx[order], h.rows[order])
 
 
@@ -171,7 +162,7 @@ def shortlist(seg: Segment, vi: int, rows: np.ndarray, scores: np.ndarray, k: in
     """The candidates of one segment that can be in its top k (every one scoring at least its
     k-th best score, ties included), unsorted: a superset :func:`top_k` orders later."""
     if scores.size > k:
-        th = np.partition(scores, scores.size - k)[scores.size - k]
+        th = kth_largest(scores, k)
         keep = np.flatnonzero(scores >= th)
         rows, scores = rows[keep], scores[keep]
     rows = rows.astype(np.int64, copy=False)

@@ -19,8 +19,8 @@ __all__ = ["resolve_at"]
 
 
 def _one(x: Any, what: str) -> int:
-    if not isinstance(x, (int, np.integer, str, datetime, date)) or isinstance(x, bool):
-        raise ValueError(f"{what} must be epoch milliseconds (int), an ISO-8601 string or a datetime, "
+    if not isinstance(x, (int, float, np.integer, np.floating, str, datetime, date)) or isinstance(x, bool):
+        raise TypeError(f"{what} must be epoch milliseconds (int), an ISO-8601 string or a datetime, "
                          f"got {type(x).__name__} {x!r}")
     try:
         return to_epoch_ms(x, what)

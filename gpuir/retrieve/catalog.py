@@ -58,12 +58,12 @@ class Catalog:
         self.with_types = with_types
         self._enrich_fn = None
         if enrich is not None:
-            from .enrich import enrich_text  # noqa: PLC0415 - lazily: another helper's module
+            from .enrich import enrich_text
 
             self._enrich_fn = lambda t: enrich_text(t, enrich)
         self._record_type = None
         if with_types:
-            from .query_types import record_type  # noqa: PLC0415
+            from .query_types import record_type
 
             self._record_type = record_type
         self.analyzer_config = memory.analyzer_config if analyzer is None else Analyzer(analyzer).config

@@ -249,7 +249,7 @@ _CASCADE_KEYS = ("escalate", "trigger", "tau", "per_type", "classifier")
 def _check_cascade(c: Any, channels: list[ChannelConfig]) -> dict[str, Any]:
     """The cascade dict with its defaults filled in (idempotent), or a clear ValueError."""
     if not isinstance(c, dict):
-        raise ValueError(f"cascade must be a dict ({', '.join(_CASCADE_KEYS)}) or null, got {type(c).__name__}")
+        raise TypeError(f"cascade must be a dict ({', '.join(_CASCADE_KEYS)}) or null, got {type(c).__name__}")
     extra = sorted(set(c) - set(_CASCADE_KEYS))
     if extra:
         raise ValueError(f"cascade: unknown key(s) {', '.join(extra)}; known: {', '.join(_CASCADE_KEYS)}")
@@ -282,7 +282,7 @@ def _check_cascade(c: Any, channels: list[ChannelConfig]) -> dict[str, Any]:
 
 def _check_type_filter(t: Any) -> dict[str, Any]:
     if not isinstance(t, dict):
-        raise ValueError(f'type_filter must be a dict like {{"min_results": 5}} or null, got {type(t).__name__}')
+        raise TypeError(f'type_filter must be a dict like {{"min_results": 5}} or null, got {type(t).__name__}')
     extra = sorted(set(t) - {"min_results"})
     if extra:
         raise ValueError(f"type_filter: unknown key(s) {', '.join(extra)}; known: min_results")
@@ -298,7 +298,7 @@ _ROUTER_KEYS = ("classifier", "mode", "routes", "default")
 def _check_router(r: Any, outer: RetrieverConfig) -> dict[str, Any]:
     """The router dict with its routes normalised (each a full RetrieverConfig dict), or a ValueError."""
     if not isinstance(r, dict):
-        raise ValueError(f"router must be a dict ({', '.join(_ROUTER_KEYS)}) or null, got {type(r).__name__}")
+        raise TypeError(f"router must be a dict ({', '.join(_ROUTER_KEYS)}) or null, got {type(r).__name__}")
     extra = sorted(set(r) - set(_ROUTER_KEYS))
     if extra:
         raise ValueError(f"router: unknown key(s) {', '.join(extra)}; known: {', '.join(_ROUTER_KEYS)}")
@@ -316,7 +316,7 @@ def _check_router(r: Any, outer: RetrieverConfig) -> dict[str, Any]:
         if isinstance(cfg, RetrieverConfig):
             cfg = cfg.to_config()
         if not isinstance(cfg, dict):
-            raise ValueError(f"router: {what} must be a retriever configuration dict, got {type(cfg).__name__}")
+            raise TypeError(f"router: {what} must be a retriever configuration dict, got {type(cfg).__name__}")
         if cfg.get("router") is not None:
             raise ValueError(f"router: {what} has a router of its own; routers do not nest")
         try:

@@ -110,7 +110,7 @@ class Retriever:
             self.embeddings = EmbeddingStore(self.encoder)
         self.sync()
 
-    def _setup(self) -> None:
+    def _setup(self, folder: Path | None = None) -> None:
         """Catalog, entity graph, router and classifiers of the configuration (no embeddings yet)."""
         cfg = self.config
         self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
@@ -119,14 +119,14 @@ class Retriever:
         self.graph = None
         self._graph_seqs: set[int] = set()
         if any(c.kind == "entity" for c in cfg.channels):
-            from .entity_graph import EntityGraph  # noqa: PLC0415 - another helper's module, lazily
+            from .entity_graph import EntityGraph  # lazily: another helper's module
 
             self.graph = EntityGraph()
         self.router = None
         if cfg.router is not None:
-            from .router import Router  # noqa: PLC0415
+            from .router import Router
 
-            self.router = Router(self.memory, cfg, encoder=self._encoder, progress=self.progress)
+            self.router = Router(self.memory, cfg, encoder=self._encoder, progress=self.progress, folder=folder)
         self._cascade_classifier = None
 
     # ------------------------------------------------------------------ configuration
@@ -198,7 +198,7 @@ class Retriever:
         config = RetrieverConfig.load(folder / "retriever.json")
         self = cls.__new__(cls)
         self.memory, self.config, self._encoder, self.progress = memory, config, encoder, False
-        self._setup()
+        self._setup(folder)
         if config.needs_encoder:
             self.embeddings = EmbeddingStore(self.encoder)
             self.embeddings.load(folder)
@@ -206,8 +206,6 @@ class Retriever:
             self.graph = type(self.graph).load(folder / "entity_graph")
             held = folder / "entity_graph_seqs.json"
             self._graph_seqs = set(json.loads(held.read_text(encoding="utf-8"))) if held.exists() else set()
-        if self.router is not None:
-            self.router.open(folder)
         self.sync()
         return self
 
@@ -288,7 +286,7 @@ class Retriever:
         Relative expressions are anchored at ``anchors[i]`` (epoch ms); "since we last
         talked" sees the start times of the sessions of the query's tenant that began before it.
         """
-        from .temporal import parse_time_window  # noqa: PLC0415 - another helper's module, lazily
+        from .temporal import parse_time_window  # lazily: another helper's module
 
         out = []
         for i, q in enumerate(queries):
@@ -396,12 +394,14 @@ class Retriever:
         if self.router is not None:
             res = self.router.search(queries, int(k), where, unit, backend, anchors)
         elif self.config.type_filter is not None:
-            from .typefilter import search_with_widening  # noqa: PLC0415
+            from .typefilter import search_with_widening
 
             res = search_with_widening(self, queries, int(k), where, unit, backend, anchors)
         else:
             res = self._search_core(queries, int(k), where, unit, backend, anchors)
         res.meta["timings"]["total"] = time.perf_counter() - t0
+        if res.meta.get("config") is None:
+            res.meta["config"] = self.to_config()
         return res
 
     def _search_core(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
@@ -409,7 +409,7 @@ class Retriever:
         """One search without router or type filter: the cascade when configured, else every channel."""
         snap = self.sync()
         if self.config.cascade is not None:
-            from .cascade import run_cascade  # noqa: PLC0415
+            from .cascade import run_cascade
 
             ran, fused, escalated = run_cascade(self, queries, k, where, unit, backend, anchors, snap)
         else:

@@ -60,12 +60,8 @@ def top_rows(r: SearchResults, k: int) -> SearchResults:
     return SearchResults(ids.astype(np.int64), sc.astype(np.float32))
 
 
-_fallback_warned = False
-
-
 def _fuse(results: list[SearchResults], k: int, method: str, weights: list[float], missing: Any, k_rrf: float,
           notes: list[str]) -> SearchResults:
-    global _fallback_warned
     kw: dict[str, Any] = {"weights": weights}
     if method in ("z", "minmax"):
         kw["missing"] = missing
@@ -78,9 +74,7 @@ def _fuse(results: list[SearchResults], k: int, method: str, weights: list[float
             note = f"fusion 'score_rrf' is not available in gpuir.fusion ({e}); fused with 'weighted_rrf'"
             if note not in notes:
                 notes.append(note)
-            if not _fallback_warned:
                 warnings.warn(note, RuntimeWarning, stacklevel=3)
-                _fallback_warned = True
             method = "weighted_rrf"
     return fuse(results, k, method=method, **kw)
 

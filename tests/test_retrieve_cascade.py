@@ -102,6 +102,7 @@ def test_margin_trigger_escalates_exactly_the_low_margin_queries():
     r = Retriever(m, cfg(FULL, cascade={"escalate": ["late"], "trigger": "margin", "tau": tau}), encoder=enc)
     got = r.search(QUERIES, k=3, unit="session", backend="numpy")
     assert got.meta["escalated"].tolist() == want_esc.tolist()
+    np.testing.assert_allclose(got.meta["margins"], marg, rtol=1e-5)
     assert enc.queries == [q for q, e in zip(QUERIES, want_esc) if e]  # the dense work skipped for the others
     full = Retriever(m, cfg(FULL), encoder=Encoder()).search(QUERIES, k=3, unit="session", backend="numpy")
     for i in range(len(QUERIES)):

@@ -60,7 +60,8 @@ class RetrieverResults:
         ``cascade_cheap`` / ``cascade_escalate``, ``widen``, ``route`` where they ran),
         ``ran`` (ndarray (B, C) bool: which channel ran for which query),
         ``escalated`` (ndarray (B,) bool), ``route`` (list of B str), ``widened`` (ndarray (B,) bool),
-        ``windows`` (list of B TimeWindow or None), ``notes`` (list of str).
+        ``windows`` (list of B TimeWindow or None), ``notes`` (list of str); with a cascade
+        ``margins`` (ndarray (B,) float64, the cheap fusion's top-1/top-2 margin).
     """
 
     unit: str
@@ -277,6 +278,9 @@ class Retriever:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
         anchors = resolve_at(at, len(queries))
+        if not self.config.channels:
+            raise ValueError("this configuration routes every query (router) and has no channels of its own: "
+                             "use search(), or search_channels() of one route (retriever.router.routes[name])")
         snap = self.sync()
         return self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
 
@@ -418,6 +422,8 @@ class Retriever:
             escalated = np.zeros(len(queries), bool)
         res = self.results(ran, fused)
         res.meta["escalated"] = escalated
+        if "margins" in ran:
+            res.meta["margins"] = ran["margins"]
         return res
 
     def results(self, ran: dict[str, Any], fused: SearchResults) -> RetrieverResults:

@@ -25,6 +25,7 @@ session's start time (the earliest time of its records).
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -90,6 +91,9 @@ class Catalog:
         self.added: list[str] = []  # ids added by the last sync (for the embeddings)
         self.removed: list[str] = []
         self.removed_seqs: list[int] = []  # their sequence numbers (for the entity graph)
+        # record index seq -> memory seq (the index numbers its records in add order, as every memory does)
+        self._mem_seq_of_index = np.full(0, -1, dtype=np.int64)
+        self._index_next = 0
 
     # ------------------------------------------------------------------ sync
     def sync(self):
@@ -160,6 +164,13 @@ class Catalog:
                     copies.append(rec if self._enrich_fn is None else {**rec, "text": self._enrich_fn(rec["text"])})
             if copies:
                 self.records.add(copies)
+                end = self._index_next + len(copies)
+                if end > self._mem_seq_of_index.size:
+                    grown = np.full(max(end, 2 * self._mem_seq_of_index.size), -1, dtype=np.int64)
+                    grown[: self._mem_seq_of_index.size] = self._mem_seq_of_index
+                    self._mem_seq_of_index = grown
+                self._mem_seq_of_index[self._index_next: end] = [self.seq_of[c["id"]] for c in copies]
+                self._index_next = end
             if self.with_sessions:
                 self._rewrite_sessions(touched)
             self.removed_seqs = [int(s) for s in removed_seq_list]
@@ -174,13 +185,10 @@ class Catalog:
 
     def record_seqs(self, res) -> np.ndarray:
         """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""
+        seqs = res.seqs.astype(np.int64)
         if self.records is self.memory:
-            return res.seqs.astype(np.int64)
-        out = np.full(res.seqs.shape, -1, np.int64)
-        for i in range(len(res)):
-            ids = res.ids(i)
-            out[i, : len(ids)] = [self.seq_of[r] for r in ids]
-        return out
+            return seqs
+        return np.where(seqs >= 0, self._mem_seq_of_index[np.maximum(seqs, 0)], -1)
 
     def _rewrite_sessions(self, touched: set[str]) -> None:
         if self.sessions is None:
@@ -221,17 +229,23 @@ class Catalog:
         Uses the memory's own compiled filters (:mod:`gpuir.memory.where`), so
         every channel filters exactly as :meth:`Memory.search` does.
         """
-        wheres = compile_wheres(where, n_queries, snap.dicts)
+        if isinstance(where, list):
+            if len(where) != n_queries:
+                compile_wheres(where, n_queries, snap.dicts)  # raises the memory's own message
+            per = where
+        else:
+            per = [where] * n_queries
         out: list[np.ndarray | None] = []
-        cache: dict[int, np.ndarray] = {}
-        for w in wheres:
-            if w is None:
-                out.append(None)
-                continue
-            key = id(w)
+        cache: dict[str, np.ndarray | None] = {}  # one mask per distinct filter (e.g. per tenant)
+        for raw in per:
+            key = json.dumps(raw, sort_keys=True, default=repr)
             if key not in cache:
-                parts = [v.seg.seqs[w.mask(v, snap.dicts)] for v in snap.views]
-                cache[key] = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+                w = compile_wheres(raw, 1, snap.dicts)[0]
+                if w is None:
+                    cache[key] = None
+                else:
+                    parts = [v.seg.seqs[w.mask(v, snap.dicts)] for v in snap.views]
+                    cache[key] = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
             out.append(cache[key])
         return out
 

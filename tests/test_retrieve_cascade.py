@@ -12,7 +12,7 @@ from _retrieve_doubles import install
 
 from gpuir import Memory, Retriever, RetrieverConfig
 from gpuir.results import SearchResults
-from gpuir.retrieve import ChannelConfig, choose_tau, choose_tau_per_type
+from gpuir.retrieve import choose_tau, choose_tau_per_type
 from gpuir.retrieve.cascade import margins
 
 TURNS = [

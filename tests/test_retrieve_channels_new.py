@@ -340,3 +340,18 @@ def test_router_save_and_open(calls, tmp_path):
     b = r2.search(q, k=5, where={"tenant": "x"}, at=T0, backend="numpy")
     assert a.keys == b.keys and a.meta["route"] == b.meta["route"]
     m.close()
+
+
+def test_router_default_is_the_outer_channels_encoded_once(calls):
+    enc = RecordingEncoder()
+    cfg = {"channels": [{"kind": "dense"}], "fusion": None,
+           "router": {"routes": {"temporal": {"channels": [{"kind": "temporal"}], "fusion": None}}}}
+    r = Retriever(memory(), cfg, encoder=enc)
+    assert sorted(enc.passages) == sorted(x[-1] for x in ROWS)  # the default route alone encoded the records
+    res = r.search(["Biscuit the puppy", "what happened last week"], k=3, where={"tenant": "x"}, at=T0)
+    assert res.meta["route"] == ["default", "temporal"]
+    ref = Retriever(memory(), one("dense"), encoder=RecordingEncoder()).search("Biscuit the puppy", k=3,
+                                                                                where={"tenant": "x"})
+    assert res.ids(0) == ref.ids(0)
+    with pytest.raises(ValueError, match="router"):
+        r.search_channels("x")

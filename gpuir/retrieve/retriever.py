@@ -107,19 +107,23 @@ class Retriever:
         self._encoder = encoder
         self.progress = progress
         self._setup()
-        if self.config.needs_encoder:
+        if self.config.needs_encoder and self.router is None:
             self.embeddings = EmbeddingStore(self.encoder)
         self.sync()
 
     def _setup(self, folder: Path | None = None) -> None:
         """Catalog, entity graph, router and classifiers of the configuration (no embeddings yet)."""
         cfg = self.config
-        self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
-                               analyzer=cfg.analyzer, enrich=cfg.enrich, with_types=cfg.type_filter is not None)
+        self._sync_lock = threading.RLock()
         self.embeddings: EmbeddingStore | None = None
         self.graph = None
         self._graph_seqs: set[int] = set()
-        if any(c.kind == "entity" for c in cfg.channels):
+        if cfg.router is not None:  # the routes hold the indexes; the outer catalog only follows the memory
+            self.catalog = Catalog(self.memory, with_sessions=False)
+        else:
+            self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
+                                   analyzer=cfg.analyzer, enrich=cfg.enrich, with_types=cfg.type_filter is not None)
+        if cfg.router is None and any(c.kind == "entity" for c in cfg.channels):
             from .entity_graph import EntityGraph  # lazily: another helper's module
 
             self.graph = EntityGraph()
@@ -200,7 +204,7 @@ class Retriever:
         self = cls.__new__(cls)
         self.memory, self.config, self._encoder, self.progress = memory, config, encoder, False
         self._setup(folder)
-        if config.needs_encoder:
+        if config.needs_encoder and self.router is None:
             self.embeddings = EmbeddingStore(self.encoder)
             self.embeddings.load(folder)
         if self.graph is not None and (folder / "entity_graph").exists():
@@ -213,6 +217,10 @@ class Retriever:
     # ------------------------------------------------------------------ growth
     def sync(self):
         """Catch up with records added or deleted since the last call; returns the snapshot."""
+        with self._sync_lock:  # the catalog's added / removed lists are read by this thread only
+            return self._sync()
+
+    def _sync(self):
         snap = self.catalog.sync()
         if self.graph is not None:
             self._sync_graph()
@@ -278,9 +286,9 @@ class Retriever:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
         anchors = resolve_at(at, len(queries))
-        if not self.config.channels:
-            raise ValueError("this configuration routes every query (router) and has no channels of its own: "
-                             "use search(), or search_channels() of one route (retriever.router.routes[name])")
+        if self.router is not None:
+            raise ValueError("this configuration routes every query (router): use search(), or search_channels() "
+                             "of one route (retriever.router.routes[name])")
         snap = self.sync()
         return self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
 

@@ -88,6 +88,9 @@ def test_new_fields_round_trip(tmp_path):
     r = RetrieverConfig.from_config(router)
     assert RetrieverConfig.from_config(json.loads(json.dumps(r.to_config()))) == r
     assert r.router["routes"]["temporal"]["channels"][0]["kind"] == "temporal"
+    assert not r.needs_encoder
+    router["router"]["default"] = {"channels": [{"kind": "late"}], "fusion": None}
+    assert RetrieverConfig.from_config(router).needs_encoder
 
 
 BM = [{"kind": "bm25"}, {"kind": "dense"}]

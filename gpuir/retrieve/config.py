@@ -187,7 +187,13 @@ class RetrieverConfig:
 
     @property
     def needs_encoder(self) -> bool:
-        return any(c.dense for c in self.channels)
+        """Whether a dense channel runs: one of the channels, or of a router's routes."""
+        if any(c.dense for c in self.channels):
+            return True
+        if self.router is not None:
+            subs = [*self.router["routes"].values(), self.router["default"] or {}]
+            return any(ch.get("kind") in ("dense", "late") for c in subs for ch in c.get("channels", []))
+        return False
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict (``from_config`` inverts it)."""

@@ -90,3 +90,19 @@ def test_tenant_boundary_and_session_unit():
     assert sorted(s.ids(0)) == ["s1", "s2", "s3"] and not s.meta["widened"][0]
     for h in s.hits(0):
         assert all(x["id"] in PREF for x in h["records"]) or h["records"] == []
+
+
+def test_type_filter_with_cascade():
+    """Widening reruns through the cascade too; with trigger "always" it is the full configuration's filtered search."""
+    from test_retrieve_cascade import Encoder
+
+    m = memory()
+    chans = [{"kind": "bm25", "weight": 0.6}, {"kind": "dense", "weight": 0.4}]
+    full = RetrieverConfig.from_config({"channels": chans, "fusion": "rrf", "type_filter": {"min_results": 4}})
+    casc = RetrieverConfig.from_config({**full.to_config(), "cascade": {"escalate": ["dense"], "trigger": "always"}})
+    qs = ["favourite hiking", "hiking boots", "when did I go hiking"]
+    a = Retriever(m, full, encoder=Encoder()).search(qs, k=5, where={"tenant": "x"}, backend="numpy")
+    b = Retriever(m, casc, encoder=Encoder()).search(qs, k=5, where={"tenant": "x"}, backend="numpy")
+    assert a.keys == b.keys and a.meta["widened"].tolist() == b.meta["widened"].tolist()
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+    assert b.meta["escalated"].tolist() == [True, True, True]

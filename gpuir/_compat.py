@@ -61,3 +61,22 @@ def cuda_device() -> tuple[bool, str]:
     except Exception as e:
         return False, f"a CUDA device is visible but unusable ({type(e).__name__}: {e})"
     return True, f"CUDA device 0: {name}"
+
+
+class MissingExtra(ImportError):
+    """An optional extra is not installed.
+
+    Parameters
+    ----------
+    extra : str
+        The extra that installs what is missing (``pip install 'gpuir[<extra>]'``).
+    what : str
+        What needs it (a feature, a module).
+    """
+
+    def __init__(self, extra: str, what: str):
+        self.extra, self.what = extra, what
+        super().__init__(f"{what} needs the {extra} extra: pip install 'gpuir[{extra}]'")
+
+    def __reduce__(self):  # picklable with its two arguments
+        return (type(self), (self.extra, self.what))

@@ -5,13 +5,19 @@
 * :mod:`~gpuir.retrieve.catalog`: record -> session maps and session documents,
   kept in step with the memory.
 * :mod:`~gpuir.retrieve.channels`: ``bm25``, ``bm25_session``, ``bm25_pool``,
-  ``dense``, ``late``.
+  ``dense``, ``late``, ``temporal``, ``entity``.
+* :mod:`~gpuir.retrieve.fanout` (channels in threads), :mod:`~gpuir.retrieve.optimiser`
+  (what runs for a query; fusion over what ran), :mod:`~gpuir.retrieve.cascade`,
+  :mod:`~gpuir.retrieve.typefilter`, :mod:`~gpuir.retrieve.router`.
 * :mod:`~gpuir.retrieve.embeddings`: record embeddings, incremental, saved beside the memory.
 * :mod:`~gpuir.retrieve.retriever`: :class:`Retriever`.
 
-See ``docs/retriever.md``.
+See ``docs/retriever.md`` and ``docs/decisions.md``. Modules that need the
+``routing`` extra are imported lazily; a missing extra raises :class:`MissingExtra`.
 """
 
+from .._compat import MissingExtra
+from .cascade import choose_tau, choose_tau_per_type
 from .config import CHANNELS, FUSIONS, POOLINGS, ChannelConfig, RetrieverConfig, default_config
 from .embeddings import EmbeddingStore
 from .retriever import UNITS, Retriever, RetrieverResults
@@ -23,8 +29,11 @@ __all__ = [
     "UNITS",
     "ChannelConfig",
     "EmbeddingStore",
+    "MissingExtra",
     "Retriever",
     "RetrieverConfig",
     "RetrieverResults",
+    "choose_tau",
+    "choose_tau_per_type",
     "default_config",
 ]

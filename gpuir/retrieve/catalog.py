@@ -9,19 +9,30 @@ the ``bm25_session`` channel, rewriting only the sessions that changed.
 
 A record without a ``session`` is a session of its own, named by its id.
 
-With an ``analyzer`` other than the memory's, the catalog also keeps a
-**record index**: a memory of the same records (every field, so ``where``
-filters work unchanged) analysed with it, for the record BM25 channels.
+With an ``analyzer`` other than the memory's, or with vocabulary enrichment
+(``enrich``), the catalog also keeps a **record index**: a memory of the same
+records (every field, so ``where`` filters work unchanged) analysed with it, and
+with ``enrich`` each text replaced by ``enrich_text(text)``
+(:mod:`gpuir.retrieve.enrich`), for the record BM25 channels. The session
+documents are enriched too (they are lexical); :attr:`Catalog.text_of` keeps the
+raw texts, which the embeddings and the hits use.
+
+It also keeps what the temporal, entity and type-filter channels need: each
+record's time (:attr:`time_of_seq`), speaker (``metadata.speaker``), type (its
+``type`` field, else ``record_type(text)`` when ``with_types``), and each
+session's start time (the earliest time of its records).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import numpy as np
 
 from ..memory import Memory
+from ..memory.records import MISSING_TIME
 from ..memory.where import compile_wheres
 
 __all__ = ["Catalog"]
@@ -38,13 +49,26 @@ class Catalog:
         Session id of each session number (first appearance order).
     """
 
-    def __init__(self, memory: Memory, with_sessions: bool = True, analyzer: Any = None):
+    def __init__(self, memory: Memory, with_sessions: bool = True, analyzer: Any = None, enrich: str | None = None,
+                 with_types: bool = False):
         from ..analysis import Analyzer
 
         self.memory = memory
         self.with_sessions = with_sessions
+        self.enrich = enrich
+        self.with_types = with_types
+        self._enrich_fn = None
+        if enrich is not None:
+            from .enrich import enrich_text
+
+            self._enrich_fn = lambda t: enrich_text(t, enrich)
+        self._record_type = None
+        if with_types:
+            from .query_types import record_type
+
+            self._record_type = record_type
         self.analyzer_config = memory.analyzer_config if analyzer is None else Analyzer(analyzer).config
-        own = self.analyzer_config == memory.analyzer_config
+        own = self.analyzer_config == memory.analyzer_config and enrich is None
         #: the memory the record BM25 channels search (the memory itself, or a copy with the analyzer)
         self.records: Memory = memory if own else self._new_memory()
         self.version = -1
@@ -57,10 +81,19 @@ class Catalog:
         self.session_of: dict[str, str] = {}
         self.members: dict[str, dict[int, str]] = {}  # session -> {seq: record id}
         self.tenant_of: dict[str, str | None] = {}
+        #: epoch ms of each record sequence number (MISSING_TIME: none / not live)
+        self.time_of_seq = np.full(0, MISSING_TIME, dtype=np.int64)
+        self.session_start: dict[str, int] = {}  # session -> earliest record time (sessions with a time)
+        self.speaker_of: dict[str, str | None] = {}  # record id -> metadata.speaker
+        self.type_of: dict[str, str] = {}  # record id -> type (with_types)
         self.sessions: Memory | None = None
         self._lock = threading.Lock()
         self.added: list[str] = []  # ids added by the last sync (for the embeddings)
         self.removed: list[str] = []
+        self.removed_seqs: list[int] = []  # their sequence numbers (for the entity graph)
+        # record index seq -> memory seq (the index numbers its records in add order, as every memory does)
+        self._mem_seq_of_index = np.full(0, -1, dtype=np.int64)
+        self._index_next = 0
 
     # ------------------------------------------------------------------ sync
     def sync(self):
@@ -68,7 +101,7 @@ class Catalog:
         with self._lock:
             snap = self.memory.snapshot()
             if snap.version == self.version:
-                self.added, self.removed = [], []
+                self.added, self.removed, self.removed_seqs = [], [], []
                 return snap
             live = snap.live_records()
             live_seqs = {s for s, _, _ in live}
@@ -76,6 +109,7 @@ class Catalog:
             if removed and self.records is not self.memory:
                 self.records.delete(removed)
             touched: set[str] = set()
+            removed_seq_list = [self.seq_of[rid] for rid in removed]
             for rid in removed:
                 s = self.seq_of.pop(rid)
                 self.id_of_seq.pop(s, None)
@@ -83,6 +117,9 @@ class Catalog:
                 self.text_of.pop(rid, None)
                 self.members[sess].pop(s, None)
                 self.seq_session[s] = -1
+                self.time_of_seq[s] = MISSING_TIME
+                self.speaker_of.pop(rid, None)
+                self.type_of.pop(rid, None)
                 touched.add(sess)
             added, copies = [], []
             top = max(live_seqs) + 1 if live_seqs else 0
@@ -90,6 +127,9 @@ class Catalog:
                 grown = np.full(max(top, 2 * self.seq_session.size), -1, dtype=np.int64)
                 grown[: self.seq_session.size] = self.seq_session
                 self.seq_session = grown
+                times = np.full(grown.size, MISSING_TIME, dtype=np.int64)
+                times[: self.time_of_seq.size] = self.time_of_seq
+                self.time_of_seq = times
             for s, vi, row in live:
                 if s in self.id_of_seq:
                     continue
@@ -109,14 +149,31 @@ class Catalog:
                 self.session_of[rid] = sess
                 self.members[sess][s] = rid
                 self.seq_session[s] = self.session_num[sess]
+                t = rec.get("time")
+                if t is not None and t != MISSING_TIME:
+                    self.time_of_seq[s] = t
+                    if sess not in self.session_start or t < self.session_start[sess]:
+                        self.session_start[sess] = t
+                meta = rec.get("metadata")
+                self.speaker_of[rid] = meta.get("speaker") if isinstance(meta, dict) else None
+                if self._record_type is not None:
+                    self.type_of[rid] = rec.get("type") or self._record_type(rec["text"])
                 touched.add(sess)
                 added.append(rid)
                 if self.records is not self.memory:
-                    copies.append(rec)
+                    copies.append(rec if self._enrich_fn is None else {**rec, "text": self._enrich_fn(rec["text"])})
             if copies:
                 self.records.add(copies)
+                end = self._index_next + len(copies)
+                if end > self._mem_seq_of_index.size:
+                    grown = np.full(max(end, 2 * self._mem_seq_of_index.size), -1, dtype=np.int64)
+                    grown[: self._mem_seq_of_index.size] = self._mem_seq_of_index
+                    self._mem_seq_of_index = grown
+                self._mem_seq_of_index[self._index_next: end] = [self.seq_of[c["id"]] for c in copies]
+                self._index_next = end
             if self.with_sessions:
                 self._rewrite_sessions(touched)
+            self.removed_seqs = [int(s) for s in removed_seq_list]
             self.added, self.removed = added, removed
             self.version = snap.version
             return snap
@@ -128,13 +185,10 @@ class Catalog:
 
     def record_seqs(self, res) -> np.ndarray:
         """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""
+        seqs = res.seqs.astype(np.int64)
         if self.records is self.memory:
-            return res.seqs.astype(np.int64)
-        out = np.full(res.seqs.shape, -1, np.int64)
-        for i in range(len(res)):
-            ids = res.ids(i)
-            out[i, : len(ids)] = [self.seq_of[r] for r in ids]
-        return out
+            return seqs
+        return np.where(seqs >= 0, self._mem_seq_of_index[np.maximum(seqs, 0)], -1)
 
     def _rewrite_sessions(self, touched: set[str]) -> None:
         if self.sessions is None:
@@ -147,12 +201,26 @@ class Catalog:
             mem = self.members.get(sess)
             if not mem:
                 continue
-            doc: dict[str, Any] = {"id": sess, "text": "\n".join(self.text_of[mem[s]] for s in sorted(mem))}
+            text = "\n".join(self.text_of[mem[s]] for s in sorted(mem))
+            if self._enrich_fn is not None:
+                text = "\n".join(self._enrich_fn(self.text_of[mem[s]]) for s in sorted(mem))
+            doc: dict[str, Any] = {"id": sess, "text": text}
             if self.tenant_of.get(sess) is not None:
                 doc["tenant"] = self.tenant_of[sess]
             docs.append(doc)
         if docs:
             self.sessions.add(docs)
+
+    def session_times(self, tenant: str | None, before_ms: int | None = None) -> list[int]:
+        """Sorted start times (epoch ms) of the sessions of ``tenant`` (None: every session).
+
+        A session's start is its earliest record time; sessions without times are
+        left out, and with ``before_ms`` only sessions that started before it are kept.
+        """
+        out = [t for s, t in self.session_start.items()
+               if (tenant is None or self.tenant_of.get(s) == tenant) and self.members.get(s)
+               and (before_ms is None or t < before_ms)]
+        return sorted(out)
 
     # ------------------------------------------------------------------ filters
     def allowed_seqs(self, snap, where: Any, n_queries: int) -> list[np.ndarray | None]:
@@ -161,17 +229,23 @@ class Catalog:
         Uses the memory's own compiled filters (:mod:`gpuir.memory.where`), so
         every channel filters exactly as :meth:`Memory.search` does.
         """
-        wheres = compile_wheres(where, n_queries, snap.dicts)
+        if isinstance(where, list):
+            if len(where) != n_queries:
+                compile_wheres(where, n_queries, snap.dicts)  # raises the memory's own message
+            per = where
+        else:
+            per = [where] * n_queries
         out: list[np.ndarray | None] = []
-        cache: dict[int, np.ndarray] = {}
-        for w in wheres:
-            if w is None:
-                out.append(None)
-                continue
-            key = id(w)
+        cache: dict[str, np.ndarray | None] = {}  # one mask per distinct filter (e.g. per tenant)
+        for raw in per:
+            key = json.dumps(raw, sort_keys=True, default=repr)
             if key not in cache:
-                parts = [v.seg.seqs[w.mask(v, snap.dicts)] for v in snap.views]
-                cache[key] = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+                w = compile_wheres(raw, 1, snap.dicts)[0]
+                if w is None:
+                    cache[key] = None
+                else:
+                    parts = [v.seg.seqs[w.mask(v, snap.dicts)] for v in snap.views]
+                    cache[key] = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
             out.append(cache[key])
         return out
 

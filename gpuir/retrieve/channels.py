@@ -16,6 +16,15 @@ channel applies the same ``where`` (:mod:`gpuir.memory.where`); padding is -1 /
   With ``depth`` at least the number of matching records, pooling is exact.
 * ``dense``: cosine of the query and record embeddings, exact, top ``depth``.
 * ``late``: the cosines of all allowed records pooled per session, top ``depth`` sessions.
+* ``temporal``: the records inside the query's parsed time window
+  (:func:`gpuir.retrieve.temporal.parse_time_window`, AND-ed with ``where``): first
+  those BM25 scores (by their BM25 score), then the other records of the window,
+  newest first, with score 0. A query without a window gets an empty row (the
+  channel is skipped for it).
+* ``entity``: :meth:`gpuir.retrieve.entity_graph.EntityGraph.score` over the records
+  ``where`` allows (hop scores 1.0 / 0.6 / 0.35 / 0.15; at most 2 hops, 3 when
+  the graph calls the query multi-hop). A query without a known entity gets an
+  empty row.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from ..dense.late_interaction import segment_reduce_numpy
 from ..results import SearchResults, padded_arrays
 from .catalog import Catalog
 from .config import ChannelConfig
+from .wheres import and_where, row_where
 
-__all__ = ["pool_rows", "run_channel"]
+__all__ = ["entity_channel", "pool_rows", "run_channel", "temporal_channel"]
 
 
 def _sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
@@ -96,15 +106,100 @@ def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: 
     return r.seqs, r.scores, r
 
 
+def _rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
+    """Rows already in their final order, cut at ``depth`` and padded."""
+    width = max([min(depth, n.size) for n in nums] + [1])
+    ids, sc = padded_arrays(len(nums), width)
+    for i, (n, v) in enumerate(zip(nums, scores)):
+        m = min(width, n.size)
+        ids[i, :m], sc[i, :m] = n[:m], v[:m]
+    return SearchResults(ids, sc)
+
+
+def temporal_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
+                     windows: list[Any]) -> SearchResults:
+    """The ``temporal`` channel (module docstring).
+
+    Parameters
+    ----------
+    windows : list of B (TimeWindow or None)
+        Each query's parsed window (None: the query gets an empty row).
+
+    Returns
+    -------
+    SearchResults over record sequence numbers, (B, <= depth); BM25 hits first
+    (score desc, number asc), then the rest of the window by time desc, number asc, score 0.
+    """
+    B = len(queries)
+    keep = [i for i in range(B) if windows[i] is not None and row_where(where, i) is not False]
+    nums = [np.zeros(0, np.int64) for _ in range(B)]
+    vals = [np.zeros(0, np.float32) for _ in range(B)]
+    if keep:
+        wk = [and_where(row_where(where, i), windows[i].where()) for i in keep]
+        records = catalog.records
+        r = records.search([queries[i] for i in keep], k=ch.depth, where=wk, backend=backend,
+                           snapshot=snap if records is catalog.memory else None)
+        seqs = catalog.record_seqs(r)
+        scores = r.scores.astype(np.float32)
+        allowed = catalog.allowed_seqs(snap, wk, len(keep))
+        for j, i in enumerate(keep):
+            ok = seqs[j] >= 0
+            hit, hs = seqs[j][ok], scores[j][ok]
+            a = allowed[j] if allowed[j] is not None else np.zeros(0, np.int64)
+            rest = a[~np.isin(a, hit)]
+            rest = rest[np.lexsort((rest, -catalog.time_of_seq[rest].astype(np.float64)))]
+            nums[i] = np.concatenate([hit, rest]).astype(np.int64)
+            vals[i] = np.concatenate([hs, np.zeros(rest.size, np.float32)])
+    return _rows(nums, vals, ch.depth)
+
+
+def entity_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, graph: Any,
+                   applies: np.ndarray) -> SearchResults:
+    """The ``entity`` channel: :meth:`EntityGraph.score` of each query it ``applies`` to (bool (B,))."""
+    if graph is None:
+        raise ValueError("channel entity needs the retriever's entity graph")
+    B = len(queries)
+    allowed = catalog.allowed_seqs(snap, where, B) if where is not None else [None] * B
+    nums = [np.zeros(0, np.int64) for _ in range(B)]
+    vals = [np.zeros(0, np.float32) for _ in range(B)]
+    for i in np.flatnonzero(applies).tolist():
+        if row_where(where, i) is False:
+            continue
+        hops = 3 if graph.is_multi_hop(queries[i]) else 2
+        seqs, sc = graph.score(queries[i], allowed=allowed[i], max_hops=hops, depth=ch.depth)
+        seqs = np.asarray(seqs, np.int64)
+        sc = np.asarray(sc, np.float32)
+        live = (seqs >= 0) & (seqs < catalog.seq_session.size)
+        live[live] = catalog.seq_session[seqs[live]] >= 0  # records the catalog still holds
+        nums[i], vals[i] = seqs[live], sc[live]
+    return _sorted_rows(nums, vals, ch.depth)
+
+
 def run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
-                qvecs: np.ndarray | None = None, embeddings: Any = None) -> tuple[SearchResults, Any]:
+                qvecs: np.ndarray | None = None, embeddings: Any = None, *, windows: list[Any] | None = None,
+                graph: Any = None, applies: np.ndarray | None = None) -> tuple[SearchResults, Any]:
     """Run one channel.
+
+    Parameters
+    ----------
+    windows : list of B (TimeWindow or None), optional
+        ``temporal``: each query's window.
+    graph : EntityGraph, optional
+        ``entity``: the retriever's graph.
+    applies : ndarray, shape (B,), bool, optional
+        ``entity``: the queries the channel runs for (default all).
 
     Returns
     -------
     (SearchResults, extra): ``extra`` is the record-level MemoryResults of
     ``bm25`` / ``bm25_pool`` (for the best records of session hits), else None.
     """
+    if ch.kind == "temporal":
+        return temporal_channel(ch, catalog, snap, queries, where, backend,
+                                windows if windows is not None else [None] * len(queries)), None
+    if ch.kind == "entity":
+        ap = np.ones(len(queries), bool) if applies is None else np.asarray(applies, bool)
+        return entity_channel(ch, catalog, snap, queries, where, graph, ap), None
     if ch.kind in ("bm25", "bm25_pool"):
         records = catalog.records
         r = records.search(queries, k=ch.depth, where=where, backend=backend,

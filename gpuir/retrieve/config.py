@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHANNELS", "FUSIONS", "POOLINGS", "ChannelConfig", "RetrieverConfig", "default_config"]
+__all__ = ["CHANNELS", "ENRICH_TABLES", "FUSIONS", "POOLINGS", "ROUTER_MODES", "TRIGGERS", "ChannelConfig",
+           "RetrieverConfig", "default_config"]
 
 #: Channel kinds and the unit of what each returns.
 CHANNELS: dict[str, str] = {
@@ -30,11 +31,19 @@ CHANNELS: dict[str, str] = {
     "bm25_pool": "session",  # record BM25 pooled to sessions
     "dense": "record",  # record embeddings, cosine
     "late": "session",  # record cosines pooled to sessions
+    "temporal": "record",  # records inside the query's parsed time window (skipped without one)
+    "entity": "record",  # records reachable from the query's entities in the entity graph (skipped without one)
 }
 #: Pooling of record scores to a session score (``bm25_pool``, ``late``).
 POOLINGS: tuple[str, ...] = ("max", "topk", "lse")
 #: Fusion methods (:mod:`gpuir.fusion`); None: a single channel, its scores as they are.
-FUSIONS: tuple[str, ...] = ("z", "minmax", "rrf", "weighted_rrf")
+FUSIONS: tuple[str, ...] = ("z", "minmax", "rrf", "weighted_rrf", "score_rrf")
+#: Cascade triggers (:mod:`gpuir.retrieve.cascade`).
+TRIGGERS: tuple[str, ...] = ("margin", "per_type", "always", "never")
+#: Router modes (:mod:`gpuir.retrieve.router`).
+ROUTER_MODES: tuple[str, ...] = ("discrete", "soft")
+#: Vocabulary-enrichment tables of the lexical index (:mod:`gpuir.retrieve.enrich`).
+ENRICH_TABLES: tuple[str, ...] = ("bridges",)
 
 
 @dataclass
@@ -112,6 +121,23 @@ class RetrieverConfig:
         retriever keeps its own record index with it (:mod:`gpuir.retrieve.catalog`).
     session_records : int
         Best records listed with each session hit (``unit="session"``).
+    cascade : dict or None
+        ``{"escalate": [kinds], "trigger": "margin" | "per_type" | "always" | "never", "tau": float,
+        "per_type": {type: tau}, "classifier": "regex" | <QueryTypeClassifier config>}``: the channels
+        of ``escalate`` run only for queries whose trigger fires (:mod:`gpuir.retrieve.cascade`).
+    router : dict or None
+        ``{"classifier": "regex" | <QueryTypeClassifier config>, "mode": "discrete" | "soft",
+        "routes": {type: <RetrieverConfig dict>}, "default": <RetrieverConfig dict> or None}``
+        (:mod:`gpuir.retrieve.router`). With a router, ``channels`` may be empty (then ``default``
+        is required); the routes hold the channels.
+    type_filter : dict or None
+        ``{"min_results": 5}``: a query with a type hint searches the records of that type,
+        widened to all records when fewer than ``min_results`` survive (:mod:`gpuir.retrieve.typefilter`).
+    enrich : {"bridges"} or None
+        Vocabulary enrichment of the lexical index (record and session BM25 only; never the
+        embeddings, never the queries).
+    parallel : bool
+        Run a search's channels concurrently, one thread each (the result is the serial one).
     """
 
     channels: list[ChannelConfig] = field(default_factory=list)
@@ -121,11 +147,18 @@ class RetrieverConfig:
     encoder: str | None = None
     analyzer: Any = None
     session_records: int = 3
+    cascade: dict[str, Any] | None = None
+    router: dict[str, Any] | None = None
+    type_filter: dict[str, Any] | None = None
+    enrich: str | None = None
+    parallel: bool = True
 
     def __post_init__(self) -> None:
         self.channels = [c if isinstance(c, ChannelConfig) else ChannelConfig(**_only(c, ChannelConfig, "channel"))
                          for c in self.channels]
-        if not self.channels:
+        if self.router is not None:
+            self.router = _check_router(self.router, self)
+        if not self.channels and self.router is None:
             raise ValueError("a retriever configuration needs at least one channel")
         if self.fusion is None and len(self.channels) != 1:
             raise ValueError(f"fusion=None needs exactly one channel, got {len(self.channels)}")
@@ -143,10 +176,24 @@ class RetrieverConfig:
         if isinstance(self.session_records, bool) or not isinstance(self.session_records, int) or \
                 self.session_records < 0:
             raise ValueError(f"session_records must be an integer >= 0, got {self.session_records!r}")
+        if self.cascade is not None:
+            self.cascade = _check_cascade(self.cascade, self.channels)
+        if self.type_filter is not None:
+            self.type_filter = _check_type_filter(self.type_filter)
+        if self.enrich is not None and self.enrich not in ENRICH_TABLES:
+            raise ValueError(f"enrich must be None or one of {', '.join(ENRICH_TABLES)}, got {self.enrich!r}")
+        if not isinstance(self.parallel, bool):
+            raise ValueError(f"parallel must be true or false, got {self.parallel!r}")
 
     @property
     def needs_encoder(self) -> bool:
-        return any(c.dense for c in self.channels)
+        """Whether a dense channel runs: one of the channels, or of a router's routes."""
+        if any(c.dense for c in self.channels):
+            return True
+        if self.router is not None:
+            subs = [*self.router["routes"].values(), self.router["default"] or {}]
+            return any(ch.get("kind") in ("dense", "late") for c in subs for ch in c.get("channels", []))
+        return False
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict (``from_config`` inverts it)."""
@@ -185,6 +232,111 @@ def _only(d: dict[str, Any], cls: type, what: str) -> dict[str, Any]:
     if extra:
         raise ValueError(f"{what}: unknown key(s) {', '.join(extra)}; known: {', '.join(sorted(names))}")
     return d
+
+
+def _finite(x: Any, what: str, allow_inf: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or math.isnan(x) or (
+            math.isinf(x) and not allow_inf):
+        raise ValueError(f"{what} must be a {'number' if allow_inf else 'finite number'}, got {x!r}")
+    return float(x)
+
+
+def _check_classifier(c: Any, what: str) -> Any:
+    if c == "regex":
+        return c
+    if isinstance(c, dict) and c:
+        return c  # a QueryTypeClassifier config, checked when the classifier is built
+    raise ValueError(f'{what}: classifier must be "regex" or a QueryTypeClassifier config dict, got {c!r}')
+
+
+_CASCADE_KEYS = ("escalate", "trigger", "tau", "per_type", "classifier")
+
+
+def _check_cascade(c: Any, channels: list[ChannelConfig]) -> dict[str, Any]:
+    """The cascade dict with its defaults filled in (idempotent), or a clear ValueError."""
+    if not isinstance(c, dict):
+        raise TypeError(f"cascade must be a dict ({', '.join(_CASCADE_KEYS)}) or null, got {type(c).__name__}")
+    extra = sorted(set(c) - set(_CASCADE_KEYS))
+    if extra:
+        raise ValueError(f"cascade: unknown key(s) {', '.join(extra)}; known: {', '.join(_CASCADE_KEYS)}")
+    esc = c.get("escalate", ["dense", "late"])
+    if isinstance(esc, str) or not isinstance(esc, (list, tuple)) or not esc:
+        raise ValueError(f'cascade: escalate must be a non-empty list of channel kinds, e.g. ["dense"], got {esc!r}')
+    bad = [k for k in esc if k not in CHANNELS]
+    if bad:
+        raise ValueError(f"cascade: escalate names unknown channel kind(s) {bad}; choose from {', '.join(CHANNELS)}")
+    kinds = {ch.kind for ch in channels}
+    if channels and not (set(esc) & kinds):
+        raise ValueError(f"cascade: none of the escalation kinds {list(esc)} is a channel of the configuration "
+                         f"({', '.join(sorted(kinds))})")
+    if channels and all(ch.kind in esc for ch in channels):
+        raise ValueError("cascade: every channel is an escalation channel; keep at least one cheap channel "
+                         "that always runs")
+    trigger = c.get("trigger", "margin")
+    if trigger not in TRIGGERS:
+        raise ValueError(f"cascade: trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
+    tau = _finite(c.get("tau", 0.0), "cascade: tau", allow_inf=True)
+    per_type = c.get("per_type", {}) or {}
+    if not isinstance(per_type, dict) or any(not isinstance(k, str) for k in per_type):
+        raise ValueError(f"cascade: per_type must map query types (str) to thresholds, got {per_type!r}")
+    per_type = {k: _finite(v, f"cascade: per_type[{k!r}]", allow_inf=True) for k, v in per_type.items()}
+    if trigger == "per_type" and not per_type:
+        raise ValueError('cascade: trigger "per_type" needs a per_type table {type: tau} (tau is the fallback)')
+    return {"escalate": list(esc), "trigger": trigger, "tau": tau, "per_type": per_type,
+            "classifier": _check_classifier(c.get("classifier", "regex"), "cascade")}
+
+
+def _check_type_filter(t: Any) -> dict[str, Any]:
+    if not isinstance(t, dict):
+        raise TypeError(f'type_filter must be a dict like {{"min_results": 5}} or null, got {type(t).__name__}')
+    extra = sorted(set(t) - {"min_results"})
+    if extra:
+        raise ValueError(f"type_filter: unknown key(s) {', '.join(extra)}; known: min_results")
+    n = t.get("min_results", 5)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"type_filter: min_results must be a positive integer, got {n!r}")
+    return {"min_results": n}
+
+
+_ROUTER_KEYS = ("classifier", "mode", "routes", "default")
+
+
+def _check_router(r: Any, outer: RetrieverConfig) -> dict[str, Any]:
+    """The router dict with its routes normalised (each a full RetrieverConfig dict), or a ValueError."""
+    if not isinstance(r, dict):
+        raise TypeError(f"router must be a dict ({', '.join(_ROUTER_KEYS)}) or null, got {type(r).__name__}")
+    extra = sorted(set(r) - set(_ROUTER_KEYS))
+    if extra:
+        raise ValueError(f"router: unknown key(s) {', '.join(extra)}; known: {', '.join(_ROUTER_KEYS)}")
+    mode = r.get("mode", "discrete")
+    if mode not in ROUTER_MODES:
+        raise ValueError(f"router: mode must be one of {', '.join(ROUTER_MODES)}, got {mode!r}")
+    routes = r.get("routes")
+    if not isinstance(routes, dict) or not routes or any(not isinstance(k, str) for k in routes):
+        raise ValueError("router: routes must be a non-empty dict {query type: retriever configuration}")
+    if outer.cascade is not None or outer.type_filter is not None:
+        raise ValueError("router: put cascade and type_filter inside the routes' configurations, not beside "
+                         "the router")
+
+    def sub(cfg: Any, what: str) -> dict[str, Any]:
+        if isinstance(cfg, RetrieverConfig):
+            cfg = cfg.to_config()
+        if not isinstance(cfg, dict):
+            raise TypeError(f"router: {what} must be a retriever configuration dict, got {type(cfg).__name__}")
+        if cfg.get("router") is not None:
+            raise ValueError(f"router: {what} has a router of its own; routers do not nest")
+        try:
+            return RetrieverConfig.from_config(cfg).to_config()
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"router: {what}: {e}") from None
+
+    default = r.get("default")
+    if default is None and not outer.channels:
+        raise ValueError("router: give a default configuration (or channels beside the router) for queries "
+                         "whose type has no route")
+    return {"classifier": _check_classifier(r.get("classifier", "regex"), "router"), "mode": mode,
+            "routes": {t: sub(c, f"route {t!r}") for t, c in routes.items()},
+            "default": None if default is None else sub(default, "default")}
 
 
 def default_config() -> RetrieverConfig:

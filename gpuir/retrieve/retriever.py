@@ -14,7 +14,10 @@ channels).
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ..fusion import fuse
 from ..memory import Memory
 from ..results import SearchResults
+from .anchors import resolve_at
 from .catalog import Catalog
-from .channels import run_channel
+from .channels import pool_rows, run_channel
 from .config import ChannelConfig, RetrieverConfig, default_config
 from .embeddings import EmbeddingStore
+from .fanout import run_jobs, stage_names
+from .optimiser import applies, fuse_ran
+from .wheres import row_where
 
 __all__ = ["UNITS", "Retriever", "RetrieverResults"]
 
@@ -49,7 +55,13 @@ class RetrieverResults:
     numbers : ndarray, shape (B, k), int64
         Record sequence numbers or session numbers (-1 pads).
     meta : dict
-        ``config``, ``channels`` (each channel's SearchResults), ``backend``.
+        ``config``, ``channels`` (each channel's SearchResults), ``backend``,
+        ``timings`` ({stage: seconds}, wall clock: each channel, ``fusion``, ``total``, and
+        ``cascade_cheap`` / ``cascade_escalate``, ``widen``, ``route`` where they ran),
+        ``ran`` (ndarray (B, C) bool: which channel ran for which query),
+        ``escalated`` (ndarray (B,) bool), ``route`` (list of B str), ``widened`` (ndarray (B,) bool),
+        ``windows`` (list of B TimeWindow or None), ``notes`` (list of str); with a cascade
+        ``margins`` (ndarray (B,) float64, the cheap fusion's top-1/top-2 margin).
     """
 
     unit: str
@@ -92,14 +104,35 @@ class Retriever:
             raise TypeError(f"Retriever needs a gpuir.Memory, got {type(memory).__name__}")
         self.memory = memory
         self.config = default_config() if config is None else RetrieverConfig.from_config(config)
-        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in self.config.channels),
-                               analyzer=self.config.analyzer)
         self._encoder = encoder
         self.progress = progress
-        self.embeddings: EmbeddingStore | None = None
-        if self.config.needs_encoder:
+        self._setup()
+        if self.config.needs_encoder and self.router is None:
             self.embeddings = EmbeddingStore(self.encoder)
         self.sync()
+
+    def _setup(self, folder: Path | None = None) -> None:
+        """Catalog, entity graph, router and classifiers of the configuration (no embeddings yet)."""
+        cfg = self.config
+        self._sync_lock = threading.RLock()
+        self.embeddings: EmbeddingStore | None = None
+        self.graph = None
+        self._graph_seqs: set[int] = set()
+        if cfg.router is not None:  # the routes hold the indexes; the outer catalog only follows the memory
+            self.catalog = Catalog(self.memory, with_sessions=False)
+        else:
+            self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
+                                   analyzer=cfg.analyzer, enrich=cfg.enrich, with_types=cfg.type_filter is not None)
+        if cfg.router is None and any(c.kind == "entity" for c in cfg.channels):
+            from .entity_graph import EntityGraph  # lazily: another helper's module
+
+            self.graph = EntityGraph()
+        self.router = None
+        if cfg.router is not None:
+            from .router import Router
+
+            self.router = Router(self.memory, cfg, encoder=self._encoder, progress=self.progress, folder=folder)
+        self._cascade_classifier = None
 
     # ------------------------------------------------------------------ configuration
     def to_config(self) -> dict[str, Any]:
@@ -113,6 +146,10 @@ class Retriever:
         if isinstance(config, (str, os.PathLike)):
             config = RetrieverConfig.load(config)
         return cls(memory, config, encoder=encoder)
+
+    @property
+    def needs_encoder(self) -> bool:
+        return self.config.needs_encoder
 
     @property
     def encoder(self):
@@ -146,6 +183,11 @@ class Retriever:
         self.config.save(folder / "retriever.json")
         if self.embeddings is not None:
             self.embeddings.save(folder)
+        if self.graph is not None:
+            self.graph.save(folder / "entity_graph")
+            (folder / "entity_graph_seqs.json").write_text(json.dumps(sorted(self._graph_seqs)), encoding="utf-8")
+        if self.router is not None:
+            self.router.save(folder)
         return folder
 
     @classmethod
@@ -161,19 +203,27 @@ class Retriever:
         config = RetrieverConfig.load(folder / "retriever.json")
         self = cls.__new__(cls)
         self.memory, self.config, self._encoder, self.progress = memory, config, encoder, False
-        self.catalog = Catalog(memory, with_sessions=any(c.kind == "bm25_session" for c in config.channels),
-                               analyzer=config.analyzer)
-        self.embeddings = None
-        if config.needs_encoder:
+        self._setup(folder)
+        if config.needs_encoder and self.router is None:
             self.embeddings = EmbeddingStore(self.encoder)
             self.embeddings.load(folder)
+        if self.graph is not None and (folder / "entity_graph").exists():
+            self.graph = type(self.graph).load(folder / "entity_graph")
+            held = folder / "entity_graph_seqs.json"
+            self._graph_seqs = set(json.loads(held.read_text(encoding="utf-8"))) if held.exists() else set()
         self.sync()
         return self
 
     # ------------------------------------------------------------------ growth
     def sync(self):
         """Catch up with records added or deleted since the last call; returns the snapshot."""
+        with self._sync_lock:  # the catalog's added / removed lists are read by this thread only
+            return self._sync()
+
+    def _sync(self):
         snap = self.catalog.sync()
+        if self.graph is not None:
+            self._sync_graph()
         if self.embeddings is not None:
             cat = self.catalog
             if cat.removed:
@@ -191,6 +241,21 @@ class Retriever:
                         enc.show_progress = shown
         return snap
 
+    def _sync_graph(self) -> None:
+        """Bring the entity graph in step with the catalog: only added / removed records are touched."""
+        cat, g = self.catalog, self.graph
+        gone = [s for s in cat.removed_seqs if s in self._graph_seqs]
+        if len(self._graph_seqs) > len(cat.seq_of) + len(gone):  # after open: records deleted meanwhile
+            gone += sorted(self._graph_seqs - set(cat.seq_of.values()) - set(gone))
+        if gone:
+            g.remove(np.asarray(gone, dtype=np.int64))
+            self._graph_seqs.difference_update(gone)
+        new = [rid for rid in cat.added if cat.seq_of[rid] not in self._graph_seqs]
+        if new:
+            seqs = np.asarray([cat.seq_of[r] for r in new], dtype=np.int64)
+            g.add(seqs, [cat.text_of[r] for r in new], [cat.speaker_of.get(r) for r in new])
+            self._graph_seqs.update(seqs.tolist())
+
     # ------------------------------------------------------------------ search
     def channels_for(self, unit: str) -> list[ChannelConfig]:
         """The channels a search of ``unit`` runs.
@@ -205,42 +270,96 @@ class Retriever:
         return rec or [ChannelConfig("bm25", depth=100)]
 
     def search_channels(self, queries: str | Sequence[str], where: Any = None, unit: str = "record",
-                        backend: str = "auto") -> dict[str, Any]:
+                        backend: str = "auto", at: Any = None) -> dict[str, Any]:
         """Run the channels of ``unit`` (no fusion): what :meth:`fuse_channels` fuses.
 
         Returns
         -------
         dict with ``queries``, ``unit``, ``channels`` (list of ChannelConfig),
         ``results`` (list of SearchResults over record or session numbers),
+        ``ran`` (ndarray (B, C) bool: the optimiser's mask, rows of skipped channels empty),
+        ``windows`` (list of B TimeWindow or None), ``timings``,
         ``records`` (the record-level MemoryResults of a BM25 channel, or None),
         ``snapshot``.
         """
-        if isinstance(queries, str):
-            queries = [queries]
-        queries = list(queries)
+        queries = _query_list(queries)
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        anchors = resolve_at(at, len(queries))
+        if self.router is not None:
+            raise ValueError("this configuration routes every query (router): use search(), or search_channels() "
+                             "of one route (retriever.router.routes[name])")
         snap = self.sync()
-        chans = self.channels_for(unit)
-        qvecs = None
-        if any(c.dense for c in chans):
-            qvecs = np.asarray(self.encoder.encode_queries(queries), dtype=np.float32)
-        results, records = [], None
-        for ch in chans:
-            res, extra = run_channel(ch, self.catalog, snap, queries, where, backend, qvecs, self.embeddings)
-            if unit == "session" and ch.unit == "record":
-                from .channels import pool_rows
+        return self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
 
-                sess = np.where(res.ids >= 0, self.catalog.seq_session[np.maximum(res.ids, 0)], -1)
-                res = pool_rows(sess, res.scores, "max", 1, 1.0, ch.depth)
-            if extra is not None and records is None:
-                records = extra
-            results.append(res)
+    def windows(self, queries: Sequence[str], where: Any, anchors: np.ndarray) -> list[Any]:
+        """Each query's parsed time window (:func:`gpuir.retrieve.temporal.parse_time_window`), or None.
+
+        Relative expressions are anchored at ``anchors[i]`` (epoch ms); "since we last
+        talked" sees the start times of the sessions of the query's tenant that began before it.
+        """
+        from .temporal import parse_time_window  # lazily: another helper's module
+
+        out = []
+        for i, q in enumerate(queries):
+            w = row_where(where, i)
+            tenant = w.get("tenant") if isinstance(w, dict) else None
+            if isinstance(tenant, dict):
+                tenant = tenant.get("eq")
+            times = self.catalog.session_times(tenant, before_ms=int(anchors[i]))
+            out.append(parse_time_window(q, int(anchors[i]), times))
+        return out
+
+    def _run(self, chans: list[ChannelConfig], queries: list[str], where: Any, unit: str, backend: str,
+             anchors: np.ndarray, snap, windows: list[Any] | None = None) -> dict[str, Any]:
+        """Run ``chans`` for ``queries`` (fan-out, the optimiser's skips), unfused."""
+        timings: dict[str, float] = {}
+        B = len(queries)
+        if windows is None:
+            windows = [None] * B
+            if any(c.kind == "temporal" for c in chans):
+                t0 = time.perf_counter()
+                windows = self.windows(queries, where, anchors)
+                timings["time_parse"] = time.perf_counter() - t0
+        mask = applies(chans, queries, windows, self.graph)
+        lock, box = threading.Lock(), {}
+
+        def qvecs():
+            with lock:
+                if "q" not in box:
+                    t0 = time.perf_counter()
+                    box["q"] = np.asarray(self.encoder.encode_queries(queries), dtype=np.float32)
+                    box["s"] = time.perf_counter() - t0
+                return box["q"]
+
+        def job(j: int, ch: ChannelConfig):
+            def run():
+                res, extra = run_channel(ch, self.catalog, snap, queries, where, backend,
+                                         qvecs() if ch.dense else None, self.embeddings, windows=windows,
+                                         graph=self.graph, applies=mask[:, j])
+                if unit == "session" and ch.unit == "record":
+                    sess = np.where(res.ids >= 0, self.catalog.seq_session[np.maximum(res.ids, 0)], -1)
+                    res = pool_rows(sess, res.scores, "max", 1, 1.0, ch.depth)
+                if not mask[:, j].all():  # a skipped query's row is empty whatever the channel returned
+                    keep = mask[:, j][:, None]
+                    res = SearchResults(np.where(keep, res.ids, -1), np.where(keep, res.scores, -np.inf))
+                return res, extra
+            return run
+
+        outs, secs = run_jobs([job(j, ch) for j, ch in enumerate(chans)], parallel=self.config.parallel)
+        timings.update(zip(stage_names([c.kind for c in chans]), secs))
+        if "s" in box:
+            timings["encode_queries"] = box["s"]
+        results = [r for r, _ in outs]
+        records = next((x for _, x in outs if x is not None), None)
         return {"queries": queries, "unit": unit, "channels": chans, "results": results, "records": records,
-                "snapshot": snap, "where": where, "backend": backend}
+                "snapshot": snap, "where": where, "backend": backend, "ran": mask, "windows": windows,
+                "anchors": anchors, "timings": timings}
 
     def fuse_channels(self, ran: dict[str, Any], k: int, weights: Sequence[float] | None = None) -> SearchResults:
         """Fuse what :meth:`search_channels` returned (``weights`` override the configured ones).
+
+        Each query is fused over the channels that ran for it (:mod:`gpuir.retrieve.optimiser`).
 
         Returns
         -------
@@ -249,24 +368,17 @@ class Retriever:
         cfg = self.config
         chans, results = ran["channels"], ran["results"]
         w = list(weights) if weights is not None else [c.weight for c in chans]
-        if len(results) == 1:
-            r = results[0]
-            ids, sc = r.ids[:, :k], r.scores[:, :k]
-            if ids.shape[1] < k:
-                pad = k - ids.shape[1]
-                ids = np.concatenate([ids, np.full((ids.shape[0], pad), -1, np.int64)], 1)
-                sc = np.concatenate([sc, np.full((sc.shape[0], pad), -np.inf, np.float32)], 1)
-            return SearchResults(ids, sc)
-        method = cfg.fusion or "z"
-        kw: dict[str, Any] = {"weights": w}
-        if method in ("z", "minmax"):
-            kw["missing"] = cfg.missing
-        else:
-            kw["k_rrf"] = cfg.k_rrf
-        return fuse(results, k, method=method, **kw)
+        mask = ran.get("ran")
+        if mask is None:
+            mask = np.ones((len(results[0].ids) if results else 0, len(results)), bool)
+        notes = ran.setdefault("notes", [])
+        t0 = time.perf_counter()
+        out = fuse_ran(results, mask, int(k), cfg.fusion, w, cfg.missing, cfg.k_rrf, notes)
+        ran.setdefault("timings", {})["fusion"] = ran.get("timings", {}).get("fusion", 0.0) + time.perf_counter() - t0
+        return out
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, unit: str = "record",
-               backend: str = "auto") -> RetrieverResults:
+               backend: str = "auto", at: Any = None) -> RetrieverResults:
         """Top-k records or sessions of each query.
 
         Parameters
@@ -277,6 +389,8 @@ class Retriever:
         unit : {"record", "session"}
         backend : {"auto", "numpy", "cupy"}
             BM25 scoring device (as :meth:`Memory.search`).
+        at : None, int (epoch ms), ISO-8601 str, datetime, or a list of B of them
+            When each question is asked (the temporal channel's anchor); None: now.
 
         Returns
         -------
@@ -284,9 +398,41 @@ class Retriever:
         """
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        ran = self.search_channels(queries, where=where, unit=unit, backend=backend)
-        fused = self.fuse_channels(ran, int(k))
-        return self.results(ran, fused)
+        queries = _query_list(queries)
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        anchors = resolve_at(at, len(queries))
+        t0 = time.perf_counter()
+        if self.router is not None:
+            res = self.router.search(queries, int(k), where, unit, backend, anchors)
+        elif self.config.type_filter is not None:
+            from .typefilter import search_with_widening
+
+            res = search_with_widening(self, queries, int(k), where, unit, backend, anchors)
+        else:
+            res = self._search_core(queries, int(k), where, unit, backend, anchors)
+        res.meta["timings"]["total"] = time.perf_counter() - t0
+        if res.meta.get("config") is None:
+            res.meta["config"] = self.to_config()
+        return res
+
+    def _search_core(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
+                     anchors: np.ndarray) -> RetrieverResults:
+        """One search without router or type filter: the cascade when configured, else every channel."""
+        snap = self.sync()
+        if self.config.cascade is not None:
+            from .cascade import run_cascade
+
+            ran, fused, escalated = run_cascade(self, queries, k, where, unit, backend, anchors, snap)
+        else:
+            ran = self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
+            fused = self.fuse_channels(ran, k)
+            escalated = np.zeros(len(queries), bool)
+        res = self.results(ran, fused)
+        res.meta["escalated"] = escalated
+        if "margins" in ran:
+            res.meta["margins"] = ran["margins"]
+        return res
 
     def results(self, ran: dict[str, Any], fused: SearchResults) -> RetrieverResults:
         """Wrap fused numbers into :class:`RetrieverResults` (ids, hits)."""
@@ -295,15 +441,19 @@ class Retriever:
         for row in fused.ids:
             ok = row[row >= 0].tolist()
             keys.append([cat.id_of_seq[n] for n in ok] if unit == "record" else [cat.session_names[n] for n in ok])
-        meta = {"config": self.to_config(), "unit": unit, "channels": {c.kind: r for c, r in
-                                                                        zip(ran["channels"], ran["results"])}}
+        B = len(ran["queries"])
+        meta = {"config": self.to_config(), "unit": unit,
+                "channels": {c.kind: r for c, r in zip(ran["channels"], ran["results"])},
+                "ran": ran.get("ran"), "timings": dict(ran.get("timings", {})),
+                "escalated": np.zeros(B, bool), "route": ["default"] * B, "widened": np.zeros(B, bool),
+                "windows": list(ran.get("windows") or [None] * B), "notes": list(ran.get("notes", []))}
         if ran["records"] is not None:
             meta["backend"] = ran["records"].meta.get("backend")
         memory, n_best = self.memory, self.config.session_records
         records = ran["records"]
 
         def record_hits(i: int) -> list[dict[str, Any]]:
-            got = memory.get(keys[i], missing_ok=True)
+            got = memory.get(keys[i], missing_ok=True)  # the memory's own records: raw text, never enriched
             out = []
             for rec, s in zip(got, fused.scores[i].tolist()):
                 if rec is not None:
@@ -318,6 +468,8 @@ class Retriever:
                 for h in rec_hits:
                     sess = cat.session_of.get(h["id"])
                     if sess is not None and len(best.setdefault(sess, [])) < n_best:
+                        if cat.enrich is not None and h["id"] in cat.text_of:
+                            h = {**h, "text": cat.text_of[h["id"]]}  # the raw text, not the enriched index's
                         best[sess].append(h)
             return [{"session": s, "score": float(sc), "records": best.get(s, [])}
                     for s, sc in zip(keys[i], fused.scores[i].tolist())]
@@ -328,3 +480,9 @@ class Retriever:
 
 def _row_where(where: Any, i: int) -> Any:
     return where[i] if isinstance(where, list) else where
+
+
+def _query_list(queries: str | Sequence[str]) -> list[str]:
+    if isinstance(queries, str):
+        return [queries]
+    return list(queries)

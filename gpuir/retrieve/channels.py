@@ -37,6 +37,7 @@ from ..dense.late_interaction import segment_reduce_numpy
 from ..results import SearchResults, padded_arrays
 from .catalog import Catalog
 from .config import ChannelConfig
+from ..topk import topk_pairs
 from .wheres import and_where, row_where
 
 __all__ = ["entity_channel", "pool_rows", "run_channel", "temporal_channel"]
@@ -49,9 +50,9 @@ def _sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -
     for i, (n, s) in enumerate(zip(nums, scores)):
         if n.size == 0:
             continue
-        order = np.lexsort((n, -s.astype(np.float64)))[:width]
-        ids[i, : order.size] = n[order]
-        sc[i, : order.size] = s[order]
+        n2, s2 = topk_pairs(n, s, width)
+        ids[i, : n2.size] = n2
+        sc[i, : s2.size] = s2
     return SearchResults(ids, sc)
 
 
@@ -85,7 +86,7 @@ def pool_rows(sessions: np.ndarray, scores: np.ndarray, op: str, pool_k: int, be
         s, v = s[order], v[order]
         uniq, starts = np.unique(s, return_index=True)
         offsets = np.append(starts, s.size).astype(np.int64)
-        pooled = segment_reduce_numpy(v[None, :].astype(np.float64), offsets, op, k=pool_k, beta=beta)[0]
+        pooled = segment_reduce_numpy(v[None, :].astype(np.float64), offsets, op, pool_k=pool_k, beta=beta)[0]
         nums.append(uniq.astype(np.int64))
         vals.append(pooled.astype(np.float32))
     return _sorted_rows(nums, vals, depth)

@@ -42,7 +42,8 @@ from .store import ConflictError, ServiceStore, TenantError, check_tenant, exter
 
 try:
     import prometheus_client as prom
-    from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Request
+    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi import Path as PathParam
     from fastapi.responses import JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, StrictInt
 except ImportError as e:  # pragma: no cover - exercised by the CLI test with the extra present

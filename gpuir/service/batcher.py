@@ -95,7 +95,7 @@ class MicroBatcher:
         t0 = loop.time()
         try:
             rows = await asyncio.to_thread(search_fn, queries, k, wheres)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - handed to the waiting request
             if len(items) == 1:
                 if not items[0].future.done():
                     items[0].future.set_exception(e)
@@ -104,7 +104,7 @@ class MicroBatcher:
             for it in items:
                 try:
                     res = await asyncio.to_thread(search_fn, it.queries, it.k, it.wheres)
-                except Exception as e1:
+                except Exception as e1:  # noqa: BLE001 - handed to the waiting request
                     if not it.future.done():
                         it.future.set_exception(e1)
                 else:

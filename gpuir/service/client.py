@@ -97,7 +97,7 @@ class MemoryClient(_Base):
         out = _check(self._http.post(f"{self._prefix}/search", json=_search_body(queries, k, where, config)))
         return [r["hits"] for r in out["results"]]
 
-    def get(self, id: str) -> dict[str, Any] | None:  # noqa: A002 - the name adapters duck-type
+    def get(self, id: str) -> dict[str, Any] | None:
         """The record, or None when the tenant has no record with this id."""
         r = self._http.get(self._rec(id))
         return None if r.status_code == 404 else _check(r)
@@ -118,7 +118,7 @@ class MemoryClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> MemoryClient:
+    def __enter__(self) -> MemoryClient:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc) -> None:
@@ -154,7 +154,7 @@ class AsyncMemoryClient(_Base):
                                   headers=self._headers)
         return [x["hits"] for x in _check(r)["results"]]
 
-    async def get(self, id: str) -> dict[str, Any] | None:  # noqa: A002
+    async def get(self, id: str) -> dict[str, Any] | None:
         r = await self._http.get(self._url(self._rec(id)), headers=self._headers)
         return None if r.status_code == 404 else _check(r)
 
@@ -173,7 +173,7 @@ class AsyncMemoryClient(_Base):
         if self._own:
             await self._http.aclose()
 
-    async def __aenter__(self) -> AsyncMemoryClient:
+    async def __aenter__(self) -> AsyncMemoryClient:  # noqa: PYI034
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -264,7 +264,7 @@ class ServiceStore:
     def _checkpoint_safely(self) -> None:
         try:
             self.checkpoint()
-        except Exception as e:  # the log still holds everything; try again later
+        except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
             import sys
 
             print(f"gpuir serve: checkpoint failed, will retry: {type(e).__name__}: {e}", file=sys.stderr)

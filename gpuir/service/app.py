@@ -124,28 +124,31 @@ class BodyLimit:
                 if n > self.limit:
                     return await self._reject(send)
         seen = 0
-        started = False
+        started = rejected = False
 
         async def guarded_receive():
-            nonlocal seen
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
+                if seen > self.limit:  # a body streamed without a length: answer now, end the app's read
+                    rejected = True
+                    if not started:
+                        await self._reject(send)
+                    return {"type": "http.disconnect"}
             return msg
 
-        async def tracking_send(msg):
+        async def guarded_send(msg):
             nonlocal started
+            if rejected:
+                return  # the 413 was sent
             if msg["type"] == "http.response.start":
                 started = True
             await send(msg)
 
-        try:
-            await self.app(scope, guarded_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, guarded_receive, guarded_send)
 
     async def _reject(self, send):
         body = (b'{"detail":"request body over the limit of %d bytes: send fewer records per request"}'
@@ -153,10 +156,6 @@ class BodyLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 # ---------------------------------------------------------------------- the app

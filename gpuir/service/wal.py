@@ -31,7 +31,8 @@ Protocol (:class:`WriteAheadLog` with :class:`gpuir.service.store.ServiceStore`)
 **Torn tail.** A process killed (or a machine losing power) while appending can
 leave the newest segment ending in a partial frame: a header shorter than 8
 bytes, a length running past the end of the file, or a last frame whose CRC does
-not match. That frame was never acknowledged (acknowledgement follows the
+not match (or zeros to the end of the file: its size grew before its data
+reached the disk). That frame was never acknowledged (acknowledgement follows the
 fsync), so it is dropped and the file truncated to the last good frame. A bad
 frame that is *not* the last one, or any damage in an older segment, is damage
 to acknowledged data: :class:`WALCorruptError` names the file and offset and
@@ -120,7 +121,7 @@ def read_segment(path: Path, allow_torn_tail: bool) -> ReadResult:
                     except (UnicodeDecodeError, ValueError):
                         bad = "a frame that is not JSON"
         if bad is not None:
-            if allow_torn_tail and end >= size:
+            if allow_torn_tail and (end >= size or not any(data[pos:])):  # last frame, or zeros to the end
                 torn = size - pos
                 break
             raise WALCorruptError(f"{path}: {bad} at byte {pos} of {size}, before the end of the log: this is "

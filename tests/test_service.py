@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from gpuir.memory import Memory  # noqa: E402
-from gpuir.service.batcher import MicroBatcher  # noqa: E402
-from gpuir.service.client import AsyncMemoryClient, MemoryClient, ServiceError  # noqa: E402
-from gpuir.service.keys import KeyStore  # noqa: E402
-from gpuir.service.testing import ServerProcess  # noqa: E402
+from gpuir.memory import Memory
+from gpuir.service.batcher import MicroBatcher
+from gpuir.service.client import AsyncMemoryClient, MemoryClient, ServiceError
+from gpuir.service.keys import KeyStore
+from gpuir.service.testing import ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_read_your_writes_sync(server):
 
 
 def test_read_your_writes_concurrent_tenants(server):
-    srv, keys, root = server
+    srv, _, root = server
     ks = KeyStore(root)
     tenants = [f"t{i:02d}" for i in range(12)]
     tkeys = {t: ks.add(t) for t in tenants}  # picked up by the running server
@@ -262,7 +262,7 @@ def test_batcher_respects_max_batch_and_isolates_errors():
 
 def test_server_batches_concurrent_searches(server):
     """Concurrent HTTP searches share scorer calls: the batch-size histogram counts fewer calls than queries."""
-    srv, keys, _ = server
+    srv = server[0]
 
     def scrape():
         text = httpx.get(srv.url + "/metrics").text

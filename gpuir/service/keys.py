@@ -155,17 +155,27 @@ class KeyStore:
         """Create a key for ``tenant``; returns it (the only time it is ever shown)."""
         check_tenant(tenant)
         with self._editing():
-            return self._add(tenant)
+            return self._add(tenant)[0]
 
-    def _add(self, tenant: str) -> str:
-        key = f"{PREFIX}.{tenant}.{secrets.token_urlsafe(32)}"
-        salt = secrets.token_bytes(16)
+    def add_many(self, tenants: list[str]) -> list[str]:
+        """A new key for each tenant (one file write); returns them in order."""
+        for t in tenants:
+            check_tenant(t)
+        with self._editing():
+            return self._add(*tenants)
+
+    def _add(self, *tenants: str) -> list[str]:
         entries = self._read()
-        entries.append({"tenant": tenant, "key_id": parse_key(key)[1], "salt": salt.hex(),
-                        "sha256": _digest(salt, key),
-                        "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        keys = []
+        for tenant in tenants:
+            key = f"{PREFIX}.{tenant}.{secrets.token_urlsafe(32)}"
+            salt = secrets.token_bytes(16)
+            entries.append({"tenant": tenant, "key_id": parse_key(key)[1], "salt": salt.hex(),
+                            "sha256": _digest(salt, key),
+                            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            keys.append(key)
         self._write(entries)
-        return key
+        return keys
 
     def revoke(self, what: str) -> list[dict[str, Any]]:
         """Remove every key of tenant ``what``, else the keys whose id (or full key) starts with ``what``.

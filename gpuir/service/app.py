@@ -285,7 +285,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                   description=__doc__.split("\n\n", 1)[0])
     app.state.service = svc
 
-    def authorize(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
+    async def authorize(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
+        # async: a sync dependency would cost a worker-thread hop per request; this is a stat and a sha256
         h = request.headers.get("authorization", "")
         scheme, _, key = h.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():

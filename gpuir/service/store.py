@@ -48,6 +48,14 @@ class ConflictError(ValueError):
     """An added id already exists in the tenant (HTTP 409)."""
 
 
+def _warm_up() -> None:
+    """Run one add and one search on a scratch memory, so that the first request does not pay
+    for the lazy imports and compiled kernels (seconds)."""
+    m = Memory(partition_days=None)
+    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": 0}])
+    m.search(["warm engine"], k=1, where={"tenant": "w"})
+
+
 def check_tenant(tenant: str) -> str:
     if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
         raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
@@ -114,6 +122,7 @@ class ServiceStore:
             self._replay(op)
             self.replayed += 1
         self.replay_seconds = time.perf_counter() - t0
+        _warm_up()
         self.checkpoints = 0
         self.last_checkpoint = time.monotonic()
         self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics

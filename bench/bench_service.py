@@ -220,6 +220,8 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                 "metrics_excerpt": [ln for ln in (await http.get(server.url + "/metrics")).text.splitlines()
                                     if ln.startswith(("gpuir_search_batch_queries_sum", "gpuir_search_batch_queries_count",
                                                       "gpuir_wal_group_ops_sum", "gpuir_wal_group_ops_count",
+                                                      "gpuir_wal_append_seconds_sum", "gpuir_wal_append_seconds_count",
+                                                      "gpuir_request_seconds_sum", "gpuir_request_seconds_count",
                                                       "gpuir_checkpoints", "gpuir_records "))],
             }
             out["_lat"] = run.lat

@@ -130,6 +130,7 @@ def test_body_limit_413(server):
     ("records", {"records": [{"id": "v1", "text": "t", "role": "robot"}]}, "role"),
     ("records", {"records": [{"id": "v1", "text": "t", "time": "yesterday-ish"}]}, "records"),
     ("records", {"records": []}, "records"),
+    ("records", {"records": [{"id": "a/b", "text": "t"}]}, "id"),
     ("search", {"queries": ["q"], "k": 0}, "k"),
     ("search", {"queries": []}, "queries"),
     ("search", {"queries": ["q"], "where": {"time": {"around": 3}}}, "where"),

@@ -98,3 +98,13 @@ def test_every_option_has_help_and_a_visible_default(capsys):
     for opt, default in [("--host", "127.0.0.1"), ("--port", "8080"), ("--batch-window-ms", "2.0"),
                          ("--max-batch", "256"), ("--checkpoint-every", "10000"), ("--backend", "auto")]:
         assert opt in out and f"default: {default}" in " ".join(out.split()), opt
+
+
+def test_import_gpuir_needs_no_service_packages():
+    import subprocess
+    import sys
+
+    code = ("import sys, gpuir, gpuir.service, gpuir.service.cli; "
+            "bad = [m for m in ('fastapi', 'uvicorn', 'httpx', 'prometheus_client') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -58,7 +58,8 @@ class Record(BaseModel):
     """A record as ``gpuir memory add`` takes it (see :mod:`gpuir.memory.records`); ``tenant`` comes from the path."""
 
     model_config = ConfigDict(extra="forbid")
-    id: str = Field(min_length=1, max_length=1024)
+    id: str = Field(min_length=1, max_length=1024, pattern=r"^[^/]+$",
+                    description="unique in the tenant; no '/' (it names the record in URLs)")
     text: str
     session: str | None = None
     role: Literal["user", "assistant", "tool", "system"] | None = None

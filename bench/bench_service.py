@@ -1,0 +1,310 @@
+#!/usr/bin/env python
+"""Load test of the memory service: many concurrent agents, a kill -9 mid-run, nothing lost.
+
+A real ``gpuir serve`` runs in a subprocess on loopback (127.0.0.1 only). ``--agents``
+simulated agents (asyncio coroutines sharing one ``httpx.AsyncClient`` through
+:class:`gpuir.service.AsyncMemoryClient`), one tenant and one API key each, run
+``--steps`` steps each: add one record carrying a word unique to it, then search
+its tenant for that word and for a word common to all its records, and check
+the answer (read-your-writes: the new record is the top hit; every hit is the
+agent's own). When half of all steps are done the server is killed with
+SIGKILL; the agents' requests fail (they wait and retry: an add that was
+durable before the kill answers 409 on retry and counts as acknowledged); the
+server is restarted on the same directory (it replays its write-ahead log;
+its record count must be at least the acknowledged count), and the agents
+finish. Then every acknowledged record -- before and after the kill -- is
+checked: a search for its unique word must return it first (a hit is the
+stored record, so found means present and searchable).
+
+Recorded: throughput (requests/s over the whole run, outage excluded), p50/p99
+latency per operation as the client sees it (requests interrupted by the
+crash excluded; they are counted as ``outage_retries``), errors (a non-2xx
+reply other than the 409 of a retried durable add, a wrong answer, or a
+transport error while the server was up: must be 0), records lost (must be 0).
+
+Usage::
+
+    python bench/bench_service.py --agents 1000 --steps 2   # the run in docs/service.md (about 3 min on 2 busy cores)
+    python bench/bench_service.py                       # 1,000 agents x 5 steps
+    python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
+
+Writes ``bench/results/service_<machine>.json`` and ``docs/img/service_latency.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import httpx
+import numpy as np
+
+from gpuir.index.dirlock import claim_dir
+from gpuir.service.client import AsyncMemoryClient, ServiceError
+from gpuir.service.keys import KeyStore
+from gpuir.service.testing import ServerProcess
+
+VOCAB = ["meeting", "garden", "coffee", "project", "budget", "travel", "doctor", "birthday", "concert", "recipe", "invoice", "deadline", "weather", "music", "movie", "train", "hotel", "dinner", "gift", "library"]
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.total_steps = args.agents * args.steps
+        self.done_steps = 0
+        self.up = asyncio.Event()
+        self.up.set()
+        self.crashed = False
+        self.lat: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
+        self.errors: list[str] = []
+        self.outage_retries = 0
+        self.acked: dict[int, list[tuple[str, str]]] = {}  # agent -> [(id, unique word)]
+        self.acked_before_kill: dict[int, int] = {}
+        self.requests = 0
+        self.timeline: list[tuple[float, int]] = []
+
+
+def word(agent: int, step: int) -> str:
+    return f"a{agent}s{step}tok"
+
+
+async def call(run: Run, op: str, fn, *a, **kw):
+    """One request; retried after the deliberate outage; latency kept only for uninterrupted requests."""
+    interrupted = False
+    while True:
+        await run.up.wait()
+        t0 = time.perf_counter()
+        try:
+            out = await fn(*a, **kw)
+        except ServiceError as e:
+            if op == "add" and e.status == 409 and interrupted:
+                return "durable-before-crash"
+            run.errors.append(f"{op}: HTTP {e.status}: {e.detail}")
+            return None
+        except httpx.TransportError as e:
+            if run.crashed:
+                interrupted = True
+                run.outage_retries += 1
+                await asyncio.sleep(0.05)
+                continue
+            run.errors.append(f"{op}: {type(e).__name__}: {e}")
+            return None
+        run.requests += 1
+        if not interrupted:
+            run.lat[op].append(time.perf_counter() - t0)
+        return out
+
+
+async def agent(run: Run, i: int, client: AsyncMemoryClient, bar) -> None:
+    run.acked[i] = []
+    for step in range(run.args.steps):
+        w = word(i, step)
+        rec = {"id": f"m{step}", "text": f"agent note {w} about {VOCAB[(i + step) % len(VOCAB)]}",
+               "role": "user", "session": f"s{step // 2}", "time": 1_700_000_000_000 + step * 60_000}
+        got = await call(run, "add", client.add, [rec])
+        if got is None:
+            continue
+        run.acked[i].append((rec["id"], w))
+        hits = await call(run, "search", client.search, [w, "agent note"], k=10)
+        if hits is None:
+            continue
+        if not hits[0] or hits[0][0]["id"] != rec["id"]:
+            run.errors.append(f"agent {i} step {step}: its new record is not the top hit of its word: {hits[0][:1]}")
+        if any(h["tenant"] != client.tenant for row in hits for h in row):
+            run.errors.append(f"agent {i}: a hit of another tenant")
+        if len(hits[1]) != min(10, len(run.acked[i])):
+            run.errors.append(f"agent {i} step {step}: {len(hits[1])} hits for the common words, "
+                              f"expected {min(10, len(run.acked[i]))}")
+        run.done_steps += 1
+        bar.update(1)
+
+
+async def verify(run: Run, clients: dict[int, AsyncMemoryClient], sem) -> tuple[int, int]:
+    """Acknowledged records not found by their unique word: (all, those acknowledged before the kill); 0 expected.
+
+    One search request per agent with one query per acknowledged record (k=1);
+    the top hit must be that record. A search hit is the stored record itself
+    (text and fields come from the memory), so found means present.
+    """
+    lost = lost_before = 0
+
+    async def one(i: int):
+        nonlocal lost, lost_before
+        recs = run.acked[i]
+        if not recs:
+            return
+        async with sem:
+            hits = await call(run, "verify", clients[i].search, [w for _, w in recs], k=1)
+        if hits is None:
+            lost += len(recs)
+            lost_before += run.acked_before_kill.get(i, 0)
+            return
+        for j, ((rid, w), row) in enumerate(zip(recs, hits)):
+            if not row or row[0]["id"] != rid or w not in row[0]["text"]:
+                lost += 1
+                lost_before += j < run.acked_before_kill.get(i, 0)
+
+    await asyncio.gather(*(one(i) for i in clients))
+    return lost, lost_before
+
+
+async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    run = Run(args)
+    server = ServerProcess(root, ["--batch-window-ms", str(args.batch_window_ms), "--max-batch", str(args.max_batch),
+                                  "--checkpoint-every", str(args.checkpoint_every)]).start()
+    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
+    out: dict[str, Any] = {}
+    bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=args.no_progress)
+    try:
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            clients = {i: AsyncMemoryClient(server.url, keys[i], http=http) for i in range(args.agents)}
+            t_start = time.perf_counter()
+            tasks = [asyncio.create_task(agent(run, i, clients[i], bar)) for i in range(args.agents)]
+            # the crash: once half of the steps are done
+            while run.done_steps < run.total_steps // 2 and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.01)
+            run.crashed = True
+            run.up.clear()
+            t_kill = time.perf_counter()
+            run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
+            n_before = sum(run.acked_before_kill.values())
+            await asyncio.to_thread(server.kill9)
+            t_restart0 = time.perf_counter()
+            server2 = ServerProcess(root, server.options, log=server.log)
+            await asyncio.to_thread(server2.start)
+            t_up = time.perf_counter()
+            if server2.port != server.port:  # the clients share one base URL: point them at the new port
+                for c in clients.values():
+                    c.base_url = server2.url
+            server = server2
+            health = (await http.get(server.url + "/healthz")).json()
+            t_verified = time.perf_counter()
+            run.up.set()
+            await asyncio.gather(*tasks)
+            t_end = time.perf_counter()
+            bar.close()
+            run.crashed = False  # from here on a transport error is an error
+            lost_at_end, lost_before_kill = await verify(run, clients, asyncio.Semaphore(args.connections))
+            n_acked = sum(map(len, run.acked.values()))
+            outage = t_verified - t_kill
+            out = {
+                "agents": args.agents, "steps": args.steps, "requests": run.requests,
+                "acknowledged_records": n_acked, "acknowledged_before_kill": n_before,
+                "wall_s": t_end - t_start, "outage_s": outage,
+                "restart_s": t_up - t_restart0, "replayed_operations": health.get("replayed_operations"),
+                "records_after_restart": health.get("records"),
+                "throughput_rps": run.requests / max(1e-9, (t_end - t_start) - outage),
+                "latency_ms": {op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
+                                    "mean": float(np.mean(v) * 1e3), "n": len(v)}
+                               for op, v in run.lat.items() if v and op != "verify"},
+                "errors": len(run.errors), "error_examples": run.errors[:5],
+                "outage_retries": run.outage_retries,
+                "lost_acknowledged_before_kill": lost_before_kill, "lost_at_end": lost_at_end,
+                "records_after_restart_ge_acknowledged_before_kill": health.get("records", -1) >= n_before,
+                "settings": {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
+                             "checkpoint_every": args.checkpoint_every, "connections": args.connections},
+                "metrics_excerpt": [ln for ln in (await http.get(server.url + "/metrics")).text.splitlines()
+                                    if ln.startswith(("gpuir_search_batch_queries_sum", "gpuir_search_batch_queries_count",
+                                                      "gpuir_wal_group_ops_sum", "gpuir_wal_group_ops_count",
+                                                      "gpuir_wal_append_seconds_sum", "gpuir_wal_append_seconds_count",
+                                                      "gpuir_request_seconds_sum", "gpuir_request_seconds_count",
+                                                      "gpuir_checkpoints", "gpuir_records "))],
+            }
+            out["_lat"] = run.lat
+    finally:
+        server.stop()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu_model": cpu, "logical_cores": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+def plot(res: dict[str, Any], lat: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for op, v in lat.items():
+        if not v or op == "verify":
+            continue
+        x = np.sort(np.asarray(v) * 1e3)
+        ax.plot(x, np.arange(1, x.size + 1) / x.size, label=f"{op} (p50 {np.percentile(x, 50):.0f} ms, "
+                                                             f"p99 {np.percentile(x, 99):.0f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency seen by the client (ms, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"gpuir serve: {res['agents']} concurrent agents, {res['throughput_rps']:.0f} req/s, "
+                 f"{res['errors']} errors, {res['lost_at_end']} lost after kill -9", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--agents", type=int, default=1000, help="concurrent simulated agents (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=5, help="add+search steps per agent (default: %(default)s)")
+    p.add_argument("--connections", type=int, default=100, help="HTTP connections shared by the agents "
+                                                                "(default: %(default)s)")
+    p.add_argument("--batch-window-ms", type=float, default=2.0, help="server option (default: %(default)s)")
+    p.add_argument("--max-batch", type=int, default=256, help="server option (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=2000, help="server option (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default: %(default)s)")
+    p.add_argument("--machine", default="vm", help="name in the result file (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/service_MACHINE.json)")
+    p.add_argument("--no-docs", action="store_true", help="write no JSON and no plot (a smoke run)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.agents < 1 or args.steps < 2:
+        p.error("--agents must be >= 1 and --steps >= 2 (the crash comes half-way)")
+    with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
+        root = Path(tmp) / "memory"
+        claim_dir(root, "memory")
+        keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
+        res = asyncio.run(asyncio.wait_for(main_async(args, root, keys), args.timeout))
+    lat = res.pop("_lat")
+    res["machine"] = machine()
+    res["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(json.dumps({k: v for k, v in res.items() if k != "machine"}, indent=1))
+    if not args.no_docs:
+        out = args.out or REPO / "bench" / "results" / f"service_{args.machine}.json"
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        plot(res, lat, REPO / "docs" / "img" / "service_latency.png")
+        print(f"wrote {out} and docs/img/service_latency.png", file=sys.stderr)
+    ok = (res["errors"] == 0 and res["lost_at_end"] == 0 and res["lost_acknowledged_before_kill"] == 0
+          and res["records_after_restart_ge_acknowledged_before_kill"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""``gpuir serve`` and ``gpuir serve-keys``: run the memory service, manage its API keys.
+
+::
+
+    gpuir serve MEMORY_DIR [--host 127.0.0.1] [--port 8080] [--batch-window-ms 2] [--max-batch 256]
+                           [--checkpoint-every 10000] [--checkpoint-seconds 60] [--max-body-bytes 4194304]
+                           [--backend auto] [--access-log]
+    gpuir serve-keys MEMORY_DIR add TENANT        prints a new key (shown once; stored hashed)
+    gpuir serve-keys MEMORY_DIR revoke TENANT|KEY_ID
+    gpuir serve-keys MEMORY_DIR list
+
+Exit status: 0 success; 2 bad input or a missing extra (the message names the
+fix, e.g. ``pip install 'gpuir[service]'``); 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import ipaddress
+import json
+import sys
+from collections.abc import Sequence
+
+from ..backends import BACKENDS
+from ..jsonl import InputError
+
+EXTRA = "pip install 'gpuir[service]'"
+
+
+def _need_extra() -> None:
+    missing = [m for m in ("fastapi", "uvicorn", "httpx", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"the memory service needs {', '.join(missing)}: {EXTRA}")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    _need_extra()
+    import uvicorn
+
+    from .app import create_app
+
+    if args.port < 0 or args.port > 65535:
+        raise InputError(f"--port must be 0..65535, got {args.port}")
+    for name in ("batch_window_ms", "checkpoint_seconds"):
+        if not getattr(args, name) >= 0:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("max_batch", "checkpoint_every", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        print(f"gpuir serve: warning: listening on {args.host}, not loopback: every client that can reach it "
+              "can try keys (put TLS in front of it)", file=sys.stderr)
+    app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+                     checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
+                     max_body_bytes=args.max_body_bytes, backend=args.backend)
+    print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C stops, after a checkpoint)",
+          file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
+                    timeout_graceful_shutdown=10)
+    finally:
+        app.state.service.close()
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..index.dirlock import claim_dir
+    from .keys import KeyStore
+
+    root = Path(args.memory_dir)
+    if args.action == "add":
+        claim_dir(root, "memory")  # a new directory becomes the (empty) memory `gpuir serve` will create
+        key = KeyStore(root).add(args.tenant)
+        print(key)
+        print(f"gpuir serve-keys: a new key for tenant {args.tenant!r}; it is shown only now (stored hashed)",
+              file=sys.stderr)
+        return 0
+    if not root.is_dir():
+        raise InputError(f"{root}: no such directory")
+    ks = KeyStore(root)
+    if args.action == "revoke":
+        gone = ks.revoke(args.what)
+        if not gone:
+            raise InputError(f"{args.what!r} names no tenant and no key id (see `gpuir serve-keys {root} list`)")
+        for e in gone:
+            print(f"revoked {e['tenant']} {e['key_id']}")
+        return 0
+    rows = ks.list()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['tenant']}\t{r['key_id']}\t{r['created']}")
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    """Add ``serve`` and ``serve-keys`` to the ``gpuir`` command's sub-parsers."""
+    ps = subparsers.add_parser("serve", help="serve a memory directory over HTTP (needs gpuir[service])",
+                               description="Serve MEMORY_DIR over HTTP: add, search, get and delete records per "
+                                           "tenant, durably (write-ahead log). Routes and keys: docs/service.md.")
+    ps.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory directory (created when missing or empty)")
+    ps.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
+    ps.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s)")
+    ps.add_argument("--batch-window-ms", type=float, default=2.0, metavar="MS",
+                    help="how long a search waits for others to share its scorer call (default: %(default)s)")
+    ps.add_argument("--max-batch", type=int, default=256, metavar="N",
+                    help="most queries in one scorer call (default: %(default)s)")
+    ps.add_argument("--checkpoint-every", type=int, default=10_000, metavar="N",
+                    help="fold the write-ahead log into the memory's segments after this many logged records "
+                         "(default: %(default)s)")
+    ps.add_argument("--checkpoint-seconds", type=float, default=60.0, metavar="S",
+                    help="... or after this many seconds with a non-empty log (default: %(default)s)")
+    ps.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="BYTES",
+                    help="larger request bodies get 413 (default: %(default)s)")
+    ps.add_argument("--backend", default="auto", choices=BACKENDS,
+                    help="BM25 scoring backend, as `gpuir memory search` (default: %(default)s)")
+    ps.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                    help="uvicorn's log level (default: %(default)s)")
+    ps.add_argument("--access-log", action="store_true", help="log every request (default: off)")
+    ps.set_defaults(func=_cmd_serve)
+
+    pk = subparsers.add_parser("serve-keys", help="create, revoke and list the service's API keys",
+                               description="API keys of `gpuir serve`, one or more per tenant, stored hashed in "
+                                           "MEMORY_DIR/service-keys.json; a running server picks up changes.")
+    pk.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory directory the service serves")
+    act = pk.add_subparsers(dest="action", metavar="ACTION")
+    act.required = True
+    pa = act.add_parser("add", help="print a new key for TENANT (shown once)")
+    pa.add_argument("tenant", metavar="TENANT", help="tenant name: letters, digits, '_' or '-' (up to 64)")
+    pr = act.add_parser("revoke", help="remove every key of a tenant, or the key with an id")
+    pr.add_argument("what", metavar="TENANT|KEY_ID", help="a tenant name, or a key id as `list` shows it")
+    pl = act.add_parser("list", help="tenant, key id and creation time of every key (never the key)")
+    pl.add_argument("--json", action="store_true", help="JSON output (default: tab-separated lines)")
+    pk.set_defaults(func=_cmd_keys)
+
+
+#: The name gpuir.cli's SUBCOMMAND_MODULES calls.
+register = add_parsers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpuir.service``: the two commands alone, with gpuir's exit statuses."""
+    from ..index.storage import IndexFormatError
+
+    p = argparse.ArgumentParser(prog="gpuir", description="The gpuir memory service.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_parsers(sub)
+    args = p.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InputError, IndexFormatError, ValueError, TypeError) as e:
+        print(f"gpuir {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        from ..index.dirlock import os_error_message
+
+        print(f"gpuir {args.command}: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
+        return 2

@@ -1,0 +1,313 @@
+"""The service's durable memory: a :class:`~gpuir.memory.Memory` behind a write-ahead log.
+
+:class:`ServiceStore` owns the memory directory while the server runs (it holds
+the memory's writer lock). Writes go through one writer thread that groups the
+operations waiting for it (group commit): validate each, append them all to the
+log, one ``fsync``, apply them to the memory, then resolve each caller's
+future -- so a write is acknowledged only once it is durable, and a search
+started after the acknowledgement sees it (read-your-writes). See
+:mod:`gpuir.service.wal` for the log and the crash argument.
+
+Record ids are namespaced by tenant inside the memory (``TENANT/ID``; tenant
+names cannot contain ``/``), so tenants may use the same ids, and an id of one
+tenant can never name another tenant's record. The service strips the prefix
+from everything it returns.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..index.dirlock import check_path, is_claimed
+from ..memory import Memory, RecordError
+from ..memory.persist import CURRENT
+from ..memory.records import normalize_records
+from .wal import WriteAheadLog
+
+#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit.
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+SEP = "/"
+
+
+class TenantError(ValueError):
+    """A record or filter names another tenant than the request's (HTTP 403)."""
+
+
+class NotFoundError(KeyError):
+    """An id naming no record of the tenant (HTTP 404)."""
+
+
+class ConflictError(ValueError):
+    """An added id already exists in the tenant (HTTP 409)."""
+
+
+def _warm_up() -> None:
+    """Run one add and one search on a scratch memory, so that the first request does not pay
+    for the lazy imports and compiled kernels (seconds)."""
+    m = Memory(partition_days=None)
+    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": 0}])
+    m.search(["warm engine"], k=1, where={"tenant": "w"})
+
+
+def check_tenant(tenant: str) -> str:
+    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+        raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
+    return tenant
+
+
+def internal_id(tenant: str, rid: str) -> str:
+    return f"{tenant}{SEP}{rid}"
+
+
+def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
+    """A hit or record with the tenant prefix removed from its id."""
+    rid = hit["id"]
+    hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
+    return hit
+
+
+class _Op:
+    __slots__ = ("batch", "future", "ids", "kind", "records", "tenant")
+
+    def __init__(self, kind: str, tenant: str, records=None, ids=None):
+        self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
+        self.batch = None
+        self.future: cf.Future = cf.Future()
+
+
+class ServiceStore:
+    """A memory directory served durably.
+
+    Parameters
+    ----------
+    root : the memory directory (created when missing or empty)
+    checkpoint_every : int
+        Fold the log into the memory's segments (``Memory.save``) once it holds
+        this many records (adds plus deletes).
+    checkpoint_seconds : float
+        ... or when the log is non-empty and this many seconds passed since the last checkpoint.
+    lock_timeout : float
+        Seconds to wait for the memory's writer lock.
+    memory_options : dict
+        ``Memory(...)`` arguments used only when the memory is created.
+    """
+
+    def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
+                 lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
+                 max_group: int = 1024):
+        self.root = check_path(root)
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_seconds = float(checkpoint_seconds)
+        self.max_group = max_group
+        if (self.root / CURRENT).exists():
+            self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout)
+        else:
+            if self.root.exists() and any(self.root.iterdir()) and not is_claimed(self.root):
+                raise ValueError(f"{self.root} is not empty and not a gpuir memory: choose a new or empty directory")
+            self.memory = Memory(**(memory_options or {}))
+            self.memory.save(self.root, lock_timeout=lock_timeout)
+        self.wal = WriteAheadLog(self.root)
+        self.replayed = 0
+        t0 = time.perf_counter()
+        for op in self.wal.recover(self.memory.info()["generation"]):
+            self._replay(op)
+            self.replayed += 1
+        self.replay_seconds = time.perf_counter() - t0
+        _warm_up()
+        self.checkpoints = 0
+        self.last_checkpoint = time.monotonic()
+        self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics
+        self._q: queue.Queue[_Op | None] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ replay
+    def _replay(self, op: dict[str, Any]) -> None:
+        if op.get("op") == "add":
+            self.memory.add(op["records"])
+        elif op.get("op") == "delete":
+            self.memory.delete(op["ids"], missing_ok=True)
+        else:
+            raise ValueError(f"{self.root}: unknown operation in the write-ahead log: {op.get('op')!r}")
+
+    # ------------------------------------------------------------------ writes
+    def add(self, tenant: str, records: Sequence[dict[str, Any]]) -> cf.Future:
+        """Queue an add for ``tenant``; the future gives the count once durable and applied.
+
+        The records' ids are the tenant's; each record's ``tenant`` is set to
+        ``tenant`` (a different one raises :class:`TenantError` at once).
+        Malformed records raise :class:`~gpuir.memory.RecordError` at once.
+        """
+        check_tenant(tenant)
+        recs = []
+        for i, r in enumerate(records):
+            if not isinstance(r, dict):
+                raise RecordError(f"record {i} is a {type(r).__name__}; each record must be a dict")
+            t = r.get("tenant", tenant)
+            if t != tenant:
+                raise TenantError(f"records[{i}].tenant is {t!r}, but the request is for tenant {tenant!r}: "
+                                  "a key may write only its own tenant")
+            rid = r.get("id")
+            if not isinstance(rid, str) or not rid:
+                raise RecordError(f"records[{i}].id: a non-empty string is required")
+            recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
+        try:
+            batch = normalize_records(recs)
+        except RecordError as e:  # name the tenant's ids, not the internal ones
+            raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
+        op = _Op("add", tenant, records=recs)
+        op.batch = batch
+        return self._submit(op)
+
+    def delete(self, tenant: str, ids: Sequence[str]) -> cf.Future:
+        """Queue a delete of the tenant's ids; the future gives how many existed (and are now deleted)."""
+        check_tenant(tenant)
+        op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
+        return self._submit(op)
+
+    def _submit(self, op: _Op) -> cf.Future:
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        self._q.put(op)
+        return op.future
+
+    def _writer(self) -> None:
+        while True:
+            timeout = max(0.05, self.checkpoint_seconds - (time.monotonic() - self.last_checkpoint))
+            try:
+                first = self._q.get(timeout=timeout)
+            except queue.Empty:
+                if self.wal.ops:
+                    self._checkpoint_safely()
+                continue
+            if first is None:
+                return
+            group = [first]
+            stop = False
+            while len(group) < self.max_group:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                group.append(nxt)
+            self._commit(group)
+            if self.wal.ops >= self.checkpoint_every or (
+                    self.wal.ops and time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds):
+                self._checkpoint_safely()
+            if stop:
+                return
+
+    def _commit(self, group: list[_Op]) -> None:
+        """Validate, log (one fsync), apply, acknowledge a group of operations."""
+        mem = self.memory
+        pending: set[str] = set()
+        removed: set[str] = set()
+        ok: list[tuple[_Op, int]] = []
+        for op in group:
+            if op.kind == "add":
+                clash = [rid for rid in op.batch.ids if (rid in mem and rid not in removed) or rid in pending]
+                if clash:
+                    op.future.set_exception(ConflictError(
+                        f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
+                        f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
+                    continue
+                pending.update(op.batch.ids)
+                ok.append((op, len(op.batch.ids)))
+            else:
+                live = [rid for rid in dict.fromkeys(op.ids)
+                        if (rid in mem and rid not in removed) or rid in pending]
+                pending.difference_update(live)
+                removed.update(live)
+                op.ids = live
+                ok.append((op, len(live)))
+        logged = [(op, n) for op, n in ok if n]
+        try:
+            if logged:
+                t0 = time.perf_counter()
+                self.wal.append([{"op": "add", "records": op.records} if op.kind == "add"
+                                 else {"op": "delete", "ids": op.ids} for op, _ in logged])
+                if self.on_group is not None:
+                    self.on_group(len(logged), time.perf_counter() - t0)
+                # apply in order, consecutive adds as one Memory.add (fewer, larger segments)
+                run: list = []
+                for op, _ in logged:
+                    if op.kind == "add":
+                        run.append(op.batch)
+                        continue
+                    if run:
+                        self._apply_adds(run)
+                        run = []
+                    mem.delete(op.ids, missing_ok=True)
+                if run:
+                    self._apply_adds(run)
+        except BaseException as e:  # the log or the memory failed: nothing of the group is acknowledged
+            for op, _ in ok:
+                if not op.future.done():
+                    op.future.set_exception(RuntimeError(f"write failed: {type(e).__name__}: {e}"))
+            if not isinstance(e, Exception):
+                raise
+            return
+        for op, n in ok:
+            op.future.set_result(n)
+
+    def _apply_adds(self, batches: list) -> None:
+        if len(batches) == 1:
+            self.memory.add(batches[0])
+        else:
+            self.memory.add([b.record(i) for b in batches for i in range(len(b))])
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_safely(self) -> None:
+        try:
+            self.checkpoint()
+        except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
+            import sys
+
+            print(f"gpuir serve: checkpoint failed, will retry: {type(e).__name__}: {e}", file=sys.stderr)
+            self.last_checkpoint = time.monotonic()
+
+    def checkpoint(self) -> None:
+        """Fold the log into the memory's segments (call from the writer thread, or when it is stopped).
+
+        Steps: start a new log segment for the next generation; ``Memory.save``
+        (under the memory's writer lock); delete the older log segments.
+        """
+        gen = self.memory.info()["generation"]
+        older = self.wal.rotate(gen + 1)
+        self.memory.save()
+        self.wal.drop(older)
+        self.checkpoints += 1
+        self.last_checkpoint = time.monotonic()
+
+    # ------------------------------------------------------------------ reads
+    def get(self, tenant: str, rid: str) -> dict[str, Any] | None:
+        check_tenant(tenant)
+        rec = self.memory.get([internal_id(tenant, rid)], missing_ok=True)[0]
+        return None if rec is None else external_hit(rec)
+
+    def close(self, checkpoint: bool = True) -> None:
+        """Stop the writer (after the queued writes), checkpoint, release the directory."""
+        if self._closed:
+            return
+        self._closed = True
+        self._q.put(None)
+        self._thread.join()
+        try:
+            if checkpoint and self.wal.ops:
+                self.checkpoint()
+        finally:
+            self.wal.close()
+            self.memory.close()

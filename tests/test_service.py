@@ -1,0 +1,319 @@
+"""The memory service over a real uvicorn server on loopback: routes, keys, tenants, limits, batching."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from gpuir.memory import Memory
+from gpuir.service.batcher import MicroBatcher
+from gpuir.service.client import AsyncMemoryClient, MemoryClient, ServiceError
+from gpuir.service.keys import KeyStore
+from gpuir.service.testing import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("svc") / "mem"
+    ks = KeyStore(root)
+    from gpuir.index.dirlock import claim_dir
+
+    claim_dir(root, "memory")
+    keys = {t: ks.add(t) for t in ("alice", "bob", "carol")}
+    srv = ServerProcess(root, ["--max-body-bytes", "20000", "--batch-window-ms", "5"]).start()
+    yield srv, keys, root
+    n = httpx.get(srv.url + "/healthz").json()["records"]
+    assert srv.stop() in (0, -15), srv.output()  # uvicorn re-raises SIGTERM after its graceful shutdown
+    # the graceful shutdown folded the log into the memory's own segments
+    from gpuir.service.wal import read_segment, segments
+
+    assert all(not read_segment(p, True).ops for _, p in segments(root))
+    assert len(Memory.open(root, writer=False)) == n
+
+
+def _client(server, tenant):
+    srv, keys, _ = server
+    return MemoryClient(srv.url, keys[tenant])
+
+
+def test_openapi_lists_exactly_the_routes(server):
+    srv, _, _ = server
+    schema = httpx.get(srv.url + "/openapi.json").json()
+    got = {(p, m.upper()) for p, ops in schema["paths"].items() for m in ops}
+    assert got == {
+        ("/v1/tenants/{tenant}/records", "POST"), ("/v1/tenants/{tenant}/search", "POST"),
+        ("/v1/tenants/{tenant}/records/{id}", "GET"), ("/v1/tenants/{tenant}/records/{id}", "DELETE"),
+        ("/healthz", "GET"), ("/metrics", "GET"),
+    }
+    assert httpx.get(srv.url + "/docs").status_code == 404
+
+
+def test_health_and_metrics_need_no_key(server):
+    srv, _, _ = server
+    h = httpx.get(srv.url + "/healthz")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+    m = httpx.get(srv.url + "/metrics")
+    assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+    assert "# TYPE gpuir_requests_total counter" in m.text
+    assert "gpuir_search_batch_queries_bucket" in m.text
+
+
+def test_missing_and_bad_keys_are_401_other_tenant_403(server):
+    srv, keys, _ = server
+    base = srv.url + "/v1/tenants/alice"
+    body = {"records": [{"id": "k1", "text": "hello"}]}
+    assert httpx.post(base + "/records", json=body).status_code == 401
+    r = httpx.post(base + "/records", json=body, headers={"Authorization": "Bearer gpuir.alice.notarealkey12345678"})
+    assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer"
+    assert httpx.get(base + "/records/k1", headers={"Authorization": "Basic abc"}).status_code == 401
+    # a valid key with the tenant part of its text changed is not a key
+    forged = keys["bob"].replace("gpuir.bob.", "gpuir.alice.")
+    assert httpx.get(base + "/records/k1", headers={"Authorization": f"Bearer {forged}"}).status_code == 401
+    bob = {"Authorization": f"Bearer {keys['bob']}"}
+    assert httpx.post(base + "/records", json=body, headers=bob).status_code == 403
+    assert httpx.post(base + "/search", json={"queries": ["hello"]}, headers=bob).status_code == 403
+    assert httpx.get(base + "/records/k1", headers=bob).status_code == 403
+    assert httpx.delete(base + "/records/k1", headers=bob).status_code == 403
+
+
+def test_tenant_isolation_both_ways(server):
+    a, b = _client(server, "alice"), _client(server, "bob")
+    assert a.add([{"id": "same", "text": "alice keeps a zebra named stripes"}]) == 1
+    assert b.add([{"id": "same", "text": "bob keeps a yak named fluff"}]) == 1  # same id, other tenant
+    assert [h["text"] for h in a.search("zebra stripes")[0]] == ["alice keeps a zebra named stripes"]
+    assert b.search("zebra stripes")[0] == []
+    assert a.search("yak fluff")[0] == []
+    assert b.get("same")["text"] == "bob keeps a yak named fluff"
+    assert a.get("same")["tenant"] == "alice"
+    # a tenant's request cannot name the other tenant in records or filters
+    with pytest.raises(ServiceError) as e:
+        a.add([{"id": "x1", "text": "sneaky", "tenant": "bob"}])
+    assert e.value.status == 403
+    with pytest.raises(ServiceError) as e:
+        a.search("yak", where={"tenant": "bob"})
+    assert e.value.status == 403
+    with pytest.raises(ServiceError) as e:
+        a.search(["yak", "zebra"], where=[None, {"tenant": {"eq": "bob"}}])
+    assert e.value.status == 403
+    assert b.get("x1") is None
+    # deleting in one tenant leaves the other's record of the same id
+    assert a.delete("same") == 1
+    assert a.get("same") is None and b.get("same") is not None
+    assert a.delete(["same"]) == 0
+
+
+def test_body_limit_413(server):
+    srv, keys, _ = server
+    big = {"records": [{"id": "big", "text": "word " * 10_000}]}
+    r = httpx.post(srv.url + "/v1/tenants/alice/records", json=big, headers={"Authorization": f"Bearer {keys['alice']}"})
+    assert r.status_code == 413
+    # streamed without a length
+    def gen():
+        yield b'{"records": [{"id": "big", "text": "'
+        for _ in range(100):
+            yield b"x" * 1000
+        yield b'"}]}'
+    r = httpx.post(srv.url + "/v1/tenants/alice/records", content=gen(),
+                   headers={"Authorization": f"Bearer {keys['alice']}", "content-type": "application/json"})
+    assert r.status_code == 413
+    assert _client(server, "alice").get("big") is None
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("records", {"records": [{"id": "v1"}]}, "text"),
+    ("records", {"records": [{"id": "v1", "text": "t", "colour": "red"}]}, "colour"),
+    ("records", {"records": [{"id": "v1", "text": "t", "role": "robot"}]}, "role"),
+    ("records", {"records": [{"id": "v1", "text": "t", "time": "yesterday-ish"}]}, "records"),
+    ("records", {"records": []}, "records"),
+    ("records", {"records": [{"id": "a/b", "text": "t"}]}, "id"),
+    ("search", {"queries": ["q"], "k": 0}, "k"),
+    ("search", {"queries": []}, "queries"),
+    ("search", {"queries": ["q"], "where": {"time": {"around": 3}}}, "where"),
+    ("search", {"queries": ["q", "r"], "where": [{}]}, "where"),
+    ("search", {"queries": ["q"], "config": "no-such-config"}, "config"),
+])
+def test_422_names_the_field(server, path, body, field):
+    srv, keys, _ = server
+    r = httpx.post(f"{srv.url}/v1/tenants/carol/{path}", json=body, headers={"Authorization": f"Bearer {keys['carol']}"})
+    assert r.status_code == 422, r.text
+    locs = [d["loc"] for d in r.json()["detail"]]
+    assert any(field in loc for loc in locs), locs
+    assert _client(server, "carol").get("v1") is None
+
+
+def test_conflicting_add_is_409_and_adds_nothing(server):
+    a = _client(server, "carol")
+    assert a.add([{"id": "c1", "text": "first"}]) == 1
+    with pytest.raises(ServiceError) as e:
+        a.add([{"id": "c2", "text": "second"}, {"id": "c1", "text": "again"}])
+    assert e.value.status == 409
+    assert a.get("c2") is None and a.get("c1")["text"] == "first"
+
+
+def test_read_your_writes_sync(server):
+    a = _client(server, "alice")
+    for i in range(15):
+        word = f"ryw{i}token"
+        assert a.add([{"id": f"ryw-{i}", "text": f"note {word}", "time": 1_700_000_000_000 + i}]) == 1
+        hits = a.search([word], k=3)[0]
+        assert [h["id"] for h in hits] == [f"ryw-{i}"]
+        assert hits[0]["time"] == 1_700_000_000_000 + i
+        assert a.get(f"ryw-{i}")["text"] == f"note {word}"
+
+
+def test_read_your_writes_concurrent_tenants(server):
+    srv, _, root = server
+    ks = KeyStore(root)
+    tenants = [f"t{i:02d}" for i in range(12)]
+    tkeys = {t: ks.add(t) for t in tenants}  # picked up by the running server
+
+    async def agent(http, t):
+        c = AsyncMemoryClient(srv.url, tkeys[t], http=http)
+        for step in range(4):
+            word = f"{t}w{step}"
+            assert await c.add([{"id": f"s{step}", "text": f"{word} shared words"}]) == 1
+            hits = (await c.search([word, "shared words"], k=10))
+            assert [h["id"] for h in hits[0]] == [f"s{step}"]
+            assert {h["id"] for h in hits[1]} == {f"s{j}" for j in range(step + 1)}
+            assert all(h["tenant"] == t for h in hits[1])
+
+    async def main():
+        async with httpx.AsyncClient(timeout=30) as http:
+            await asyncio.gather(*(agent(http, t) for t in tenants))
+
+    asyncio.run(main())
+
+
+def test_keys_revoked_while_serving(server):
+    srv, _, root = server
+    ks = KeyStore(root)
+    key = ks.add("dave")
+    c = MemoryClient(srv.url, key)
+    assert c.add([{"id": "d1", "text": "dave"}]) == 1
+    ks.revoke("dave")
+    with pytest.raises(ServiceError) as e:
+        c.get("d1")
+    assert e.value.status == 401
+
+
+# ---------------------------------------------------------------------- the micro-batcher
+def _memory() -> Memory:
+    m = Memory(partition_days=None)
+    words = ["apple", "banana", "cherry", "date", "elder", "fig", "grape"]
+    recs = []
+    for i in range(300):
+        t = f"ten{i % 5}"
+        recs.append({"id": f"{t}/r{i}", "tenant": t,
+                     "text": " ".join(words[(i * j) % 7] for j in range(1, 2 + i % 5))})
+    m.add(recs)
+    return m
+
+
+def test_batcher_groups_concurrent_searches_and_matches_unbatched():
+    mem = _memory()
+    calls = []
+
+    def fn(queries, k, wheres):
+        calls.append(len(queries))
+        res = mem.search(queries, k=k, where=wheres, backend="numpy")
+        return [res.hits(i) for i in range(len(queries))]
+
+    words = ["apple banana", "cherry", "date elder fig", "grape apple", "fig"]
+    reqs = [([words[i % 5], words[(i + 2) % 5]], 1 + i % 7, {"tenant": f"ten{i % 5}"}) for i in range(40)]
+
+    async def main():
+        b = MicroBatcher(window_s=0.05, max_batch=1000)
+        out = await asyncio.gather(*(b.search(None, fn, q, k, [w] * len(q)) for q, k, w in reqs))
+        return b, out
+
+    b, out = asyncio.run(main())
+    assert b.batches == len(calls) <= 2 and sum(calls) == 80
+    for (q, k, w), got in zip(reqs, out):
+        want = mem.search(q, k=k, where=w, backend="numpy")
+        assert got == [want.hits(0), want.hits(1)]
+        assert all(h["tenant"] == w["tenant"] for row in got for h in row)
+
+
+def test_batcher_respects_max_batch_and_isolates_errors():
+    mem = _memory()
+    calls = []
+
+    def fn(queries, k, wheres):
+        calls.append(len(queries))
+        res = mem.search(queries, k=k, where=wheres, backend="numpy")
+        return [res.hits(i) for i in range(len(queries))]
+
+    async def main():
+        b = MicroBatcher(window_s=0.05, max_batch=8)
+        good = [b.search(None, fn, ["apple"], 3, [{"tenant": "ten1"}]) for _ in range(20)]
+        bad = b.search(None, fn, ["apple"], 3, [{"time": {"around": 1}}])
+        return await asyncio.gather(*good, bad, return_exceptions=True)
+
+    res = asyncio.run(main())
+    assert max(calls) <= 8
+    want = mem.search(["apple"], k=3, where={"tenant": "ten1"}, backend="numpy").hits(0)
+    assert all(r == [want] for r in res[:20])
+    assert isinstance(res[20], ValueError)
+
+
+def test_server_batches_concurrent_searches(server):
+    """Concurrent HTTP searches share scorer calls: the batch-size histogram counts fewer calls than queries."""
+    srv = server[0]
+
+    def scrape():
+        text = httpx.get(srv.url + "/metrics").text
+        vals = {}
+        for line in text.splitlines():
+            for name in ("gpuir_search_batch_queries_count", "gpuir_search_batch_queries_sum"):
+                if line.startswith(name + " "):
+                    vals[name] = float(line.split()[1])
+        return vals["gpuir_search_batch_queries_count"], vals["gpuir_search_batch_queries_sum"]
+
+    c0, s0 = scrape()
+    a = _client(server, "alice")
+    with cf.ThreadPoolExecutor(32) as ex:
+        list(ex.map(lambda i: a.search([f"q{i}"], k=1), range(64)))
+    c1, s1 = scrape()
+    assert s1 - s0 == 64
+    assert c1 - c0 < 64
+
+
+def test_missing_extra_is_exit_2(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    from gpuir.service import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "uvicorn" else real(n, *a))
+    assert cli.main(["serve", str(tmp_path / "m")]) == 2
+    assert "pip install 'gpuir[service]'" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_foreign_directory(tmp_path, capsys):
+    from gpuir.service import cli
+
+    (tmp_path / "mine.txt").write_text("not a memory")
+    assert cli.main(["serve", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_named_retriever_config(server):
+    """`config` names <MEMORY_DIR>.configs/NAME.json; a single BM25 channel ranks as plain BM25."""
+    from gpuir.retrieve.config import ChannelConfig, RetrieverConfig
+
+    root = server[2]
+    folder = root.with_name(root.name + ".configs")
+    folder.mkdir(exist_ok=True)
+    RetrieverConfig(channels=[ChannelConfig("bm25", depth=50)], fusion=None).save(folder / "plain.json")
+    c = _client(server, "carol")
+    c.add([{"id": f"rc{i}", "text": f"orchid {'petal ' * i}garden"} for i in range(1, 6)])
+    plain = c.search(["orchid petal"], k=3)[0]
+    named = c.search(["orchid petal"], k=3, config="plain")[0]
+    assert [h["id"] for h in named] == [h["id"] for h in plain] and len(plain) == 3
+    assert all(h["tenant"] == "carol" for h in named)
+    assert _client(server, "bob").search(["orchid petal"], k=3, config="plain")[0] == []

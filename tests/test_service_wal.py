@@ -1,0 +1,214 @@
+"""The service's write-ahead log: framing, torn tails, checkpoints at every crash point, kill -9."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+import pytest
+
+from gpuir.memory import Memory
+from gpuir.service.store import ServiceStore
+from gpuir.service.wal import WALCorruptError, WriteAheadLog, frame, segment_name, segments
+
+
+def _ops(n, start=0):
+    return [{"op": "add", "records": [{"id": f"t/r{i}", "text": f"word{i} common", "tenant": "t"}]}
+            for i in range(start, start + n)]
+
+
+def _log(tmp_path, n=5):
+    w = WriteAheadLog(tmp_path)
+    assert list(w.recover(1)) == []
+    w.append(_ops(n))
+    w.close()
+    (_, path), = segments(tmp_path)
+    return path
+
+
+def test_frame_layout_is_length_then_crc32():
+    f = frame({"op": "delete", "ids": ["a"]})
+    body = f[8:]
+    assert int.from_bytes(f[:4], "little") == len(body)
+    assert int.from_bytes(f[4:8], "little") == zlib.crc32(body)
+    assert body == b'{"op":"delete","ids":["a"]}'
+
+
+@pytest.mark.parametrize("cut", [1, 4, 7, 8, 9, 20])
+def test_torn_tail_is_dropped_and_truncated(tmp_path, cut):
+    path = _log(tmp_path, 5)
+    full = path.read_bytes()
+    last = len(frame(_ops(1, 4)[0]))
+    path.write_bytes(full[: len(full) - last + cut])  # the last frame only partly written
+    w = WriteAheadLog(tmp_path)
+    got = list(w.recover(1))
+    assert got == _ops(4)
+    assert path.stat().st_size == len(full) - last  # truncated to the last good frame
+    w.append(_ops(1, 10))  # appends continue after the good frames
+    w.close()
+    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(4) + _ops(1, 10)
+
+
+def test_torn_tail_with_a_bad_checksum_is_dropped(tmp_path):
+    path = _log(tmp_path, 3)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # the last frame's payload: as if its sectors never reached the disk
+    path.write_bytes(bytes(data))
+    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(2)
+
+
+def test_zeroed_tail_is_dropped(tmp_path):
+    path = _log(tmp_path, 3)
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0" * 100)  # size grew, data never written
+    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(3)
+
+
+def test_damage_before_the_end_is_an_error_not_a_silent_loss(tmp_path):
+    path = _log(tmp_path, 4)
+    data = bytearray(path.read_bytes())
+    hdr = len(frame({"format": "gpuir-service-wal", "version": 1, "base_generation": 1}))
+    data[hdr + 10] ^= 0xFF  # the first operation's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(WALCorruptError, match="before the end of the log"):
+        list(WriteAheadLog(tmp_path).recover(1))
+    assert path.read_bytes() == bytes(data)  # nothing truncated
+
+
+def test_damage_in_an_older_segment_is_an_error(tmp_path):
+    w = WriteAheadLog(tmp_path)
+    list(w.recover(1))
+    w.append(_ops(2))
+    w.rotate(2)
+    w.append(_ops(1, 5))
+    w.close()
+    old = tmp_path / segment_name(1)
+    old.write_bytes(old.read_bytes()[:-2])
+    with pytest.raises(WALCorruptError):
+        list(WriteAheadLog(tmp_path).recover(1))
+
+
+def test_segments_older_than_the_saved_generation_are_skipped_and_removed(tmp_path):
+    w = WriteAheadLog(tmp_path)
+    list(w.recover(3))
+    w.append(_ops(2))
+    w.rotate(4)
+    w.append(_ops(1, 9))
+    w.close()
+    assert list(WriteAheadLog(tmp_path).recover(3)) == _ops(2) + _ops(1, 9)
+    w2 = WriteAheadLog(tmp_path)
+    assert list(w2.recover(4)) == _ops(1, 9)
+    w2.close()
+    assert [n for n, _ in segments(tmp_path)] == [2]
+
+
+# ---------------------------------------------------------------------- the store at each crash point
+def _add(store, ids, tenant="t"):
+    return store.add(tenant, [{"id": i, "text": f"{i} shared"} for i in ids]).result(10)
+
+
+def _state(root):
+    m = Memory.open(root, writer=False)
+    return sorted(m._ids)
+
+
+@pytest.mark.parametrize("crash", ["before_save", "after_save_before_drop", "none"])
+def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, crash, monkeypatch):
+    root = tmp_path / "mem"
+    s = ServiceStore(root, checkpoint_every=10_000)
+    _add(s, ["a", "b"])
+    assert s.delete("t", ["a"]).result(10) == 1
+    _add(s, ["a"])  # re-added after its delete
+    s._q.put(None)
+    s._thread.join()  # stop the writer; run the checkpoint here, crashing where asked
+    if crash == "before_save":
+        s.wal.rotate(s.memory.info()["generation"] + 1)
+    elif crash == "after_save_before_drop":
+        monkeypatch.setattr(s.wal, "drop", lambda paths: None)
+        s.checkpoint()
+    else:
+        s.checkpoint()
+    s.wal.close()
+    s.memory.close()  # the process is gone: no further save
+    s2 = ServiceStore(root)
+    assert sorted(s2.memory._ids) == ["t/a", "t/b"]
+    assert s2.get("t", "a")["text"] == "a shared"
+    _add(s2, ["c"])
+    s2.close()
+    assert _state(root) == ["t/a", "t/b", "t/c"]
+
+
+def test_group_commit_acknowledges_each_request(tmp_path):
+    s = ServiceStore(tmp_path / "mem", checkpoint_every=7)
+    groups = []
+    s.on_group = lambda n, sec: groups.append(n)
+    futs = [s.add(f"t{i % 3}", [{"id": f"r{i}", "text": f"text {i}"}]) for i in range(60)]
+    futs.append(s.add("t0", [{"id": "r0", "text": "clash"}]))
+    assert [f.result(10) for f in futs[:60]] == [1] * 60
+    with pytest.raises(ValueError, match="already exist"):
+        futs[60].result(10)
+    assert sum(groups) == 60
+    t0 = time.monotonic()
+    while s.checkpoints < 1 and time.monotonic() - t0 < 10:  # the writer checkpoints after acknowledging
+        time.sleep(0.01)
+    assert s.checkpoints >= 1
+    s.close()
+    assert len(_state(tmp_path / "mem")) == 60
+
+
+# ---------------------------------------------------------------------- kill -9 on a real server
+@pytest.mark.slow
+def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from gpuir.index.dirlock import claim_dir
+    from gpuir.service.client import MemoryClient, ServiceError
+    from gpuir.service.keys import KeyStore
+    from gpuir.service.testing import ServerProcess
+
+    root = tmp_path / "mem"
+    claim_dir(root, "memory")
+    keys = {t: KeyStore(root).add(t) for t in ("w0", "w1", "w2", "w3")}
+    srv = ServerProcess(root, ["--checkpoint-every", "40"]).start()
+    acked: dict[str, list[str]] = {t: [] for t in keys}
+    stop = threading.Event()
+
+    def writer(t):
+        c = MemoryClient(srv.url, keys[t], timeout=5)
+        i = 0
+        while not stop.is_set():
+            rid = f"{t}-{i}"
+            try:
+                c.add([{"id": rid, "text": f"uniq{t}x{i} payload"}])
+            except (ServiceError, httpx.HTTPError):  # the server died mid-request: not acknowledged
+                return
+            acked[t].append(rid)
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in keys]
+    for th in threads:
+        th.start()
+    t0 = time.monotonic()
+    while sum(map(len, acked.values())) < 150 and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    srv.kill9()
+    stop.set()
+    for th in threads:
+        th.join()
+    n_acked = sum(map(len, acked.values()))
+    assert n_acked >= 150
+    srv2 = ServerProcess(root, log=srv.log).start()
+    try:
+        health = MemoryClient(srv2.url, keys["w0"]).health()
+        assert health["records"] >= n_acked
+        for t, ids in acked.items():
+            c = MemoryClient(srv2.url, keys[t])
+            for rid in ids:
+                assert c.get(rid) is not None, rid
+            i = int(ids[-1].rsplit("-", 1)[1])
+            assert [h["id"] for h in c.search([f"uniq{t}x{i}"], k=1)[0]] == [ids[-1]]
+            hits = c.search([f"uniq{t}x{j}" for j in range(i + 1)], k=1)
+            assert [h[0]["id"] for h in hits] == ids
+    finally:
+        srv2.stop()

@@ -54,7 +54,7 @@ def _load(name: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 def _flatten(data: dict, where: str) -> dict[str, tuple[str, ...]]:
     groups = data.get("groups") if isinstance(data, dict) else None
     if not isinstance(groups, list):
-        raise ValueError(f"{where}: an enrichment table needs a 'groups' list") # noqa: TRY004 (a malformed file)
+        raise ValueError(f"{where}: an enrichment table needs a 'groups' list")  # noqa: TRY004
     out: dict[str, list[str]] = {}
     for i, g in enumerate(groups):
         if not (isinstance(g, dict) and isinstance(g.get("bridges"), list) and isinstance(g.get("words"), list)):

@@ -10,7 +10,7 @@ Classifiers (see :mod:`gpuir.retrieve.query_types`):
 
 Protocols:
 
-* LongMemEval (S): stratified 5-fold over the questions (all 500, abstention included:
+* LongMemEval (S): stratified 5-fold over the questions (all of them, abstention included:
   their ``question_type`` is one of the six), labels mapped one-to-one onto the query
   types (:data:`~gpuir.retrieve.query_types.LONGMEMEVAL_TO_TYPE`);
 * LoCoMo: leave-one-conversation-out (10 folds), on the query types (adversarial ->
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import hashlib
+import json
 import os
 import sys
 import time
@@ -279,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": "python -m gpuir.eval.routers",
         }
         clf = QueryTypeClassifier.fit(texts, gold, prov, C="cv", seed=a.seed)
-        save_json(clf.to_config(), a.classifier_out)
-        result["shipped_classifier"] = {"path": a.classifier_out, "C": clf.C, "n_terms": len(clf.vocabulary)}
+        Path(a.classifier_out).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.classifier_out, "w", encoding="utf-8") as f:  # compact: ~35k numbers
+            json.dump(clf.to_config(), f, separators=(",", ":"))
+            f.write("\n")
+        rel = os.path.relpath(a.classifier_out)
+        result["shipped_classifier"] = {"path": a.classifier_out if rel.startswith("..") else rel, "C": clf.C, "n_terms": len(clf.vocabulary)}
         print(f"saved classifier ({len(clf.vocabulary)} terms, C={clf.C}) to {a.classifier_out}", file=sys.stderr)
 
     result["seconds"] = round(time.perf_counter() - t0, 1)

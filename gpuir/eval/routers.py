@@ -20,7 +20,9 @@ Accuracy has a 95% bootstrap interval (over questions on LongMemEval, over
 conversations on LoCoMo); macro-F1 is over the classes of the label set; the confusion
 matrix counts (gold row, predicted column) over the held-out predictions.
 
-The run also fits the shipped classifier on all LongMemEval_s questions and writes it
+The run also measures storage-time enrichment (BM25 over ``enrich_text(doc)`` against the
+plain documents, per category and question type; nothing is tuned, so every question is
+held out) and fits the shipped classifier on all LongMemEval_s questions and writes it
 to ``gpuir/data/classifiers/longmemeval_tfidf_lr.json``: any evaluation on LongMemEval
 that uses it must refit inside its folds instead (its provenance says so).
 
@@ -45,8 +47,9 @@ from typing import Any
 import numpy as np
 
 from gpuir.eval.datasets import load_locomo, load_longmemeval
-from gpuir.eval.runner import machine_info, save_json
-from gpuir.eval.stats import bootstrap_ci
+from gpuir.eval.runner import evaluate, machine_info, save_json
+from gpuir.eval.stats import bootstrap_ci, paired_bootstrap
+from gpuir.retrieve.enrich import enrich_text
 from gpuir.retrieve.query_types import (
     LOCOMO_TO_TYPE,
     LONGMEMEVAL_TO_TYPE,
@@ -55,7 +58,7 @@ from gpuir.retrieve.query_types import (
     regex_query_type,
 )
 
-__all__ = ["cross_validate", "main", "scores"]
+__all__ = ["cross_validate", "enrichment_effect", "main", "scores"]
 
 CLASSIFIER_PATH = Path(__file__).resolve().parents[1] / "data" / "classifiers" / "longmemeval_tfidf_lr.json"
 
@@ -114,6 +117,41 @@ def cross_validate(texts: list[str], labels: list[str], folds: list[tuple[np.nda
         if bar is not None:
             bar.update(1)
     return pred, Cs  # type: ignore[return-value]
+
+
+def enrichment_effect(ds, metrics: Sequence[str], table: str = "bridges", n_boot: int = 10000) -> dict[str, Any]:
+    """BM25 over ``enrich_text(doc)`` against BM25 over the plain documents, per category.
+
+    Nothing is tuned (one fixed table, default BM25), so every question is held out.
+    Queries are not enriched. Paired cluster bootstrap (clusters: ``EvalQuery.group``).
+
+    Returns
+    -------
+    dict: ``n_docs_changed``, and per category (plus ``"all"``) and metric: plain and
+    enriched means and the paired test of enriched - plain.
+    """
+    import dataclasses
+
+    texts = [enrich_text(t, table) for t in ds.doc_texts]
+    enriched = dataclasses.replace(ds, doc_texts=texts, _doc_index=None)
+    a = evaluate(enriched, "bm25", k=100, n_boot=200)
+    b = evaluate(ds, "bm25", k=100, n_boot=200)
+    mask = b.mask("scored")
+    cats = np.array([q.category for q in ds.queries])
+    groups = np.array([q.group for q in ds.queries])
+    out: dict[str, Any] = {"table": table, "unit": ds.unit, "method": "bm25 (default analyzer, k1=1.2, b=0.75)",
+                           "n_docs_changed": int(sum(x != y for x, y in zip(texts, ds.doc_texts))),
+                           "n_docs": ds.n_docs, "by_category": {}}
+    for cat in ["all", *sorted(set(cats[mask]))]:
+        m = mask if cat == "all" else mask & (cats == cat)
+        row: dict[str, Any] = {"n": int(m.sum())}
+        for met in metrics:
+            x, y = a.per_query[met][m], b.per_query[met][m]
+            t = paired_bootstrap(x, y, clusters=groups[m], n_boot=n_boot)
+            row[met] = {"plain": float(y.mean()), "enriched": float(x.mean()), "delta": t["delta"],
+                        "ci95": [t["lo"], t["hi"]], "p": t["p"]}
+        out["by_category"][cat] = row
+    return out
 
 
 def _encode(texts: list[str], device: str | None) -> tuple[np.ndarray, dict]:
@@ -180,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-dense", action="store_true", help="skip the MiniLM-embedding classifier")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available, else cpu)")
     ap.add_argument("--datasets", default="longmemeval,locomo", help="comma-separated subset")
+    ap.add_argument("--no-enrichment", action="store_true",
+                    help="skip the BM25 plain-vs-enriched comparison per question type")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
@@ -288,6 +328,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["shipped_classifier"] = {"path": a.classifier_out if rel.startswith("..") else rel, "C": clf.C, "n_terms": len(clf.vocabulary)}
         print(f"saved classifier ({len(clf.vocabulary)} terms, C={clf.C}) to {a.classifier_out}", file=sys.stderr)
 
+    if not a.no_enrichment:
+        enr: dict[str, Any] = {}
+        if "locomo" in loaded:
+            for unit in ("session", "turn"):
+                print(f"enrichment: LoCoMo {unit}s", file=sys.stderr)
+                enr[f"locomo_{unit}"] = enrichment_effect(load_locomo(unit=unit), ("hit@1", "hit@5", "mrr"))
+        if "longmemeval" in loaded:
+            print("enrichment: LongMemEval sessions", file=sys.stderr)
+            enr[f"longmemeval_{a.split}"] = enrichment_effect(loaded["longmemeval"][0], ("recall_all@5", "ndcg@5"))
+        result["enrichment"] = enr
+
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if a.out:
         save_json(result, a.out)
@@ -303,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m, r in res.get("raw_categories", {}).items():
             lo, hi = r["accuracy_ci95"]
             print(f"  {m + ' (raw 5)':16s} accuracy {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]  macro-F1 {r['macro_f1']:.3f}")
+    for name, e in result.get("enrichment", {}).items():
+        print(f"enrichment {name} ({e['n_docs_changed']}/{e['n_docs']} documents changed): enriched - plain")
+        for cat, row in e["by_category"].items():
+            cells = [f"{k} {v['plain']:.3f}->{v['enriched']:.3f} (p={v['p']:.3f})" for k, v in row.items() if k != "n"]
+            print(f"  {cat:26s} n={row['n']:4d}  " + "  ".join(cells))
     return 0
 
 

@@ -178,3 +178,17 @@ def test_shipped_classifier_loads():
     prov = c.provenance
     assert prov["dataset"].startswith("LongMemEval") and prov["n"] >= 400 and "refit" in prov["note"]
     assert c.predict(["You mentioned a recipe in our last chat, can you remind me of it?"]) == ["assistant"]
+
+
+def test_router_scores_counts_by_hand():
+    from gpuir.eval.routers import scores
+
+    gold = ["temporal", "temporal", "single_hop", "single_hop"]
+    pred = ["temporal", "single_hop", "single_hop", "knowledge_update"]
+    s = scores(gold, pred, ["temporal", "single_hop"])
+    assert s["accuracy"] == 0.5
+    # extra predicted label gets a column (and a row of zeros)
+    assert s["labels"] == ["temporal", "single_hop", "knowledge_update"]
+    assert s["confusion"] == [[1, 1, 0], [0, 1, 1], [0, 0, 0]]
+    # F1: temporal P=1 R=.5 -> 2/3; single_hop P=.5 R=.5 -> .5; macro over the gold labels only
+    assert s["macro_f1"] == pytest.approx((2 / 3 + 0.5) / 2)

@@ -49,7 +49,7 @@ import json, sys
 items = json.load(sys.stdin).get("install", [])
 torch = [i["metadata"]["version"] for i in items if i["metadata"]["name"].lower() == "torch"]
 cuda = [i["metadata"]["name"] for i in items if i["metadata"]["name"].lower().startswith(("nvidia-", "triton"))]
-print(f"{torch[0] if torch else \"?\"} {len(cuda)}")' 2>/dev/null || echo "? ?")
+print(torch[0] if torch else "?", len(cuda))' 2>/dev/null || echo "? ?")
         set -- $plan
         case "$1" in
             *+cpu) say "pip resolves torch $1, a CPU build (a local wheel): no CUDA libraries" ;;

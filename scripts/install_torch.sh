@@ -28,20 +28,20 @@ esac
 if [ -n "${GPUIR_TORCH_INDEX:-}" ]; then
     if [ "$GPUIR_TORCH_INDEX" = pypi ]; then
         say "GPUIR_TORCH_INDEX=pypi: torch==$VERSION from the configured indexes"
-        "$PY" -m pip install "torch==$VERSION"
+        "$PY" -m pip install --quiet "torch==$VERSION"
     else
         say "GPUIR_TORCH_INDEX is set: torch==$VERSION from $GPUIR_TORCH_INDEX"
-        "$PY" -m pip install --index-url "$GPUIR_TORCH_INDEX" "torch==$VERSION"
+        "$PY" -m pip install --quiet --index-url "$GPUIR_TORCH_INDEX" "torch==$VERSION"
     fi
 elif { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } || [ -e /proc/driver/nvidia/version ]; then
     say "an NVIDIA driver is present: torch==$VERSION from PyPI, the CUDA 13 build (about 3 GB with its nvidia-* wheels)"
-    "$PY" -m pip install "torch==$VERSION"
+    "$PY" -m pip install --quiet "torch==$VERSION"
 else
     say "no NVIDIA driver here (no working nvidia-smi, no /proc/driver/nvidia): installing a CPU build of torch"
     if "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=8)' \
             "$CPU_INDEX" >/dev/null 2>&1; then
         say "the PyTorch CPU index is reachable: torch==$VERSION from $CPU_INDEX (about 190 MB)"
-        "$PY" -m pip install --index-url "$CPU_INDEX" "torch==$VERSION"
+        "$PY" -m pip install --quiet --index-url "$CPU_INDEX" "torch==$VERSION"
     else
         say "$CPU_INDEX cannot be reached: falling back to torch==$VERSION from the configured indexes"
         plan=$("$PY" -m pip install --dry-run --quiet --report - "torch==$VERSION" 2>/dev/null | "$PY" -c '
@@ -57,7 +57,7 @@ print(torch[0] if torch else "?", len(cuda))' 2>/dev/null || echo "? ?")
                    "it runs on the CPU too. To avoid it, make download.pytorch.org reachable or set" \
                    "GPUIR_TORCH_INDEX to an index that has torch $VERSION+cpu" ;;
         esac
-        "$PY" -m pip install "torch==$VERSION"
+        "$PY" -m pip install --quiet "torch==$VERSION"
     fi
 fi
-"$PY" -c 'import torch; print("install_torch: installed torch", torch.__version__, "(CUDA build: " + str(torch.version.cuda) + ")")'
+"$PY" -W ignore -c 'import torch; print("install_torch: installed torch", torch.__version__, "(CUDA build: " + str(torch.version.cuda) + ")")' 2>/dev/null

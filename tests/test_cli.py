@@ -206,3 +206,11 @@ def test_info_on_this_machine_is_one_line_per_backend():
 
     if _driver_cuda_version() is None:  # e.g. the development machines: CuPy installed, no driver at all
         assert "no NVIDIA driver" in cupy_line and "insufficient" not in r.stdout
+
+
+def test_demo_runs_small_and_names_its_backend(capsys):
+    assert main(["demo", "--records", "500", "--queries", "20", "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: numpy" in out and "Recall@10 against the generator's gold" in out
+    assert main(["demo", "--records", "0"]) == 2
+    assert "must all be positive" in capsys.readouterr().err

@@ -16,8 +16,9 @@
 #   docker run --rm --gpus all -v /path/to/data:/data/eval:ro gpuir gpuir eval locomo   # GPUIR_DATA=/data/eval
 #   docker compose up                                         # the memory service (docker-compose.yml)
 #
-# Size: see docs/install.md (no Docker engine runs on the development machines,
-# so the image has not been built; its Python environment was measured).
+# Size: not measured by building (no Docker engine on the development machines).
+# Its Python environment, built from the same wheels in a virtualenv, measured
+# 5.6 GB (docs/install.md); the image is that plus the CUDA runtime base image.
 FROM nvidia/cuda:13.0.1-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive \

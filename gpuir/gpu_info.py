@@ -8,6 +8,8 @@ missing, the report says what and why.
 
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any
 
 from ._compat import cuda_device, has_cupy
@@ -70,6 +72,77 @@ def _nvml() -> dict[str, Any]:
             pass
 
 
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _driver_cuda_version() -> int | None:
+    """The CUDA version the installed NVIDIA driver supports (e.g. 12040), or None without a driver.
+
+    Asks ``libcuda.so.1`` (the driver's user-space library) directly, so the
+    answer does not depend on CuPy or on which CUDA runtime it was built for.
+    """
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int(0)
+    try:
+        if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+            return None
+    except AttributeError:
+        return None
+    return int(v.value) or None
+
+
+def diagnose(raw: tuple[bool, str] | None = None) -> tuple[bool, str]:
+    """Whether the cupy backend can run, and in one line the real reason when it cannot.
+
+    Distinguishes, in this order: the GPU disabled by ``GPUIR_DISABLE_GPU``;
+    CuPy not installed; no NVIDIA driver (``libcuda.so.1`` cannot be loaded);
+    a driver too old for the CUDA runtime CuPy was built for; no device
+    visible; anything else (the underlying error, shortened).
+
+    Parameters
+    ----------
+    raw : (bool, str), optional
+        What :func:`gpuir._compat.cuda_device` said (asked when not given).
+
+    Returns
+    -------
+    (usable, reason) : (bool, str)
+        ``reason`` is a single line that names what to do.
+    """
+    usable, reason = cuda_device() if raw is None else raw
+    if usable:
+        return True, reason
+    if os.environ.get("GPUIR_DISABLE_GPU"):
+        return False, "GPUIR_DISABLE_GPU is set"
+    if not has_cupy():
+        return False, ("CuPy is not installed: pip install 'gpuir[gpu]' (CUDA 12 driver) "
+                       "or 'gpuir[gpu-cuda13]' (CUDA 13 driver)")
+    drv = _driver_cuda_version()
+    if drv is None:
+        return False, ("no NVIDIA driver: libcuda.so.1 cannot be loaded (CuPy is installed; a GPU machine needs "
+                       "the NVIDIA driver, a container needs `--gpus all`)")
+    rt = None
+    try:
+        import cupy
+
+        rt = int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:  # noqa: BLE001, S110 - keep going with what is known
+        pass
+    if "InsufficientDriver" in reason or (rt is not None and drv // 1000 < rt // 1000):
+        have = _cuda_version(rt) if rt else "a newer CUDA"
+        return False, (f"NVIDIA driver too old: it supports CUDA {_cuda_version(drv)}, CuPy's runtime is CUDA {have}; "
+                       f"update the driver or install the CuPy wheel for CUDA {drv // 1000} "
+                       "(gpuir[gpu]: CUDA 12, gpuir[gpu-cuda13]: CUDA 13)")
+    if "NoDevice" in reason or "reports no CUDA device" in reason:
+        return False, (f"no CUDA device visible (driver supports CUDA {_cuda_version(drv)}); "
+                       "check CUDA_VISIBLE_DEVICES, or `--gpus all` in a container")
+    return False, " ".join(reason.split())[:300]
+
+
 def gpu_report() -> dict[str, Any]:
     """A JSON-ready description of the GPUs and whether gpuir can use one.
 
@@ -77,15 +150,17 @@ def gpu_report() -> dict[str, Any]:
     -------
     dict
         ``usable`` (bool) and ``reason`` (str): whether the cupy backend can run
-        and why (not); ``cupy`` (version or None); ``nvrtc`` (whether kernels can
+        and why (not), in one line (:func:`diagnose`); ``detail``: the
+        underlying message; ``cupy`` (version or None); ``nvrtc`` (whether kernels can
         be compiled, e.g. "NVRTC 12.9"); ``nvml``: ``available``, and either
         ``driver``, ``cuda_driver`` and ``devices`` (``name``,
         ``memory_total_bytes``, ``memory_free_bytes``, ``compute_capability``)
         or ``reason``; ``gpu_path``: ``verified`` (bool) and ``status`` (whether
         the kernels of this version have run on a GPU, see :data:`GPU_PATH_VERIFIED`).
     """
-    usable, reason = cuda_device()
-    rep: dict[str, Any] = {"usable": usable, "reason": reason, "cupy": None,
+    raw = cuda_device()
+    usable, reason = diagnose(raw)
+    rep: dict[str, Any] = {"usable": usable, "reason": reason, "detail": raw[1], "cupy": None,
                            "gpu_path": {"verified": GPU_PATH_VERIFIED, "status": GPU_PATH_STATUS}}
     if has_cupy():
         import cupy

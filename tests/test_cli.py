@@ -10,7 +10,7 @@ from gpuir.cli import main
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "gpuir", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "gpuir", *map(str, args)], capture_output=True, text=True, check=False)
 
 
 @pytest.fixture
@@ -142,5 +142,75 @@ def test_gpuir_entry_point_exists():
     import shutil
 
     exe = shutil.which("gpuir") or (sys.prefix + "/bin/gpuir")
-    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     assert r.returncode == 0 and "gpuir" in r.stdout
+
+
+def test_missing_extra_exits_2_with_the_pip_line(monkeypatch, index_dir, capsys):
+    import gpuir.cli
+
+    def needs_dense(args):
+        raise ModuleNotFoundError("No module named 'sentence_transformers'", name="sentence_transformers")
+
+    monkeypatch.setattr(gpuir.cli, "_cmd_search", needs_dense)
+    assert main(["search", str(index_dir), "--query", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'gpuir[dense]'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    def unknown(args):
+        raise ModuleNotFoundError("No module named 'nowhere'", name="nowhere")
+
+    monkeypatch.setattr(gpuir.cli, "_cmd_search", unknown)
+    assert main(["search", str(index_dir), "--query", "x"]) == 1  # not an extra: an internal error
+    assert "internal error" in capsys.readouterr().err
+
+
+def _diag(monkeypatch, *, cupy=True, driver=None, runtime=12090, raw="CuPy is installed but no CUDA device can "
+          "be used (CUDARuntimeError: cudaErrorInsufficientDriver: CUDA driver version is insufficient)"):
+    import gpuir.gpu_info as gi
+
+    monkeypatch.delenv("GPUIR_DISABLE_GPU", raising=False)
+    monkeypatch.setattr(gi, "has_cupy", lambda: cupy)
+    monkeypatch.setattr(gi, "_driver_cuda_version", lambda: driver)
+    if cupy:
+        import cupy as cp
+
+        monkeypatch.setattr(cp.cuda.runtime, "runtimeGetVersion", lambda: runtime)
+    usable, why = gi.diagnose((False, raw))
+    assert usable is False and "\n" not in why
+    return why
+
+
+def test_info_names_the_real_reason_in_one_line(monkeypatch):
+    pytest.importorskip("cupy")
+    assert "no NVIDIA driver" in _diag(monkeypatch, driver=None)
+    why = _diag(monkeypatch, driver=11080)
+    assert "driver too old" in why and "CUDA 11.8" in why and "CUDA 12.9" in why
+    why = _diag(monkeypatch, driver=12040, raw="CuPy is installed but no CUDA device can be used "
+                "(CUDARuntimeError: cudaErrorNoDevice: no CUDA-capable device is detected)")
+    assert "no CUDA device visible" in why and "too old" not in why
+    why = _diag(monkeypatch, driver=12040, raw="CuPy is installed but reports no CUDA device")
+    assert why.startswith("no CUDA device visible")
+
+
+def test_info_without_cupy(monkeypatch):
+    why = _diag(monkeypatch, cupy=False, raw="CuPy is not installed")
+    assert why.startswith("CuPy is not installed") and "pip install 'gpuir[gpu]'" in why
+
+
+def test_info_on_this_machine_is_one_line_per_backend():
+    r = run("info")
+    assert r.returncode == 0, r.stderr
+    cupy_line = next(line for line in r.stdout.splitlines() if line.strip().startswith("cupy"))
+    from gpuir.gpu_info import _driver_cuda_version
+
+    if _driver_cuda_version() is None:  # e.g. the development machines: CuPy installed, no driver at all
+        assert "no NVIDIA driver" in cupy_line and "insufficient" not in r.stdout
+
+
+def test_demo_runs_small_and_names_its_backend(capsys):
+    assert main(["demo", "--records", "500", "--queries", "20", "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: numpy" in out and "Recall@10 against the generator's gold" in out
+    assert main(["demo", "--records", "0"]) == 2
+    assert "must all be positive" in capsys.readouterr().err

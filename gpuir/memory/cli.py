@@ -43,6 +43,22 @@ from .persist import CURRENT
 
 BATCH = 10_000
 
+_DESCRIPTION = """\
+An agent memory in a directory: add, delete and search records; describe it.
+
+  gpuir memory add MEMORY_DIR RECORDS.jsonl        (creates the memory if missing)
+  gpuir memory delete MEMORY_DIR --ids IDS.txt
+  gpuir memory search MEMORY_DIR --query TEXT [-k 10] [--where JSON] [--config CONFIG.json] [--unit session]
+  gpuir memory info MEMORY_DIR [--json]
+
+Search hits (jsonl) carry id, score, text and the record's fields; trec writes
+'qid Q0 id rank score gpuir-memory'. With --unit session the hits are
+{"session", "score", "records"}. See docs/memory.md and docs/retriever.md.
+
+Exit status: 0 success; 2 bad input (file and line, unknown ids, a second
+writer, a damaged file) or a missing extra; 1 internal error.
+"""
+
 
 def _open_or_create(args: argparse.Namespace):
     from .store import Memory
@@ -230,48 +246,79 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     from .partitions import MODES
 
     pm = subparsers.add_parser("memory", help="an agent memory: add, delete, search records; info",
-                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = pm.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
     sub.required = True
 
-    pa = sub.add_parser("add", help="add records (creates the memory if missing)")
-    pa.add_argument("memory_dir", metavar="MEMORY_DIR")
-    pa.add_argument("records", metavar="RECORDS.jsonl")
-    pa.add_argument("--analyzer", default=None, choices=sorted(ANALYZERS), help="on creation (default: default)")
-    pa.add_argument("--method", default=None, choices=METHODS, help="on creation (default: lucene)")
-    pa.add_argument("--k1", type=float, default=None, help="on creation (default: 1.2)")
-    pa.add_argument("--b", type=float, default=None, help="on creation (default: 0.75)")
-    pa.add_argument("--delta", type=float, default=None, help="on creation, bm25l/bm25+ (default: 0.5)")
-    pa.add_argument("--partition-days", type=float, default=None, help="on creation (default: 7)")
-    pa.add_argument("--lock-timeout", type=float, default=10.0, help="seconds to wait for another writer")
+    def lock_timeout(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="how long to wait while another writer holds MEMORY_DIR (default: %(default)s)")
+
+    pa = sub.add_parser("add", help="add records (creates the memory if missing)",
+                        description="Add every record of RECORDS.jsonl, or none: the file is checked completely, "
+                                    "then one save commits it. Creates the memory when MEMORY_DIR is missing or "
+                                    "empty; the analyzer and BM25 options apply only then.")
+    pa.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory's directory (created if missing)")
+    pa.add_argument("records", metavar="RECORDS.jsonl",
+                    help="one record per line: id, text and optional session, role, agent, tenant, time, "
+                         "importance, type, metadata (docs/memory.md)")
+    pa.add_argument("--analyzer", default=None, choices=sorted(ANALYZERS),
+                    help="tokenizer and stemmer, on creation only (default: default)")
+    pa.add_argument("--method", default=None, choices=METHODS, help="BM25 variant, on creation only (default: lucene)")
+    pa.add_argument("--k1", type=float, default=None, help="BM25 k1, on creation only (default: 1.2)")
+    pa.add_argument("--b", type=float, default=None, help="BM25 b, on creation only (default: 0.75)")
+    pa.add_argument("--delta", type=float, default=None,
+                    help="BM25 delta, bm25l and bm25+ only, on creation only (default: 0.5)")
+    pa.add_argument("--partition-days", type=float, default=None,
+                    help="width of the time partitions in days, 0 turns them off, on creation only (default: 7)")
+    lock_timeout(pa)
     pa.set_defaults(func=_cmd_add)
 
-    pd = sub.add_parser("delete", help="delete records by id")
-    pd.add_argument("memory_dir", metavar="MEMORY_DIR")
-    pd.add_argument("--ids", required=True, metavar="IDS.txt", help="one id per line")
-    pd.add_argument("--missing-ok", action="store_true", help="skip unknown ids instead of failing")
-    pd.add_argument("--lock-timeout", type=float, default=10.0, help="seconds to wait for another writer")
+    pd = sub.add_parser("delete", help="delete records by id",
+                        description="Delete the records named in IDS.txt (one id per line), all or none.")
+    pd.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
+    pd.add_argument("--ids", required=True, metavar="IDS.txt", help="one id per line (required)")
+    pd.add_argument("--missing-ok", action="store_true",
+                    help="skip unknown ids instead of failing (default: fail, deleting nothing)")
+    lock_timeout(pd)
     pd.set_defaults(func=_cmd_delete)
 
-    ps = sub.add_parser("search", help="search a memory")
-    ps.add_argument("memory_dir", metavar="MEMORY_DIR")
+    ps = sub.add_parser("search", help="search a memory",
+                        description="Search a memory: exact global BM25 over the live records, or a Retriever "
+                                    "configuration (--config, --unit session). Writes one JSON line per query "
+                                    "or TREC run lines.")
+    ps.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
     g = ps.add_mutually_exclusive_group(required=True)
-    g.add_argument("--query", metavar="TEXT")
-    g.add_argument("--queries", metavar="QUERIES.jsonl", help='one {"id", "text"[, "where"]} per line')
-    ps.add_argument("-k", type=int, default=10)
-    ps.add_argument("--where", metavar="JSON", help='filter, e.g. \'{"tenant": "acme", "time": {"gte": "2024-05-01"}}\'')
-    ps.add_argument("--backend", default="auto", choices=BACKENDS)
-    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"))
-    ps.add_argument("--mode", default="exhaustive", choices=MODES, help="partition scan (default: %(default)s)")
-    ps.add_argument("--max-partitions", type=int, default=None, metavar="K", help="budget of --mode budgeted")
+    g.add_argument("--query", metavar="TEXT", help="one query (its query_id is 0)")
+    g.add_argument("--queries", metavar="QUERIES.jsonl",
+                   help='a file of queries, one {"id", "text"[, "where"]} per line; a line\'s where is AND-ed '
+                        "with --where")
+    ps.add_argument("-k", type=int, default=10, help="results per query (default: %(default)s)")
+    ps.add_argument("--where", metavar="JSON", default=None,
+                    help='filter on record fields and metadata, e.g. \'{"tenant": "acme", "time": {"gte": '
+                         '"2024-05-01"}}\' (default: no filter)')
+    ps.add_argument("--backend", default="auto", choices=BACKENDS,
+                    help="scorer: auto picks the GPU when usable, else a CPU scorer (default: %(default)s)")
+    ps.add_argument("--format", default="jsonl", choices=("jsonl", "trec"),
+                    help="output: JSON lines with each hit's fields, or TREC run lines (default: %(default)s)")
+    ps.add_argument("--mode", default="exhaustive", choices=MODES,
+                    help="time-partition scan: exhaustive (all at once), newest (newest first, stopping when no "
+                         "older partition can change the top k), budgeted (newest first, at most --max-partitions) "
+                         "(default: %(default)s)")
+    ps.add_argument("--max-partitions", type=int, default=None, metavar="K",
+                    help="partitions to scan with --mode budgeted (default: no limit)")
     ps.add_argument("--config", metavar="CONFIG.json", default=None,
-                    help="a Retriever configuration (channels and fusion, docs/retriever.md) instead of plain BM25")
+                    help="search with a Retriever configuration (channels and fusion, docs/retriever.md) "
+                         "instead of plain BM25 (default: plain BM25, or the retriever saved beside the memory "
+                         "with --unit session)")
     ps.add_argument("--unit", default="record", choices=("record", "session"),
                     help="rank records, or sessions with their best records (default: %(default)s)")
     ps.set_defaults(func=_cmd_search)
 
-    pi = sub.add_parser("info", help="records, tenants, segments, partitions, time span")
-    pi.add_argument("memory_dir", metavar="MEMORY_DIR")
-    pi.add_argument("--json", action="store_true", help="machine-readable output")
+    pi = sub.add_parser("info", help="records, tenants, segments, partitions, time span",
+                        description="Describe a memory: records, tenants, segments, partitions, time span, "
+                                    "terms and BM25 parameters.")
+    pi.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
+    pi.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     pi.set_defaults(func=_cmd_info)
     return pm

@@ -20,7 +20,6 @@ MARKUP = re.compile(r"``|:(?:func|class|meth|mod|attr|data|obj|ref|doc):`")
 #: Parsers whose options other helpers of this session are fixing on their own branches.
 OWNED_ELSEWHERE = {
     "gpuir eval": "helper 'eval' is fixing gpuir eval's help texts (gpuir/eval/cli.py) on its branch",
-    "gpuir parity": "helper 'h10' owns gpuir/parity.py: --qrels needs a visible default",
 }
 
 

@@ -143,9 +143,23 @@ def build_retriever(ds: EvalDataset, config: RetrieverConfig) -> Retriever:
         for s in range(0, len(recs), 50_000):
             mem.add(recs[s: s + 50_000])
         _CACHE["memory"] = (ds, (dkey, repr(analyzer)), mem)
-    r = Retriever(mem, config)
+    r = Retriever(mem, config, encoder=_shared_encoder(config))
     _CACHE["retriever"] = (ds, (dkey, repr(config.to_config())), r)
     return r
+
+
+_ENCODERS: dict[Any, Any] = {}
+
+
+def _shared_encoder(config: RetrieverConfig) -> Any:
+    """One encoder per model for every configuration evaluated in this process (None: no dense channel)."""
+    if not getattr(config, "needs_encoder", False):
+        return None
+    if config.encoder not in _ENCODERS:
+        from ..dense.encoder import Encoder
+
+        _ENCODERS[config.encoder] = Encoder(config.encoder)
+    return _ENCODERS[config.encoder]
 
 
 def _ranked(ds: EvalDataset, r: Retriever, nums: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -208,13 +208,13 @@ def header_lines(res: runner.EvalResult, args: argparse.Namespace, options: dict
     if not backend:
         backend = resolve_backend(args.backend)[0]
     shown = {k: v for k, v in options.items() if v is not None}
-    out = [f"{ds.name} ({ds.unit}s: {ds.n_docs}), method {args.method}, backend {backend}"]
+    out = [_wrapped("", f"{ds.name} ({ds.unit}s: {ds.n_docs}), method {args.method}, backend {backend}")]
     if shown and "retriever_config" not in m:
         out.append(_wrapped("options: ", json.dumps(shown, sort_keys=True)))
     n_sc = int(res.mask("scored").sum())
     clus = "conversations" if ds.name == "locomo" else "questions"
-    out.append(f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
-               f"({clus} resampled, {res.n_boot} replicates)")
+    out.append(_wrapped("", f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
+                            f"({clus} resampled, {res.n_boot} replicates)"))
     if "retriever_config" in m:  # the configuration that ran, as a --config file holds it
         name = options.get("config") or ("default_config()" if args.method in ("default", "fusion") else "")
         out.append(_wrapped(f"configuration {name}: " if name else "configuration: ",
@@ -498,7 +498,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     pb = sub.add_parser("beir", help="any BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)",
                         description="Evaluate on a BEIR-format folder.", **_parser_kw())
-    _common(pb, "folder holding corpus.jsonl, queries.jsonl and qrels/ (required)")
+    _common(pb, "folder holding corpus.jsonl, queries.jsonl and qrels/ (no default: required for beir)")
     pb.add_argument("--split", default="test", help="qrels/<split>.tsv (default: %(default)s)")
     pb.add_argument("--no-title", action="store_true", help="index text only, without the title (default: with it)")
     pb.set_defaults(func=_run_guarded(_cmd_eval), unit="document")

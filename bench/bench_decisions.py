@@ -43,12 +43,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpuir.eval import runner  # noqa: E402
-from gpuir.eval.compare import paired_metrics_for, paired_rows  # noqa: E402
-from gpuir.eval.config_methods import (  # noqa: E402
-    load_named_config, named_configs, question_times, set_path)
-from gpuir.eval.latency import measure_latency  # noqa: E402
-from gpuir.eval.selection import cv_folds, cv_select  # noqa: E402
+from gpuir.eval import runner
+from gpuir.eval.compare import paired_metrics_for, paired_rows
+from gpuir.eval.config_methods import load_named_config, named_configs, question_times, set_path
+from gpuir.eval.latency import measure_latency
+from gpuir.eval.selection import cv_folds, cv_select
 
 #: Values swept for tuned numbers, per configuration: path -> values.
 SWEEPS: dict[str, dict[str, list[Any]]] = {
@@ -67,7 +66,7 @@ def machine_name() -> str:
         ok, why = cuda_device()
         if ok:
             return "gpu-" + "".join(c if c.isalnum() else "-" for c in why.split("(")[0].strip()).strip("-").lower()
-    except Exception:  # noqa: BLE001 - any failure means "no GPU"
+    except Exception:  # noqa: BLE001, S110 - any failure means "no GPU"
         pass
     return f"cpu{os.cpu_count()}"
 

@@ -33,7 +33,7 @@ def _eval_parsers():
 
 
 def test_every_option_has_help_and_a_visible_default():
-    pe, subs = _eval_parsers()
+    _, subs = _eval_parsers()
     for name, sp in subs.items():
         for a in sp._actions:
             if isinstance(a, argparse._HelpAction):

@@ -53,10 +53,9 @@ def test_measure_latency_paths_and_batches():
 def test_measure_latency_sample_and_no_paths():
     class Plain:
         def search(self, queries, **kw):
-            class R:
-                meta = {}
-
-            return R()
+            r = type("R", (), {})()
+            r.meta = {}
+            return r
 
     out = measure_latency(Plain(), ["x", "y", "z"], single=[0, 2])
     assert out["batch1"]["all"]["n"] == 2 and "skip" not in out["batch1"] and out["skip_rate"] is None

@@ -105,7 +105,7 @@ def set_path(cfg: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         if isinstance(node, list):
             try:
                 j = int(part)
-                node[j]  # noqa: B018 - index check
+                node[j]
             except (ValueError, IndexError):
                 raise ValueError(f"--tune {path}: {part!r} is not an item number of a list of {len(node)}") from None
             if last:
@@ -120,7 +120,7 @@ def set_path(cfg: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
                     node[part] = {}
                 node = node[part]
         else:
-            raise ValueError(f"--tune {path}: {part!r} is below a value, not a section")
+            raise ValueError(f"--tune {path}: {part!r} is below a value, not a section")  # noqa: TRY004
     return out
 
 
@@ -140,7 +140,7 @@ def question_times(ds: EvalDataset, queries: Sequence[EvalQuery]) -> list[int | 
         else:
             if dt.tzinfo is None:
                 dt = dt.replace(tzinfo=timezone.utc)
-            out.append(int(round(dt.timestamp() * 1000)))
+            out.append(round(dt.timestamp() * 1000))
     return out
 
 

@@ -48,7 +48,7 @@ def _plain(head: Sequence[str], rows: Sequence[Sequence[str]], keys: int, width:
     for bi, cols in enumerate(blocks):
         idx = list(range(keys)) + cols
 
-        def fmt(r: Sequence[str]) -> str:
+        def fmt(r: Sequence[str], idx: list[int] = idx) -> str:
             return "  ".join(r[i].ljust(widths[i]) if i == 0 else r[i].rjust(widths[i]) for i in idx).rstrip()
 
         if bi:

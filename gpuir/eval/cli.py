@@ -209,16 +209,14 @@ def header_lines(res: runner.EvalResult, args: argparse.Namespace, options: dict
         backend = resolve_backend(args.backend)[0]
     shown = {k: v for k, v in options.items() if v is not None}
     out = [_wrapped("", f"{ds.name} ({ds.unit}s: {ds.n_docs}), method {args.method}, backend {backend}")]
-    if shown and "retriever_config" not in m:
+    if shown:
         out.append(_wrapped("options: ", json.dumps(shown, sort_keys=True)))
     n_sc = int(res.mask("scored").sum())
     clus = "conversations" if ds.name == "locomo" else "questions"
     out.append(_wrapped("", f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
                             f"({clus} resampled, {res.n_boot} replicates)"))
-    if "retriever_config" in m:  # the configuration that ran, as a --config file holds it
-        name = options.get("config") or ("default_config()" if args.method in ("default", "fusion") else "")
-        out.append(_wrapped(f"configuration {name}: " if name else "configuration: ",
-                            json.dumps(m["retriever_config"], sort_keys=True)))
+    if "retriever_config" in m:  # the configuration that ran, on one line as a --config file holds it
+        out.append(f"retriever configuration: {json.dumps(m['retriever_config'], sort_keys=True)}")
         if m.get("alpha") == "loco":
             unit = "conversation" if ds.name == "locomo" else "fold"
             out.append(_wrapped("", f"chosen per held-out {unit} on the others by {m['select_metric']} "

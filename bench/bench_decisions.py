@@ -2,7 +2,8 @@
 
     python bench/bench_decisions.py                                   # LoCoMo, every configuration that loads
     python bench/bench_decisions.py --datasets locomo,longmemeval --configs current_best,dense_hybrid,cascade
-    python bench/bench_decisions.py --n-single 300 --machine cpu2     # time 300 questions one at a time
+    python bench/bench_decisions.py --n-single 0 --machine cpu2       # time every question one at a time
+    python bench/bench_decisions.py --replot bench/results/decisions_cpu2.json   # redraw the plot only
 
 For each configuration of ``gpuir/data/configs`` (``--configs``) and data set:
 
@@ -116,7 +117,7 @@ def bench_one(ds, name: str, setting: dict[str, Any], cfg: dict[str, Any], args,
     import inspect
 
     at = question_times(ds, qs) if "at" in inspect.signature(r.search).parameters else None
-    n_single = len(qs) if args.n_single is None else min(args.n_single, len(qs))
+    n_single = len(qs) if not args.n_single else min(args.n_single, len(qs))
     single = np.sort(rng.choice(len(qs), size=n_single, replace=False)) if n_single < len(qs) else None
     lat = measure_latency(r, texts, k=10, where=wheres, at=at, unit="session", backend=args.backend,
                           batch_size=args.batch, single=single, progress=args.progress)
@@ -140,9 +141,12 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
         pts = []
         for row in results[d]["rows"]:
             x = row["latency"]["batched"]["amortised_ms"]
-            y = row["quality"]["overall"][metric]["mean"]
+            iv = row["quality"]["overall"][metric]
+            y = iv["mean"]
             lab = row["config"] + ("".join(f" {k.split('.')[-1]}={v}" for k, v in row["setting"].items()))
             pts.append((x, y, lab, row["config"]))
+            ax.errorbar([x], [y], yerr=[[y - iv["lo"]], [iv["hi"] - y]], fmt="none", ecolor="0.6", lw=0.8,
+                        capsize=2)
         names = sorted({p[3] for p in pts})
         cmap = plt.get_cmap("tab10")
         for i, n in enumerate(names):
@@ -164,7 +168,7 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
                         fmt="*", ms=12, color="k", label=f"{cv['config']} held out")
         ax.set_xscale("log")
         ax.set_xlabel(f"amortised latency, ms/question (batches of {results[d]['batch']}, measured)")
-        ax.set_ylabel(f"{metric} (all questions)")
+        ax.set_ylabel(f"{metric}, 95% cluster-bootstrap interval")
         ax.set_title(f"{d}: quality vs latency ({results[d]['machine']})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -180,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated configuration names (default: all of {', '.join(named_configs())})")
     ap.add_argument("--backend", default="auto", help="BM25 backend (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=64, help="questions per batched call (default: %(default)s)")
-    ap.add_argument("--n-single", type=int, default=None,
-                    help="questions timed one at a time, a seeded sample (default: all)")
+    ap.add_argument("--n-single", type=int, default=400,
+                    help="questions timed one at a time, a seeded sample; 0: all (default: %(default)s)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (default: %(default)s)")
     ap.add_argument("--tolerance", type=float, default=0.005,
                     help="cascade selection: allowed loss of the headline metric (default: %(default)s)")
@@ -189,7 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON (default: bench/results/decisions_<machine>.json)")
     ap.add_argument("--plot", default=str(REPO / "docs/img/decisions_pareto.png"), help="(default: %(default)s)")
     ap.add_argument("--progress", action="store_true", help="progress bars (default: off)")
+    ap.add_argument("--replot", metavar="DECISIONS.json", default=None,
+                    help="only redraw the plot from a results file (default: run the benchmark)")
     args = ap.parse_args(argv)
+    if args.replot:
+        import json
+
+        pareto_plot(json.loads(Path(args.replot).read_text())["datasets"], Path(args.plot))
+        print(f"-> {args.plot}", file=sys.stderr)
+        return 0
     machine = args.machine or machine_name()
     out_path = Path(args.out or REPO / f"bench/results/decisions_{machine}.json")
     names = args.configs.split(",") if args.configs else named_configs()
@@ -259,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                     "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
         results[key] = block
     report = {"machine": runner.machine_info(), "machine_name": machine, "seconds": time.perf_counter() - t_start,
-              "datasets": results}
+              "args": vars(args), "datasets": results}
     runner.save_json(report, out_path)
     print(f"-> {out_path}", file=sys.stderr)
     if args.plot:

@@ -54,6 +54,8 @@ from gpuir.eval.selection import cv_folds, cv_select
 SWEEPS: dict[str, dict[str, list[Any]]] = {
     "cascade": {"cascade.tau": [0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0]},
     "all": {"cascade.tau": [0.0, 0.05, 0.1, 0.2, 0.3, 1.0]},
+    "temporal": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
+    "entity": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
 }
 #: The headline quality metric of each data set (the Pareto plot's y axis, the selection metric).
 HEADLINE = {"locomo": "hit@1", "longmemeval": "recall_all@5"}
@@ -260,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 groups = [q.group for q in qs]
                 ho = bootstrap_ci(sel["heldout"], groups, n_boot=args.n_boot).to_dict()
+                paired = None
+                if baseline is not None:  # held-out figure against the current best, paired
+                    from gpuir.eval.stats import paired_bootstrap
+
+                    base_v = baseline.per_query[HEADLINE[key]][baseline.mask("scored")]
+                    paired = paired_bootstrap(sel["heldout"], base_v, groups, n_boot=args.n_boot)
                 # latency of the held-out choice: each question at its fold's setting's mean batched latency
                 am = float(np.mean([runs[s]["latency"]["batched"]["amortised_ms"] for s in sel["heldout_setting"]]))
                 block["cv"][name] = {
@@ -267,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                     "skip_rate_heldout": (None if "heldout_cost" not in sel else 1 - float(sel["heldout_cost"].mean())),
                     "chosen_per_fold": {str(f): dict(c) for f, c in sel["chosen"].items()},
                     "in_sample_choice": dict(sel["best_overall"]), "in_sample_mean": sel["best_overall_mean"],
-                    "amortised_ms": am, "tolerance": args.tolerance,
+                    "amortised_ms": am, "tolerance": args.tolerance, "paired_vs_current_best": paired,
                     "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
         results[key] = block
     report = {"machine": runner.machine_info(), "machine_name": machine, "seconds": time.perf_counter() - t_start,

@@ -76,8 +76,11 @@ def test_missing_routing_extra_and_import_errors_exit_2(monkeypatch, capsys):
     with pytest.raises(ImportError, match=r"pip install 'gpuir\[routing\]'"):
         ecli._require("routing", "configuration 'router'")
     assert ecli._config_extras({"channels": [{"kind": "temporal"}]}) == ["routing"]
-    assert ecli._config_extras({"router": {"classifier": "regex", "routes": {"x": {"channels": [{"kind": "late"}]}}},
+    assert ecli._config_extras({"router": {"classifier": {"classes": ["a"]},
+                                           "routes": {"x": {"channels": [{"kind": "late"}]}}},
                                 "channels": [{"kind": "bm25"}]}) == ["dense", "routing"]
+    assert ecli._config_extras({"router": {"classifier": "regex"}, "type_filter": {"min_results": 5},
+                                "channels": [{"kind": "entity"}]}) == []  # rule-based: no extra
     assert ecli._config_extras({"channels": [{"kind": "bm25_session"}]}) == []
 
     def boom(args):

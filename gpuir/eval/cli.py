@@ -145,16 +145,20 @@ def _require(extra: str, what: str) -> None:
 
 
 def _config_extras(cfg: Any) -> list[str]:
-    """Extras a RetrieverConfig dict needs: dense for dense channels, routing for routers and parsers."""
+    """Extras a RetrieverConfig dict needs: dense for dense channels; routing for the temporal channel
+    (dateparser) and trained query-type classifiers (scikit-learn). Regex classifiers, the entity
+    channel, the type filter and enrichment are rule-based and need neither."""
     d = cfg if isinstance(cfg, dict) else cfg.to_config()
     out = []
-    text = json.dumps(d)
     kinds = set()
+    trained = []
 
     def walk(x: Any) -> None:
         if isinstance(x, dict):
             if "kind" in x:
                 kinds.add(x["kind"])
+            if isinstance(x.get("classifier"), dict):
+                trained.append(x["classifier"])
             for v in x.values():
                 walk(v)
         elif isinstance(x, list):
@@ -164,8 +168,7 @@ def _config_extras(cfg: Any) -> list[str]:
     walk(d)
     if kinds & {"dense", "late"}:
         out.append("dense")
-    if kinds & {"temporal", "entity"} or any(d.get(f) for f in ("router", "type_filter", "enrich")) \
-            or '"classifier"' in text:
+    if "temporal" in kinds or trained:
         out.append("routing")
     return out
 

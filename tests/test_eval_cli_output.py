@@ -159,3 +159,19 @@ def test_baseline_paired_table(capsys, data_dir, tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())
     overall = rep["baseline"]["paired"][0]
     assert overall["subset"] == "overall" and overall["hit@1"]["delta"] == 0 and overall["hit@1"]["p"] == 1.0
+
+
+def test_compare_by_category(tmp_path, capsys):
+    def rep(vals):
+        return {"per_query": {"qid": ["q1", "q2", "q3", "q4"], "category": ["x", "x", "y", "y"],
+                              "group": ["g1", "g2", "g1", "g2"], "scored": [True] * 4, "hit@1": vals}}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(rep([1, 1, 0, 1])))
+    b.write_text(json.dumps(rep([0, 0, 0, 1])))
+    assert _cli(["eval", "compare", str(a), str(b), "--by-category", "--json", "--n-boot", "200"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["delta"] == 0.5 and r["by_category"]["x"]["delta"] == 1.0 and r["by_category"]["y"]["delta"] == 0.0
+    assert _cli(["eval", "compare", str(a), str(b), "--by-category", "--n-boot", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "category" in out and "+1.000" in out

@@ -101,3 +101,13 @@ def test_method_default_ranks_as_the_fusion_method(locomo):
     tuned = t.run.meta["tuned"]
     assert tuned["n_settings"] == 2 and len(tuned["chosen_per_fold"]) == 5
     assert all(v["channels.0.weight"] in (0.5, 0.75) for v in tuned["chosen_per_fold"].values())
+
+
+def test_decision_summary_rates_and_skip_rate_by_category():
+    dec = {"escalated": np.array([True, False, False, True]), "route": ["t", "t", "m", "m"],
+           "widened": np.array([False, False, False, True])}
+    s = cm._decision_summary(dec, ["a", "a", "b", "b"])
+    assert s["escalated_rate"] == 0.5 and s["skip_rate"] == 0.5 and s["widened_rate"] == 0.25
+    assert s["skip_rate_by_category"] == {"a": 0.5, "b": 0.5}
+    assert s["routes"] == {"m": 2, "t": 2}
+    assert cm._decision_summary({}) == {}

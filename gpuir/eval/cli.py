@@ -1,21 +1,9 @@
-"""``gpuir eval``: evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
+"""gpuir eval: evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
 
-::
-
-    gpuir eval locomo      [--data locomo10.json] [--unit session|turn] [--method bm25] ...
-    gpuir eval longmemeval [--data longmemeval_s_cleaned_499.json.gz] [--split s|oracle] [--roles user|all]
-    gpuir eval beir        --data DIR [--split test]
-    gpuir eval compare     A.json B.json [--metric hit@1]        paired bootstrap of two reports
-    gpuir eval ablation    locomo|longmemeval [--data ...] --out ablation.json
-
-Every evaluation prints a table (overall and per category / question type,
-each cell ``mean [95% interval]``), and optionally writes the JSON report
-(``--out``), the TREC run (``--run``) and the qrels (``--qrels``).
-Bad input (a malformed data set included) and file-system errors exit with
-status 2 and a message that says what to fix.
-
-Methods come from :data:`gpuir.eval.runner.METHODS`; each registered method adds
-its own options here.
+The command's own description (what ``gpuir eval --help`` prints) is DESCRIPTION below, plain
+text. Methods come from gpuir.eval.runner.METHODS; each registered method adds its own options.
+Bad input, a missing optional extra and file-system errors exit with status 2 and a message
+that says what to fix.
 """
 
 from __future__ import annotations
@@ -347,6 +335,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     groups = [pa["group"][ia[q]] for q in common]
     r = paired_bootstrap(va, vb, groups, n_boot=args.n_boot, seed=args.seed)
     r.update(metric=args.metric, a=args.a, b=args.b, mean_a=float(va.mean()), mean_b=float(vb.mean()))
+    if args.by_category:  # the same test within each category / question type
+        cats = [pa["category"][ia[q]] for q in common]
+        r["by_category"] = {}
+        for c in sorted(set(cats)):
+            sel = np.array([x == c for x in cats])
+            rc = paired_bootstrap(va[sel], vb[sel], [g for g, s in zip(groups, sel) if s], n_boot=args.n_boot,
+                                  seed=args.seed)
+            rc.update(mean_a=float(va[sel].mean()), mean_b=float(vb[sel].mean()))
+            r["by_category"][c] = rc
     if args.json:
         print(json.dumps(r, indent=1))
     else:
@@ -355,6 +352,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"  B {args.b}: {r['mean_b']:.4f}")
         print(f"  A - B = {r['delta']:+.4f}  95% [{r['lo']:+.4f}, {r['hi']:+.4f}]  p = {r['p']:.4f}  "
               f"(A better on {r['wins']}, worse on {r['losses']})")
+        if args.by_category:
+            from .tables import render
+
+            rows = [[c, str(x["n"]), f"{x['mean_a']:.3f}", f"{x['mean_b']:.3f}",
+                     f"{x['delta']:+.3f} [{x['lo']:+.3f},{x['hi']:+.3f}]", f"{x['p']:.4f}"]
+                    for c, x in r["by_category"].items()]
+            print(render(["category", "n", "A", "B", "A - B [95%]", "p"], rows, "table"))
     return 0
 
 
@@ -512,6 +516,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pc.add_argument("--n-boot", type=_positive_int, default=10000, help="bootstrap replicates (default: %(default)s)")
     pc.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     pc.add_argument("--json", action="store_true", help="print the result as JSON (default: text)")
+    pc.add_argument("--by-category", action="store_true",
+                    help="also test within each category / question type (default: overall only)")
     pc.set_defaults(func=_run_guarded(_cmd_compare))
 
     pa = sub.add_parser("ablation", help="BM25 analyzer x k1 x b grid, with leave-one-conversation-out selection",

@@ -226,13 +226,19 @@ def config_search(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
                             "memory": {"records": len(r.memory), "sessions": len(names)}}
 
 
-def _decision_summary(dec: dict[str, Any]) -> dict[str, Any]:
+def _decision_summary(dec: dict[str, Any], categories: Sequence[str] | None = None) -> dict[str, Any]:
+    """Rates of the per-question decisions (and, given each question's category, the skip rate per category)."""
     out: dict[str, Any] = {}
     for n in ("escalated", "widened", "window"):
         if n in dec and len(dec[n]):
             out[f"{n}_rate"] = float(np.mean(dec[n]))
-    if "escalated" in out:
+    if "escalated_rate" in out:
         out["skip_rate"] = 1.0 - out["escalated_rate"]
+        if categories is not None and len(categories) == len(dec["escalated"]):
+            cats = np.asarray(categories, dtype=object)
+            esc = np.asarray(dec["escalated"], dtype=bool)
+            out["skip_rate_by_category"] = {str(c): float(1.0 - esc[cats == c].mean())
+                                            for c in sorted(set(cats.tolist()), key=str)}
     if "route" in dec:
         vals, cnt = np.unique(np.array(dec["route"], dtype=object).astype(str), return_counts=True)
         out["routes"] = {str(v): int(c) for v, c in zip(vals, cnt)}
@@ -279,7 +285,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
         ranked, scores, info = config_search(ds, queries, k, config, backend=backend, progress=progress)
         return Run(ranked, scores, {
             "backend": info["backend"], "retriever_config": base, "memory": info["memory"],
-            "decisions": _decision_summary(info["decisions"]),
+            "decisions": _decision_summary(info["decisions"], [q.category for q in queries]),
             "per_query_decisions": {n: (v.tolist() if isinstance(v, np.ndarray) else v)
                                     for n, v in info["decisions"].items()},
             "stage_seconds": info["timings"], "timings": {"total_s": time.perf_counter() - t0}})
@@ -348,7 +354,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
                   "chosen_per_fold": {str(f): show(c) for f, c in chosen.items()},
                   "heldout_mean": sel["mean"], "in_sample_choice": show(sel["best_overall"]),
                   "in_sample_mean": sel["best_overall_mean"], "n_settings": len(settings)},
-        "decisions": _decision_summary(decisions),
+        "decisions": _decision_summary(decisions, [q.category for q in queries]),
         "timings": {"total_s": time.perf_counter() - t0}})
 
 

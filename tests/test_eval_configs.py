@@ -111,3 +111,71 @@ def test_decision_summary_rates_and_skip_rate_by_category():
     assert s["skip_rate_by_category"] == {"a": 0.5, "b": 0.5}
     assert s["routes"] == {"m": 2, "t": 2}
     assert cm._decision_summary({}) == {}
+
+
+def _toy_cascade(monkeypatch):
+    """A data set of 12 questions over 4 conversations, and a fake search with a margin-triggered cascade.
+
+    Question i has a fixed margin m_i; the cheap ranking is right only on even questions; escalating
+    (margin < tau) makes every question right. So tau = 1 is best, and the cheapest tau that keeps
+    every odd question right is the smallest above every odd question's margin.
+    """
+    from gpuir.eval.datasets import EvalDataset, EvalQuery
+    from gpuir.eval.runner import evaluate
+
+    docs = [f"d{j}" for j in range(2)]
+    margins = np.array([0.5, 0.05, 0.6, 0.15, 0.7, 0.05, 0.8, 0.15, 0.9, 0.05, 0.4, 0.15])
+    qs = [EvalQuery(qid=f"q{i}", text=f"question {i}", gold={"d0": 1}, group=f"c{i % 4}",
+                    category="even" if i % 2 == 0 else "odd", candidates=tuple(docs), meta={"answer": "x"})
+          for i in range(12)]
+    ds = EvalDataset("toy", "session", docs, ["alpha", "beta"], [None, None], qs)
+
+    def fake_search(ds_, queries, k, config, **kw):
+        tau = (config.to_config() if hasattr(config, "to_config") else config).get("cascade", {}).get("tau", 0.0)
+        esc = margins < tau
+        right = esc | (np.arange(12) % 2 == 0)
+        ranked = np.where(right[:, None], np.array([[0, 1]]), np.array([[1, 0]]))
+        ranked = np.concatenate([ranked, np.full((12, k - 2), -1)], 1).astype(np.int64)
+        scores = np.where(ranked >= 0, 1.0, -np.inf).astype(np.float32)
+        return ranked, scores, {"decisions": {"escalated": esc, "route": ["even" if i % 2 == 0 else "odd"
+                                                                           for i in range(12)]},
+                                "timings": {}, "backend": "numpy", "memory": {}}
+
+    monkeypatch.setattr(cm, "config_search", fake_search)
+    monkeypatch.setattr(cm, "load_named_config", lambda c: c if isinstance(c, dict) else {"channels": []})
+    return ds, evaluate
+
+
+def test_tuned_cascade_tau_is_held_out_and_cheapest(monkeypatch):
+    ds, evaluate = _toy_cascade(monkeypatch)
+    grid = ["cascade.tau=0,0.1,0.2,1"]
+    best = evaluate(ds, "config", config="x", tune=grid, metric="hit@1", n_boot=50, k=5)
+    t = best.run.meta["tuned"]
+    assert t["cv"] == "auto" and t["n_settings"] == 4  # 4 conversations: leave one out
+    # conversation c1's odd questions have margin 0.05, c3's 0.15. Holding out c3, tau 0.1 already gets every
+    # training question right (ties: grid order), and c3's odd questions fail: held out is honest, not in-sample.
+    assert {f: v["cascade.tau"] for f, v in t["chosen_per_fold"].items()} == {"c0": 0.2, "c1": 0.2, "c2": 0.2,
+                                                                              "c3": 0.1}
+    assert best.per_query["hit@1"].mean() == pytest.approx(9 / 12) and t["in_sample_mean"] == 1.0
+    assert best.run.meta["decisions"]["skip_rate"] == pytest.approx(9 / 12)  # c1's 3 odd questions escalate
+    cheap = evaluate(ds, "config", config="x", tune=grid, metric="hit@1", select_cost="escalated", tolerance=0.5,
+                     n_boot=50, k=5)
+    # within 0.5 of the best training mean, the cheapest: holding out c1 or c3 leaves one odd conversation in
+    # training, so tau 0 (6/9) is within tolerance; holding out c0 or c2 leaves both, tau 0 (3/9) is not and
+    # tau 0.1 (6/9, 3 escalations) is the cheapest that is
+    chosen = cheap.run.meta["tuned"]["chosen_per_fold"]
+    assert {f: v["cascade.tau"] for f, v in chosen.items()} == {"c0": 0.1, "c1": 0, "c2": 0.1, "c3": 0}
+    assert cheap.per_query["hit@1"].mean() == pytest.approx(0.5)
+    assert cheap.run.meta["decisions"]["skip_rate"] == 1.0  # c0 and c2 hold even questions only: none escalates
+
+
+def test_tuned_per_route_taus(monkeypatch):
+    ds, evaluate = _toy_cascade(monkeypatch)
+    res = evaluate(ds, "config", config="x", tune=["cascade.tau=0,0.2,1"], metric="hit@1", select_cost="escalated",
+                   tolerance=0.0, tune_by="route", n_boot=50, k=5)
+    chosen = res.run.meta["tuned"]["chosen_per_fold"]
+    # even questions are right without escalating: tau 0 for them; odd ones need tau 0.2
+    for table in chosen.values():
+        assert table["even"] == {"cascade.tau": 0} and table["odd"] == {"cascade.tau": 0.2}
+    assert res.per_query["hit@1"].mean() == 1.0
+    assert res.run.meta["decisions"]["skip_rate_by_category"] == {"even": 1.0, "odd": 0.0}

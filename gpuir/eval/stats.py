@@ -178,11 +178,55 @@ def paired_bootstrap(
     }
 
 
+def paired_randomization(
+    a: np.ndarray,
+    b: np.ndarray,
+    clusters: Sequence[Hashable] | np.ndarray | None = None,
+    n_perm: int = 10000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Paired randomisation (sign-flip) test of mean(a) - mean(b), flipping whole clusters.
+
+    Under the null the two systems are exchangeable on every question, so each
+    cluster's summed difference is equally likely to have either sign. The
+    p-value is two-sided: ``p = (1 + #{|d*| >= |d|}) / (1 + n_perm)``.
+
+    Parameters
+    ----------
+    a, b : ndarray, shape (n,), float
+        The two systems' per-question values, aligned.
+    clusters : sequence of n labels, optional
+        Default: every question its own cluster.
+    n_perm : int
+    seed : int
+
+    Returns
+    -------
+    dict with ``delta``, ``p``, ``n``, ``n_clusters``.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-D arrays of one shape, got {a.shape} and {b.shape}")
+    d = a - b
+    n = d.size
+    codes, C = _clusters(n, clusters)
+    if n == 0:
+        return {"delta": float("nan"), "p": float("nan"), "n": 0, "n_clusters": 0}
+    sums = np.bincount(codes, weights=d, minlength=C)
+    rng = np.random.default_rng(seed)
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(n_perm, C))
+    reps = (signs @ sums) / n
+    delta = float(d.mean())
+    p = float((1 + (np.abs(reps) >= abs(delta) - 1e-15).sum()) / (1 + n_perm)) if delta != 0 else 1.0
+    return {"delta": delta, "p": p, "n": int(n), "n_clusters": int(C)}
+
+
 def leave_one_group_out(
     scores: Mapping[Any, np.ndarray],
     groups: Sequence[Hashable] | np.ndarray,
 ) -> dict[str, Any]:
-    """Leave-one-conversation-out selection of a hyperparameter.
+    """Leave-one-conversation-out selection of a hyperparameter (:func:`gpuir.eval.selection.cv_select`).
 
     For each group g, pick the setting with the best mean over the questions
     of all *other* groups (ties: the first setting in ``scores`` order), then
@@ -205,38 +249,13 @@ def leave_one_group_out(
         ``best_overall`` : the setting with the best mean on all questions (for comparison);
         ``best_overall_mean`` : float, its in-sample mean (optimistic).
     """
-    settings = list(scores)
-    if not settings:
-        raise ValueError("scores must hold at least one setting")
-    M = np.stack([np.asarray(scores[s], dtype=np.float64) for s in settings])  # (S, n)
-    if M.ndim != 2:
-        raise ValueError("each setting's scores must be a 1-D array")
-    n = M.shape[1]
-    codes, G = _clusters(n, groups)
-    if G < 2:
+    from .selection import cv_select  # the one home of cross-validated selection
+
+    if len(set(np.asarray(groups, dtype=object).tolist())) < 2:
         raise ValueError("leave-one-group-out needs at least two groups")
-    labels = np.asarray(groups)
-    sums = np.stack([np.bincount(codes, weights=row, minlength=G) for row in M])  # (S, G)
-    counts = np.bincount(codes, minlength=G).astype(np.float64)
-    tot, tot_n = sums.sum(axis=1), counts.sum()
-    heldout = np.empty(n, dtype=np.float64)
-    chosen: dict[Any, Any] = {}
-    for g in range(G):
-        rest = (tot - sums[:, g]) / (tot_n - counts[g])
-        best = int(np.argmax(rest))  # first maximum
-        mask = codes == g
-        heldout[mask] = M[best, mask]
-        label = labels[mask][0]
-        chosen[label.item() if hasattr(label, "item") else label] = settings[best]
-    overall = M.mean(axis=1)
-    bi = int(np.argmax(overall))
-    return {
-        "heldout": heldout,
-        "mean": float(heldout.mean()),
-        "chosen": chosen,
-        "best_overall": settings[bi],
-        "best_overall_mean": float(overall[bi]),
-    }
+    r = cv_select(scores, groups)
+    return {k: r[k] for k in ("heldout", "mean", "chosen", "best_overall", "best_overall_mean")}
 
 
-__all__ = ["Interval", "bootstrap_ci", "bootstrap_table", "leave_one_group_out", "paired_bootstrap"]
+__all__ = ["Interval", "bootstrap_ci", "bootstrap_table", "leave_one_group_out", "paired_bootstrap",
+           "paired_randomization"]

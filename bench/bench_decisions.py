@@ -1,0 +1,292 @@
+"""Per-query decisions, measured: quality and wall-clock latency of named Retriever configurations.
+
+    python bench/bench_decisions.py                                   # LoCoMo, every configuration that loads
+    python bench/bench_decisions.py --datasets locomo,longmemeval --configs current_best,dense_hybrid,cascade
+    python bench/bench_decisions.py --n-single 0 --machine cpu2       # time every question one at a time
+    python bench/bench_decisions.py --replot bench/results/decisions_cpu2.json   # redraw the plot only
+
+For each configuration of ``gpuir/data/configs`` (``--configs``) and data set:
+
+* **quality**: every question in one evaluation (``gpuir eval <ds> --method config``):
+  LoCoMo Hit@1 / Hit@5 / MRR, LongMemEval recall_all@5 / nDCG@5, AnswerSubstr@5, per
+  category / question type, 95% cluster-bootstrap intervals, and a paired bootstrap
+  test against ``current_best``;
+* **tuned numbers** (``SWEEPS``: the cascade's ``tau``): every value is run; the
+  quality and latency of each is a point of the Pareto curve, and the held-out
+  figure is cross-validated (:func:`gpuir.eval.selection.cv_select`: leave one
+  conversation out on LoCoMo, stratified 5-fold on LongMemEval; the cheapest
+  ``tau`` within ``--tolerance`` of the best training Hit@1 / recall_all@5);
+* **latency**, measured on the wall clock (:func:`gpuir.eval.latency.measure_latency`):
+  batch of 1 (p50, p99, mean; by path, skip vs escalate, when the search reports
+  ``meta["escalated"]``; by stage from ``meta["timings"]``) and batched
+  (``--batch``; amortised = wall time / questions). The query encoder runs without
+  its on-disk cache while timing, so dense channels pay for encoding every question.
+
+Writes ``bench/results/decisions_<machine>.json`` and ``docs/img/decisions_pareto.png``
+(quality against amortised batched latency). A configuration this gpuir cannot
+load yet (fields of issue 13 not merged) is listed under ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpuir.eval import runner
+from gpuir.eval.compare import paired_metrics_for, paired_rows
+from gpuir.eval.config_methods import load_named_config, named_configs, question_times, set_path
+from gpuir.eval.latency import measure_latency
+from gpuir.eval.selection import cv_folds, cv_select
+
+#: Values swept for tuned numbers, per configuration: path -> values.
+SWEEPS: dict[str, dict[str, list[Any]]] = {
+    "cascade": {"cascade.tau": [0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0]},
+    "all": {"cascade.tau": [0.0, 0.05, 0.1, 0.2, 0.3, 1.0]},
+    "temporal": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
+    "entity": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
+}
+#: The headline quality metric of each data set (the Pareto plot's y axis, the selection metric).
+HEADLINE = {"locomo": "hit@1", "longmemeval": "recall_all@5"}
+
+
+def machine_name() -> str:
+    """``cpu<cores>``, or the GPU's name when CuPy can use one."""
+    try:
+        from gpuir._compat import cuda_device
+
+        ok, why = cuda_device()
+        if ok:
+            return "gpu-" + "".join(c if c.isalnum() else "-" for c in why.split("(")[0].strip()).strip("-").lower()
+    except Exception:  # noqa: BLE001, S110 - any failure means "no GPU"
+        pass
+    return f"cpu{os.cpu_count()}"
+
+
+def load(name: str):
+    from gpuir.eval.datasets import load_locomo, load_longmemeval
+
+    return load_locomo() if name == "locomo" else load_longmemeval(split="s")
+
+
+def variants(name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(setting, config dict) of a configuration: one, or one per sweep value."""
+    base = load_named_config(name).to_config()
+    sweep = SWEEPS.get(name)
+    if not sweep:
+        return [({}, base)]
+    out = []
+    for path, values in sweep.items():
+        for v in values:
+            out.append(({path: v}, set_path(base, path, v)))
+    return out
+
+
+def summary(res, cols: list[str]) -> dict[str, Any]:
+    s = res.summary()
+    return {"overall": {c: s["overall"][c] for c in cols if c in s["overall"]},
+            "by_category": {cat: {c: blk[c] for c in cols if c in blk} for cat, blk in s["by_category"].items()}}
+
+
+def bench_one(ds, name: str, setting: dict[str, Any], cfg: dict[str, Any], args, rng) -> tuple[Any, dict]:
+    from gpuir.eval.retriever_methods import build_retriever, haystack_wheres
+
+    t0 = time.perf_counter()
+    res = runner.evaluate(ds, "config", k=100, backend=args.backend, progress=False, n_boot=args.n_boot,
+                          config=cfg)
+    t_eval = time.perf_counter() - t0
+    from gpuir.retrieve import RetrieverConfig
+
+    r = build_retriever(ds, RetrieverConfig.from_config(cfg))
+    if getattr(r.config, "needs_encoder", False) and hasattr(r, "_encoder"):
+        from gpuir.dense.encoder import Encoder
+
+        r._encoder = Encoder(r.config.encoder, cache=False)  # time query encoding, not cache look-ups
+    qs = list(ds.queries)
+    texts = [q.text for q in qs]
+    wheres = haystack_wheres(ds, qs)
+    import inspect
+
+    at = question_times(ds, qs) if "at" in inspect.signature(r.search).parameters else None
+    n_single = len(qs) if not args.n_single else min(args.n_single, len(qs))
+    single = np.sort(rng.choice(len(qs), size=n_single, replace=False)) if n_single < len(qs) else None
+    lat = measure_latency(r, texts, k=10, where=wheres, at=at, unit="session", backend=args.backend,
+                          batch_size=args.batch, single=single, progress=args.progress)
+    cols = paired_metrics_for(ds.name, res.per_query)
+    row = {"config": name, "setting": setting, "retriever_config": cfg, "quality": summary(res, cols),
+           "decisions": res.run.meta.get("decisions", {}), "backend": res.run.meta.get("backend"),
+           "latency": lat, "eval_seconds": t_eval}
+    return res, row
+
+
+def pareto_plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dsets = [d for d in results if results[d]["rows"]]
+    fig, axes = plt.subplots(1, len(dsets), figsize=(6.2 * len(dsets), 4.4), squeeze=False)
+    for ax, d in zip(axes[0], dsets):
+        metric = HEADLINE[d]
+        pts = []
+        for row in results[d]["rows"]:
+            x = row["latency"]["batched"]["amortised_ms"]
+            iv = row["quality"]["overall"][metric]
+            y = iv["mean"]
+            lab = row["config"] + ("".join(f" {k.split('.')[-1]}={v}" for k, v in row["setting"].items()))
+            pts.append((x, y, lab, row["config"]))
+            ax.errorbar([x], [y], yerr=[[y - iv["lo"]], [iv["hi"] - y]], fmt="none", ecolor="0.6", lw=0.8,
+                        capsize=2)
+        names = sorted({p[3] for p in pts})
+        cmap = plt.get_cmap("tab10")
+        for i, n in enumerate(names):
+            sel = sorted([p for p in pts if p[3] == n])
+            ax.plot([p[0] for p in sel], [p[1] for p in sel], "o-" if len(sel) > 1 else "o", color=cmap(i % 10),
+                    label=n)
+            for p in sel:
+                ax.annotate(p[2].replace(n, "").strip() or n, (p[0], p[1]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        front, best = [], -np.inf
+        for p in sorted(pts):
+            if p[1] > best:
+                front.append(p)
+                best = p[1]
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto front")
+        for cv in results[d].get("cv", {}).values():
+            ax.errorbar([cv["amortised_ms"]], [cv["heldout"]["mean"]],
+                        yerr=[[cv["heldout"]["mean"] - cv["heldout"]["lo"]], [cv["heldout"]["hi"] - cv["heldout"]["mean"]]],
+                        fmt="*", ms=12, color="k", label=f"{cv['config']} held out")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"amortised latency, ms/question (batches of {results[d]['batch']}, measured)")
+        ax.set_ylabel(f"{metric}, 95% cluster-bootstrap interval")
+        ax.set_title(f"{d}: quality vs latency ({results[d]['machine']})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="locomo", help="comma-separated: locomo, longmemeval (default: %(default)s)")
+    ap.add_argument("--configs", default=None,
+                    help=f"comma-separated configuration names (default: all of {', '.join(named_configs())})")
+    ap.add_argument("--backend", default="auto", help="BM25 backend (default: %(default)s)")
+    ap.add_argument("--batch", type=int, default=64, help="questions per batched call (default: %(default)s)")
+    ap.add_argument("--n-single", type=int, default=400,
+                    help="questions timed one at a time, a seeded sample; 0: all (default: %(default)s)")
+    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (default: %(default)s)")
+    ap.add_argument("--tolerance", type=float, default=0.005,
+                    help="cascade selection: allowed loss of the headline metric (default: %(default)s)")
+    ap.add_argument("--machine", default=None, help="name in the output file (default: cpu<cores> or the GPU)")
+    ap.add_argument("--out", default=None, help="JSON (default: bench/results/decisions_<machine>.json)")
+    ap.add_argument("--plot", default=str(REPO / "docs/img/decisions_pareto.png"), help="(default: %(default)s)")
+    ap.add_argument("--progress", action="store_true", help="progress bars (default: off)")
+    ap.add_argument("--replot", metavar="DECISIONS.json", default=None,
+                    help="only redraw the plot from a results file (default: run the benchmark)")
+    args = ap.parse_args(argv)
+    if args.replot:
+        import json
+
+        pareto_plot(json.loads(Path(args.replot).read_text())["datasets"], Path(args.plot))
+        print(f"-> {args.plot}", file=sys.stderr)
+        return 0
+    machine = args.machine or machine_name()
+    out_path = Path(args.out or REPO / f"bench/results/decisions_{machine}.json")
+    names = args.configs.split(",") if args.configs else named_configs()
+    results: dict[str, Any] = {}
+    t_start = time.perf_counter()
+    for dname in args.datasets.split(","):
+        if dname not in HEADLINE:
+            ap.error(f"unknown data set {dname!r}: locomo or longmemeval")
+        ds = load(dname)
+        key = "locomo" if dname == "locomo" else "longmemeval"
+        block: dict[str, Any] = {"machine": machine, "batch": args.batch, "rows": [], "skipped": {}, "paired": {},
+                                 "cv": {}}
+        baseline = None
+        order = ["current_best"] + [n for n in names if n != "current_best"]
+        for name in order:
+            if name != "current_best" and name not in names:
+                continue
+            try:
+                vs = variants(name)
+            except ValueError as e:
+                block["skipped"][name] = str(e)
+                print(f"[{dname}] skip {name}: {e}", file=sys.stderr, flush=True)
+                continue
+            per, cost, runs = {}, {}, {}
+            for setting, cfg in vs:
+                print(f"[{dname}] {name} {setting or ''} ...", file=sys.stderr, flush=True)
+                try:
+                    res, row = bench_one(ds, name, setting, cfg, args, np.random.default_rng(0))
+                except (ValueError, ImportError) as e:
+                    block["skipped"][name] = f"{type(e).__name__}: {e}"
+                    print(f"[{dname}] skip {name}: {e}", file=sys.stderr, flush=True)
+                    break
+                if name == "current_best":
+                    baseline = res
+                elif baseline is not None:
+                    pm = paired_metrics_for(ds.name, res.per_query)
+                    row["paired_vs_current_best"] = paired_rows(res, baseline, pm, n_boot=args.n_boot)
+                block["rows"].append(row)
+                lat = row["latency"]
+                print(f"[{dname}] {name} {setting or ''}: {HEADLINE[key]} "
+                      f"{row['quality']['overall'][HEADLINE[key]]['mean']:.3f}, batch-1 p50 "
+                      f"{lat['batch1']['all']['p50_ms']:.2f} ms p99 {lat['batch1']['all']['p99_ms']:.2f} ms, "
+                      f"amortised {lat['batched']['amortised_ms']:.2f} ms", file=sys.stderr, flush=True)
+                sc = res.mask("scored")
+                st = tuple(setting.items())
+                per[st] = res.per_query[HEADLINE[key]][sc]
+                dec = res.run.meta.get("per_query_decisions", {})
+                if "escalated" in dec:
+                    cost[st] = np.asarray(dec["escalated"], dtype=np.float64)[sc]
+                runs[st] = row
+            if len(per) > 1:  # a sweep: the held-out (cross-validated) choice
+                qs = [q for q in ds.queries if q.scored]
+                folds = cv_folds(qs)
+                sel = cv_select(per, folds, cost=cost if len(cost) == len(per) else None, tolerance=args.tolerance)
+                from gpuir.eval.stats import bootstrap_ci
+
+                groups = [q.group for q in qs]
+                ho = bootstrap_ci(sel["heldout"], groups, n_boot=args.n_boot).to_dict()
+                paired = None
+                if baseline is not None:  # held-out figure against the current best, paired
+                    from gpuir.eval.stats import paired_bootstrap
+
+                    base_v = baseline.per_query[HEADLINE[key]][baseline.mask("scored")]
+                    paired = paired_bootstrap(sel["heldout"], base_v, groups, n_boot=args.n_boot)
+                # latency of the held-out choice: each question at its fold's setting's mean batched latency
+                am = float(np.mean([runs[s]["latency"]["batched"]["amortised_ms"] for s in sel["heldout_setting"]]))
+                block["cv"][name] = {
+                    "config": name, "metric": HEADLINE[key], "heldout": ho,
+                    "skip_rate_heldout": (None if "heldout_cost" not in sel else 1 - float(sel["heldout_cost"].mean())),
+                    "chosen_per_fold": {str(f): dict(c) for f, c in sel["chosen"].items()},
+                    "in_sample_choice": dict(sel["best_overall"]), "in_sample_mean": sel["best_overall_mean"],
+                    "amortised_ms": am, "tolerance": args.tolerance, "paired_vs_current_best": paired,
+                    "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
+        results[key] = block
+    report = {"machine": runner.machine_info(), "machine_name": machine, "seconds": time.perf_counter() - t_start,
+              "args": vars(args), "datasets": results}
+    runner.save_json(report, out_path)
+    print(f"-> {out_path}", file=sys.stderr)
+    if args.plot:
+        pareto_plot(results, Path(args.plot))
+        print(f"-> {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

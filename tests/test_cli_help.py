@@ -17,10 +17,6 @@ from gpuir.cli import build_parser, main
 #: Sphinx / reStructuredText markup that must never reach a terminal.
 MARKUP = re.compile(r"``|:(?:func|class|meth|mod|attr|data|obj|ref|doc):`")
 
-#: Parsers whose options other helpers of this session are fixing on their own branches.
-OWNED_ELSEWHERE: dict[str, str] = {
-    "gpuir eval": "helper 'eval' is fixing gpuir eval's help texts (gpuir/eval/cli.py) on its branch",
-}
 
 
 def _walk(parser: argparse.ArgumentParser, path: str):
@@ -39,10 +35,7 @@ def _parsers():
 
 
 def _param(path, parser):
-    reason = next((why for prefix, why in OWNED_ELSEWHERE.items() if path == prefix or path.startswith(prefix + " ")),
-                  None)
-    marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
-    return pytest.param(path, parser, id=path, marks=marks)
+    return pytest.param(path, parser, id=path)
 
 
 PARSERS = _parsers()

@@ -33,7 +33,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 
 from .backends import DeviceUnavailable
+from .qrels import read_qrels
 
 #: The parity check needs a usable CUDA device: the one "device unavailable" error.
 NoGPUError = DeviceUnavailable
@@ -237,40 +237,6 @@ def parity_report(
 
 
 # -- CLI ------------------------------------------------------------------------------
-def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """Qrels from a TREC (``qid 0 docid rel``) or BEIR (``query-id corpus-id score``) file.
-
-    Whitespace- or tab-separated; a BEIR header line is skipped.
-
-    Raises
-    ------
-    ValueError
-        A line with neither 3 nor 4 fields, or a non-integer grade (names file and line).
-    """
-    out: dict[str, dict[str, int]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if lineno == 1 and parts[0].lower() in ("query-id", "query_id", "qid"):
-                continue
-            if len(parts) == 4:
-                q, _, d, r = parts
-            elif len(parts) == 3:
-                q, d, r = parts
-            else:
-                raise ValueError(
-                    f"{path}:{lineno}: expected 'qid 0 docid rel' (TREC) or 'qid docid rel' (BEIR), "
-                    f"got {len(parts)} fields"
-                )
-            try:
-                out.setdefault(q, {})[d] = int(float(r))
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: relevance grade {r!r} is not a number") from None
-    return out
-
-
 def _cmd_parity(args: argparse.Namespace) -> int:
     from ._compat import cuda_device
     from .engine import BM25Index

@@ -131,18 +131,3 @@ def test_topk_agree_is_tie_aware():
     assert not topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s + 0.01)[0]
     # Float32 rounding: agree.
     assert topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s * np.float32(1 + 1e-7))[0]
-
-
-def test_read_qrels(tmp_path):
-    from gpuir.parity import read_qrels
-
-    trec = tmp_path / "t.txt"
-    trec.write_text("q1 0 d1 1\nq1 0 d2 2\nq2 0 d3 0\n")
-    assert read_qrels(trec) == {"q1": {"d1": 1, "d2": 2}, "q2": {"d3": 0}}
-    beir = tmp_path / "b.tsv"
-    beir.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
-    assert read_qrels(beir) == {"q1": {"d1": 1}}
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("q1 d1\n")
-    with pytest.raises(ValueError, match="bad.tsv:1"):
-        read_qrels(bad)

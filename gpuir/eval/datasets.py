@@ -23,7 +23,6 @@ The quirks of the data (see ``data/README.md``) are handled here and counted in
 
 from __future__ import annotations
 
-import csv
 import gzip
 import hashlib
 import io
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpuir.datapath import data_dir, locomo_path, longmemeval_path
+from gpuir.qrels import read_qrels
 
 #: LoCoMo category numbers and the names most later work uses for them.
 LOCOMO_CATEGORIES: dict[int, str] = {
@@ -765,27 +765,7 @@ def load_beir(path: str | os.PathLike, split: str = "test", *, title: bool = Tru
         doc_texts.append(t)
     qtext = {str(o["_id"]): str(o.get("text") or "") for o in _read_jsonl(queries_p, "queries")}
 
-    qrels: dict[str, dict[str, int]] = {}
-    try:
-        qrels_text = qrels_p.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = qrels_p.read_bytes()[: e.start].count(b"\n") + 1
-        raise ValueError(f"{qrels_p}:{line}: not valid UTF-8 ({e.reason})") from None
-    with io.StringIO(qrels_text, newline="") as f:
-        for ln, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) == 4:  # TREC qrels: qid 0 docid rel
-                row = [row[0], row[2], row[3]]
-            if len(row) != 3:
-                raise ValueError(f"{qrels_p}:{ln}: expected 'query-id<TAB>corpus-id<TAB>score', got {row!r}")
-            try:
-                rel = int(float(row[2]))
-            except ValueError:
-                if ln == 1:
-                    continue  # header
-                raise ValueError(f"{qrels_p}:{ln}: score {row[2]!r} is not a number") from None
-            qrels.setdefault(row[0], {})[row[1]] = rel
+    qrels = read_qrels(qrels_p)
     queries = []
     for qid, judged in qrels.items():
         if qid not in qtext:

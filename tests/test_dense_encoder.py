@@ -61,3 +61,18 @@ def test_missing_model_is_an_error_not_a_download(tmp_path):
     e = Encoder("no-such-org/no-such-model-xyz", cache_path=tmp_path)
     with pytest.raises(OSError, match="offline"):
         e.encode_queries(["x"])
+
+
+def test_encoding_from_many_threads_equals_serial(enc, tmp_path):
+    """The retriever's fan-out encodes queries in a worker thread: the cache (SQLite) and
+    the model are used from threads other than the one that opened them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    e = Encoder(cache_path=tmp_path, device="cpu")
+    e._model = enc.model
+    serial = [enc.encode_queries([s]) for s in SENTS]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: e.encode_queries([SENTS[i % 3]]), range(12)))
+    for i, g in enumerate(got):
+        np.testing.assert_allclose(g, serial[i % 3], rtol=0, atol=1e-6)
+    assert e.stats["encoded"] + e.stats["cache_hits"] == 12

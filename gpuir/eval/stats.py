@@ -27,6 +27,17 @@ def _clusters(n: int, clusters: Sequence[Hashable] | np.ndarray | None) -> tuple
     return codes.astype(np.int64), int(codes.max()) + 1 if n else 0
 
 
+def _paired(a, b, clusters) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-question differences ``a - b`` (float64, shape (n,)) and their cluster codes."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-D arrays of one shape, got {a.shape} and {b.shape}")
+    d = a - b
+    codes, C = _clusters(d.size, clusters)
+    return d, codes, C
+
+
 def _cluster_weights(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """How often each cluster is drawn in each replicate: ndarray (n_boot, C), float64."""
     return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(np.float64)
@@ -154,13 +165,8 @@ def paired_bootstrap(
     dict with ``delta`` (mean(a) - mean(b)), ``lo``, ``hi`` (percentile interval
     of the difference), ``p``, ``n``, ``n_clusters``, ``wins``, ``losses`` (questions).
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"a and b must be 1-D arrays of one shape, got {a.shape} and {b.shape}")
-    d = a - b
+    d, codes, C = _paired(a, b, clusters)
     n = d.size
-    codes, C = _clusters(n, clusters)
     if n == 0:
         nan = float("nan")
         return {"delta": nan, "lo": nan, "hi": nan, "p": nan, "n": 0, "n_clusters": 0, "wins": 0, "losses": 0}
@@ -204,13 +210,8 @@ def paired_randomization(
     -------
     dict with ``delta``, ``p``, ``n``, ``n_clusters``.
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"a and b must be 1-D arrays of one shape, got {a.shape} and {b.shape}")
-    d = a - b
+    d, codes, C = _paired(a, b, clusters)
     n = d.size
-    codes, C = _clusters(n, clusters)
     if n == 0:
         return {"delta": float("nan"), "p": float("nan"), "n": 0, "n_clusters": 0}
     sums = np.bincount(codes, weights=d, minlength=C)

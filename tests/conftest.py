@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuir._compat import cuda_device
+from gpuir.gpu_info import diagnose
 from gpuir.datapath import data_dir as _data_dir
 from gpuir.eval.datasets import load_locomo, load_longmemeval
 
@@ -43,7 +43,7 @@ def pytest_addoption(parser):
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is None:
         return
-    usable, reason = cuda_device()
+    usable, reason = diagnose()  # one line, the real reason (no driver, driver too old, no device, no CuPy)
     if usable:
         return
     if item.config.getoption("--require-gpu"):

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
 from ..memory.persist import CURRENT
-import numpy as np
-
 from ..memory.records import RecordBatch, normalize_records
 from .wal import WriteAheadLog
 

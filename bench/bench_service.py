@@ -8,7 +8,7 @@ with its own HTTP connection, as separate agent processes would have; or sharing
 (with an optional think time between requests, ``--think-ms``): add one record carrying a word unique to it, then search
 its tenant for that word and for a word common to all its records, and check
 the answer (read-your-writes: the new record is the top hit; every hit is the
-agent's own). When ``--kill-at`` (0.6) of all adds are acknowledged the server is killed with
+agent's own). When ``--kill-at`` (0.4) of all adds are acknowledged the server is killed with
 SIGKILL (other adds are in flight then); the agents' requests fail (they wait and retry: an add that was
 durable before the kill answers 409 on retry and counts as acknowledged); the
 server is restarted on the same directory (it replays its write-ahead log;
@@ -216,6 +216,8 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             load_start = os.getloadavg()
             c0, s0 = process_cpu(), server_cpu(server)
             t_start = time.perf_counter()
+            scraped: list[str] = []
+            scraper = asyncio.create_task(scrape(server.url, tls, scraped))
             tasks = [asyncio.create_task(agent(run, i, clients[i], bar)) for i in range(args.agents)]
             # the crash: once --kill-at of all adds are acknowledged (others are in flight then)
             kill_at = math.ceil(args.kill_at * run.total_steps)
@@ -226,7 +228,8 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             t_kill = time.perf_counter()
             run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
             n_before = sum(run.acked_before_kill.values())
-            metrics_before = (await http.get(server.url + "/metrics")).text
+            scraper.cancel()
+            metrics_before = scraped[-1] if scraped else ""
             cpu["server_s"] += server_cpu(server) - s0
             await asyncio.to_thread(server.kill9)
             t_restart0 = time.perf_counter()
@@ -243,6 +246,7 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             run.up.set()
             await asyncio.gather(*tasks)
             t_end = time.perf_counter()
+            n_requests = run.requests  # the verification below is not part of the measured run
             cpu["client_s"] = process_cpu() - c0
             cpu["server_s"] += server_cpu(server) - s0
             load_end = os.getloadavg()
@@ -252,12 +256,12 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             n_acked = sum(map(len, run.acked.values()))
             outage = t_verified - t_kill
             out = {
-                "agents": args.agents, "steps": args.steps, "requests": run.requests,
+                "agents": args.agents, "steps": args.steps, "requests": n_requests,
                 "acknowledged_records": n_acked, "acknowledged_before_kill": n_before,
                 "wall_s": t_end - t_start, "outage_s": outage,
                 "restart_s": t_up - t_restart0, "replayed_operations": health.get("replayed_operations"),
                 "records_after_restart": health.get("records"),
-                "throughput_rps": run.requests / max(1e-9, (t_end - t_start) - outage),
+                "throughput_rps": n_requests / max(1e-9, (t_end - t_start) - outage),
                 "latency_ms": {op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
                                     "mean": float(np.mean(v) * 1e3), "n": len(v)}
                                for op, v in run.lat.items() if v and op != "verify"},
@@ -265,7 +269,7 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                 "outage_retries": run.outage_retries,
                 "lost_acknowledged_before_kill": lost_before_kill, "lost_at_end": lost_at_end,
                 "records_after_restart_ge_acknowledged_before_kill": health.get("records", -1) >= n_before,
-                "cpu_ms_per_request": {k.replace("_s", ""): v * 1e3 / max(1, run.requests) for k, v in cpu.items()},
+                "cpu_ms_per_request": {k.replace("_s", ""): v * 1e3 / max(1, n_requests) for k, v in cpu.items()},
                 "load_average_1_5_15": {"start": list(load_start), "end": list(load_end)},
                 "settings": {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
                              "checkpoint_every": args.checkpoint_every,
@@ -277,6 +281,18 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
     finally:
         server.stop()
     return out
+
+
+async def scrape(url: str, tls, out: list[str]) -> None:
+    """Keep the latest /metrics text of the first server (on a connection of its own), every 0.25 s until
+    cancelled: the figures before the kill, without a request that would delay the kill."""
+    async with httpx.AsyncClient(timeout=30, verify=tls) as http:
+        while True:
+            try:
+                out[:] = [(await http.get(url + "/metrics")).text]
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
 
 
 def process_cpu() -> float:
@@ -354,7 +370,8 @@ def plot(res: dict[str, Any], lat: dict[str, list[float]], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("latency seen by the client (ms, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"gpuir serve: {res['agents']} concurrent agents, {res['throughput_rps']:.0f} req/s, "
+    think = f", think {res['settings']['think_ms'] / 1e3:g} s" if res["settings"]["think_ms"] else ""
+    ax.set_title(f"gpuir serve: {res['agents']} concurrent agents{think}, {res['throughput_rps']:.0f} req/s, "
                  f"{res['errors']} errors, {res['lost_at_end']} lost after kill -9", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -375,12 +392,16 @@ def main(argv=None) -> int:
                                                               "speed) (default: %(default)s)")
     p.add_argument("--batch-window-ms", type=float, default=2.0, help="server option (default: %(default)s)")
     p.add_argument("--max-batch", type=int, default=256, help="server option (default: %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=2000, help="server option (default: %(default)s)")
-    p.add_argument("--kill-at", type=float, default=0.6, help="send SIGKILL once this fraction of all adds is "
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="server option (default: three quarters of all adds: the kill finds the log unfolded, "
+                        "the restart replays it, a checkpoint follows under load)")
+    p.add_argument("--kill-at", type=float, default=0.4, help="send SIGKILL once this fraction of all adds is "
                                                              "acknowledged (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default: %(default)s)")
     p.add_argument("--machine", default="vm", help="name in the result file (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/service_MACHINE.json)")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "service_latency.png",
+                   help="latency plot path (default: docs/img/service_latency.png)")
     p.add_argument("--no-docs", action="store_true", help="write no JSON and no plot (a smoke run)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -390,6 +411,8 @@ def main(argv=None) -> int:
         p.error("--connections and --think-ms must be >= 0")
     if not 0 < args.kill_at < 1:
         p.error("--kill-at must be between 0 and 1")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
     with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
         root = Path(tmp) / "memory"
         claim_dir(root, "memory")
@@ -402,8 +425,8 @@ def main(argv=None) -> int:
     if not args.no_docs:
         out = args.out or REPO / "bench" / "results" / f"service_{args.machine}.json"
         out.write_text(json.dumps(res, indent=1) + "\n")
-        plot(res, lat, REPO / "docs" / "img" / "service_latency.png")
-        print(f"wrote {out} and docs/img/service_latency.png", file=sys.stderr)
+        plot(res, lat, args.plot)
+        print(f"wrote {out} and {args.plot}", file=sys.stderr)
     ok = (res["errors"] == 0 and res["lost_at_end"] == 0 and res["lost_acknowledged_before_kill"] == 0
           and res["records_after_restart_ge_acknowledged_before_kill"])
     return 0 if ok else 1

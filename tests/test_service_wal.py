@@ -224,6 +224,31 @@ def test_group_commit_keeps_the_order_of_deletes_and_adds(tmp_path):
     assert m.get(["t/a"])[0]["text"] == "new version" and len(m) == 4
 
 
+def test_replay_joins_consecutive_adds_and_keeps_deletes_in_place(tmp_path, monkeypatch):
+    root = tmp_path / "mem"
+    s = ServiceStore(root, checkpoint_every=10_000, checkpoint_seconds=3600)
+    for i in range(30):
+        s.add("t", [{"id": f"r{i}", "text": f"word{i}"}]).result(60)
+    s.delete("t", ["r3"]).result(60)
+    s.add("t", [{"id": "r3", "text": "replaced"}]).result(60)
+    for i in range(30, 40):
+        s.add("t", [{"id": f"r{i}", "text": f"word{i}"}]).result(60)
+    s.close(checkpoint=False)  # as after a crash: everything is in the log only
+    calls = []
+    real = Memory.add
+
+    def add(self, records):
+        calls.append(len(records))
+        return real(self, records)
+
+    monkeypatch.setattr(Memory, "add", add)
+    s2 = ServiceStore(root)
+    assert s2.replayed == 42
+    assert calls[:2] == [30, 11]  # two runs of adds around the delete (then the warm-up's own add)
+    assert len(s2.memory) == 40 and s2.get("t", "r3")["text"] == "replaced"
+    s2.close()
+
+
 # ---------------------------------------------------------------------- kill -9 on a real server
 @pytest.mark.slow
 def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):

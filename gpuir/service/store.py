@@ -132,9 +132,18 @@ class ServiceStore:
         self.wal = WriteAheadLog(self.root)
         self.replayed = 0
         t0 = time.perf_counter()
+        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
         for op in self.wal.recover(self.memory.info()["generation"]):
-            self._replay(op)
+            if op.get("op") == "add":
+                run.extend(op["records"])
+            else:
+                if run:
+                    self.memory.add(run)
+                    run = []
+                self._replay(op)
             self.replayed += 1
+        if run:
+            self.memory.add(run)
         self.replay_seconds = time.perf_counter() - t0
         _warm_up()
         self.checkpoints = 0

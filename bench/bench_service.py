@@ -1,21 +1,23 @@
 #!/usr/bin/env python
 """Load test of the memory service: many concurrent agents, a kill -9 mid-run, nothing lost.
 
-A real ``gpuir serve`` runs in a subprocess on loopback (127.0.0.1 only). ``--agents``
-simulated agents (asyncio coroutines on :class:`gpuir.service.AsyncMemoryClient`, each
-with its own HTTP connection, as separate agent processes would have; or sharing
-``--connections N``), one tenant and one API key each, run ``--steps`` steps each
-(with an optional think time between requests, ``--think-ms``): add one record carrying a word unique to it, then search
-its tenant for that word and for a word common to all its records, and check
-the answer (read-your-writes: the new record is the top hit; every hit is the
-agent's own). When ``--kill-at`` (0.4) of all adds are acknowledged the server is killed with
-SIGKILL (other adds are in flight then); the agents' requests fail (they wait and retry: an add that was
-durable before the kill answers 409 on retry and counts as acknowledged); the
-server is restarted on the same directory (it replays its write-ahead log;
-its record count must be at least the acknowledged count), and the agents
-finish. Then every acknowledged record -- before and after the kill -- is
-checked: a search for its unique word must return it first (a hit is the
-stored record, so found means present and searchable).
+A real ``gpuir serve`` runs in a subprocess on loopback (127.0.0.1 only).
+``--agents`` simulated agents (asyncio coroutines on
+:class:`gpuir.service.AsyncMemoryClient`, each with its own HTTP connection, as
+separate agent processes would have; or sharing ``--connections N``), one
+tenant and one API key each, run ``--steps`` steps each (with an optional think
+time before each request, ``--think-ms``): add one record carrying a word unique
+to it, then search its tenant for that word and for a word common to all its
+records, and check the answer (read-your-writes: the new record is the top hit;
+every hit is the agent's own). When ``--kill-at`` (0.4) of all adds are
+acknowledged the server is killed with SIGKILL (other requests are in flight
+then); the agents' requests fail (they wait and retry: an add that was durable
+before the kill answers 409 on retry and counts as acknowledged); the server is
+restarted on the same directory (it replays its write-ahead log; its record
+count must be at least the acknowledged count), and the agents finish. Then
+every acknowledged record -- before and after the kill -- is checked: a search
+for its unique word must return it first (a hit is the stored record, so found
+means present and searchable).
 
 Recorded: throughput (requests/s over the whole run, outage excluded), p50/p99
 latency per operation as the client sees it (requests interrupted by the
@@ -34,11 +36,14 @@ but hands the pool at most N requests at a time (a semaphore), which keeps it ch
 
 Usage::
 
-    python bench/bench_service.py --agents 1000 --steps 2   # the run in docs/service.md (under a minute on 2 cores)
-    python bench/bench_service.py                       # 1,000 agents x 5 steps
+    python bench/bench_service.py --agents 1000 --steps 2 --out bench/results/service_vm_after.json
+        # the closed-loop run in docs/service.md (under a minute on 2 cores)
+    python bench/bench_service.py --agents 1000 --steps 3 --think-ms 5000 \
+        --out bench/results/service_vm_after_think5s.json --plot docs/img/service_latency_think5s.png
     python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
 
-Writes ``bench/results/service_<machine>.json`` and ``docs/img/service_latency.png``.
+Writes ``--out`` (default ``bench/results/service_<machine>.json``) and ``--plot``
+(default ``docs/img/service_latency.png``).
 """
 
 from __future__ import annotations

@@ -88,6 +88,8 @@ class Run:
         self.up.set()
         self.crashed = False
         self.lat: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
+        self.restarted = False  # latencies of requests started after the restart are also kept apart
+        self.lat_after: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
         self.errors: list[str] = []
         self.outage_retries = 0
         self.acked: dict[int, list[tuple[str, str]]] = {}  # agent -> [(id, unique word)]
@@ -135,6 +137,8 @@ async def call(run: Run, op: str, fn, *a, **kw):
         run.requests += 1
         if not interrupted:
             run.lat[op].append(time.perf_counter() - t0)
+            if run.restarted:
+                run.lat_after[op].append(time.perf_counter() - t0)
         return out
 
 
@@ -248,6 +252,7 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             health = (await http.get(server.url + "/healthz")).json()
             s0 = server_cpu(server)
             t_verified = time.perf_counter()
+            run.restarted = True
             run.up.set()
             await asyncio.gather(*tasks)
             t_end = time.perf_counter()
@@ -270,6 +275,9 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                 "latency_ms": {op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
                                     "mean": float(np.mean(v) * 1e3), "n": len(v)}
                                for op, v in run.lat.items() if v and op != "verify"},
+                "latency_ms_after_restart": {
+                    op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
+                         "n": len(v)} for op, v in run.lat_after.items() if v and op != "verify"},
                 "errors": len(run.errors), "error_examples": run.errors[:5],
                 "outage_retries": run.outage_retries,
                 "lost_acknowledged_before_kill": lost_before_kill, "lost_at_end": lost_at_end,

@@ -340,6 +340,21 @@ def test_serve_refuses_a_foreign_directory(tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
 
 
+def test_serve_passes_keep_alive_to_uvicorn(tmp_path, monkeypatch, capsys):
+    """Agents think for seconds between calls: the idle-connection timeout is an option (default 75 s)."""
+    import uvicorn
+
+    from gpuir.service import cli
+
+    seen = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.append(kw))
+    assert cli.main(["serve", str(tmp_path / "m1"), "--keep-alive-seconds", "9"]) == 0
+    assert cli.main(["serve", str(tmp_path / "m2")]) == 0
+    assert [kw["timeout_keep_alive"] for kw in seen] == [9.0, 75.0]
+    assert cli.main(["serve", str(tmp_path / "m3"), "--keep-alive-seconds", "-1"]) == 2
+    assert "--keep-alive-seconds" in capsys.readouterr().err
+
+
 def test_named_retriever_config(server):
     """`config` names <MEMORY_DIR>.configs/NAME.json; a single BM25 channel ranks as plain BM25."""
     from gpuir.retrieve.config import ChannelConfig, RetrieverConfig

@@ -209,10 +209,11 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
     if args.connections:
         run.gate = asyncio.Semaphore(args.connections)
         shared = httpx.AsyncClient(timeout=120, verify=tls, limits=httpx.Limits(
-            max_connections=args.connections, max_keepalive_connections=args.connections))
+            max_connections=args.connections, max_keepalive_connections=args.connections, keepalive_expiry=60.0))
         pools = [shared]
     else:
-        pools = [httpx.AsyncClient(timeout=120, verify=tls, limits=httpx.Limits(max_connections=1))
+        pools = [httpx.AsyncClient(timeout=120, verify=tls, limits=httpx.Limits(max_connections=1,
+                                                                              keepalive_expiry=60.0))
                  for _ in range(args.agents)]
     cpu = {"client_s": 0.0, "server_s": 0.0}
     try:

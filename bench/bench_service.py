@@ -1,44 +1,64 @@
 #!/usr/bin/env python
 """Load test of the memory service: many concurrent agents, a kill -9 mid-run, nothing lost.
 
-A real ``gpuir serve`` runs in a subprocess on loopback (127.0.0.1 only). ``--agents``
-simulated agents (asyncio coroutines sharing one ``httpx.AsyncClient`` through
-:class:`gpuir.service.AsyncMemoryClient`), one tenant and one API key each, run
-``--steps`` steps each: add one record carrying a word unique to it, then search
-its tenant for that word and for a word common to all its records, and check
-the answer (read-your-writes: the new record is the top hit; every hit is the
-agent's own). When half of all steps are done the server is killed with
-SIGKILL; the agents' requests fail (they wait and retry: an add that was
-durable before the kill answers 409 on retry and counts as acknowledged); the
-server is restarted on the same directory (it replays its write-ahead log;
-its record count must be at least the acknowledged count), and the agents
-finish. Then every acknowledged record -- before and after the kill -- is
-checked: a search for its unique word must return it first (a hit is the
-stored record, so found means present and searchable).
+A real ``gpuir serve`` runs in a subprocess on loopback (127.0.0.1 only).
+``--agents`` simulated agents (asyncio coroutines on
+:class:`gpuir.service.AsyncMemoryClient`, each with its own HTTP connection, as
+separate agent processes would have; or sharing ``--connections N``), one
+tenant and one API key each, run ``--steps`` steps each (with an optional think
+time before each request, ``--think-ms``): add one record carrying a word unique
+to it, then search its tenant for that word and for a word common to all its
+records, and check the answer (read-your-writes: the new record is the top hit;
+every hit is the agent's own). When ``--kill-at`` (0.4) of all adds are
+acknowledged the server is killed with SIGKILL (other requests are in flight
+then); the agents' requests fail (they wait and retry: an add that was durable
+before the kill answers 409 on retry and counts as acknowledged); the server is
+restarted on the same directory (it replays its write-ahead log; its record
+count must be at least the acknowledged count), and the agents finish. Then
+every acknowledged record -- before and after the kill -- is checked: a search
+for its unique word must return it first (a hit is the stored record, so found
+means present and searchable).
 
 Recorded: throughput (requests/s over the whole run, outage excluded), p50/p99
 latency per operation as the client sees it (requests interrupted by the
 crash excluded; they are counted as ``outage_retries``), errors (a non-2xx
 reply other than the 409 of a retried durable add, a wrong answer, or a
-transport error while the server was up: must be 0), records lost (must be 0).
+transport error while the server was up: must be 0), records lost (must be 0),
+the CPU seconds per request of the client process and of the server processes,
+the server's own mean time per route and its batching figures (from
+``/metrics``, before the kill and after the restart), and the load average.
+
+Why one connection per agent: httpx's connection pool scans its waiting requests
+times its connections on every event, so 1,000 agents queued on a shared pool of
+100 connections cost the *client* about 30 ms of CPU per request (cProfile) and
+the benchmark measured its own client. ``--connections N`` shares N connections
+but hands the pool at most N requests at a time (a semaphore), which keeps it cheap.
 
 Usage::
 
-    python bench/bench_service.py --agents 1000 --steps 2   # the run in docs/service.md (about 3 min on 2 busy cores)
-    python bench/bench_service.py                       # 1,000 agents x 5 steps
+    python bench/bench_service.py --agents 1000 --steps 2 --out bench/results/service_vm_after.json
+        # the closed-loop run in docs/service.md (under a minute on 2 cores)
+    python bench/bench_service.py --agents 1000 --steps 3 --think-ms 5000 \
+        --out bench/results/service_vm_after_think5s.json --plot docs/img/service_latency_think5s.png
     python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
 
-Writes ``bench/results/service_<machine>.json`` and ``docs/img/service_latency.png``.
+Writes ``--out`` (default ``bench/results/service_<machine>.json``) and ``--plot``
+(default ``docs/img/service_latency.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import os
 import platform
+import random
+import resource
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -68,12 +88,21 @@ class Run:
         self.up.set()
         self.crashed = False
         self.lat: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
+        self.restarted = False  # latencies of requests started after the restart are also kept apart
+        self.lat_after: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
         self.errors: list[str] = []
         self.outage_retries = 0
         self.acked: dict[int, list[tuple[str, str]]] = {}  # agent -> [(id, unique word)]
         self.acked_before_kill: dict[int, int] = {}
         self.requests = 0
         self.timeline: list[tuple[float, int]] = []
+        self.gate: asyncio.Semaphore | None = None  # --connections N: at most N requests handed to the pool
+        self.rng = random.Random(0)
+
+
+async def think(run: Run) -> None:
+    if run.args.think_ms > 0:
+        await asyncio.sleep(run.rng.expovariate(1000.0 / run.args.think_ms))
 
 
 def word(agent: int, step: int) -> str:
@@ -87,7 +116,11 @@ async def call(run: Run, op: str, fn, *a, **kw):
         await run.up.wait()
         t0 = time.perf_counter()
         try:
-            out = await fn(*a, **kw)
+            if run.gate is None:
+                out = await fn(*a, **kw)
+            else:
+                async with run.gate:
+                    out = await fn(*a, **kw)
         except ServiceError as e:
             if op == "add" and e.status == 409 and interrupted:
                 return "durable-before-crash"
@@ -104,6 +137,8 @@ async def call(run: Run, op: str, fn, *a, **kw):
         run.requests += 1
         if not interrupted:
             run.lat[op].append(time.perf_counter() - t0)
+            if run.restarted:
+                run.lat_after[op].append(time.perf_counter() - t0)
         return out
 
 
@@ -113,10 +148,12 @@ async def agent(run: Run, i: int, client: AsyncMemoryClient, bar) -> None:
         w = word(i, step)
         rec = {"id": f"m{step}", "text": f"agent note {w} about {VOCAB[(i + step) % len(VOCAB)]}",
                "role": "user", "session": f"s{step // 2}", "time": 1_700_000_000_000 + step * 60_000}
+        await think(run)
         got = await call(run, "add", client.add, [rec])
         if got is None:
             continue
         run.acked[i].append((rec["id"], w))
+        await think(run)
         hits = await call(run, "search", client.search, [w, "agent note"], k=10)
         if hits is None:
             continue
@@ -166,22 +203,44 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
     run = Run(args)
     server = ServerProcess(root, ["--batch-window-ms", str(args.batch_window_ms), "--max-batch", str(args.max_batch),
                                   "--checkpoint-every", str(args.checkpoint_every)]).start()
-    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
     out: dict[str, Any] = {}
     bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=args.no_progress)
+    tls = ssl.create_default_context()  # unused on http://, but httpx builds one per client unless given
+    if args.connections:
+        run.gate = asyncio.Semaphore(args.connections)
+        shared = httpx.AsyncClient(timeout=120, verify=tls, limits=httpx.Limits(
+            max_connections=args.connections, max_keepalive_connections=args.connections, keepalive_expiry=60.0))
+        pools = [shared]
+    else:
+        pools = [httpx.AsyncClient(timeout=120, verify=tls, limits=httpx.Limits(max_connections=1,
+                                                                              keepalive_expiry=60.0))
+                 for _ in range(args.agents)]
+    cpu = {"client_s": 0.0, "server_s": 0.0}
     try:
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            clients = {i: AsyncMemoryClient(server.url, keys[i], http=http) for i in range(args.agents)}
+        async with contextlib.AsyncExitStack() as stack:
+            for p in pools:
+                await stack.enter_async_context(p)
+            http = pools[0]
+            clients = {i: AsyncMemoryClient(server.url, keys[i], http=pools[i % len(pools)])
+                       for i in range(args.agents)}
+            load_start = os.getloadavg()
+            c0, s0 = process_cpu(), server_cpu(server)
             t_start = time.perf_counter()
+            scraped: list[str] = []
+            scraper = asyncio.create_task(scrape(server.url, tls, scraped))
             tasks = [asyncio.create_task(agent(run, i, clients[i], bar)) for i in range(args.agents)]
-            # the crash: once half of the steps are done
-            while run.done_steps < run.total_steps // 2 and not all(t.done() for t in tasks):
+            # the crash: once --kill-at of all adds are acknowledged (others are in flight then)
+            kill_at = math.ceil(args.kill_at * run.total_steps)
+            while sum(map(len, run.acked.values())) < kill_at and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.01)
             run.crashed = True
             run.up.clear()
             t_kill = time.perf_counter()
             run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
             n_before = sum(run.acked_before_kill.values())
+            scraper.cancel()
+            metrics_before = scraped[-1] if scraped else ""
+            cpu["server_s"] += server_cpu(server) - s0
             await asyncio.to_thread(server.kill9)
             t_restart0 = time.perf_counter()
             server2 = ServerProcess(root, server.options, log=server.log)
@@ -192,41 +251,106 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                     c.base_url = server2.url
             server = server2
             health = (await http.get(server.url + "/healthz")).json()
+            s0 = server_cpu(server)
             t_verified = time.perf_counter()
+            run.restarted = True
             run.up.set()
             await asyncio.gather(*tasks)
             t_end = time.perf_counter()
+            n_requests = run.requests  # the verification below is not part of the measured run
+            cpu["client_s"] = process_cpu() - c0
+            cpu["server_s"] += server_cpu(server) - s0
+            load_end = os.getloadavg()
             bar.close()
             run.crashed = False  # from here on a transport error is an error
-            lost_at_end, lost_before_kill = await verify(run, clients, asyncio.Semaphore(args.connections))
+            lost_at_end, lost_before_kill = await verify(run, clients, asyncio.Semaphore(args.connections or 100))
             n_acked = sum(map(len, run.acked.values()))
             outage = t_verified - t_kill
             out = {
-                "agents": args.agents, "steps": args.steps, "requests": run.requests,
+                "agents": args.agents, "steps": args.steps, "requests": n_requests,
                 "acknowledged_records": n_acked, "acknowledged_before_kill": n_before,
                 "wall_s": t_end - t_start, "outage_s": outage,
                 "restart_s": t_up - t_restart0, "replayed_operations": health.get("replayed_operations"),
                 "records_after_restart": health.get("records"),
-                "throughput_rps": run.requests / max(1e-9, (t_end - t_start) - outage),
+                "throughput_rps": n_requests / max(1e-9, (t_end - t_start) - outage),
                 "latency_ms": {op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
                                     "mean": float(np.mean(v) * 1e3), "n": len(v)}
                                for op, v in run.lat.items() if v and op != "verify"},
+                "latency_ms_after_restart": {
+                    op: {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3),
+                         "n": len(v)} for op, v in run.lat_after.items() if v and op != "verify"},
                 "errors": len(run.errors), "error_examples": run.errors[:5],
                 "outage_retries": run.outage_retries,
                 "lost_acknowledged_before_kill": lost_before_kill, "lost_at_end": lost_at_end,
                 "records_after_restart_ge_acknowledged_before_kill": health.get("records", -1) >= n_before,
+                "cpu_ms_per_request": {k.replace("_s", ""): v * 1e3 / max(1, n_requests) for k, v in cpu.items()},
+                "load_average_1_5_15": {"start": list(load_start), "end": list(load_end)},
                 "settings": {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
-                             "checkpoint_every": args.checkpoint_every, "connections": args.connections},
-                "metrics_excerpt": [ln for ln in (await http.get(server.url + "/metrics")).text.splitlines()
-                                    if ln.startswith(("gpuir_search_batch_queries_sum", "gpuir_search_batch_queries_count",
-                                                      "gpuir_wal_group_ops_sum", "gpuir_wal_group_ops_count",
-                                                      "gpuir_wal_append_seconds_sum", "gpuir_wal_append_seconds_count",
-                                                      "gpuir_request_seconds_sum", "gpuir_request_seconds_count",
-                                                      "gpuir_checkpoints", "gpuir_records "))],
+                             "checkpoint_every": args.checkpoint_every,
+                             "connections": args.connections or "one per agent", "think_ms": args.think_ms},
+                "server_before_kill": server_figures(metrics_before),
+                "server_after_restart": server_figures((await http.get(server.url + "/metrics")).text),
             }
             out["_lat"] = run.lat
     finally:
         server.stop()
+    return out
+
+
+async def scrape(url: str, tls, out: list[str]) -> None:
+    """Keep the latest /metrics text of the first server (on a connection of its own), every 0.25 s until
+    cancelled: the figures before the kill, without a request that would delay the kill."""
+    async with httpx.AsyncClient(timeout=30, verify=tls) as http:
+        while True:
+            try:
+                out[:] = [(await http.get(url + "/metrics")).text]
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
+
+
+def process_cpu() -> float:
+    """CPU seconds (user + system) of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def server_cpu(server: ServerProcess) -> float:
+    """CPU seconds (user + system) of the server process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{server.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def server_figures(text: str) -> dict[str, Any]:
+    """The server's own view from its /metrics text: mean time per route, queries per search call, ops per fsync."""
+    vals: dict[str, float] = {}
+    for ln in text.splitlines():
+        if ln.startswith(("gpuir_search_batch_queries_", "gpuir_wal_group_ops_", "gpuir_wal_append_seconds_",
+                          "gpuir_request_seconds_sum", "gpuir_request_seconds_count", "gpuir_checkpoints ",
+                          "gpuir_records ")) and not ln.startswith(("gpuir_request_seconds_bucket",)):
+            name, _, v = ln.rpartition(" ")
+            if "_bucket" not in name and "_created" not in name:
+                vals[name] = float(v)
+
+    def ratio(a: str, b: str, scale: float = 1.0):
+        return vals[a] / vals[b] * scale if vals.get(b) else None
+
+    out: dict[str, Any] = {
+        "queries_per_search_call": ratio("gpuir_search_batch_queries_sum", "gpuir_search_batch_queries_count"),
+        "search_calls": vals.get("gpuir_search_batch_queries_count"),
+        "operations_per_fsync": ratio("gpuir_wal_group_ops_sum", "gpuir_wal_group_ops_count"),
+        "fsyncs": vals.get("gpuir_wal_group_ops_count"),
+        "append_fsync_ms_mean": ratio("gpuir_wal_append_seconds_sum", "gpuir_wal_append_seconds_count", 1e3),
+        "checkpoints": vals.get("gpuir_checkpoints"), "records": vals.get("gpuir_records"),
+    }
+    for route, short in (("/v1/tenants/{tenant}/records", "add"), ("/v1/tenants/{tenant}/search", "search")):
+        lab = f'{{method="POST",route="{route}"}}'
+        out[f"{short}_server_ms_mean"] = ratio(f"gpuir_request_seconds_sum{lab}", f"gpuir_request_seconds_count{lab}",
+                                               1e3)
     return out
 
 
@@ -260,7 +384,8 @@ def plot(res: dict[str, Any], lat: dict[str, list[float]], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("latency seen by the client (ms, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"gpuir serve: {res['agents']} concurrent agents, {res['throughput_rps']:.0f} req/s, "
+    think = f", think {res['settings']['think_ms'] / 1e3:g} s" if res["settings"]["think_ms"] else ""
+    ax.set_title(f"gpuir serve: {res['agents']} concurrent agents{think}, {res['throughput_rps']:.0f} req/s, "
                  f"{res['errors']} errors, {res['lost_at_end']} lost after kill -9", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -274,19 +399,34 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--agents", type=int, default=1000, help="concurrent simulated agents (default: %(default)s)")
     p.add_argument("--steps", type=int, default=5, help="add+search steps per agent (default: %(default)s)")
-    p.add_argument("--connections", type=int, default=100, help="HTTP connections shared by the agents "
-                                                                "(default: %(default)s)")
+    p.add_argument("--connections", type=int, default=0, help="HTTP connections shared by the agents; 0: one "
+                                                              "per agent (default: %(default)s)")
+    p.add_argument("--think-ms", type=float, default=0.0, help="mean think time of an agent before each request "
+                                                              "(exponential; 0: none, a closed loop at full "
+                                                              "speed) (default: %(default)s)")
     p.add_argument("--batch-window-ms", type=float, default=2.0, help="server option (default: %(default)s)")
     p.add_argument("--max-batch", type=int, default=256, help="server option (default: %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=2000, help="server option (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="server option (default: three quarters of all adds: the kill finds the log unfolded, "
+                        "the restart replays it, a checkpoint follows under load)")
+    p.add_argument("--kill-at", type=float, default=0.4, help="send SIGKILL once this fraction of all adds is "
+                                                             "acknowledged (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default: %(default)s)")
     p.add_argument("--machine", default="vm", help="name in the result file (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/service_MACHINE.json)")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "service_latency.png",
+                   help="latency plot path (default: docs/img/service_latency.png)")
     p.add_argument("--no-docs", action="store_true", help="write no JSON and no plot (a smoke run)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.agents < 1 or args.steps < 2:
-        p.error("--agents must be >= 1 and --steps >= 2 (the crash comes half-way)")
+        p.error("--agents must be >= 1 and --steps >= 2 (the crash comes mid-run)")
+    if args.connections < 0 or not args.think_ms >= 0:
+        p.error("--connections and --think-ms must be >= 0")
+    if not 0 < args.kill_at < 1:
+        p.error("--kill-at must be between 0 and 1")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
     with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
         root = Path(tmp) / "memory"
         claim_dir(root, "memory")
@@ -299,8 +439,8 @@ def main(argv=None) -> int:
     if not args.no_docs:
         out = args.out or REPO / "bench" / "results" / f"service_{args.machine}.json"
         out.write_text(json.dumps(res, indent=1) + "\n")
-        plot(res, lat, REPO / "docs" / "img" / "service_latency.png")
-        print(f"wrote {out} and docs/img/service_latency.png", file=sys.stderr)
+        plot(res, lat, args.plot)
+        print(f"wrote {out} and {args.plot}", file=sys.stderr)
     ok = (res["errors"] == 0 and res["lost_at_end"] == 0 and res["lost_acknowledged_before_kill"] == 0
           and res["records_after_restart_ge_acknowledged_before_kill"])
     return 0 if ok else 1

@@ -25,7 +25,8 @@ def server(tmp_path_factory):
 
     claim_dir(root, "memory")
     keys = {t: ks.add(t) for t in ("alice", "bob", "carol")}
-    srv = ServerProcess(root, ["--max-body-bytes", "20000", "--batch-window-ms", "5"]).start()
+    # a 20 ms window: concurrent test searches meet in a batch even on a slow machine
+    srv = ServerProcess(root, ["--max-body-bytes", "20000", "--batch-window-ms", "20"]).start()
     yield srv, keys, root
     n = httpx.get(srv.url + "/healthz").json()["records"]
     assert srv.stop() in (0, -15), srv.output()  # uvicorn re-raises SIGTERM after its graceful shutdown
@@ -261,6 +262,43 @@ def test_batcher_respects_max_batch_and_isolates_errors():
     assert isinstance(res[20], ValueError)
 
 
+@pytest.mark.parametrize("inline", [True, False])
+def test_batcher_inline_runs_on_the_loop_thread_with_the_same_answers(inline):
+    """inline=True: the scorer runs on the event loop's thread (a CPU scorer holds the GIL anyway);
+    inline=False: in a worker thread. Both batch across tenants into one call and answer alike."""
+    import threading
+
+    mem = _memory()
+    threads, calls = [], []
+
+    def fn(queries, k, wheres):
+        threads.append(threading.get_ident())
+        calls.append(len(queries))
+        res = mem.search(queries, k=k, where=wheres, backend="numpy")
+        return [res.hits(i) for i in range(len(queries))]
+
+    reqs = [(["apple", "fig grape"], 2 + i % 3, {"tenant": f"ten{i % 5}"}) for i in range(10)]
+
+    async def main():
+        b = MicroBatcher(window_s=0.05, max_batch=1000)
+        out = await asyncio.gather(*(b.search(None, fn, q, k, [w] * 2, inline=inline) for q, k, w in reqs))
+        return threading.get_ident(), out
+
+    loop_thread, out = asyncio.run(main())
+    assert calls == [20]  # ten requests of five tenants: one scorer call
+    assert (threads == [loop_thread]) is inline
+    for (q, k, w), got in zip(reqs, out):
+        want = mem.search(q, k=k, where=w, backend="numpy")
+        assert got == [want.hits(0), want.hits(1)]
+
+
+def test_service_runs_cpu_bm25_inline(tmp_path):
+    from gpuir.service.app import Service
+
+    assert Service(tmp_path / "a", backend="numpy").bm25_inline is True
+    assert Service(tmp_path / "b", backend="cupy").bm25_inline is False  # a GPU (or its absence, reported per search)
+
+
 def test_server_batches_concurrent_searches(server):
     """Concurrent HTTP searches share scorer calls: the batch-size histogram counts fewer calls than queries."""
     srv = server[0]
@@ -300,6 +338,21 @@ def test_serve_refuses_a_foreign_directory(tmp_path, capsys):
     (tmp_path / "mine.txt").write_text("not a memory")
     assert cli.main(["serve", str(tmp_path)]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_serve_passes_keep_alive_to_uvicorn(tmp_path, monkeypatch, capsys):
+    """Agents think for seconds between calls: the idle-connection timeout is an option (default 75 s)."""
+    import uvicorn
+
+    from gpuir.service import cli
+
+    seen = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.append(kw))
+    assert cli.main(["serve", str(tmp_path / "m1"), "--keep-alive-seconds", "9"]) == 0
+    assert cli.main(["serve", str(tmp_path / "m2")]) == 0
+    assert [kw["timeout_keep_alive"] for kw in seen] == [9.0, 75.0]
+    assert cli.main(["serve", str(tmp_path / "m3"), "--keep-alive-seconds", "-1"]) == 2
+    assert "--keep-alive-seconds" in capsys.readouterr().err
 
 
 def test_named_retriever_config(server):

@@ -218,6 +218,13 @@ class Service:
         self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch,
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}
+        # Exact BM25 on a CPU engine holds the GIL: it runs on the event loop's thread (see batcher)
+        from ..backends import resolve_backend
+
+        try:
+            self.bm25_inline = resolve_backend(backend)[0] != "cupy"
+        except ValueError:  # an unusable backend: each search reports it
+            self.bm25_inline = False
 
     def open(self) -> None:
         self.keys.refresh()
@@ -333,14 +340,14 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
         if body.config is None:
-            key, fn = None, svc.bm25
+            key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
             try:
-                key, fn = body.config, svc.retriever_fn(body.config)
+                key, fn, inline = body.config, svc.retriever_fn(body.config), False
             except (LookupError, ValueError, TypeError) as e:
                 return _field_error(["config"], str(e).strip("'\""))
         try:
-            rows = await svc.batcher.search(key, fn, body.queries, body.k, wheres)
+            rows = await svc.batcher.search(key, fn, body.queries, body.k, wheres, inline=inline)
         except (WhereError, RecordError) as e:
             return _field_error(["where"], str(e))
         for row in rows:

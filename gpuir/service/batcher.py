@@ -10,9 +10,15 @@ each request keeps its first ``k`` hits: top-k is a prefix of top-K under the
 engine's total order (higher score, then the earlier record), so the answer
 equals the unbatched one.
 
-The scorer runs in a worker thread (``asyncio.to_thread``), so the event loop
-keeps accepting requests while a batch is scored; batches of different keys
-(retriever configurations) are independent.
+Where the scorer runs is the caller's choice (``inline``). A scorer that
+releases the GIL while it works (a GPU kernel, a dense model) runs in a worker
+thread (``asyncio.to_thread``), so the event loop keeps accepting requests
+meanwhile. A pure-Python/NumPy CPU scorer runs *inline*, on the event loop's
+thread: it holds the GIL anyway, so a worker thread would not run beside the
+loop, and every system call of the loop (a socket send or receive) would then
+wait up to the interpreter's switch interval (5 ms) to take the GIL back -- the
+"convoy" measured in ``docs/service.md``. Batches of different keys (retriever
+configurations) are independent.
 """
 
 from __future__ import annotations
@@ -26,10 +32,10 @@ SearchFn = Callable[[list[str], int, list[Any]], list[list[dict[str, Any]]]]
 
 
 class _Pending:
-    __slots__ = ("future", "k", "queries", "wheres")
+    __slots__ = ("future", "inline", "k", "queries", "wheres")
 
-    def __init__(self, queries: list[str], k: int, wheres: list[Any], future: asyncio.Future):
-        self.queries, self.k, self.wheres, self.future = queries, k, wheres, future
+    def __init__(self, queries: list[str], k: int, wheres: list[Any], future: asyncio.Future, inline: bool):
+        self.queries, self.k, self.wheres, self.future, self.inline = queries, k, wheres, future, inline
 
 
 class MicroBatcher:
@@ -60,11 +66,16 @@ class MicroBatcher:
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
 
     async def search(self, key: Hashable, search_fn: SearchFn, queries: Sequence[str], k: int,
-                     wheres: Sequence[Any]) -> list[list[dict[str, Any]]]:
-        """Hits of ``queries`` (one ``where`` each), batched with other callers of the same ``key``."""
+                     wheres: Sequence[Any], inline: bool = False) -> list[list[dict[str, Any]]]:
+        """Hits of ``queries`` (one ``where`` each), batched with other callers of the same ``key``.
+
+        ``inline``: run ``search_fn`` on the event loop's thread (a CPU scorer
+        holding the GIL) rather than in a worker thread; give the same value for
+        every call with the same ``key``.
+        """
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        item = _Pending(list(queries), int(k), list(wheres), fut)
+        item = _Pending(list(queries), int(k), list(wheres), fut, bool(inline))
         if len(item.queries) != len(item.wheres):
             raise ValueError(f"{len(item.queries)} queries but {len(item.wheres)} wheres")
         if self._size.get(key, 0) + len(item.queries) > self.max_batch and self._pending.get(key):
@@ -92,9 +103,10 @@ class MicroBatcher:
         wheres = [w for it in items for w in it.wheres]
         k = max(it.k for it in items)
         loop = asyncio.get_running_loop()
+        inline = items[0].inline
         t0 = loop.time()
         try:
-            rows = await asyncio.to_thread(search_fn, queries, k, wheres)
+            rows = await _call(inline, search_fn, queries, k, wheres)
         except Exception as e:  # noqa: BLE001 - handed to the waiting request
             if len(items) == 1:
                 if not items[0].future.done():
@@ -103,7 +115,7 @@ class MicroBatcher:
             # one request's bad input must not fail the others: run each alone
             for it in items:
                 try:
-                    res = await asyncio.to_thread(search_fn, it.queries, it.k, it.wheres)
+                    res = await _call(inline, search_fn, it.queries, it.k, it.wheres)
                 except Exception as e1:  # noqa: BLE001 - handed to the waiting request
                     if not it.future.done():
                         it.future.set_exception(e1)
@@ -119,3 +131,9 @@ class MicroBatcher:
             if not it.future.done():
                 it.future.set_result([r[: it.k] for r in rows[pos:pos + n]])
             pos += n
+
+
+async def _call(inline: bool, fn: SearchFn, queries: list[str], k: int, wheres: list[Any]):
+    if inline:
+        return fn(queries, k, wheres)
+    return await asyncio.to_thread(fn, queries, k, wheres)

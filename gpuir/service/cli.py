@@ -42,7 +42,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.port < 0 or args.port > 65535:
         raise InputError(f"--port must be 0..65535, got {args.port}")
-    for name in ("batch_window_ms", "checkpoint_seconds"):
+    for name in ("batch_window_ms", "checkpoint_seconds", "keep_alive_seconds"):
         if not getattr(args, name) >= 0:
             raise InputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("max_batch", "checkpoint_every", "max_body_bytes"):
@@ -62,7 +62,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
-                    timeout_graceful_shutdown=10)
+                    timeout_graceful_shutdown=10, timeout_keep_alive=args.keep_alive_seconds)
     finally:
         app.state.service.close()
     return 0
@@ -124,6 +124,9 @@ def add_parsers(subparsers) -> None:
                     help="BM25 scoring backend, as `gpuir memory search` (default: %(default)s)")
     ps.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                     help="uvicorn's log level (default: %(default)s)")
+    ps.add_argument("--keep-alive-seconds", type=float, default=75.0, metavar="S",
+                    help="close an idle client connection after this many seconds; agents that think for "
+                         "seconds between calls keep theirs (default: %(default)s)")
     ps.add_argument("--access-log", action="store_true", help="log every request (default: off)")
     ps.set_defaults(func=_cmd_serve)
 

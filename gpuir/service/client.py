@@ -24,6 +24,11 @@ except ImportError as e:  # pragma: no cover
 
 from .keys import tenant_of_key
 
+#: Connection limits of a client's own pool: an agent calls its memory every few seconds, so an idle
+#: connection is kept 60 s (httpx's default, 5 s, reconnected after every longer pause; the server keeps
+#: idle connections 75 s, ``gpuir serve --keep-alive-seconds``).
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=60.0)
+
 
 class ServiceError(RuntimeError):
     """An HTTP error reply: ``status`` (int) and ``detail`` (the server's explanation)."""
@@ -85,7 +90,7 @@ class MemoryClient(_Base):
 
     def __init__(self, base_url: str, key: str, tenant: str | None = None, timeout: float = 30.0):
         super().__init__(base_url, key, tenant)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout, limits=LIMITS)
 
     def add(self, records: Iterable[Mapping[str, Any]]) -> int:
         """Add records (dicts as ``gpuir memory add`` takes them); returns the count, once durable."""
@@ -138,7 +143,8 @@ class AsyncMemoryClient(_Base):
                  http: httpx.AsyncClient | None = None):
         super().__init__(base_url, key, tenant)
         self._own = http is None
-        self._http = http if http is not None else httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        self._http = http if http is not None else httpx.AsyncClient(base_url=self.base_url, timeout=timeout,
+                                                                      limits=LIMITS)
 
     def _url(self, path: str) -> str:
         return self.base_url + path

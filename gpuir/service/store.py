@@ -25,10 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
 from ..memory.persist import CURRENT
-from ..memory.records import normalize_records
+from ..memory.records import RecordBatch, normalize_records
 from .wal import WriteAheadLog
 
 #: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit.
@@ -71,6 +73,18 @@ def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
     rid = hit["id"]
     hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
     return hit
+
+
+def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
+    """Validated record batches joined in order (no re-validation: each was built by ``normalize_records``)."""
+    return RecordBatch(
+        ids=[x for b in batches for x in b.ids],
+        texts=[x for b in batches for x in b.texts],
+        strings={f: [x for b in batches for x in b.strings[f]] for f in batches[0].strings},
+        time=np.concatenate([b.time for b in batches]),
+        importance=np.concatenate([b.importance for b in batches]),
+        metadata=[x for b in batches for x in b.metadata],
+    )
 
 
 class _Op:
@@ -118,9 +132,18 @@ class ServiceStore:
         self.wal = WriteAheadLog(self.root)
         self.replayed = 0
         t0 = time.perf_counter()
+        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
         for op in self.wal.recover(self.memory.info()["generation"]):
-            self._replay(op)
+            if op.get("op") == "add":
+                run.extend(op["records"])
+            else:
+                if run:
+                    self.memory.add(run)
+                    run = []
+                self._replay(op)
             self.replayed += 1
+        if run:
+            self.memory.add(run)
         self.replay_seconds = time.perf_counter() - t0
         _warm_up()
         self.checkpoints = 0
@@ -263,11 +286,9 @@ class ServiceStore:
         for op, n in ok:
             op.future.set_result(n)
 
-    def _apply_adds(self, batches: list) -> None:
-        if len(batches) == 1:
-            self.memory.add(batches[0])
-        else:
-            self.memory.add([b.record(i) for b in batches for i in range(len(b))])
+    def _apply_adds(self, batches: list[RecordBatch]) -> None:
+        """One ``Memory.add`` for the group's consecutive adds (already validated: their columns are joined)."""
+        self.memory.add(batches[0] if len(batches) == 1 else concat_batches(batches))
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_safely(self) -> None:

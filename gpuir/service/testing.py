@@ -42,7 +42,7 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> ServerProcess:
+    def start(self, timeout: float = 120.0) -> ServerProcess:
         self.port = free_port()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])

@@ -30,6 +30,8 @@ load yet (fields of issue 13 not merged) is listed under ``skipped`` with the re
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -46,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from gpuir.eval import runner
 from gpuir.eval.compare import paired_metrics_for, paired_rows
-from gpuir.eval.config_methods import load_named_config, named_configs, question_times, set_path
+from gpuir.eval.config_methods import has_cascade, load_named_config, named_configs, question_times, set_path
 from gpuir.eval.latency import measure_latency
 from gpuir.eval.selection import cv_folds, cv_select
 
@@ -119,15 +121,124 @@ def bench_one(ds, name: str, setting: dict[str, Any], cfg: dict[str, Any], args,
     import inspect
 
     at = question_times(ds, qs) if "at" in inspect.signature(r.search).parameters else None
-    n_single = len(qs) if not args.n_single else min(args.n_single, len(qs))
-    single = np.sort(rng.choice(len(qs), size=n_single, replace=False)) if n_single < len(qs) else None
-    lat = measure_latency(r, texts, k=10, where=wheres, at=at, unit="session", backend=args.backend,
-                          batch_size=args.batch, single=single, progress=args.progress)
     cols = paired_metrics_for(ds.name, res.per_query)
     row = {"config": name, "setting": setting, "retriever_config": cfg, "quality": summary(res, cols),
            "decisions": res.run.meta.get("decisions", {}), "backend": res.run.meta.get("backend"),
-           "latency": lat, "eval_seconds": t_eval}
+           "latency": None, "eval_seconds": t_eval}
+    if args.no_latency:
+        return res, row
+    n_single = len(qs) if not args.n_single else min(args.n_single, len(qs))
+    single = np.sort(rng.choice(len(qs), size=n_single, replace=False)) if n_single < len(qs) else None
+    row["latency"] = measure_latency(r, texts, k=10, where=wheres, at=at, unit="session", backend=args.backend,
+                                     batch_size=args.batch, single=single, progress=args.progress,
+                                     paths=has_cascade(cfg))
+    row["load_average"] = os.getloadavg()
     return res, row
+
+
+def st_key(setting: dict[str, Any]) -> tuple:
+    """Hashable key of a setting dict."""
+    return tuple((k, json.dumps(v)) for k, v in setting.items())
+
+
+def heldout_result(res_of: dict[Any, Any], sel: dict[str, Any], qs_all) -> Any:
+    """An EvalResult whose every metric is, per question, that of the setting chosen without its fold."""
+    first = next(iter(res_of.values()))
+    scored_rows = np.flatnonzero(first.mask("scored"))
+    setting_of = {int(i): s for i, s in zip(scored_rows, sel["heldout_setting"])}
+    base_key = next(iter(res_of))
+    pq = {}
+    for m, v in first.per_query.items():
+        out = np.array(v, dtype=np.float64, copy=True)
+        for i in range(len(out)):
+            out[i] = res_of[setting_of.get(i, base_key)].per_query[m][i]
+        pq[m] = out
+    return dataclasses.replace(first, per_query=pq, timings={}, _summary=None)
+
+
+def skip_by_category(sel: dict[str, Any], queries) -> dict[str, float] | None:
+    """Held-out skip rate overall and per category (from the chosen settings' escalations)."""
+    if "heldout_cost" not in sel:
+        return None
+    qs = [q for q in queries if q.scored]
+    cats = np.array([q.category for q in qs], dtype=object)
+    esc = np.asarray(sel["heldout_cost"], dtype=np.float64)
+    out = {"overall": float(1 - esc.mean())}
+    for c in sorted(set(cats.tolist())):
+        out[str(c)] = float(1 - esc[cats == c].mean())
+    return out
+
+
+#: Candidates of the cross-validated route table: (configuration, setting) of runs already made.
+ROUTE_CANDIDATES = [("current_best", ()), ("dense_hybrid", ()), ("enrich", ()), ("type_filter", ()),
+                    ("temporal", (("channels.2.weight", "0.25"),)), ("entity", (("channels.2.weight", "0.25"),))]
+
+
+def route_table_cv(ds, key: str, results_of: dict[Any, Any], baseline, args) -> dict[str, Any]:
+    """A route table (query type -> configuration) chosen per fold, scored on the held-out fold.
+
+    LoCoMo: the regex classifier's types, leave one conversation out. LongMemEval: the
+    TF-IDF + logistic-regression classifier refitted on each training fold (the shipped one saw
+    every LongMemEval question), predicting the held-out fold's types; the table is chosen on
+    the training questions by their gold types.
+    """
+    from gpuir.eval.stats import bootstrap_ci, paired_bootstrap
+    from gpuir.retrieve.query_types import QueryTypeClassifier, regex_query_type, to_query_type
+
+    cands = [(n, s) for n, s in ROUTE_CANDIDATES if (n, s) in results_of]
+    if len(cands) < 2:
+        return {"skipped": "fewer than two candidate configurations ran"}
+    metric = HEADLINE[key]
+    qs = [q for q in ds.queries if q.scored]
+    sc = results_of[cands[0]].mask("scored")
+    M = {c: results_of[c].per_query[metric][sc] for c in cands}
+    folds = cv_folds(qs)
+    if key == "locomo":
+        types = np.array([regex_query_type(q.text) for q in qs], dtype=object)
+        sel = cv_select(M, folds, by=types)
+        hset = sel["heldout_setting"]
+        chosen = {str(f): {t: c[0] for t, c in tab.items()} for f, tab in sel["chosen"].items()}
+        clf = "regex"
+        acc = None
+    else:
+        gold = np.array([to_query_type(q.category) for q in qs], dtype=object)
+        texts = [q.text for q in qs]
+        hset = [None] * len(qs)
+        chosen, correct = {}, 0
+        for f in sorted(set(folds.tolist()), key=str):
+            test = folds == f
+            train = ~test
+            model = QueryTypeClassifier.fit([texts[i] for i in np.flatnonzero(train)], list(gold[train]),
+                                            provenance={"dataset": "longmemeval_s", "fold": str(f), "held_out": True})
+            pred = np.array(model.predict([texts[i] for i in np.flatnonzero(test)]), dtype=object)
+            correct += int((pred == gold[test]).sum())
+            Mt = np.stack([M[c] for c in cands])
+            tab = {}
+            for t in sorted(set(gold.tolist())):
+                tr = train & (gold == t)
+                j = int(np.argmax(Mt[:, tr].mean(axis=1))) if tr.any() else int(np.argmax(Mt[:, train].mean(axis=1)))
+                tab[t] = cands[j]
+            fb = cands[int(np.argmax(Mt[:, train].mean(axis=1)))]
+            for i, p in zip(np.flatnonzero(test), pred):
+                hset[i] = tab.get(p, fb)
+            chosen[str(f)] = {t: c[0] for t, c in tab.items()}
+        heldout = np.array([M[c][i] for i, c in enumerate(hset)])
+        sel = {"heldout": heldout, "heldout_setting": hset}
+        clf = "TF-IDF + logistic regression, refitted on each training fold"
+        acc = correct / len(qs)
+    ho_res = heldout_result({c: results_of[c] for c in cands}, sel, ds.queries)
+    cols = paired_metrics_for(ds.name, ho_res.per_query)
+    groups = [q.group for q in qs]
+    out = {"candidates": [c[0] for c in cands], "classifier": clf, "heldout_type_accuracy": acc,
+           "chosen_per_fold": chosen, "metric": metric,
+           "heldout": bootstrap_ci(ho_res.per_query[metric][sc], groups, n_boot=args.n_boot).to_dict(),
+           "quality": summary(ho_res, cols),
+           "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
+    if baseline is not None:
+        out["paired_vs_current_best"] = paired_bootstrap(ho_res.per_query[metric][sc],
+                                                         baseline.per_query[metric][sc], groups, n_boot=args.n_boot)
+        out["paired_rows_vs_current_best"] = paired_rows(ho_res, baseline, cols, n_boot=args.n_boot)
+    return out
 
 
 def pareto_plot(results: dict[str, Any], path: Path) -> None:
@@ -136,12 +247,16 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dsets = [d for d in results if results[d]["rows"]]
+    dsets = [d for d in results if any(r.get("latency") for r in results[d]["rows"])]
+    if not dsets:
+        return
     fig, axes = plt.subplots(1, len(dsets), figsize=(6.2 * len(dsets), 4.4), squeeze=False)
     for ax, d in zip(axes[0], dsets):
         metric = HEADLINE[d]
         pts = []
         for row in results[d]["rows"]:
+            if not row.get("latency"):
+                continue
             x = row["latency"]["batched"]["amortised_ms"]
             iv = row["quality"]["overall"][metric]
             y = iv["mean"]
@@ -165,6 +280,8 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
                 best = p[1]
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto front")
         for cv in results[d].get("cv", {}).values():
+            if cv.get("amortised_ms") is None:
+                continue
             ax.errorbar([cv["amortised_ms"]], [cv["heldout"]["mean"]],
                         yerr=[[cv["heldout"]["mean"] - cv["heldout"]["lo"]], [cv["heldout"]["hi"] - cv["heldout"]["mean"]]],
                         fmt="*", ms=12, color="k", label=f"{cv['config']} held out")
@@ -195,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON (default: bench/results/decisions_<machine>.json)")
     ap.add_argument("--plot", default=str(REPO / "docs/img/decisions_pareto.png"), help="(default: %(default)s)")
     ap.add_argument("--progress", action="store_true", help="progress bars (default: off)")
+    ap.add_argument("--no-latency", action="store_true", help="quality only, no timing (default: time every run)")
+    ap.add_argument("--out-partial", action="store_true", help="write the JSON after each data set (default: at the end)")
+    ap.add_argument("--subset", type=int, default=0,
+                    help="LongMemEval: a seeded random subset of this many questions (0: all; default: %(default)s)")
     ap.add_argument("--replot", metavar="DECISIONS.json", default=None,
                     help="only redraw the plot from a results file (default: run the benchmark)")
     args = ap.parse_args(argv)
@@ -217,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         block: dict[str, Any] = {"machine": machine, "batch": args.batch, "rows": [], "skipped": {}, "paired": {},
                                  "cv": {}}
         baseline = None
+        results_of: dict[Any, Any] = {}
+        heldout_of: dict[str, Any] = {}
         order = ["current_best"] + [n for n in names if n != "current_best"]
         for name in order:
             if name != "current_best" and name not in names:
@@ -244,14 +367,16 @@ def main(argv: list[str] | None = None) -> int:
                 block["rows"].append(row)
                 lat = row["latency"]
                 print(f"[{dname}] {name} {setting or ''}: {HEADLINE[key]} "
-                      f"{row['quality']['overall'][HEADLINE[key]]['mean']:.3f}, batch-1 p50 "
-                      f"{lat['batch1']['all']['p50_ms']:.2f} ms p99 {lat['batch1']['all']['p99_ms']:.2f} ms, "
-                      f"amortised {lat['batched']['amortised_ms']:.2f} ms", file=sys.stderr, flush=True)
+                      f"{row['quality']['overall'][HEADLINE[key]]['mean']:.3f}" + ("" if not lat else
+                      f", batch-1 p50 {lat['batch1']['all']['p50_ms']:.2f} ms p99 "
+                      f"{lat['batch1']['all']['p99_ms']:.2f} ms, amortised {lat['batched']['amortised_ms']:.2f} ms"),
+                      file=sys.stderr, flush=True)
+                results_of[(name, st_key(setting))] = res
                 sc = res.mask("scored")
-                st = tuple(setting.items())
+                st = st_key(setting)
                 per[st] = res.per_query[HEADLINE[key]][sc]
                 dec = res.run.meta.get("per_query_decisions", {})
-                if "escalated" in dec:
+                if "escalated" in dec and has_cascade(cfg):
                     cost[st] = np.asarray(dec["escalated"], dtype=np.float64)[sc]
                 runs[st] = row
             if len(per) > 1:  # a sweep: the held-out (cross-validated) choice
@@ -268,16 +393,32 @@ def main(argv: list[str] | None = None) -> int:
 
                     base_v = baseline.per_query[HEADLINE[key]][baseline.mask("scored")]
                     paired = paired_bootstrap(sel["heldout"], base_v, groups, n_boot=args.n_boot)
-                # latency of the held-out choice: each question at its fold's setting's mean batched latency
-                am = float(np.mean([runs[s]["latency"]["batched"]["amortised_ms"] for s in sel["heldout_setting"]]))
+                ho_res = heldout_result({s: results_of[(name, s)] for s in per}, sel, qs_all=ds.queries)
+                cols = paired_metrics_for(ds.name, ho_res.per_query)
+                ho_quality = summary(ho_res, cols)
+                ho_paired = paired_rows(ho_res, baseline, cols, n_boot=args.n_boot) if baseline is not None else None
+                heldout_of[name] = ho_res
+                # latency of the held-out choice: measured when every fold chose the same setting
+                chosen = set(sel["heldout_setting"])
+                am = None
+                if len(chosen) == 1 and runs[next(iter(chosen))].get("latency"):
+                    am = runs[next(iter(chosen))]["latency"]["batched"]["amortised_ms"]
                 block["cv"][name] = {
                     "config": name, "metric": HEADLINE[key], "heldout": ho,
                     "skip_rate_heldout": (None if "heldout_cost" not in sel else 1 - float(sel["heldout_cost"].mean())),
                     "chosen_per_fold": {str(f): dict(c) for f, c in sel["chosen"].items()},
                     "in_sample_choice": dict(sel["best_overall"]), "in_sample_mean": sel["best_overall_mean"],
                     "amortised_ms": am, "tolerance": args.tolerance, "paired_vs_current_best": paired,
+                    "grid": {p: v for p, v in SWEEPS[name].items()}, "quality": ho_quality,
+                    "paired_rows_vs_current_best": ho_paired,
+                    "skip_rate_by_category": skip_by_category(sel, ds.queries),
                     "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
+        if "router" in names:
+            block["route_table"] = route_table_cv(ds, key, results_of, baseline, args)
         results[key] = block
+        if args.out_partial:
+            runner.save_json({"machine": runner.machine_info(), "machine_name": machine, "args": vars(args),
+                              "datasets": results}, out_path)
     report = {"machine": runner.machine_info(), "machine_name": machine, "seconds": time.perf_counter() - t_start,
               "args": vars(args), "datasets": results}
     runner.save_json(report, out_path)

@@ -59,6 +59,8 @@ SWEEPS: dict[str, dict[str, list[Any]]] = {
     "temporal": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
     "entity": {"channels.2.weight": [0.1, 0.25, 0.5, 1.0]},
 }
+#: Configurations whose sweep is also selected per query type (a threshold table).
+PER_TYPE = {"cascade"}
 #: The headline quality metric of each data set (the Pareto plot's y axis, the selection metric).
 HEADLINE = {"locomo": "hit@1", "longmemeval": "recall_all@5"}
 
@@ -76,10 +78,30 @@ def machine_name() -> str:
     return f"cpu{os.cpu_count()}"
 
 
-def load(name: str):
+def load(name: str, subset: int = 0, seed: int = 0):
+    """The data set; with ``subset`` (LongMemEval), a seeded random sample of that many scored questions.
+
+    The sample's memory holds only its questions' haystack sessions (so that a dense channel
+    encodes only those records); BM25's collection statistics then come from those sessions,
+    for the baseline as for every configuration compared with it.
+    """
+    import dataclasses as dc
+
     from gpuir.eval.datasets import load_locomo, load_longmemeval
 
-    return load_locomo() if name == "locomo" else load_longmemeval(split="s")
+    ds = load_locomo() if name == "locomo" else load_longmemeval(split="s")
+    if not subset or name == "locomo":
+        return ds
+    scored = [i for i, q in enumerate(ds.queries) if q.scored]
+    if subset >= len(scored):
+        return ds
+    pick = sorted(np.random.default_rng(seed).choice(scored, size=subset, replace=False).tolist())
+    qs = [ds.queries[i] for i in pick]
+    keep = sorted({ds.doc_index[d] for q in qs for d in q.candidates})
+    return dc.replace(ds, doc_ids=[ds.doc_ids[i] for i in keep], doc_texts=[ds.doc_texts[i] for i in keep],
+                      doc_dates=[ds.doc_dates[i] for i in keep], queries=qs, _doc_index=None,
+                      options={**ds.options, "subset": subset, "subset_seed": seed},
+                      stats={**ds.stats, "subset_qids": [q.qid for q in qs]})
 
 
 def variants(name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -111,10 +133,13 @@ def bench_one(ds, name: str, setting: dict[str, Any], cfg: dict[str, Any], args,
     from gpuir.retrieve import RetrieverConfig
 
     r = build_retriever(ds, RetrieverConfig.from_config(cfg))
-    if getattr(r.config, "needs_encoder", False) and hasattr(r, "_encoder"):
-        from gpuir.dense.encoder import Encoder
+    from gpuir.dense.encoder import Encoder
 
-        r._encoder = Encoder(r.config.encoder, cache=False)  # time query encoding, not cache look-ups
+    # time query encoding, not cache look-ups: every retriever that encodes (a router's routes too) gets an
+    # encoder without the on-disk cache (record embeddings are already in memory)
+    for rr in [r] + list((getattr(r, "router", None) and r.router.routes.values()) or []):
+        if getattr(rr.config, "needs_encoder", False) and hasattr(rr, "_encoder"):
+            rr._encoder = Encoder(rr.config.encoder, cache=False)
     qs = list(ds.queries)
     texts = [q.text for q in qs]
     wheres = haystack_wheres(ds, qs)
@@ -134,6 +159,13 @@ def bench_one(ds, name: str, setting: dict[str, Any], cfg: dict[str, Any], args,
                                      paths=has_cascade(cfg))
     row["load_average"] = os.getloadavg()
     return res, row
+
+
+def show(c: Any) -> dict[str, Any]:
+    """A chosen setting (tuple of (path, json)) or a per-type table of them, as a plain dict."""
+    if isinstance(c, dict):
+        return {str(t): show(v) for t, v in c.items()}
+    return {p: json.loads(v) for p, v in c}
 
 
 def st_key(setting: dict[str, Any]) -> tuple:
@@ -296,6 +328,113 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+ORDER = ["current_best", "dense_hybrid", "cascade", "cascade_per_type", "router", "route_table", "temporal", "entity", "type_filter",
+         "enrich", "all"]
+
+
+def _iv(d: dict[str, Any] | None, ci: bool = True) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    return f"{d['mean']:.3f}" + (f" [{d['lo']:.3f}, {d['hi']:.3f}]" if ci else "")
+
+
+def _p(p: float) -> str:
+    return " < 0.001" if p < 0.001 else f" = {p:.3f}"
+
+
+def _delta(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    p = d["p"]
+    ps = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+    return f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], {ps}"
+
+
+def headline_rows(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per configuration: its held-out figures (tuned ones from ``cv``), paired rows, how tuned."""
+    out = []
+    plain = {r["config"]: r for r in block["rows"] if not r["setting"]}
+    for name in ORDER:
+        if name == "route_table":
+            rt = block.get("route_table")
+            if rt and "quality" in rt:
+                out.append({"name": "router, route table by CV", "quality": rt["quality"],
+                            "paired": rt.get("paired_rows_vs_current_best"),
+                            "tuned": f"route table over {{{', '.join(rt['candidates'])}}} per type ({rt['classifier']})"})
+            continue
+        if name in block.get("cv", {}):
+            cv = block["cv"][name]
+            ch = sorted({json.dumps(v, sort_keys=True) for v in cv["chosen_per_fold"].values()})
+            out.append({"name": name, "quality": cv["quality"], "paired": cv.get("paired_rows_vs_current_best"),
+                        "tuned": "; ".join(f"{p} over {v}" for p, v in cv["grid"].items()) + f" -> folds chose {', '.join(ch)}",
+                        "skip": cv.get("skip_rate_by_category")})
+        elif name in plain:
+            r = plain[name]
+            out.append({"name": name, "quality": r["quality"], "paired": r.get("paired_vs_current_best"),
+                        "tuned": "nothing tuned" if name != "current_best" else "selected on LoCoMo by LOCO earlier",
+                        "skip": (r.get("decisions") or {}).get("skip_rate_by_category")})
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results tables of docs/decisions.md from a results file."""
+    lines: list[str] = []
+    for key, block in report["datasets"].items():
+        hr = headline_rows(block)
+        if not hr:
+            continue
+        mets = list(hr[0]["quality"]["overall"])
+        lines += [f"### {key}: overall, held out, paired against current_best", "",
+                  "| configuration | " + " | ".join(mets) + " | " + " | ".join(f"Δ {m}" for m in mets) + " |",
+                  "| --- " * (1 + 2 * len(mets)) + "|"]
+        for h in hr:
+            ov = h["quality"]["overall"]
+            prow = (h["paired"] or [{}])[0]
+            lines.append(f"| `{h['name']}` | " + " | ".join(_iv(ov.get(m)) for m in mets) + " | "
+                         + " | ".join(_delta(prow.get(m)) if h["name"] != "current_best" else "-" for m in mets) + " |")
+        lines += ["", "Tuned numbers: " + "; ".join(f"`{h['name']}`: {h['tuned']}" for h in hr), ""]
+        cats = list(hr[0]["quality"]["by_category"])
+        for m in mets[:2]:
+            lines += [f"### {key}: {m} per category (value, Δ vs current_best, p)", "",
+                      "| configuration | " + " | ".join(f"{c} (n={hr[0]['quality']['by_category'][c][m]['n']})"
+                                                       for c in cats) + " |", "| --- " * (1 + len(cats)) + "|"]
+            for h in hr:
+                cells = []
+                for c in cats:
+                    v = h["quality"]["by_category"][c].get(m)
+                    pr = next((r for r in (h["paired"] or []) if r["subset"] == c), None)
+                    d = pr.get(m) if pr else None
+                    cells.append(_iv(v, ci=False) + ("" if not d or h["name"] == "current_best" else
+                                                     f" ({d['delta']:+.3f}, p{_p(d['p'])})"))
+                lines.append(f"| `{h['name']}` | " + " | ".join(cells) + " |")
+            lines.append("")
+        lat = [r for r in block["rows"] if r.get("latency")]
+        if lat:
+            lines += [f"### {key}: measured wall-clock latency (ms per question)", "",
+                      ("| configuration | skip rate | batch of 1: p50 / p99 / mean | skip path p50 / p99 / mean | "
+                       "escalate path p50 / p99 / mean | batched: amortised (batch p50 / p99) | batched skip-only / "
+                       "escalate-only amortised | load avg |"), "| --- " * 8 + "|"]
+
+            def f3(d):
+                return "-" if not d or not d.get("n") else f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f} / {d['mean_ms']:.2f}"
+
+            for r in lat:
+                L = r["latency"]
+                b1, bt = L["batch1"], L["batched"]
+                sk = "-" if L.get("skip_rate") is None else f"{L['skip_rate']:.3f}"
+                lab = r["config"] + "".join(f" {k.split('.')[-1]}={v}" for k, v in r["setting"].items())
+                split = "-"
+                if "skip" in bt:
+                    split = " / ".join("-" if not bt[p].get("n") else f"{bt[p]['amortised_ms']:.2f} (n={bt[p]['n']})"
+                                       for p in ("skip", "escalate"))
+                la = r.get("load_average")
+                lines.append(f"| `{lab}` | {sk} | {f3(b1['all'])} | {f3(b1.get('skip'))} | {f3(b1.get('escalate'))} | "
+                             f"{bt['amortised_ms']:.2f} ({bt['per_query']['p50_ms']:.0f} / {bt['per_query']['p99_ms']:.0f}) | "
+                             f"{split} | {'-' if not la else f'{la[0]:.2f}'} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="locomo", help="comma-separated: locomo, longmemeval (default: %(default)s)")
@@ -312,16 +451,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON (default: bench/results/decisions_<machine>.json)")
     ap.add_argument("--plot", default=str(REPO / "docs/img/decisions_pareto.png"), help="(default: %(default)s)")
     ap.add_argument("--progress", action="store_true", help="progress bars (default: off)")
+    ap.add_argument("--no-route-table", dest="route_table", action="store_false",
+                    help="skip the cross-validated route table (default: chosen from the runs made)")
     ap.add_argument("--no-latency", action="store_true", help="quality only, no timing (default: time every run)")
     ap.add_argument("--out-partial", action="store_true", help="write the JSON after each data set (default: at the end)")
     ap.add_argument("--subset", type=int, default=0,
                     help="LongMemEval: a seeded random subset of this many questions (0: all; default: %(default)s)")
     ap.add_argument("--replot", metavar="DECISIONS.json", default=None,
                     help="only redraw the plot from a results file (default: run the benchmark)")
+    ap.add_argument("--markdown", metavar="DECISIONS.json", default=None,
+                    help="only print the results tables of a results file as Markdown (default: run the benchmark)")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
     if args.replot:
-        import json
-
         pareto_plot(json.loads(Path(args.replot).read_text())["datasets"], Path(args.plot))
         print(f"-> {args.plot}", file=sys.stderr)
         return 0
@@ -333,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     for dname in args.datasets.split(","):
         if dname not in HEADLINE:
             ap.error(f"unknown data set {dname!r}: locomo or longmemeval")
-        ds = load(dname)
+        ds = load(dname, args.subset)
         key = "locomo" if dname == "locomo" else "longmemeval"
         block: dict[str, Any] = {"machine": machine, "batch": args.batch, "rows": [], "skipped": {}, "paired": {},
                                  "cv": {}}
@@ -381,39 +525,48 @@ def main(argv: list[str] | None = None) -> int:
                 runs[st] = row
             if len(per) > 1:  # a sweep: the held-out (cross-validated) choice
                 qs = [q for q in ds.queries if q.scored]
-                folds = cv_folds(qs)
-                sel = cv_select(per, folds, cost=cost if len(cost) == len(per) else None, tolerance=args.tolerance)
-                from gpuir.eval.stats import bootstrap_ci
+                selections = [(name, None)]
+                if name in PER_TYPE:  # per-query-type thresholds: the regex type (no training on these questions)
+                    from gpuir.retrieve.query_types import regex_query_type
 
-                groups = [q.group for q in qs]
-                ho = bootstrap_ci(sel["heldout"], groups, n_boot=args.n_boot).to_dict()
-                paired = None
-                if baseline is not None:  # held-out figure against the current best, paired
-                    from gpuir.eval.stats import paired_bootstrap
+                    selections.append((name + "_per_type", np.array([regex_query_type(q.text) for q in qs], object)))
+                for cv_name, by in selections:
+                    qs = [q for q in ds.queries if q.scored]
+                    folds = cv_folds(qs)
+                    sel = cv_select(per, folds, cost=cost if len(cost) == len(per) else None, tolerance=args.tolerance,
+                                    by=by)
+                    from gpuir.eval.stats import bootstrap_ci
 
-                    base_v = baseline.per_query[HEADLINE[key]][baseline.mask("scored")]
-                    paired = paired_bootstrap(sel["heldout"], base_v, groups, n_boot=args.n_boot)
-                ho_res = heldout_result({s: results_of[(name, s)] for s in per}, sel, qs_all=ds.queries)
-                cols = paired_metrics_for(ds.name, ho_res.per_query)
-                ho_quality = summary(ho_res, cols)
-                ho_paired = paired_rows(ho_res, baseline, cols, n_boot=args.n_boot) if baseline is not None else None
-                heldout_of[name] = ho_res
-                # latency of the held-out choice: measured when every fold chose the same setting
-                chosen = set(sel["heldout_setting"])
-                am = None
-                if len(chosen) == 1 and runs[next(iter(chosen))].get("latency"):
-                    am = runs[next(iter(chosen))]["latency"]["batched"]["amortised_ms"]
-                block["cv"][name] = {
-                    "config": name, "metric": HEADLINE[key], "heldout": ho,
-                    "skip_rate_heldout": (None if "heldout_cost" not in sel else 1 - float(sel["heldout_cost"].mean())),
-                    "chosen_per_fold": {str(f): dict(c) for f, c in sel["chosen"].items()},
-                    "in_sample_choice": dict(sel["best_overall"]), "in_sample_mean": sel["best_overall_mean"],
-                    "amortised_ms": am, "tolerance": args.tolerance, "paired_vs_current_best": paired,
-                    "grid": {p: v for p, v in SWEEPS[name].items()}, "quality": ho_quality,
-                    "paired_rows_vs_current_best": ho_paired,
-                    "skip_rate_by_category": skip_by_category(sel, ds.queries),
-                    "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
-        if "router" in names:
+                    groups = [q.group for q in qs]
+                    ho = bootstrap_ci(sel["heldout"], groups, n_boot=args.n_boot).to_dict()
+                    paired = None
+                    if baseline is not None:  # held-out figure against the current best, paired
+                        from gpuir.eval.stats import paired_bootstrap
+
+                        base_v = baseline.per_query[HEADLINE[key]][baseline.mask("scored")]
+                        paired = paired_bootstrap(sel["heldout"], base_v, groups, n_boot=args.n_boot)
+                    ho_res = heldout_result({s: results_of[(name, s)] for s in per}, sel, qs_all=ds.queries)
+                    cols = paired_metrics_for(ds.name, ho_res.per_query)
+                    ho_quality = summary(ho_res, cols)
+                    ho_paired = paired_rows(ho_res, baseline, cols, n_boot=args.n_boot) if baseline is not None else None
+                    heldout_of[cv_name] = ho_res
+                    # latency of the held-out choice: measured when every fold chose the same setting
+                    chosen = set(sel["heldout_setting"])
+                    am = None
+                    if len(chosen) == 1 and runs[next(iter(chosen))].get("latency"):
+                        am = runs[next(iter(chosen))]["latency"]["batched"]["amortised_ms"]
+                    block["cv"][cv_name] = {
+                        "config": cv_name, "base_config": name, "metric": HEADLINE[key], "heldout": ho,
+                        "skip_rate_heldout": (None if "heldout_cost" not in sel else 1 - float(sel["heldout_cost"].mean())),
+                        "chosen_per_fold": {str(f): show(c) for f, c in sel["chosen"].items()},
+                        "in_sample_choice": show(sel["best_overall"]), "in_sample_mean": sel["best_overall_mean"],
+                        "per_type": by is not None,
+                        "amortised_ms": am, "tolerance": args.tolerance, "paired_vs_current_best": paired,
+                        "grid": {p: v for p, v in SWEEPS[name].items()}, "quality": ho_quality,
+                        "paired_rows_vs_current_best": ho_paired,
+                        "skip_rate_by_category": skip_by_category(sel, ds.queries),
+                        "scheme": "leave-one-conversation-out" if key == "locomo" else "stratified 5-fold by type"}
+        if args.route_table:
             block["route_table"] = route_table_cv(ds, key, results_of, baseline, args)
         results[key] = block
         if args.out_partial:

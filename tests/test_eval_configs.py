@@ -179,3 +179,12 @@ def test_tuned_per_route_taus(monkeypatch):
         assert table["even"] == {"cascade.tau": 0} and table["odd"] == {"cascade.tau": 0.2}
     assert res.per_query["hit@1"].mean() == 1.0
     assert res.run.meta["decisions"]["skip_rate_by_category"] == {"even": 1.0, "odd": 0.0}
+
+
+def test_has_cascade_sees_routes():
+    from gpuir.eval.config_methods import has_cascade
+
+    assert not has_cascade({"channels": []}) and not has_cascade(None)
+    assert has_cascade({"cascade": {"tau": 0.1}})
+    assert has_cascade({"router": {"routes": {"temporal": {"cascade": {"tau": 0.1}}}, "default": None}})
+    assert not has_cascade({"router": {"routes": {"temporal": {"channels": []}}, "default": {"channels": []}}})

@@ -61,3 +61,20 @@ def test_measure_latency_sample_and_no_paths():
     assert out["batch1"]["all"]["n"] == 2 and "skip" not in out["batch1"] and out["skip_rate"] is None
     with pytest.raises(ValueError, match="no questions"):
         measure_latency(Plain(), [])
+
+
+def test_measure_latency_batched_path_split():
+    qs = ["a?", "b", "c", "d?", "e"]
+    fr = FakeRetriever()
+    out = measure_latency(fr, qs, batch_size=2, paths=True)
+    bt = out["batched"]
+    # the batched pass's escalations split the questions: 3 skip (b, c, e), 2 escalate (a?, d?)
+    assert bt["skip"]["n"] == 3 and bt["escalate"]["n"] == 2 and bt["skip_rate"] == pytest.approx(0.6)
+    # after warm-up, 5 single calls and the 3 mixed batches: the skip questions in batches of 2, then the escalating
+    tail = [c[0] for c in fr.calls[9:]]
+    assert tail == [["b", "c"], ["e"], ["a?", "d?"]]
+
+
+def test_measure_latency_paths_false_reports_no_split():
+    out = measure_latency(FakeRetriever(), ["a?", "b"], paths=False)
+    assert "skip" not in out["batch1"] and out["skip_rate"] is None and "skip" not in out["batched"]

@@ -44,7 +44,9 @@ def test_parallel_equals_serial(monkeypatch, unit, fusion):
         r = Retriever(m, RetrieverConfig.from_config({"channels": ALL, "fusion": fusion, "parallel": par}),
                       encoder=enc)
         out[par] = r.search(QS, k=6, where={"tenant": "x"}, unit=unit, at=T0, backend="numpy")
-        assert enc.threads and all(t.startswith("gpuir-channel") == par for t in enc.threads)
+        # queries are encoded in the calling thread, never in a channel's: the encoder's SQLite cache may be
+        # used only by the thread that opened it (a parallel dense search failed with ProgrammingError)
+        assert enc.threads and not any(t.startswith("gpuir-channel") for t in enc.threads)
     a, b = out[True], out[False]
     assert a.keys == b.keys and a.keys[0]
     np.testing.assert_array_equal(a.scores, b.scores)
@@ -115,3 +117,23 @@ class _nothing:
 
     def __exit__(self, *a):
         return False
+
+
+def test_parallel_dense_encodes_in_calling_thread_with_a_thread_bound_encoder(monkeypatch):
+    """An encoder that, like the SQLite-cached one, fails when called from another thread than its first."""
+    install(monkeypatch)
+
+    class Bound(Encoder):
+        owner = None
+
+        def encode_queries(self, texts):
+            me = threading.get_ident()
+            Bound.owner = Bound.owner or me
+            if me != Bound.owner:
+                raise RuntimeError("used from another thread")
+            return super().encode_queries(texts)
+
+    r = Retriever(memory(), RetrieverConfig.from_config({"channels": ALL, "parallel": True}), encoder=Bound())
+    for _ in range(2):
+        res = r.search(QS, k=6, where={"tenant": "x"}, unit="session", at=T0, backend="numpy")
+        assert res.keys[0]

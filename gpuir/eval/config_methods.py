@@ -245,6 +245,20 @@ def _decision_summary(dec: dict[str, Any], categories: Sequence[str] | None = No
     return out
 
 
+def has_cascade(cfg: dict[str, Any] | None) -> bool:
+    """Whether a configuration dict (or one of its router's routes) has a cascade.
+
+    Without one, ``meta["escalated"]`` is all False although every channel ran, so the
+    evaluation reports no skip rate for it.
+    """
+    if not cfg:
+        return False
+    if cfg.get("cascade"):
+        return True
+    router = cfg.get("router") or {}
+    return any(has_cascade(r) for r in [*(router.get("routes") or {}).values(), router.get("default")])
+
+
 def _parse_value(s: str) -> Any:
     try:
         return json.loads(s)
@@ -283,6 +297,8 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
     base = dict(config) if isinstance(config, dict) else config.to_config()
     if not grid:
         ranked, scores, info = config_search(ds, queries, k, config, backend=backend, progress=progress)
+        if not has_cascade(base):  # without a cascade every channel runs: no skip rate to report
+            info["decisions"].pop("escalated", None)
         return Run(ranked, scores, {
             "backend": info["backend"], "retriever_config": base, "memory": info["memory"],
             "decisions": _decision_summary(info["decisions"], [q.category for q in queries]),
@@ -328,7 +344,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
     scores = np.full((len(queries), k), -np.inf, np.float32)
     chosen = sel["chosen"]
     esc_all = np.zeros(len(queries), dtype=bool)
-    has_esc = all("escalated" in infos[s]["decisions"] for s in settings)
+    has_esc = (has_cascade(base) or any(p.startswith("cascade") for p in paths)) and all("escalated" in infos[s]["decisions"] for s in settings)
     sc_rows = np.flatnonzero(scored)
     setting_of = {int(i): s for i, s in zip(sc_rows, sel["heldout_setting"])}
     for i, f in enumerate(folds.tolist()):

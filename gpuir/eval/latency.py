@@ -54,7 +54,8 @@ def _stage_seconds(timings: dict[str, Any] | None) -> dict[str, float]:
 
 def measure_latency(retriever: Any, queries: Sequence[str], *, k: int = 10, where: Any = None, at: Any = None,
                     unit: str = "session", backend: str = "auto", batch_size: int = 64,
-                    single: Sequence[int] | None = None, progress: bool = False) -> dict[str, Any]:
+                    single: Sequence[int] | None = None, progress: bool = False,
+                    paths: bool | None = None) -> dict[str, Any]:
     """Measured wall-clock latency per question, batch of 1 and batched.
 
     Parameters
@@ -73,6 +74,12 @@ def measure_latency(retriever: Any, queries: Sequence[str], *, k: int = 10, wher
     single : sequence of int, optional
         Rows timed one at a time (default: all).
     progress : bool
+    paths : bool, optional
+        Split by path (skip / escalate). None: whenever the search reports ``escalated``;
+        False: never (a configuration without a cascade reports all False); True: also time the
+        batched path split: the questions that escalated in the batched pass searched again in
+        batches of their own, and the ones that skipped likewise (``batched["skip"]``,
+        ``batched["escalate"]``: per_query, amortised_ms, total_s, n).
 
     Returns
     -------
@@ -109,7 +116,7 @@ def measure_latency(retriever: Any, queries: Sequence[str], *, k: int = 10, wher
         res = call([i])
         one[j] = time.perf_counter() - t0
         meta = getattr(res, "meta", {}) or {}
-        if meta.get("escalated") is not None:
+        if meta.get("escalated") is not None and paths is not False:
             esc.append(bool(np.asarray(meta["escalated"]).reshape(-1)[0]))
         for st, sec in _stage_seconds(meta.get("timings")).items():
             stages.setdefault(st, []).append(sec)
@@ -120,14 +127,25 @@ def measure_latency(retriever: Any, queries: Sequence[str], *, k: int = 10, wher
         batch1["skip"], batch1["escalate"] = latency_stats(one[~e]), latency_stats(one[e])
         skip_rate = float((~e).mean())
     batch1["stages"] = {st: latency_stats(v) for st, v in stages.items() if len(v) == len(rows)}
-    per_q = np.empty(B)
-    t_all = time.perf_counter()
-    for s in range(0, B, batch_size):
-        idx = list(range(s, min(B, s + batch_size)))
-        t0 = time.perf_counter()
-        call(idx)
-        per_q[idx] = time.perf_counter() - t0
-    total = time.perf_counter() - t_all
-    return {"batch1": batch1, "skip_rate": skip_rate,
-            "batched": {"batch_size": int(batch_size), "per_query": latency_stats(per_q),
-                        "amortised_ms": total / B * 1e3, "total_s": total}}
+    def batched(order: list[int]) -> tuple[dict[str, Any], np.ndarray]:
+        per_q = np.empty(len(order))
+        e_all = np.zeros(len(order), dtype=bool)
+        t_all = time.perf_counter()
+        for s in range(0, len(order), batch_size):
+            pos = list(range(s, min(len(order), s + batch_size)))
+            t0 = time.perf_counter()
+            res = call([order[p] for p in pos])
+            per_q[pos] = time.perf_counter() - t0
+            meta = getattr(res, "meta", {}) or {}
+            if meta.get("escalated") is not None:
+                e_all[pos] = np.asarray(meta["escalated"], dtype=bool).reshape(-1)[: len(pos)]
+        total = time.perf_counter() - t_all
+        return ({"batch_size": int(batch_size), "n": len(order), "per_query": latency_stats(per_q),
+                 "amortised_ms": total / len(order) * 1e3, "total_s": total}, e_all)
+
+    out_b, e_all = batched(list(range(B)))
+    if paths:
+        for name, rows_p in (("skip", np.flatnonzero(~e_all)), ("escalate", np.flatnonzero(e_all))):
+            out_b[name] = batched(rows_p.tolist())[0] if rows_p.size else {"n": 0}
+        out_b["skip_rate"] = float((~e_all).mean())
+    return {"batch1": batch1, "skip_rate": skip_rate, "batched": out_b}

@@ -346,6 +346,8 @@ class Retriever:
                 return res, extra
             return run
 
+        if any(ch.dense and mask[:, j].any() for j, ch in enumerate(chans)):
+            qvecs()  # in this thread: the encoder's SQLite cache may be used only by the thread that opened it
         outs, secs = run_jobs([job(j, ch) for j, ch in enumerate(chans)], parallel=self.config.parallel)
         timings.update(zip(stage_names([c.kind for c in chans]), secs))
         if "s" in box:

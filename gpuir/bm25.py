@@ -109,7 +109,7 @@ class BM25Params:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BM25Params":
+    def from_dict(cls, d: dict) -> BM25Params:
         """Parameters from a dict such as :meth:`to_dict` makes (missing keys take the defaults)."""
         if not isinstance(d, dict):
             raise TypeError(f"BM25 parameters must be a mapping, got {type(d).__name__}")

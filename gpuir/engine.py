@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,14 +59,14 @@ class BM25Index:
         cls,
         texts: Iterable[str],
         ids: Sequence[str] | Iterable[str] | None = None,
-        analyzer: "str | dict | Analyzer" = "default",
+        analyzer: str | dict | Analyzer = "default",
         method: str = "lucene",
         k1: float = 1.2,
         b: float = 0.75,
         delta: float = 0.5,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         progress: bool | None = None,
-    ) -> "BM25Index":
+    ) -> BM25Index:
         """Index a stream of documents (see :func:`gpuir.index.build.build_csr`).
 
         Parameters
@@ -100,7 +101,7 @@ class BM25Index:
         csr = build_csr(texts, analyzer, ids=ids, chunk_size=chunk_size, progress=progress)
         return cls(csr, params)
 
-    def with_params(self, **changes: Any) -> "BM25Index":
+    def with_params(self, **changes: Any) -> BM25Index:
         """The same index arrays under other BM25 parameters (no copy)."""
         return BM25Index(self.csr, replace(self.params, **changes))
 
@@ -154,7 +155,7 @@ class BM25Index:
 
     def search(
         self,
-        queries: "str | Sequence[str]",
+        queries: str | Sequence[str],
         k: int = 10,
         filters: Any = None,
         backend: str = "auto",
@@ -227,7 +228,7 @@ class BM25Index:
         save_index(self.csr, path, extra={"bm25": self.params.to_dict()}, lock_timeout=lock_timeout)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> "BM25Index":
+    def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> BM25Index:
         """Load an index saved by :meth:`save`.
 
         Parameters

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuir.gpu_info import diagnose
 from gpuir.datapath import data_dir as _data_dir
 from gpuir.eval.datasets import load_locomo, load_longmemeval
+from gpuir.gpu_info import diagnose
 
 
 def pytest_addoption(parser):

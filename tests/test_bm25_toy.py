@@ -73,7 +73,7 @@ def test_bm25plus_absent_term_by_hand(toy, backend):
     res = idx.search("apple cherry", k=5, backend=backend)
     idf_a = math.log(6 / 2)
     idf_c = math.log(6 / 2)
-    tfc = lambda tf, dl: tf * (K1 + 1) / (tf + K1 * L(dl)) + 0.5  # noqa: E731
+    tfc = lambda tf, dl: tf * (K1 + 1) / (tf + K1 * L(dl)) + 0.5
     by_doc = {
         0: idf_a * tfc(2, 3) + idf_c * 0.5,  # cherry absent: idf * delta
         1: idf_a * 0.5 + idf_c * tfc(1, 2),

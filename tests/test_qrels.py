@@ -43,7 +43,7 @@ def test_not_utf8_names_the_line(tmp_path):
 
 
 def test_parity_and_the_beir_loader_share_the_reader():
-    import gpuir.eval.datasets as datasets
-    import gpuir.parity as parity
+    from gpuir import parity
+    from gpuir.eval import datasets
 
     assert parity.read_qrels is read_qrels and datasets.read_qrels is read_qrels

@@ -35,9 +35,9 @@ import numpy as np
 
 from ..dense.late_interaction import segment_reduce_numpy
 from ..results import SearchResults, padded_arrays
+from ..topk import topk_pairs
 from .catalog import Catalog
 from .config import ChannelConfig
-from ..topk import topk_pairs
 from .wheres import and_where, row_where
 
 __all__ = ["entity_channel", "pool_rows", "run_channel", "temporal_channel"]

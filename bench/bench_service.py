@@ -54,7 +54,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import resource
 import socket
@@ -71,6 +70,7 @@ sys.path.insert(0, str(REPO))
 import httpx
 import numpy as np
 
+from gpuir.eval.runner import machine_info
 from gpuir.index.dirlock import claim_dir
 from gpuir.service.client import AsyncMemoryClient, ServiceError
 from gpuir.service.keys import KeyStore
@@ -354,20 +354,6 @@ def server_figures(text: str) -> dict[str, Any]:
     return out
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"host": socket.gethostname(), "cpu_model": cpu, "logical_cores": os.cpu_count(),
-            "python": platform.python_version()}
-
-
 def plot(res: dict[str, Any], lat: dict[str, list[float]], path: Path) -> None:
     import matplotlib
 
@@ -433,7 +419,7 @@ def main(argv=None) -> int:
         keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
         res = asyncio.run(asyncio.wait_for(main_async(args, root, keys), args.timeout))
     lat = res.pop("_lat")
-    res["machine"] = machine()
+    res["machine"] = {"host": socket.gethostname(), **machine_info()}
     res["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "machine"}, indent=1))
     if not args.no_docs:

@@ -1,8 +1,8 @@
-"""Test doubles of the issue-13 modules other helpers write (gpuir.retrieve.temporal, entity_graph,
-query_types, enrich), following CONTRACTS-13.md exactly, installed with ``install(monkeypatch)``.
+"""Test doubles of the retriever's signal modules (gpuir.retrieve.temporal, entity_graph,
+query_types, enrich), with the same names and signatures, installed with ``install(monkeypatch)``.
 
 They are deliberately simple and fully predictable, so that tests of the retriever's plumbing can
-compute expected results by hand; they keep the tests valid when the real modules land.
+compute expected results by hand, independently of the real parsers and classifiers.
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ def install(monkeypatch) -> dict[str, list]:
     for v in CALLS.values():
         v.clear()
     mods = {
-        "temporal": _module("gpuir.retrieve.temporal", TimeWindow=TimeWindow, parse_time_window=parse_time_window),
+        "temporal": _module("gpuir.retrieve.temporal", TimeWindow=TimeWindow, parse_time_window=parse_time_window,
+                             may_name_time=lambda q: True),
         "entity_graph": _module("gpuir.retrieve.entity_graph", HOP_SCORES=HOP_SCORES, EntityGraph=EntityGraph,
                                 extract_entities=extract_entities),
         "query_types": _module("gpuir.retrieve.query_types", QUERY_TYPES=QUERY_TYPES,

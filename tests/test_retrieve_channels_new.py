@@ -358,3 +358,16 @@ def test_router_default_is_the_outer_channels_encoded_once(calls):
     assert res.ids(0) == ref.ids(0)
     with pytest.raises(ValueError, match="router"):
         r.search_channels("x")
+
+
+def test_questions_without_a_time_word_skip_the_session_scan_and_the_parser(monkeypatch):
+    """The real parser's pre-check: only time-ish questions read the session log."""
+    pytest.importorskip("dateparser")
+    r = Retriever(memory(), RetrieverConfig.from_config({"channels": [{"kind": "bm25"}, {"kind": "temporal"}],
+                                                        "fusion": "z"}))
+    calls = []
+    real = r.catalog.session_times
+    monkeypatch.setattr(r.catalog, "session_times", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    at = np.array([resolve_at("2023-05-25T12:00:00Z", 1)[0]] * 2)
+    wins = r.windows(["who adopted the puppy", "what happened since we last talked"], None, at)
+    assert wins[0] is None and len(calls) == 1

@@ -1,5 +1,5 @@
 """Fan-out: channels in threads give the serial result; timings per stage; the optimiser's mask;
-fusion over the channels that ran; score_rrf (or its fallback)."""
+fusion over the channels that ran; score_rrf."""
 
 from __future__ import annotations
 
@@ -91,32 +91,16 @@ def test_fuse_ran_ignores_channels_that_did_not_run():
     assert got.ids[0].tolist() == [-1, -1]
 
 
-def test_score_rrf_or_its_fallback(monkeypatch):
+def test_score_rrf_is_the_fusion_module_s(monkeypatch):
     install(monkeypatch)
     m = memory()
     chans = [{"kind": "bm25", "weight": 0.6}, {"kind": "bm25_pool", "weight": 0.4}]
     r = Retriever(m, RetrieverConfig.from_config({"channels": chans, "fusion": "score_rrf"}))
-    with pytest.warns(RuntimeWarning) if not _has_score_rrf() else _nothing():
-        res = r.search(["Biscuit puppy Caroline"], k=5, unit="session", backend="numpy")
-    method = "score_rrf" if _has_score_rrf() else "weighted_rrf"
+    res = r.search(["Biscuit puppy Caroline"], k=5, unit="session", backend="numpy")
     ch = [res.meta["channels"]["bm25"], res.meta["channels"]["bm25_pool"]]
-    ref = fuse(ch, 5, method=method, weights=[0.6, 0.4], k_rrf=60.0)
+    ref = fuse(ch, 5, method="score_rrf", weights=[0.6, 0.4], k_rrf=60.0)
     np.testing.assert_array_equal(res.numbers, ref.ids)
-    assert bool(res.meta["notes"]) == (method == "weighted_rrf")
-
-
-def _has_score_rrf() -> bool:
-    from gpuir.fusion import FUSION_METHODS
-
-    return "score_rrf" in FUSION_METHODS
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+    assert res.meta["notes"] == []
 
 
 def test_parallel_dense_encodes_in_calling_thread_with_a_thread_bound_encoder(monkeypatch):

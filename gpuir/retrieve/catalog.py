@@ -201,9 +201,8 @@ class Catalog:
             mem = self.members.get(sess)
             if not mem:
                 continue
-            text = "\n".join(self.text_of[mem[s]] for s in sorted(mem))
-            if self._enrich_fn is not None:
-                text = "\n".join(self._enrich_fn(self.text_of[mem[s]]) for s in sorted(mem))
+            lexical = self._enrich_fn or (lambda t: t)
+            text = "\n".join(lexical(self.text_of[mem[s]]) for s in sorted(mem))
             doc: dict[str, Any] = {"id": sess, "text": text}
             if self.tenant_of.get(sess) is not None:
                 doc["tenant"] = self.tenant_of[sess]

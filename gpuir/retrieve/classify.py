@@ -27,7 +27,7 @@ class QueryClassifier:
     def __init__(self, spec: Any):
         self.spec = spec
         if spec == "regex":
-            from .query_types import regex_query_type  # lazily: another helper's module
+            from .query_types import regex_query_type
 
             self._regex = regex_query_type
             self.model = None

@@ -16,7 +16,6 @@ ran, its own scores are the result, as for a one-channel configuration.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,22 +59,13 @@ def top_rows(r: SearchResults, k: int) -> SearchResults:
     return SearchResults(ids.astype(np.int64), sc.astype(np.float32))
 
 
-def _fuse(results: list[SearchResults], k: int, method: str, weights: list[float], missing: Any, k_rrf: float,
-          notes: list[str]) -> SearchResults:
+def _fuse(results: list[SearchResults], k: int, method: str, weights: list[float], missing: Any,
+          k_rrf: float) -> SearchResults:
     kw: dict[str, Any] = {"weights": weights}
     if method in ("z", "minmax"):
         kw["missing"] = missing
     else:
         kw["k_rrf"] = k_rrf
-    if method == "score_rrf":
-        try:
-            return fuse(results, k, method="score_rrf", **kw)
-        except (ValueError, TypeError) as e:
-            note = f"fusion 'score_rrf' is not available in gpuir.fusion ({e}); fused with 'weighted_rrf'"
-            if note not in notes:
-                notes.append(note)
-                warnings.warn(note, RuntimeWarning, stacklevel=3)
-            method = "weighted_rrf"
     return fuse(results, k, method=method, **kw)
 
 
@@ -93,7 +83,7 @@ def fuse_ran(results: Sequence[SearchResults], ran: np.ndarray, k: int, method: 
         A fusion of :data:`gpuir.retrieve.config.FUSIONS` (None with a single channel).
     weights : sequence of C floats
     notes : list, optional
-        Receives a note when ``score_rrf`` fell back to ``weighted_rrf``.
+        Notes for ``meta["notes"]`` (none are added here).
 
     Returns
     -------
@@ -109,7 +99,7 @@ def fuse_ran(results: Sequence[SearchResults], ran: np.ndarray, k: int, method: 
                 keep = ran[:, 0]
                 r = SearchResults(np.where(keep[:, None], r.ids, -1), np.where(keep[:, None], r.scores, -np.inf))
             return top_rows(r, k)
-        return _fuse(list(results), k, method or "z", list(weights), missing, k_rrf, notes)
+        return _fuse(list(results), k, method or "z", list(weights), missing, k_rrf)
     ids = np.full((B, k), -1, np.int64)
     sc = np.full((B, k), -np.inf, np.float32)
     patterns, group = np.unique(ran, axis=0, return_inverse=True)
@@ -123,6 +113,6 @@ def fuse_ran(results: Sequence[SearchResults], ran: np.ndarray, k: int, method: 
         if len(cs) == 1:
             f = top_rows(sub[0], k)
         else:
-            f = _fuse(sub, k, method or "z", [float(weights[c]) for c in cs], missing, k_rrf, notes)
+            f = _fuse(sub, k, method or "z", [float(weights[c]) for c in cs], missing, k_rrf)
         ids[rows], sc[rows] = f.ids, f.scores
     return SearchResults(ids, sc)

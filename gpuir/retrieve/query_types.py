@@ -52,18 +52,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # defined by the core helper; local fallback until it lands
-    from .._compat import MissingExtra  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the branch
-
-    class MissingExtra(ImportError):  # type: ignore[no-redef]
-        """An optional extra is not installed."""
-
-        def __init__(self, extra: str, what: str):
-            self.extra = extra
-            self.what = what
-            super().__init__(f"{what} needs the {extra} extra: pip install 'gpuir[{extra}]'")
-
+from .._compat import MissingExtra
 
 __all__ = [
     "HINTS",

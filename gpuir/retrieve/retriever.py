@@ -124,7 +124,7 @@ class Retriever:
             self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
                                    analyzer=cfg.analyzer, enrich=cfg.enrich, with_types=cfg.type_filter is not None)
         if cfg.router is None and any(c.kind == "entity" for c in cfg.channels):
-            from .entity_graph import EntityGraph  # lazily: another helper's module
+            from .entity_graph import EntityGraph
 
             self.graph = EntityGraph()
         self.router = None
@@ -298,10 +298,13 @@ class Retriever:
         Relative expressions are anchored at ``anchors[i]`` (epoch ms); "since we last
         talked" sees the start times of the sessions of the query's tenant that began before it.
         """
-        from .temporal import parse_time_window  # lazily: another helper's module
+        from .temporal import may_name_time, parse_time_window  # lazily: dateparser is the routing extra
 
         out = []
         for i, q in enumerate(queries):
+            if not may_name_time(q):  # most questions: no session scan, no parse
+                out.append(None)
+                continue
             w = row_where(where, i)
             tenant = w.get("tenant") if isinstance(w, dict) else None
             if isinstance(tenant, dict):

@@ -46,17 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-try:  # defined by the core helper; a local stand-in until it lands
-    from .._compat import MissingExtra  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge order
-
-    class MissingExtra(ImportError):  # type: ignore[no-redef]
-        """An optional extra is missing; the message names the pip command."""
-
-        def __init__(self, extra: str, what: str) -> None:
-            super().__init__(f"{what} needs the {extra} extra: pip install 'gpuir[{extra}]'")
-            self.extra = extra
-
+from .._compat import MissingExtra
 
 __all__ = [
     "AGO_HALF_WIDTH_DAYS",
@@ -64,6 +54,7 @@ __all__ = [
     "MIN_MS",
     "RECENT_DAYS",
     "TimeWindow",
+    "may_name_time",
     "parse_time_window",
 ]
 
@@ -341,6 +332,12 @@ _TIMEISH = re.compile(
     r"early|mid|late|morning|afternoon|evening|night|other|these|start|beginning)",
     re.IGNORECASE,
 )
+
+def may_name_time(query: str) -> bool:
+    """Whether ``query`` holds a word a time expression needs (the cheap pre-check of
+    :func:`parse_time_window`; False means it certainly returns None)."""
+    return bool(_TIMEISH.search(query))
+
 
 _COMBINE_BEFORE = re.compile(
     r"(?P<op>between|from|before|prior\s+to|after|since|until|till|up\s+to|following)\s+(?:the\s+)?$", _I)

@@ -28,7 +28,7 @@ __all__ = ["search_with_widening", "type_hints", "typed_wheres"]
 
 def type_hints(queries: list[str]) -> list[str | None]:
     """Each query's type hint (:func:`gpuir.retrieve.query_types.type_hint`)."""
-    from .query_types import type_hint  # lazily: another helper's module
+    from .query_types import type_hint
 
     return [type_hint(q) for q in queries]
 

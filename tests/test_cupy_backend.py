@@ -245,3 +245,30 @@ def test_host_prep_without_device():
     assert b.row_const[0] == np.float32((ref.w0[terms] * mult).sum(dtype=np.float32)) and b.row_const[1] == 0
     assert b.filtered.tolist() == [False, False, True] and b.allow_docs.tolist() == [3, 9]
     assert b.path.tolist() == [cb.PATH_TILES, cb.PATH_NONE, cb.PATH_HAYSTACK]
+
+
+def test_unsorted_postings_are_refused_before_upload():
+    """The kernels' atomic-free accumulation needs strictly increasing doc ids per term: checked, clear error."""
+    from gpuir.backends.cupy_backend import CupyScorer
+    from gpuir.backends.kernel_model import fake_cupy_installed
+    from gpuir.index.csr import check_postings_sorted
+
+    idx = random_index(3000, 40, seed=3)
+    check_postings_sorted(idx.offsets, idx.doc_ids)  # a built index passes
+    t = int(np.flatnonzero(np.diff(idx.offsets) >= 3)[1])
+    o = int(idx.offsets[t])
+    for bad in ("swap", "repeat"):
+        doc_ids = idx.doc_ids.copy()
+        if bad == "swap":
+            doc_ids[[o, o + 1]] = doc_ids[[o + 1, o]]
+        else:
+            doc_ids[o + 1] = doc_ids[o]
+        broken = CSRIndex(idx.offsets, doc_ids, idx.tfs, idx.doc_lens, idx.vocab, idx.ids)
+        with pytest.raises(ValueError, match=f"term {t}'s postings are not strictly increasing"):
+            check_postings_sorted(broken.offsets, broken.doc_ids)
+        with pytest.raises(ValueError, match="strictly increasing"):
+            broken.validate()
+        with fake_cupy_installed(seed=0), pytest.raises(ValueError, match=f"term {t}'s postings"):
+            CupyScorer(broken, BM25Params())
+    # a term boundary is not a violation: the last doc of one term may exceed the first of the next
+    check_postings_sorted(np.array([0, 2, 4], np.int64), np.array([5, 9, 1, 2], np.int32))

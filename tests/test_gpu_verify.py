@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,17 +27,27 @@ def gv():
     return mod
 
 
-def test_arguments(gv):
+def test_arguments(gv, monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
     a = gv.parse_args([])
-    assert a.parts == list(gv.PARTS) and a.n_docs == [190_000, 2_700_000, 8_800_000]
-    assert a.batch == [1, 16, 128, 1024] and a.k == [10, 100, 1000] and a.budget_s == 540
-    q = gv.parse_args(["--quick", "--parts", "tests", "timings"])
-    assert q.parts == ["tests", "timings"] and max(q.n_docs) == 2_700_000
-    d = gv.parse_args(["--dry-run", "-k", "5", "--n-docs", "1000"])
-    assert d.dry_run and d.k == [5] and d.n_docs == [1000] and d.batch == gv.DRY["batch"]
-    for bad in (["--parts", "nope"], ["-k", "0"], ["--budget-s", "-1"]):
+    assert a.steps == [s.name for s in gv.STEPS] and a.budget_s == 540
+    assert a.batch == [1, 1024] and a.k == [10, 100] and a.sizes["n_small"] == 2_700_000
+    assert a.sizes["n_scale"] == 8_800_000 and a.sizes["check_rows"] == 64
+    assert Path(a.out) == ROOT / "bench" / "results"
+    monkeypatch.setenv("OUT", "/some/out")
+    assert gv.parse_args([]).out == "/some/out" and gv.parse_args(["--out", "x"]).out == "x"
+    d = gv.parse_args(["--dry-run", "-k", "5", "--steps", "scale", "tests"])
+    assert d.dry_run and d.k == [5] and d.steps == ["scale", "tests"] and d.sizes == gv.SIZES["dry"]
+    for bad in (["--steps", "nope"], ["-k", "0"], ["--budget-s", "-1"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             gv.parse_args(bad)
+
+
+def test_steps_run_in_the_order_of_value(gv):
+    """Core tests, then the small grid (with bm25s on it), scale, racecheck and memcheck, then the rest."""
+    names = [s.name for s in gv.STEPS]
+    assert names[:6] == ["tests", "timings_small", "bm25s", "scale", "racecheck", "memcheck"]
+    assert set(names[6:]) == {"filtered", "synccheck", "initcheck", "timings_rest", "tests_rest"}
 
 
 def test_zipf_corpus_is_a_valid_index(gv):
@@ -65,38 +76,115 @@ def test_reference_scores_and_checks_can_fail(gv, method):
     assert not gv.check_results(ref, qs, bad)["ok"]
 
 
-def test_dry_run_writes_json_and_table(gv, tmp_path, capsys):
-    rc = gv.main(["--dry-run", "--out", str(tmp_path), "--parts", "sanitize", "scale", "timings", "filtered",
-                  "--repeats", "1"])
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_dry_run_writes_each_step_as_it_finishes(gv, tmp_path, monkeypatch, capsys):
+    """The whole dry run, in order, to $OUT: one jsonl line per step written before the next step starts."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    seen_before: dict[str, list[str]] = {}
+    steps = []
+    for st in gv.STEPS:
+        def spy(run, _fn=st.fn, _name=st.name):
+            seen_before[_name] = [e["step"] for e in _read_jsonl(run.report.jsonl) if e.get("done")]
+            return _fn(run)
+        steps.append(gv.Step(st.name, spy, st.need_s, st.what))
+    monkeypatch.setattr(gv, "STEPS", steps)
+    rc = gv.main(["--dry-run", "--repeats", "1", "--batch", "1", "16", "--steps", "timings_small", "scale",
+                  "racecheck", "filtered", "timings_rest"])
     assert rc == 0
-    (js,) = tmp_path.glob("gpu_verify_dryrun_*.json")
-    res = json.loads(js.read_text())
-    assert res["machine"]["dry_run"] is True
-    assert res["parts"]["scale"]["ok"] and res["parts"]["filtered"]["ok"]
-    assert {c["case"] for c in res["parts"]["scale"]["cases"]} == {"batch", "k>4096"}
-    assert all(not v["ran"] for v in res["parts"]["sanitize"].values())
-    assert res["parts"]["filtered"]["shapes"]["scattered"]["haystack_rows"] > 0
-    md = (tmp_path / js.name.replace(".json", ".md")).read_text()
-    assert "no figure below is a GPU figure" in md and "| filtered contiguous | pass |" in md
+    files = sorted(tmp_path.iterdir())
+    assert 1 <= len(files) <= 8 and all(f.name.startswith("gpu_verify_dryrun_") for f in files)
+    (js,) = [f for f in files if f.suffix == ".jsonl"]
+    events = _read_jsonl(js)
+    done = [e["step"] for e in events if e.get("done")]
+    assert done == ["timings_small", "scale", "racecheck", "filtered", "timings_rest"]
+    assert seen_before["scale"] == ["timings_small"] and seen_before["timings_rest"][-1] == "filtered"
+    res = {e["step"]: e["result"] for e in events if e.get("done")}
+    assert res["scale"]["ok"] and res["filtered"]["ok"] and not res["racecheck"]["ran"]
+    assert {c["case"] for c in res["scale"]["cases"]} == {"k>4096", "many rows"}
+    cells = [e["cell"] for e in events if "cell" in e and e["step"] == "timings_small"]
+    assert {(c["batch"], c["k"]) for c in cells} == {(1, 10), (16, 10), (1, 100), (16, 100)}
+    assert all(c["check"]["ok"] and c["check"]["rows_checked"] > 0 for c in cells if c["batch"] > 1)
+    md = js.with_suffix(".md").read_text()
+    assert "no figure below is a GPU figure" in md and "| scale | pass |" in md
     assert md in capsys.readouterr().out
+
+
+def test_a_failing_step_is_recorded_and_the_rest_still_run(gv, tmp_path, monkeypatch):
+    def boom(run):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(gv, "STEPS", [gv.Step("tests", boom, 0, "x"),
+                                      gv.Step("racecheck", gv.step_racecheck, 0, "y")])
+    assert gv.main(["--dry-run", "--out", str(tmp_path)]) == 1
+    (js,) = tmp_path.glob("*.jsonl")
+    res = {e["step"]: e["result"] for e in _read_jsonl(js) if e.get("done")}
+    assert res["tests"]["ok"] is False and "kernel exploded" in res["tests"]["error"]
+    assert "racecheck" in res
+    assert "| tests | ERROR |" in js.with_suffix(".md").read_text()
+
+
+def test_budget_skips_steps_and_bounds_subprocesses(gv, tmp_path):
+    """A step needing more than is left is skipped (and recorded); a subprocess is killed at the budget."""
+    args = gv.parse_args(["--dry-run", "--out", str(tmp_path), "--budget-s", "8"])
+    rep = gv.Report(tmp_path, "x", True)
+    run = gv.Run(args, rep)
+    t = time.perf_counter()
+    r = run.bounded([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"], 60, "sleep")
+    assert r["timed_out"] and r["returncode"] is None and time.perf_counter() - t < 8
+    assert "started" in rep.log.read_text()
+    deadline = run.deadline(100)
+    assert deadline <= time.perf_counter() + 8
+    monkeypatch_steps = [gv.Step("tests", lambda run: {"ok": True}, 1e6, "needs more than the budget")]
+    gv.STEPS, old = monkeypatch_steps, gv.STEPS
+    try:
+        assert gv.main(["--dry-run", "--out", str(tmp_path / "b")]) == 0
+    finally:
+        gv.STEPS = old
+    (js,) = (tmp_path / "b").glob("*.jsonl")
+    assert [e.get("skipped", "")[:6] for e in _read_jsonl(js) if e["step"] == "tests"] == ["budget"]
+
+
+def test_check_loop_stops_at_its_deadline(gv):
+    idx = random_index(500, 40, seed=1)
+    ref = NumpyScorer(idx, BM25Params())
+    qs = random_queries(40, 30, seed=2)
+    res = ref.search(qs, 5)
+    assert gv.check_results(ref, qs, res, rows=10)["rows_checked"] == 10
+    late = gv.check_results(ref, qs, res, deadline=time.perf_counter() - 1)
+    assert late["rows_checked"] == 0 and not late["ok"]  # nothing checked is not a pass
+
+
+def test_names_are_unique_per_run(gv, tmp_path):
+    a, b = gv.Report(tmp_path, "NVIDIA H100 80GB HBM3", False), gv.Report(tmp_path, "NVIDIA H100 80GB HBM3", False)
+    a.event("x")
+    b.event("x")
+    assert a.stem != b.stem and a.stem.startswith("gpu_verify_NVIDIA_H100_80GB_HBM3_")
+    assert len(list(tmp_path.glob("*.jsonl"))) == 2
 
 
 def test_without_a_device_it_says_so(gv, capsys, monkeypatch):
     import gpuir._compat as compat
 
     monkeypatch.setattr(compat, "cuda_device", lambda: (False, "no driver here"))
-    assert gv.main(["--parts", "scale"]) == 2
+    assert gv.main(["--steps", "scale"]) == 2
     assert "--dry-run" in capsys.readouterr().err
 
 
 def test_table_of_device_results(gv):
-    res = {"machine": {"device": "NVIDIA H100", "driver": "570", "cuda_runtime": 12090, "cuda_driver": 12080,
-                       "cupy": "14.0", "nvrtc": "12.9", "gpuir": "0.1", "date": "d"},
-           "parts": {"timings": {"copy_bandwidth_gbs": 2900.0, "cells": [
-               {"n_docs": 2700000, "batch": 1, "k": 10, "qps": 2000.0, "p50_ms": 0.5, "fraction_of_floor": 0.25,
-                "phases_s": {"prep_s": 1e-4, "h2d_s": 1e-5, "score_s": 2e-4, "topk_s": 1e-4, "d2h_s": 1e-5}}]},
-               "bm25s": {"skipped": "bm25s / numba not installed"}}, "skipped": ["timings N=8800000"]}
+    res = {"machine": {"device": "NVIDIA H100", "driver": "570", "cuda_runtime": 13000, "cuda_driver": 13000,
+                       "cupy": "14.2", "nvrtc": "13.0", "gpuir": "0.1", "date": "d", "copy_bandwidth_gbs": 3000.0},
+           "steps": {"tests": {"ok": True, "tail": ["40 passed"], "seconds": 30},
+                     "racecheck": {"ok": False, "ran": True, "timed_out": True, "timeout_s": 90, "summary": []}},
+           "cells": [{"step": "timings_small", "n_docs": 2700000, "batch": 1, "k": 10, "qps": 2000.0,
+                      "p50_ms": 0.5, "fraction_of_floor": 0.25,
+                      "phases_s": {"prep_s": 1e-4, "h2d_s": 1e-5, "score_s": 2e-4, "topk_s": 1e-4, "d2h_s": 1e-5}},
+                     {"step": "bm25s", "n_docs": 2700000, "batch": 1024, "k": 10, "qps": 900.0}],
+           "skipped": ["scale (budget)"]}
     md = gv.table(res)
     assert "NVIDIA H100" in md and "| 2700000 | 1 | 10 | 2000 | 0.500 |" in md and "0.250" in md
-    assert "bm25s-numba: skipped" in md and "timings N=8800000" in md
+    assert "| tests | pass |" in md and "| racecheck | FAIL |" in md and "timed out after 90" in md
+    assert "| 2700000 | 1024 | 10 | 900 |" in md and "scale (budget)" in md and "3000 GB/s" in md
     assert "not a GPU figure" not in md

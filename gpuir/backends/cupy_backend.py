@@ -53,7 +53,7 @@ import numpy as np
 
 from .._compat import cuda_device
 from ..bm25 import BM25Params
-from ..index.csr import CSRIndex
+from ..index.csr import CSRIndex, check_postings_sorted
 from ..results import SearchResults, empty_results
 from . import kernels as K
 from .base import CollectionStats, Scorer
@@ -595,6 +595,7 @@ class CupyScorer(Scorer):
         self.doc_bits = max(1, int(N - 1).bit_length()) if N > 0 else 1
         if N >= 2**31 - self.tile_docs:
             raise ValueError(f"the cupy backend handles fewer than 2^31 - {self.tile_docs} documents, got {N}")
+        check_postings_sorted(index.offsets, index.doc_ids)  # the race-free accumulation relies on it
         pw = posting_weights(index, params, self.stats)
         #: float32 (V,), host: absent-term weight (non-zero for bm25l/bm25+ only).
         self.w0 = pw.w0

@@ -100,3 +100,39 @@ class CSRIndex:
             raise ValueError(f"ids has {len(self.ids)} entries but doc_lens describes {N}")
         if P and (self.doc_ids.min() < 0 or self.doc_ids.max() >= N):
             raise ValueError("doc_ids out of range [0, N)")
+        check_postings_sorted(self.offsets, self.doc_ids)
+
+
+def check_postings_sorted(offsets: np.ndarray, doc_ids: np.ndarray) -> None:
+    """Raise ValueError unless every term's document numbers are strictly increasing.
+
+    The GPU kernels accumulate a tile one term per round without atomics: that
+    is race-free only because a term's list holds each document at most once, in
+    ascending order (``kernels/bm25_score.cu``). Checked before every upload.
+
+    Parameters
+    ----------
+    offsets : ndarray (V+1,), int64, host
+    doc_ids : ndarray (P,), int32, host
+
+    Raises
+    ------
+    ValueError
+        Naming the first term whose list repeats a document or goes down.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    doc_ids = np.asarray(doc_ids)
+    if doc_ids.size < 2:
+        return
+    bad = np.diff(doc_ids.astype(np.int64)) <= 0  # pairs (p, p+1)
+    starts = offsets[1:-1]  # a new term begins at these positions: the pair ending there is not a violation
+    starts = starts[(starts > 0) & (starts < doc_ids.size)]
+    bad[starts - 1] = False
+    if bad.any():
+        p = int(np.flatnonzero(bad)[0])
+        t = int(np.searchsorted(offsets, p, side="right") - 1)
+        raise ValueError(
+            f"term {t}'s postings are not strictly increasing document numbers (positions {p} and {p + 1}: "
+            f"{int(doc_ids[p])} then {int(doc_ids[p + 1])}): each term must list each document once, ascending; "
+            "rebuild the index with gpuir's builder (the GPU kernels rely on it)")
+

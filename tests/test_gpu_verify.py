@@ -103,6 +103,7 @@ def test_dry_run_writes_each_step_as_it_finishes(gv, tmp_path, monkeypatch, caps
     assert seen_before["scale"] == ["timings_small"] and seen_before["timings_rest"][-1] == "filtered"
     res = {e["step"]: e["result"] for e in events if e.get("done")}
     assert res["scale"]["ok"] and res["filtered"]["ok"] and not res["racecheck"]["ran"]
+    assert res["racecheck"]["ok"] and res["racecheck"]["workload"]["returncode"] == 0  # the workload itself ran
     assert {c["case"] for c in res["scale"]["cases"]} == {"k>4096", "many rows"}
     cells = [e["cell"] for e in events if "cell" in e and e["step"] == "timings_small"]
     assert {(c["batch"], c["k"]) for c in cells} == {(1, 10), (16, 10), (1, 100), (16, 100)}

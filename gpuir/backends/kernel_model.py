@@ -578,6 +578,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
     cp.cuda = types.SimpleNamespace(
         Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
         alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
+        set_allocator=lambda alloc=None: None, set_pinned_memory_allocator=lambda alloc=None: None,
         memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
         runtime=types.SimpleNamespace(memGetInfo=lambda: (8 << 30, 16 << 30),
                                       getDeviceProperties=lambda i: {"name": b"Emulated (kernel model)"}),

@@ -27,12 +27,14 @@ from ..topk import topk_rows
 
 @dataclass(frozen=True)
 class CollectionStats:
-    """The collection statistics BM25 weights are computed from.
+    """The collection statistics one search applies (N, df, avgdl).
 
-    By default a scorer takes them from its own index. A store made of several
+    A scorer lays its segment out once, from raw term frequencies and document
+    lengths; the statistics are applied per search (:mod:`gpuir.backends.weights`).
+    By default a scorer uses its own index's statistics. A store made of several
     segments (``gpuir.memory``) passes the statistics of the whole live
-    collection instead, so that every segment's posting weights equal those of
-    one index built over all live records, bit for bit.
+    collection with every search instead, so that every segment's scores equal
+    those of one index built over all live records, bit for bit.
 
     Attributes
     ----------
@@ -40,7 +42,8 @@ class CollectionStats:
         N, the number of live documents in the collection.
     df : ndarray, shape (V,), int64, host
         Document frequency over the whole collection of each term of *this
-        index's* vocabulary (term id = position), >= the index's own df.
+        index's* vocabulary (term id = position). A term with df 0 is ignored by
+        searches (a fresh index over the live records would not hold it).
     avgdl : float
         Mean document length over the collection, computed as
         :attr:`CSRIndex.avgdl` computes it (float64 mean; 1.0 when N = 0 or all
@@ -57,29 +60,158 @@ class CollectionStats:
         return cls(index.n_docs, np.asarray(index.df, dtype=np.int64), index.avgdl)
 
     def check(self, index: CSRIndex) -> None:
-        """Raise ValueError unless these statistics can weight ``index``'s postings."""
-        if self.df.shape != (index.n_terms,):
+        """Raise ValueError unless these statistics can weight ``index``'s postings.
+
+        A segment with deleted documents may hold more postings of a term than
+        the live collection has documents with it, so df is not compared with the
+        index's own; it must only be a valid df over N documents.
+        """
+        df = np.asarray(self.df)
+        if df.shape != (index.n_terms,):
             raise ValueError(
-                f"collection df has shape {self.df.shape} but the index has {index.n_terms} terms"
+                f"collection df has shape {df.shape} but the index has {index.n_terms} terms: give one df per "
+                "term of the index's vocabulary"
             )
-        if self.n_docs < index.n_docs or (index.n_terms and np.any(self.df < index.df)):
-            raise ValueError("collection statistics must cover the index: N and every df at least the index's")
+        if df.size and (df.min() < 0 or df.max() > self.n_docs):
+            raise ValueError(f"collection df must lie in [0, N={self.n_docs}]")
         if not np.isfinite(self.avgdl) or self.avgdl <= 0:
             raise ValueError(f"avgdl must be a positive number, got {self.avgdl!r}")
 
 
+@dataclass
+class WeightedQueries:
+    """A batch of queries with one search's statistics applied (:func:`weigh_queries`).
+
+    Attributes
+    ----------
+    off : ndarray (B+1,), int64, host
+        Row q's terms are ``terms[off[q]:off[q+1]]``.
+    terms : ndarray (T,), int64, host
+        Distinct term ids of each row, ascending; only terms with df > 0 under the statistics.
+    mult : ndarray (T,), int64, host
+        Occurrences of each term in its query.
+    idf, w0 : ndarray (T,), float32, host
+        :func:`gpuir.backends.weights.term_weights` of each term.
+    const : ndarray (B,), float32, host
+        ``C`` of each row: added to every candidate's score when ``has_w0``.
+    has_w0 : bool
+        bm25l / bm25+ (absent terms weigh ``w0``).
+    avgdl : float
+        The search's mean document length.
+    """
+
+    off: np.ndarray
+    terms: np.ndarray
+    mult: np.ndarray
+    idf: np.ndarray
+    w0: np.ndarray
+    const: np.ndarray
+    has_w0: bool
+    avgdl: float
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.off.size - 1)
+
+    def row(self, q: int) -> slice:
+        return slice(int(self.off[q]), int(self.off[q + 1]))
+
+
+def check_queries(queries: Sequence[object], n_terms: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a batch of queries and concatenate them.
+
+    Returns
+    -------
+    flat : ndarray (T,), int64, host
+        All term ids, query after query.
+    lens : ndarray (B,), int64, host
+
+    Raises
+    ------
+    TypeError / ValueError
+        Naming the first bad query and what to fix.
+    """
+    B = len(queries)
+    try:
+        arrs = [np.asarray(q) for q in queries]
+    except Exception as e:  # noqa: BLE001 - ragged nested lists and the like
+        raise TypeError(f"queries must be 1-D arrays of integer term ids ({e})") from None
+    lens = np.fromiter((a.size for a in arrs), np.int64, B)
+    for i, a in enumerate(arrs):
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise TypeError(f"query {i} must be a 1-D array of integer term ids, got {a.dtype} {a.shape}")
+    nonempty = [a for a in arrs if a.size]
+    flat = np.concatenate(nonempty).astype(np.int64, copy=False) if nonempty else np.zeros(0, np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= n_terms):
+        bad = int(np.flatnonzero((flat < 0) | (flat >= n_terms))[0])
+        i = int(np.searchsorted(np.cumsum(lens), bad, "right"))
+        raise ValueError(f"query {i} has term ids outside [0, {n_terms}): analyse queries with the "
+                         "index's own vocabulary (BM25Index.query_terms)")
+    return flat, lens
+
+
+def weigh_queries(queries: Sequence[object], stats: CollectionStats, params: BM25Params,
+                  consts: np.ndarray | None = None) -> WeightedQueries:
+    """Distinct terms, multiplicities, idf, w0 and C of each query under ``stats``, vectorised.
+
+    Parameters
+    ----------
+    queries : sequence of B ndarrays (n_i,), integer, host
+        Term ids of each query (this index's vocabulary), repeats kept.
+    stats : CollectionStats
+    params : BM25Params
+    consts : ndarray (B,), float32, optional
+        ``C`` of each row, when the caller knows it better (a store whose query
+        terms include terms absent from this segment). Default: the float32 sum
+        of ``w0 * m`` over the row's terms with df > 0, as NumPy sums it.
+
+    Returns
+    -------
+    WeightedQueries
+    """
+    from .weights import has_absent_weight, row_consts, term_weights
+
+    df_all = np.asarray(stats.df)
+    V = df_all.size
+    flat, lens = check_queries(queries, V)
+    B = lens.size
+    row = np.repeat(np.arange(B, dtype=np.int64), lens)
+    key, mult = np.unique(row * max(V, 1) + flat, return_counts=True)  # sorted by (row, term)
+    prow, pterm = key // max(V, 1), key % max(V, 1)
+    df = df_all[pterm] if pterm.size else np.zeros(0, np.int64)
+    keep = df > 0
+    prow, pterm, mult, df = prow[keep], pterm[keep], mult[keep].astype(np.int64), df[keep]
+    off = np.zeros(B + 1, np.int64)
+    np.cumsum(np.bincount(prow, minlength=B), out=off[1:])
+    idf, w0 = term_weights(df, stats.n_docs, params)
+    has_w0 = has_absent_weight(params)
+    if consts is not None:
+        const = np.asarray(consts, dtype=np.float32).reshape(-1)
+        if const.shape != (B,):
+            raise ValueError(f"consts must hold one float32 per query ({B}), got shape {const.shape}")
+    elif has_w0:
+        const = row_consts(w0, mult, off)
+    else:
+        const = np.zeros(B, np.float32)
+    return WeightedQueries(off, pterm.astype(np.int64), mult, idf, w0, const, has_w0, float(stats.avgdl))
+
+
 class Scorer(ABC):
-    """BM25 over one index with fixed parameters, on one device.
+    """BM25 over one sealed segment with fixed parameters, on one device; statistics per search.
+
+    The constructor lays the segment out once (raw tf, document lengths, block
+    summaries; a device upload); it is never re-weighted. Each search applies a
+    :class:`CollectionStats` (default: the one given here, else the index's own).
 
     Parameters
     ----------
     index : CSRIndex
     params : BM25Params
     stats : CollectionStats, optional
-        Statistics the weights are computed from; default the index's own.
+        Default statistics of searches that pass none; default the index's own.
     """
 
-    #: Backend name: "numpy" or "cupy".
+    #: Backend name: "numpy", "numba" or "cupy".
     name: str = ""
 
     def __init__(self, index: CSRIndex, params: BM25Params, stats: CollectionStats | None = None):
@@ -89,8 +221,16 @@ class Scorer(ABC):
             stats = CollectionStats.of(index)
         else:
             stats.check(index)
-        #: The statistics every weight of this scorer is computed from.
+        #: The default statistics of a search.
         self.stats = stats
+
+    def search_stats(self, stats: CollectionStats | None) -> CollectionStats:
+        """The statistics a search applies: ``stats`` (checked) or the default."""
+        if stats is None:
+            return self.stats
+        if stats is not self.stats:
+            stats.check(self.index)
+        return stats
 
     @abstractmethod
     def search(
@@ -98,6 +238,10 @@ class Scorer(ABC):
         queries: Sequence[np.ndarray],
         k: int,
         allow: Sequence[np.ndarray | None] | None = None,
+        *,
+        stats: CollectionStats | None = None,
+        consts: np.ndarray | None = None,
+        live: np.ndarray | None = None,
     ) -> SearchResults:
         """Top-k documents of each query.
 
@@ -109,6 +253,14 @@ class Scorer(ABC):
             Results per query (>= 1); may exceed the number of documents.
         allow : None or sequence of B (None | ndarray (m,), int64 sorted unique)
             Per-query allow-lists of document numbers.
+        stats : CollectionStats, optional
+            The statistics to apply (default :attr:`stats`).
+        consts : ndarray (B,), float32, optional
+            ``C`` of each query for bm25l/bm25+ (see :func:`weigh_queries`).
+        live : ndarray (N,), bool, host, optional
+            Documents that exist (False: deleted); others are never candidates.
+            Engines may cache what they derive from it by the array's identity:
+            pass a new array when it changes.
 
         Returns
         -------
@@ -120,13 +272,17 @@ class Scorer(ABC):
         self,
         queries: Sequence[np.ndarray],
         allow: Sequence[np.ndarray | None] | None = None,
+        *,
+        stats: CollectionStats | None = None,
+        consts: np.ndarray | None = None,
+        live: np.ndarray | None = None,
     ) -> np.ndarray:
         """Dense scores of every document for each query (for parity checks).
 
         Returns
         -------
         ndarray, shape (B, N), float32, host
-            -inf for documents that are not candidates (no query term, or filtered out).
+            -inf for documents that are not candidates (no query term, filtered out, or not live).
         """
 
 

@@ -63,7 +63,10 @@ PACK_THREADS = 256
 #: Kernel file -> the names to instantiate (templates spelled out).
 NAME_EXPRESSIONS: dict[str, list[str]] = {
     "bm25_score.cu": [
+        f"light_marks<{TILE_THREADS}, {TILE_DOCS}>",
+        f"tile_bounds<{TILE_THREADS}, {TILE_DOCS}>",
         f"tile_score<{TILE_THREADS}, {TILE_DOCS}>",
+        f"tile_list<{TILE_THREADS}>",
         f"tile_dense<{TILE_THREADS}, {TILE_DOCS}>",
         f"haystack_score<{HAYSTACK_THREADS}>",
     ],

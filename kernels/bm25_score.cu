@@ -85,6 +85,28 @@
 // O(postings of the query terms). Writes one composite key per allowed
 // document (0 = no query term), so candidates never overflow.
 //
+// Registers (tile_score): no spill, no stack, with CUDA 12 and 13
+// -----------------------------------------------------------------
+// ptxas 13.1+ sizes tile_score's registers for the blocks per SM its static
+// shared memory allows (~37.5 KB: 6 blocks of 256 threads on sm_90, so <= 40
+// registers) and spilled to local memory to get there (40 registers, 28 B of
+// spill stores, 72 B of spill loads; ptxas 12.9 and 13.0 took 48). The
+// register peak was thread 0's serial bound sum (unrolled and vectorised by
+// the compiler), with about 20 registers live across the whole tile loop:
+// the row's values and the 64-bit addresses the compiler hoisted from q
+// (theta + q, counts + q, tiles_scored + q, cand + c0). So:
+//   * the row's values (q, t0, nt, filtered, row constant, candidate slots)
+//     live in shared memory, written by thread 0 at the row's start and read
+//     where used, after a barrier, so nothing about the row is hoisted;
+//   * term_ranges scales each term's block max by its multiplicity (in
+//     parallel), and thread 0's sum over the terms is not unrolled;
+//   * the posting loop of accumulate_tile is unrolled twice, not four times.
+// The peak is then ~30 live registers on sm_90 (35 allocated: 7 blocks by
+// registers, 6 by shared memory) and ~33 on sm_80 (39), with every NVRTC
+// 12.9 and 13.0-13.5 and nvcc 13.0 (docs/gpu.md has the table). The order of
+// the float32 additions is unchanged. tests/test_kernels_compile.py fails if
+// any instantiation spills with either NVRTC.
+//
 // Instantiations (name_expressions, gpuir/backends/kernels.py):
 //   tile_score<256, 4096>, tile_dense<256, 4096>, haystack_score<256>
 #include "common.cuh"
@@ -102,8 +124,8 @@ __device__ __forceinline__ void term_ranges(
     const long long* __restrict__ offsets, const int* __restrict__ doc_ids,
     const float* __restrict__ term_ub, const int* __restrict__ dir_row,
     const int* __restrict__ dir_start, const float* __restrict__ dir_max, int n_tiles,
-    const int* __restrict__ qt_term, int tb, int n, long long j, int base, int end,
-    long long* s_lo, int* s_len, float* s_bnd) {
+    const int* __restrict__ qt_term, const float* __restrict__ qt_mult, int tb, int n, long long j, int base,
+    int end, long long* s_lo, int* s_len, float* s_bnd) {
     const int i = threadIdx.x;
     if (i < n) {
         const int t = qt_term[tb + i];
@@ -123,7 +145,7 @@ __device__ __forceinline__ void term_ranges(
         }
         s_lo[i] = lo;
         s_len[i] = (int)(hi - lo);
-        s_bnd[i] = bm;
+        s_bnd[i] = scaled(bm, qt_mult[tb + i]);
     }
 }
 
@@ -170,7 +192,7 @@ __device__ __forceinline__ void accumulate_tile(
         if (!ranges_loaded) {
             __syncthreads();
             term_ranges<THREADS>(offsets, doc_ids, term_ub, dir_row, dir_start, dir_max, n_tiles,
-                                 qt_term, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
+                                 qt_term, qt_mult, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
         }
         __syncthreads();
         for (int i = 0; i < n; ++i) {
@@ -178,6 +200,8 @@ __device__ __forceinline__ void accumulate_tile(
             if (len == 0) continue;  // uniform: shared value read after a barrier
             const long long lo = s_lo[i];
             const float m = qt_mult[t0 + tb + i];
+            // Unrolled twice, not the compiler's four times: see "Registers" at the top.
+#pragma unroll 2
             for (int p = threadIdx.x; p < len; p += THREADS) {
                 const int d = doc_ids[lo + p] - base;
                 if (filtered && !((s_allow[d >> 5] >> (d & 31)) & 1u)) continue;
@@ -227,6 +251,10 @@ __global__ void __launch_bounds__(THREADS) tile_score(
     __shared__ int s_run[BINS];
     __shared__ int s_warp[GPUIR_WARP];
     __shared__ long long s_range[2];
+    // The row being scored (block-uniform), read where used: see "Registers" at the top.
+    __shared__ long long s_c0, s_cap;
+    __shared__ int s_q, s_t0, s_nt, s_filtered;
+    __shared__ float s_rc;
     __shared__ int s_go, s_bin, s_above, s_binc;
     __shared__ unsigned int s_thr;
 
@@ -234,53 +262,62 @@ __global__ void __launch_bounds__(THREADS) tile_score(
     for (int gi = 0; gi < group; ++gi) {
         const int q = blockIdx.y * group + gi;
         if (q >= n_rows) break;
-        const int flags = row_flags[q];
-        const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
-        if ((flags & GPUIR_ROW_OFF_TILES) || nt == 0) continue;  // uniform
-        const bool filtered = (flags & GPUIR_ROW_FILTERED) != 0;
-        const float rc = row_const[q];
-        const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
-        __syncthreads();  // the previous row's readers of s_run are done
+        if ((row_flags[q] & GPUIR_ROW_OFF_TILES) || qt_off[q + 1] == qt_off[q]) continue;  // uniform
+        __syncthreads();  // the previous row's readers of s_run and the row state are done
+        if (tid == 0) {
+            s_q = q;
+            s_t0 = qt_off[q];
+            s_nt = qt_off[q + 1] - qt_off[q];
+            s_filtered = (row_flags[q] & GPUIR_ROW_FILTERED) != 0;
+            s_rc = row_const[q];
+            s_c0 = cand_off[q];
+            s_cap = cand_off[q + 1] - cand_off[q];
+        }
         for (int i = tid; i < BINS; i += THREADS) s_run[i] = 0;
+        __syncthreads();
 
-        for (long long j = blockIdx.x; j < n_tiles; j += gridDim.x) {
-            const int base = (int)(j * TILE);
+        for (int j = blockIdx.x; j < n_tiles; j += gridDim.x) {
+            const int base = (int)((long long)j * TILE);
             const int end = (long long)base + TILE < n_docs ? base + TILE : (int)n_docs;
             // 1. filter
-            if (filtered && !gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, q, base, end, s_allow, s_range))
+            if (s_filtered &&
+                !gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, s_q, base, end, s_allow, s_range))
                 continue;
             // 2. bound, in the scoring order
             float bound = 0.0f;
             int npost = 0;
+            const int t0 = s_t0, nt = s_nt;
             for (int tb = 0; tb < nt; tb += THREADS) {
                 const int n = nt - tb < THREADS ? nt - tb : THREADS;
                 __syncthreads();
                 gpuir::term_ranges<THREADS>(offsets, doc_ids, term_ub, dir_row, dir_start, dir_max, n_tiles,
-                                            qt_term, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
+                                            qt_term, qt_mult, t0 + tb, n, j, base, end, s_lo, s_len, s_bnd);
                 __syncthreads();
                 if (tid == 0) {
+#pragma unroll 1
                     for (int i = 0; i < n; ++i) {
-                        bound = gpuir::add_rn(bound, gpuir::scaled(s_bnd[i], qt_mult[t0 + tb + i]));
+                        bound = gpuir::add_rn(bound, s_bnd[i]);
                         npost += s_len[i];
                     }
                 }
             }
             if (tid == 0) {
-                if (has_w0) bound = gpuir::add_rn(bound, rc);
-                const int go = npost > 0 && gpuir::float_to_ordered(bound) >= gpuir::atomic_read(&theta[q]);
-                if (go) atomicAdd(&tiles_scored[q], 1);
+                if (has_w0) bound = gpuir::add_rn(bound, s_rc);
+                const int go = npost > 0 && gpuir::float_to_ordered(bound) >= gpuir::atomic_read(&theta[s_q]);
+                if (go) atomicAdd(&tiles_scored[s_q], 1);
                 s_go = go;
             }
             __syncthreads();
             if (!s_go) continue;  // uniform
             // 3. accumulate
             gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, weights, term_ub, dir_row, dir_start, dir_max,
-                                                  n_tiles, qt_term, qt_mult, t0, nt, j, base, end, filtered,
-                                                  s_allow, s_val, s_lo, s_len, s_bnd, nt <= THREADS);
+                                                  n_tiles, qt_term, qt_mult, s_t0, s_nt, j, base, end, s_filtered,
+                                                  s_allow, s_val, s_lo, s_len, s_bnd, s_nt <= THREADS);
             // 4. final keys (0 = no candidate), candidate count, histogram of bits 31..21
             for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
             __syncthreads();
             int mine = 0;
+            const float rc = s_rc;
             for (int i = tid; i < TILE; i += THREADS) {
                 const unsigned int u = s_val[i];
                 unsigned int key = 0u;
@@ -321,18 +358,20 @@ __global__ void __launch_bounds__(THREADS) tile_score(
                 if (l > lb) lb = l;
             }
             if (tid == 0) {
-                const unsigned int old = lb ? atomicMax(&theta[q], lb) : gpuir::atomic_read(&theta[q]);
+                const unsigned int old = lb ? atomicMax(&theta[s_q], lb) : gpuir::atomic_read(&theta[s_q]);
                 s_thr = old > lb ? old : lb;
             }
             __syncthreads();
             const unsigned int thr = s_thr;
+            const int q_ = s_q;
+            const long long c0 = s_c0, cap = s_cap;
             // 5. emit (TILE % THREADS == 0: all 32 lanes of a warp run every iteration)
             for (int i = tid; i < TILE; i += THREADS) {
                 const unsigned int key = s_val[i];
                 const bool pred = key != 0u && key >= thr;
                 const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
                 int first = 0;
-                if (lane == 0 && ballot != 0u) first = atomicAdd(&counts[q], __popc(ballot));
+                if (lane == 0 && ballot != 0u) first = atomicAdd(&counts[q_], __popc(ballot));
                 first = __shfl_sync(GPUIR_FULL_MASK, first, 0);
                 if (pred) {
                     const long long slot = (long long)first + __popc(ballot & ((1u << lane) - 1u));

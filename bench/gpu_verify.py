@@ -557,7 +557,8 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
                 "phases_s": timed.meta.get("timings"), "candidates": last.meta.get("candidates"),
                 "tiles_scored": last.meta.get("tiles_scored"), "tile_items": last.meta.get("tile_items"),
                 "tile_cells": (last.meta.get("n_tiles") or 0) * B, "light_pairs": last.meta.get("light_pairs"),
-                "overflow_rows": last.meta.get("overflow_rows"), "same_twice": exact_equal(first, last)}
+                "overflow_rows": last.meta.get("overflow_rows"), "persistent_blocks": last.meta.get("persistent_blocks"),
+                "same_twice": exact_equal(first, last)}
         chk = check_results(ref, qs, last, rows=run.sizes["check_rows"], deadline=run.deadline(20.0))
         cell["check"] = chk
         cell["ok"] = chk["ok"] and cell["same_twice"]

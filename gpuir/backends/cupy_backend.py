@@ -1026,7 +1026,7 @@ class CupyScorer(Scorer):
         timings["prep_s"] = prep_s
         timings["total_s"] = time.perf_counter() - t0
         res.meta = {"backend": "cupy", "device": self._device_name, "timings": timings, **counters,
-                    "n_tiles": self.n_tiles}
+                    "n_tiles": self.n_tiles, "persistent_blocks": self._persistent}
         return res
 
     def score_matrix(

@@ -7,17 +7,20 @@
 //   offsets (V+1,) int64, doc_ids (P,) int32   the CSR posting lists, doc ids strictly increasing per term
 //   tfs (P,) int32                             raw term frequencies
 //   doc_lens (N,) int32                        document lengths
-//   term_sum (V,) uint32                       a term's summary: max tf (low 16 bits, 0xFFFF = >= 65535)
-//                                              | min document length (high 16 bits, capped at 65535)
 //   dir_row (V,) int32                         row of t in the tile directory, -1 if none
 //   dir_start (H, n_tiles+1) int32             first posting of tile j, relative to offsets[t]
-//   dir_sum (H, n_tiles) uint32                the summary of t's postings in tile j (0: none)
+//   dir_imp_off (H*n_tiles+1,) int64,          the impacts of t's postings in tile j: the (tf, document
+//     dir_imp uint32                           length) pairs no other posting of the block dominates, each
+//                                              packed tf (low 16 bits, 0xFFFF = >= 65535) | length << 16
+//                                              (capped at 65535); none for an empty block
+//   term_imp_off (V+1,) int64, term_imp        the impacts of a light term's whole list
 //   live (ceil(N/32),) uint32                  bit d: document d exists (has_live = 0: all do)
 // Tile j holds documents [j*TILE, (j+1)*TILE). Terms with many postings (the long lists that
 // dominate the work) get a directory row: their sub-range in a tile is two loads, their bound
 // per tile comes from the tile's summary. Other terms ("light") are found in a tile by binary
-// search in doc_ids and bounded by their whole-list summary. Summaries do not depend on the
-// collection statistics, so they stay valid as the collection grows.
+// search in doc_ids and bounded by their whole list's impacts. Impacts do not depend on the
+// collection statistics, so they stay valid as the collection grows, and the largest weight of a
+// block is the weight of one of its impacts whatever the statistics (Lucene's impacts).
 //
 // Search (per call): row q has distinct terms qt_term[qt_off[q]..qt_off[q+1]) in ascending term
 // id with multiplicities qt_mult, and their float32 idf (qt_idf) and absent-term weights (qt_w0)
@@ -36,9 +39,11 @@
 // at most once (checked on the host before upload), so in a round every accumulator slot is
 // written by at most one thread: no atomics, no race, the reference's order of adds.
 //
-// Bounds. bound_of(summary, idf, w0) >= the float32 weight of every posting the summary covers
-// (tfc grows with tf and shrinks with the document length; evaluated in double, widened by a
-// relative and an absolute slack, rounded up; >= 0: an absent term adds nothing). The tile bound
+// Bounds. A block's bound is the largest bound_of(impact, idf, w0) over its impacts: bound_of(pair)
+// >= the float32 weight of every posting with tf <= the pair's and length >= the pair's (tfc grows
+// with tf and shrinks with the document length; evaluated in double, widened by a relative and an
+// absolute slack, rounded up; >= 0: an absent term adds nothing), and every posting of the block
+// is dominated by one of its impacts. The tile bound
 //   U = ((0 + scaled(b_1)) + scaled(b_2)) + ... [+ C]
 // is a float32 sum in the scoring order over the terms present in the tile; float32 addition and
 // multiplication by m > 0 are non-decreasing, so by induction every score in the tile is <= U.
@@ -95,6 +100,9 @@
 #define GPUIR_ROW_OFF_TILES 2  // row_flags: the row is not scored by the tile kernels
 #define GPUIR_EMPTY_SLOT 0x7FC00001u  // accumulator marker: a NaN no sum produces
 #define GPUIR_LIGHT_BITS 64    // light terms 0..63 of a row are marked from their postings
+#ifndef GPUIR_ILP
+#define GPUIR_ILP 4            // postings per thread whose loads are in flight at once (accumulate_tile)
+#endif
 
 // The per-search arithmetic constants (GPUIR_BM25_PARAMS, common.cuh) close every kernel's
 // parameter list: int method, float k1, float b, float one_minus_b, float k1p1, float delta,
@@ -180,13 +188,33 @@ __device__ __forceinline__ void accumulate_tile(
             const long long lo = s_lo[i];
             const int u = t0 + tb + i;
             const float m = qt_mult[u], idf = qt_idf[u], w0 = qt_w0[u];
-            for (int p = threadIdx.x; p < len; p += THREADS) {
-                const int d = doc_ids[lo + p] - base;
-                if (filtered && !((s_allow[d >> 5] >> (d & 31)) & 1u)) continue;
-                if (has_live && !bit_set(live, (long long)base + d)) continue;
-                const float w = bm25_weight(tfs[lo + p], doc_lens[base + d], idf, w0, GPUIR_BM25_ARGS);
-                const unsigned int old = s_val[d];
-                s_val[d] = float_bits(add_rn(old == GPUIR_EMPTY_SLOT ? 0.0f : bits_float(old), scaled(w, m)));
+            // GPUIR_ILP postings per thread at a time: their loads are issued together (the document
+            // lengths are a dependent gather), so a round waits for one memory latency, not GPUIR_ILP.
+            for (int p0 = threadIdx.x; p0 < len; p0 += GPUIR_ILP * THREADS) {
+                int dd[GPUIR_ILP], tf[GPUIR_ILP], dl[GPUIR_ILP];
+#pragma unroll
+                for (int v = 0; v < GPUIR_ILP; ++v) {
+                    const int p = p0 + v * THREADS;
+                    dd[v] = -1;
+                    if (p < len) {
+                        const int d = doc_ids[lo + p] - base;
+                        const bool keep = (!filtered || ((s_allow[d >> 5] >> (d & 31)) & 1u)) &&
+                                          (!has_live || bit_set(live, (long long)base + d));
+                        if (keep) {
+                            dd[v] = d;
+                            tf[v] = tfs[lo + p];
+                        }
+                    }
+                }
+#pragma unroll
+                for (int v = 0; v < GPUIR_ILP; ++v) dl[v] = dd[v] >= 0 ? doc_lens[base + dd[v]] : 0;
+#pragma unroll
+                for (int v = 0; v < GPUIR_ILP; ++v) {
+                    if (dd[v] < 0) continue;
+                    const float w = bm25_weight(tf[v], dl[v], idf, w0, GPUIR_BM25_ARGS);
+                    const unsigned int old = s_val[dd[v]];
+                    s_val[dd[v]] = float_bits(add_rn(old == GPUIR_EMPTY_SLOT ? 0.0f : bits_float(old), scaled(w, m)));
+                }
             }
             __syncthreads();  // round boundary: the next term may add to the same documents
         }
@@ -219,13 +247,15 @@ __global__ void __launch_bounds__(THREADS) light_marks(
 }
 
 template <int THREADS, int TILE>
-__global__ void __launch_bounds__(THREADS) tile_bounds(
+__global__ void __launch_bounds__(THREADS, 2) tile_bounds(
     const long long* __restrict__ offsets,    // (V+1,) int64
     const int* __restrict__ doc_ids,          // (P,) int32
-    const unsigned int* __restrict__ term_sum,  // (V,) uint32 summaries
+    const long long* __restrict__ term_imp_off,  // (V+1,) int64: a light term's impacts
+    const unsigned int* __restrict__ term_imp,   // uint32 (tf, length) pairs
     const int* __restrict__ dir_row,          // (V,) int32
     const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
-    const unsigned int* __restrict__ dir_sum, // (H, n_tiles) uint32 summaries
+    const long long* __restrict__ dir_imp_off,   // (H*n_tiles+1,) int64: a (row, tile)'s impacts
+    const unsigned int* __restrict__ dir_imp,    // uint32 (tf, length) pairs
     int n_tiles, long long n_docs,
     const int* __restrict__ qt_off,           // (R+1,) int32
     const int* __restrict__ qt_term,          // (T,) int32
@@ -256,16 +286,18 @@ __global__ void __launch_bounds__(THREADS) tile_bounds(
         }
         if (allowed) {
             const unsigned long long marks = lmask[(long long)q * n_tiles + j];
+            const double K1 = (double)k1, B = (double)b, D = (double)delta, inv_avgdl = gpuir::recip_f64(avgdl);
             float bound = 0.0f;
             bool any = false;
             for (int i = 0; i < nt; ++i) {
                 const int t = qt_term[t0 + i];
                 const int r = dir_row[t];
-                unsigned int summ;
+                long long i0, i1;  // the block's impacts
                 if (r >= 0) {
-                    const int* st = dir_start + (long long)r * (n_tiles + 1);
-                    if (st[j + 1] == st[j]) continue;
-                    summ = dir_sum[(long long)r * n_tiles + j];
+                    const long long cell = (long long)r * n_tiles + j;
+                    i0 = dir_imp_off[cell];
+                    i1 = dir_imp_off[cell + 1];
+                    if (i0 == i1) continue;  // no posting of t in the tile
                 } else {
                     bool present;
                     if (i < GPUIR_LIGHT_BITS) {
@@ -276,10 +308,18 @@ __global__ void __launch_bounds__(THREADS) tile_bounds(
                         present = p < o1 && doc_ids[p] < end;
                     }
                     if (!present) continue;
-                    summ = term_sum[t];
+                    i0 = term_imp_off[t];
+                    i1 = term_imp_off[t + 1];
                 }
                 any = true;
-                const float bt = gpuir::bound_of(summ, qt_idf[t0 + i], qt_w0[t0 + i], GPUIR_BM25_ARGS);
+                const unsigned int* imp = r >= 0 ? dir_imp : term_imp;
+                float bt = 0.0f;
+                const float idf = qt_idf[t0 + i], w0 = qt_w0[t0 + i];
+#pragma unroll 1
+                for (long long h = i0; h < i1; ++h) {
+                    const float b1 = gpuir::bound_of(imp[h], idf, w0, method, K1, B, D, inv_avgdl, has_w0);
+                    bt = b1 > bt ? b1 : bt;
+                }
                 bound = gpuir::add_rn(bound, gpuir::scaled(bt, qt_mult[t0 + i]));
             }
             if (any) {
@@ -293,7 +333,7 @@ __global__ void __launch_bounds__(THREADS) tile_bounds(
 }
 
 template <int THREADS, int TILE>
-__global__ void __launch_bounds__(THREADS) tile_score(
+__global__ void __launch_bounds__(THREADS, 5) tile_score(
     const long long* __restrict__ offsets,    // (V+1,) int64
     const int* __restrict__ doc_ids,          // (P,) int32
     const int* __restrict__ tfs,              // (P,) int32
@@ -469,7 +509,7 @@ __global__ void __launch_bounds__(THREADS) tile_list(
 }
 
 template <int THREADS, int TILE>
-__global__ void __launch_bounds__(THREADS) tile_dense(
+__global__ void __launch_bounds__(THREADS, 5) tile_dense(
     const long long* __restrict__ offsets,    // (V+1,) int64
     const int* __restrict__ doc_ids,          // (P,) int32
     const int* __restrict__ tfs,              // (P,) int32

@@ -163,6 +163,7 @@ __host__ __device__ __forceinline__ float bm25_weight(int tf_i, int dl_i, float 
 // float32 >= the smallest normal one (so -ftz=true cannot flush it). 0 for an empty summary.
 // Reciprocals instead of divisions (recip_d, within ~2^-50: far inside the slack).
 // Mirrors gpuir.backends.weights.weight_bound (which the host tests check against every weight).
+// K1, B, D are the float32 parameters as doubles; inv_avgdl = recip_f64(avgdl), computed once.
 // 1 / x in double, to within a few units of 2^-52, for 1e-30 <= x <= 1e30 (bounds only: they
 // carry a 1e-5 slack). A float estimate of 1/x, two Newton steps, and one for the rounding of x
 // to float in the estimate.
@@ -177,12 +178,13 @@ __host__ __device__ __forceinline__ double recip_d(double x) {
 #endif
 }
 
-__host__ __device__ __forceinline__ float bound_of(unsigned int summ, float idf, float w0, GPUIR_BM25_PARAMS) {
+__host__ __device__ __forceinline__ float bound_of(unsigned int summ, float idf, float w0, int method, double K1,
+                                                   double B, double D, double inv_avgdl, int has_w0) {
     const unsigned int mtf = summ & 0xFFFFu;
     if (mtf == 0u) return 0.0f;
     const bool unbounded = mtf == 0xFFFFu;
-    const double K1 = (double)k1, B = (double)b, D = (double)delta, tf = (double)mtf;
-    const double norm = (1.0 - B) + B * ((double)(summ >> 16) * recip_f64(avgdl));
+    const double tf = (double)mtf;
+    const double norm = (1.0 - B) + B * ((double)(summ >> 16) * inv_avgdl);
     double t;
     if (method <= 1) {
         t = unbounded ? 1.0 : tf * recip_d(K1 * norm + tf);

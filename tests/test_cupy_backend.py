@@ -177,12 +177,12 @@ def test_memory_budget_chunks_and_errors():
     idx = random_index(N, V, seed=7)
     qs = random_queries(V, 37, seed=7)
     ref, _ = scorers(idx, "lucene")
-    small = CupyScorer(idx, BM25Params(), memory_budget_bytes=2_000_000)
+    small = CupyScorer(idx, BM25Params(), memory_budget_bytes=300_000, graphs=False)
     b = small.search(qs, 100)
     assert_exact(ref.search(qs, 100), b)
     assert b.meta["n_chunks"] >= 2
     with pytest.raises(MemoryError, match="memory_budget_bytes"):
-        CupyScorer(idx, BM25Params(), memory_budget_bytes=1000).search(qs, 10)
+        CupyScorer(idx, BM25Params(), memory_budget_bytes=1000, graphs=False).search(qs, 10)
     with pytest.raises(ValueError, match="outside"):
         small.search(qs[:1], 10, [np.array([N])])
 
@@ -320,3 +320,21 @@ def test_unsorted_postings_are_refused_before_upload():
             CupyScorer(broken, BM25Params())
     # a term boundary is not a violation: the last doc of one term may exceed the first of the next
     check_postings_sorted(np.array([0, 2, 4], np.int64), np.array([5, 9, 1, 2], np.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_graphs_equal_the_ordinary_path(method):
+    """Agent-sized batches (1-64 rows) through captured CUDA graphs: the same results as without graphs."""
+    idx = random_index(20011, 400, seed=12)
+    qs = [q for q in random_queries(400, 90, seed=13) if q.size][:64]
+    rng = np.random.default_rng(14)
+    allow = [None if i % 3 else np.sort(rng.choice(20011, 3000, replace=False)) for i in range(64)]
+    ref, gpu = scorers(idx, method, haystack="never")
+    plain = scorers(idx, method, haystack="never", graphs=False)[1]
+    for B, k in ((1, 10), (1, 10), (5, 100), (64, 7), (33, 1)):
+        sub, al = qs[:B], allow[:B]
+        g = gpu.search(sub, k, al)
+        assert_exact(ref.search(sub, k, al), g, f"B={B} k={k}")
+        assert_exact(plain.search(sub, k, al), g, f"plain B={B}")
+        assert g.meta["graph_runs"] == 1 and plain.search(sub, k, al).meta["graph_runs"] == 0

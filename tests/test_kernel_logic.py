@@ -266,30 +266,36 @@ def test_row_constants_equal_the_reference_expression():
 
 
 def test_tile_directory_matches_brute_force():
-    """Summaries (max tf, min document length) per (long term, tile) and per term, against a loop."""
+    """Impacts (non-dominated (tf, length) pairs) per (long term, tile) and per light term, against a loop."""
     idx = random_index(3001, 60, seed=9)
     tile, n_tiles = 64, -(-3001 // 64)
-    dir_row, dir_start, dir_sum, term_sum = cb.build_directory(idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens,
-                                                               tile, n_tiles, 100)
+    d = cb.build_directory(idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, tile, n_tiles, 100)
     heavy = np.flatnonzero(idx.df >= 100)
+    dir_row = d["dir_row"]
     assert heavy.size > 1 and (dir_row >= 0).sum() == heavy.size
-    st = dir_start.reshape(heavy.size, n_tiles + 1)
-    sm = dir_sum.reshape(heavy.size, n_tiles)
+    st = d["dir_start"].reshape(heavy.size, n_tiles + 1)
 
-    def pack(tf, dl):
-        return 0 if tf.size == 0 else min(int(tf.max()), 0xFFFF) | (min(int(dl.min()), 0xFFFF) << 16)
+    def impacts(tf, dl):
+        pairs = set(zip(np.minimum(tf, 0xFFFF).tolist(), np.minimum(dl, 0xFFFF).tolist()))
+        return sorted((t, x) for t, x in pairs if not any((t2 >= t and x2 <= x) and (t2, x2) != (t, x)
+                                                          for t2, x2 in pairs))
+
+    def got(off, imp, b):
+        return sorted((int(p) & 0xFFFF, int(p) >> 16) for p in imp[off[b]:off[b + 1]])
 
     for t in range(idx.n_terms):
         s, e = idx.offsets[t], idx.offsets[t + 1]
-        assert term_sum[t] == pack(idx.tfs[s:e], idx.doc_lens[idx.doc_ids[s:e]])
+        want = [] if dir_row[t] >= 0 else impacts(idx.tfs[s:e], idx.doc_lens[idx.doc_ids[s:e]])
+        assert got(d["term_imp_off"], d["term_imp"], t) == want, t
     for r, t in enumerate(heavy):
         assert dir_row[t] == r
         s, e = idx.offsets[t], idx.offsets[t + 1]
-        d = idx.doc_ids[s:e]
+        dd = idx.doc_ids[s:e]
         for j in range(n_tiles):
-            in_tile = (d >= j * tile) & (d < (j + 1) * tile)
-            assert st[r, j] == np.searchsorted(d, j * tile)
-            assert sm[r, j] == pack(idx.tfs[s:e][in_tile], idx.doc_lens[d[in_tile]])
+            in_tile = (dd >= j * tile) & (dd < (j + 1) * tile)
+            assert st[r, j] == np.searchsorted(dd, j * tile)
+            want = impacts(idx.tfs[s:e][in_tile], idx.doc_lens[dd[in_tile]])
+            assert got(d["dir_imp_off"], d["dir_imp"], r * n_tiles + j) == want, (t, j)
         assert st[r, n_tiles] == e - s
     assert cb.pack_summaries(np.array([0, 70000, 3]), np.array([9, 5, 10**6])).tolist() == [
         0, 0xFFFF | (5 << 16), 3 | (0xFFFF << 16)]
@@ -335,6 +341,7 @@ def model_device():
     """Install the fake cupy with small tiles (32 threads, 64 documents); yields a scorer factory."""
     with km.fake_cupy_installed(seed=0) as cp, km.small_tiles(32, 64):
         def make(index, method="lucene", **kw):
+            kw.setdefault("graphs", False)  # the ordinary path; test_small_batches_run_as_one_captured_graph: graphs
             return cb.CupyScorer(index, BM25Params(method=method), **kw)
 
         make.cp = cp
@@ -710,3 +717,39 @@ def test_device_division_is_ieee_division(tmp_path):
     out = subprocess.run([str(tmp_path / "div")], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and "bad 0" in out.stdout, out.stdout[-2000:]
     assert int(out.stdout.split("checked ")[1].split()[0]) > 6_000_000
+
+
+def test_small_batches_run_as_one_captured_graph(model_device, corpus, monkeypatch):
+    """B <= 64: the pipeline is captured once per (rows bucket, k, statistics) and replayed; results are exact,
+    overflowing rows are rerun the ordinary way, and other statistics get their own graph."""
+    from gpuir.backends.base import CollectionStats
+
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25+"))
+    gpu = model_device(idx, "bm25+", haystack="never", graphs=True)
+    cp = model_device.cp
+    full = [q for q in qs if q.size and q.max() < idx.n_terms - 2]  # queries with terms in this index
+    for i in range(3):
+        sub = full[3 * i: 3 * i + 3]  # a bucket of 4 rows
+        _exact(ref.search(sub, 10), gpu.search(sub, 10), f"graph {i}")
+    assert cp.graph_captures == 1 and cp.graph_launches == 3
+    for i in range(2):
+        n, captures = len(cp.launches), cp.graph_captures
+        res = gpu.search(qs[:4], 10, allow[:4])
+        _exact(ref.search(qs[:4], 10, allow[:4]), res, "graph with allow-lists")
+        assert res.meta["graph_runs"] == 1
+    assert len(cp.launches) == n and cp.graph_captures == captures  # a replay launches nothing by itself
+    _exact(ref.search(full[:1], 3), gpu.search(full[:1], 3), "another k")
+    assert cp.graph_captures == captures + 1
+    stats = CollectionStats(idx.n_docs * 3, idx.df.astype(np.int64) * 2, idx.avgdl * 1.5)
+    _exact(NumpyScorer(idx, BM25Params(method="bm25+"), stats=stats).search(full[:3], 10),
+           gpu.search(full[:3], 10, stats=stats), "other statistics")
+    assert cp.graph_captures == captures + 2
+    gpu.graphs = False
+    assert gpu.search(qs[:4], 10).meta["graph_runs"] == 0
+    gpu.graphs = True
+    monkeypatch.setattr(cb._Graph, "SLOTS_EXTRA", 0)  # 4k slots: some rows overflow and are rerun
+    fresh = model_device(idx, "bm25+", haystack="never", graphs=True)
+    res = fresh.search(qs[:8], 2)
+    _exact(ref.search(qs[:8], 2), res, "graph overflow")
+    assert res.meta["graph_runs"] == 1 and res.meta["overflow_rows"] > 0

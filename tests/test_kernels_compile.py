@@ -349,7 +349,7 @@ def test_a_spilling_kernel_fails_the_check(tmp_path, monkeypatch, compiler):
     d = tmp_path / "kernels"
     shutil.copytree(K.KERNEL_DIR, d)
     src = (d / "bm25_score.cu").read_text()
-    old = "__global__ void __launch_bounds__(THREADS) tile_score("
+    old = "__global__ void __launch_bounds__(THREADS, 5) tile_score("
     assert src.count(old) == 1
     (d / "bm25_score.cu").write_text(src.replace(old, "__global__ void __maxnreg__(24) tile_score("))
     monkeypatch.setattr(K, "KERNEL_DIR", d)

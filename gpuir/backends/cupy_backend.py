@@ -73,7 +73,7 @@ from .base import CollectionStats, Scorer, WeightedQueries, check_queries, weigh
 from .weights import has_absent_weight, numpy_row_sums
 
 __all__ = ["CupyScorer", "build_directory", "candidate_slots", "check_allow", "check_queries", "choose_paths",
-           "numpy_row_sums", "pack_summaries", "prepare_batch", "search_consts"]
+           "frontiers", "numpy_row_sums", "pack_summaries", "prepare_batch", "search_consts"]
 
 _SCORE_FILE, _TOPK_FILE = "bm25_score.cu", "topk.cu"
 _ELEMWISE_BLOCK = 256
@@ -93,84 +93,120 @@ def _next_pow2(x: int) -> int:
 # =============================================================================
 # Host-side pieces, pure NumPy (tested without a device)
 # =============================================================================
-def pack_summaries(max_tf: np.ndarray, min_dl: np.ndarray) -> np.ndarray:
-    """Block summaries as the kernels read them (``common.cuh``: ``bound_of``).
+def pack_summaries(max_tf: np.ndarray, min_dl: np.ndarray, xp: Any = np) -> np.ndarray:
+    """(tf, document length) pairs as the kernels read them (``common.cuh``: ``bound_of``).
 
     Parameters
     ----------
-    max_tf, min_dl : ndarray (m,), integer, host
-        Largest tf (0: empty block) and smallest document length of each block.
+    max_tf, min_dl : ndarray (m,), integer
+        A tf (0: no posting) and a document length.
 
     Returns
     -------
-    ndarray (m,), uint32, host
-        ``min(max_tf, 0xFFFF) | min(min_dl, 0xFFFF) << 16``; 0 for an empty block.
-        A max tf of 0xFFFF means "65,535 or more" (the kernel bounds it by tfc's
-        limit); capping the length from above only lowers it, which raises the bound.
+    ndarray (m,), uint32
+        ``min(tf, 0xFFFF) | min(dl, 0xFFFF) << 16``; 0 for tf 0. A tf of 0xFFFF
+        means "65,535 or more" (the kernel bounds it by tfc's limit); capping the
+        length from above only lowers it, which raises the bound.
     """
-    mt = np.minimum(np.asarray(max_tf, np.int64), 0xFFFF)
-    md = np.minimum(np.asarray(min_dl, np.int64), 0xFFFF)
-    return np.where(mt > 0, mt | (md << 16), 0).astype(np.uint32)
+    mt = xp.minimum(xp.asarray(max_tf).astype(xp.int64), 0xFFFF)
+    md = xp.minimum(xp.asarray(min_dl).astype(xp.int64), 0xFFFF)
+    return xp.where(mt > 0, mt | (md << 16), 0).astype(xp.uint32)
 
 
-def build_directory(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, doc_lens: np.ndarray, tile: int,
-                    n_tiles: int, min_df: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Statistics-free summaries of a segment: per term, and per (term with >= ``min_df`` postings, tile).
+def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[Any, Any]:
+    """The impacts of each block: its (tf, document length) pairs that no other pair dominates.
+
+    Every BM25 variant's weight grows with tf and shrinks with the document
+    length, so a block's largest weight -- for any collection statistics -- is
+    the weight of one of its non-dominated pairs (Lucene's "impacts"): the
+    pairs (tf, dl) such that no posting of the block has tf' >= tf and
+    dl' <= dl with one of them strict. The kernels bound a block by the largest
+    ``bound_of`` over its impacts: as tight as a precomputed block maximum, and
+    valid whatever N, df and avgdl the search brings.
+
+    Parameters
+    ----------
+    blk : ndarray (m,), int64
+        Block of each posting, in [0, n_blocks) (any order).
+    tf, dl : ndarray (m,), integer
+        The posting's tf and its document's length (capped at 0xFFFF as in :func:`pack_summaries`).
+    xp : numpy or cupy
 
     Returns
     -------
-    dir_row : ndarray (V,), int32, host
-        Row of each term in the directory, -1 for terms without one.
-    dir_start : ndarray (H * (n_tiles + 1),), int32, host
-        Row r, column j: index of term r's first posting in tile j (documents
-        [j*tile, (j+1)*tile)), relative to ``offsets[t]``; column n_tiles is df.
-    dir_sum : ndarray (H * n_tiles,), uint32, host
-        Row r, column j: :func:`pack_summaries` of the term's postings in tile j.
-    term_sum : ndarray (V,), uint32, host
-        :func:`pack_summaries` of each term's whole list.
+    off : ndarray (n_blocks+1,), int64
+        Block b's impacts are ``pairs[off[b]:off[b+1]]`` (none for an empty block).
+    pairs : ndarray (n,), uint32
+        :func:`pack_summaries` of each impact, tf descending within a block.
     """
-    offsets = np.asarray(offsets, np.int64)
-    doc_ids = np.asarray(doc_ids)
-    tfs = np.asarray(tfs)
-    dl_post = np.asarray(doc_lens)[doc_ids] if doc_ids.size else np.zeros(0, np.int32)
-    V = offsets.size - 1
-    df = np.diff(offsets)
-    term_sum = np.zeros(V, np.uint32)
-    nz = np.flatnonzero(df > 0)
-    if nz.size:
-        term_sum[nz] = pack_summaries(np.maximum.reduceat(tfs, offsets[nz]), np.minimum.reduceat(dl_post, offsets[nz]))
-    heavy = np.flatnonzero(df >= max(1, int(min_df)))
-    dir_row = np.full(V, -1, np.int32)
-    dir_row[heavy] = np.arange(heavy.size, dtype=np.int32)
-    H = heavy.size
-    dir_start = np.zeros((max(H, 1), n_tiles + 1), np.int32)
-    dir_sum = np.zeros((max(H, 1), n_tiles), np.uint32)
-    h = 0
-    while h < H:  # chunks of terms keep the temporaries to ~2^24 postings
-        e = h + 1
-        tot = int(df[heavy[h]])
-        while e < H and tot + int(df[heavy[e]]) <= (1 << 24):
-            tot += int(df[heavy[e]])
-            e += 1
-        terms = heavy[h:e]
-        lens = df[terms]
-        row_begin = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        idx = np.repeat(offsets[terms] - row_begin, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        row = np.repeat(np.arange(terms.size, dtype=np.int64), lens)
-        tl = doc_ids[idx].astype(np.int64) // tile
-        comp = row * (n_tiles + 1) + tl  # non-decreasing: postings are doc-sorted within a term
-        grid = np.arange(terms.size, dtype=np.int64)[:, None] * (n_tiles + 1) + np.arange(n_tiles + 1)[None, :]
-        dir_start[h:e] = np.searchsorted(comp, grid.ravel(), "left").reshape(terms.size, n_tiles + 1) \
-            - row_begin[:, None]
-        dir_start[h:e, n_tiles] = lens
-        seg = row * n_tiles + tl
-        starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-        blk = dir_sum[h:e].reshape(-1)
-        blk[seg[starts]] = pack_summaries(np.maximum.reduceat(tfs[idx], starts),
-                                          np.minimum.reduceat(dl_post[idx], starts))
-        dir_sum[h:e] = blk.reshape(terms.size, n_tiles)
-        h = e
-    return dir_row, dir_start.reshape(-1), dir_sum.reshape(-1), term_sum
+    if int(blk.size) == 0:
+        return xp.zeros(n_blocks + 1, xp.int64), xp.zeros(0, xp.uint32)
+    t = xp.minimum(xp.asarray(tf).astype(xp.int64), 0xFFFF)
+    d = xp.minimum(xp.asarray(dl).astype(xp.int64), 0xFFFF)
+    comp = (xp.asarray(blk).astype(xp.int64) << 32) | ((0xFFFF - t) << 16) | d  # block asc, tf desc, dl asc
+    comp = xp.sort(comp)
+    key = comp >> 16
+    first = xp.concatenate([xp.ones(1, bool), key[1:] != key[:-1]])  # the shortest document of each tf
+    comp = comp[first]
+    b, t, d = comp >> 32, 0xFFFF - ((comp >> 16) & 0xFFFF), comp & 0xFFFF
+    v = (b << 17) | (0x1FFFF - d)  # a running maximum within a block = the shortest length so far
+    run = xp.maximum.accumulate(v)
+    prev = xp.concatenate([xp.full(1, -1, xp.int64), run[:-1]])
+    keep = ((prev >> 17) != b) | ((0x1FFFF - (prev & 0x1FFFF)) > d)  # first of its block, or strictly shorter
+    b, t, d = b[keep], t[keep], d[keep]
+    off = xp.searchsorted(b, xp.arange(n_blocks + 1, dtype=xp.int64), side="left").astype(xp.int64)
+    return off, (t | (d << 16)).astype(xp.uint32)
+
+
+def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: int, n_tiles: int, min_df: int,
+                    xp: Any = np) -> dict[str, Any]:
+    """A segment's statistics-free summaries: impacts per term, and per (term with >= ``min_df`` postings, tile).
+
+    Built with ``xp`` (NumPy on the host, CuPy on the device: a few sorts and
+    searches over the postings).
+
+    Returns
+    -------
+    dict of xp arrays
+        ``dir_row`` (V,) int32: row of each term in the directory, -1 for terms without one;
+        ``dir_start`` (H*(n_tiles+1),) int32: row r, column j: index of term r's first
+        posting in tile j (documents [j*tile, (j+1)*tile)), relative to ``offsets[t]``;
+        column n_tiles is df; ``dir_imp_off`` (H*n_tiles+1,) int64 and ``dir_imp`` uint32: the
+        impacts (:func:`frontiers`) of each (row, tile); ``term_imp_off`` (V+1,) int64 and
+        ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms).
+    """
+    offsets = xp.asarray(offsets).astype(xp.int64)
+    doc_ids = xp.asarray(doc_ids)
+    tfs = xp.asarray(tfs)
+    V, P = int(offsets.size) - 1, int(doc_ids.size)
+    df = offsets[1:] - offsets[:-1]
+    heavy = xp.flatnonzero(df >= max(1, int(min_df)))
+    H = int(heavy.size)
+    dir_row = xp.full(V, -1, xp.int32)
+    dir_row[heavy] = xp.arange(H, dtype=xp.int32)
+    term_of = xp.searchsorted(offsets, xp.arange(P, dtype=xp.int64), side="right") - 1
+    tl = doc_ids.astype(xp.int64) // tile
+    dl = xp.asarray(doc_lens)[doc_ids] if P else xp.zeros(0, xp.int32)
+    comp = term_of * (n_tiles + 1) + tl  # non-decreasing: terms ascending, documents ascending within a term
+    grid = heavy[:, None] * (n_tiles + 1) + xp.arange(n_tiles + 1, dtype=xp.int64)[None, :]
+    dir_start = (xp.searchsorted(comp, grid.reshape(-1), side="left").reshape(H, n_tiles + 1)
+                 - offsets[heavy][:, None])
+    del comp, grid
+    if H:
+        dir_start[:, n_tiles] = df[heavy]
+    row = dir_row[term_of]
+    is_heavy = row >= 0
+    dir_imp_off, dir_imp = frontiers(row[is_heavy].astype(xp.int64) * n_tiles + tl[is_heavy], tfs[is_heavy],
+                                     dl[is_heavy], H * n_tiles, xp)
+    light = ~is_heavy
+    term_imp_off, term_imp = frontiers(term_of[light], tfs[light], dl[light], V, xp)
+    return {"dir_row": dir_row, "dir_start": dir_start.astype(xp.int32).reshape(-1) if H else
+            xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": dir_imp_off, "dir_imp": _nzx(dir_imp, xp),
+            "term_imp_off": term_imp_off, "term_imp": _nzx(term_imp, xp)}
+
+
+def _nzx(a: Any, xp: Any) -> Any:
+    return a if int(a.size) else xp.zeros(1, a.dtype)
 
 
 def check_allow(allow: Sequence[Any] | None, n_queries: int, n_docs: int
@@ -337,14 +373,14 @@ def candidate_slots(batch: Batch, k: int, n_docs: int) -> np.ndarray:
     """Candidate slots of each row (int64 (R,)).
 
     Haystack rows: their allow-list size (one key per allowed document, no
-    overflow). Tile rows: min(an upper bound on their candidates, 4k + 4096):
+    overflow). Tile rows: min(an upper bound on their candidates, 4k + 16384):
     the best tile is scored first, so the threshold is close to its final value
     before the other tiles emit; an overflow is detected and rerun.
     """
     allow_len = np.diff(batch.allow_off)
     upper = np.minimum(batch.sumdf, n_docs)
     upper = np.where(batch.filtered, np.minimum(upper, allow_len), upper)
-    slots = np.minimum(upper, 4 * k + 4096)
+    slots = np.minimum(upper, 4 * k + 16384)
     slots = np.where(batch.path == PATH_HAYSTACK, allow_len, slots)
     return np.where(batch.path == PATH_NONE, 0, slots).astype(np.int64)
 
@@ -465,6 +501,8 @@ class _Workspace:
         self.dev: Any = None
         self._scratch: dict[str, Any] = {}
         self.stream = cp.cuda.Stream(non_blocking=True)
+        #: Held while a graph's workspace is in use (a graph belongs to one workspace).
+        self.lock = threading.Lock()
 
     def _grow(self, nbytes: int) -> None:
         cp = self.cp
@@ -519,14 +557,170 @@ class _Workspace:
 
     def d2h(self, start: int, end: int) -> None:
         """Copy bytes [start, end) back into the pinned buffer."""
-        if end > start:
-            self.dev[start:end].get(out=self.host[start:end], stream=self.stream)
+        if end > start:  # not blocking: callers synchronize the stream (a graph capture may not)
+            self.dev[start:end].get(out=self.host[start:end], stream=self.stream, blocking=False)
 
     def read(self, off: int, shape: tuple, dtype) -> np.ndarray:
         """A copy of what the last :meth:`d2h` brought back at ``off``."""
         dt = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         return self.host[off:off + n].view(dt).reshape(shape).copy()
+
+
+#: Batches of at most this many rows (after dropping rows with no candidate) run as a CUDA graph.
+GRAPH_MAX_ROWS = 64
+#: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
+GRAPH_TERMS_PER_ROW = 64
+GRAPH_ALLOW_PER_ROW = 1 << 14
+#: Graphs a scorer keeps (least recently used dropped first).
+GRAPH_CACHE = 16
+
+
+class _Graph:
+    """One captured CUDA graph of the whole tile pipeline for a fixed shape, and its workspace.
+
+    Shape: R rows (a power of two <= :data:`GRAPH_MAX_ROWS`), k, and the search's
+    arithmetic constants (kernel arguments are baked into a graph). Inputs live
+    at fixed places in a pinned buffer, padded to fixed capacities (padding rows
+    have no terms and are off the tile path), so a search is: stage the inputs,
+    launch the graph (one host-to-device copy, the kernels, one device-to-host
+    copy), wait, read. Replaces 8-10 launches and two copies, each a Python
+    call into CuPy, by one.
+    """
+
+    #: Candidate slots per row beyond 4k (rows that overflow are rerun the ordinary way).
+    SLOTS_EXTRA = 16384
+
+    def __init__(self, scorer: CupyScorer, R: int, k: int, sc: SearchConsts, live: tuple[Any, np.int32]):
+        cp = scorer._cp
+        self.R, self.k = R, k
+        self.T, self.A = GRAPH_TERMS_PER_ROW * R, GRAPH_ALLOW_PER_ROW * R
+        self.slots = 4 * k + self.SLOTS_EXTRA
+        self.ws = _Workspace(cp)
+        self.live = live
+        T, A = self.T, self.A
+        specs_in = [(R + 1, np.int32), (T, np.int32), (T, np.float32), (T, np.float32), (T, np.float32),
+                    (R, np.float32), (R, np.int32), (R + 1, np.int64), (A, np.int32), (R + 1, np.int64),
+                    (T, np.int32), (T, np.int32), (T, np.int32), (T + 1, np.int64)]
+        specs_state = [(R, np.int32), (R, np.uint32), (R, np.int32), (R, np.uint64), (1, np.int32)]
+        self.inputs = [np.zeros(n, dt) for n, dt in specs_in]
+        self.state = [np.zeros(n, dt) for n, dt in specs_state]
+        views, self.offs, self.h2d_end, self.state_start, self.total = self.ws.layout(
+            self.inputs, self.state, [((R, k), np.int64), ((R, k), np.float32)])
+        self.views = views
+        cells = R * scorer.n_tiles
+        ws = self.ws
+        self.ukey = ws.scratch("ukey", cells, cp.uint32)
+        self.lmask = ws.scratch("lmask", cells, cp.uint64)
+        self.items = ws.scratch("items", cells, cp.uint64)
+        self.cand = ws.scratch("cand", R * self.slots, cp.uint64)
+        segs = scorer.select_segments(R, k, self.slots)
+        self.segs = segs
+        if segs > 1:
+            self.part = ws.scratch("part", R * segs * k, cp.int64)[:R * segs * k].reshape(R * segs, k)
+            self.part_off = cp.asarray(np.arange(R + 1, dtype=np.int64) * (segs * k))
+            self.part_counts = cp.asarray(np.full(R, segs * k, np.int32))
+        blocks = scorer.persistent_blocks()
+        for f, names in ((_SCORE_FILE, K.NAME_EXPRESSIONS[_SCORE_FILE]), (_TOPK_FILE, K.NAME_EXPRESSIONS[_TOPK_FILE])):
+            for name in names:  # load the modules now: a module load cannot happen inside a capture
+                K.kernel(f, name, scorer.device_id)
+        with ws.stream:
+            ws.stream.synchronize()
+            mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", 2)
+            ws.stream.begin_capture(mode=mode)
+            try:
+                self._record(scorer, sc, blocks)
+            finally:
+                self.graph = ws.stream.end_capture()
+        #: Times the graph ran.
+        self.runs = 0
+
+    def _record(self, scorer: CupyScorer, sc: SearchConsts, blocks: int) -> None:
+        cp, ws, R, k = scorer._cp, self.ws, self.R, self.k
+        TT, TD = scorer.tile_threads, scorer.tile_docs
+        (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, cand_off, lt_row,
+         lt_term, lt_bit, lt_start, counts, theta, tiles, best, n_items, out_ids, out_scores) = self.views
+        live_dev, has_live = self.live
+        bm = sc.args()
+        n_tiles = scorer.n_tiles
+        ws.h2d(self.h2d_end)
+        self.lmask[:R * n_tiles].fill(0)
+        scorer._launch(_SCORE_FILE, f"light_marks<{TT}, {TD}>", (2 * scorer.sm_count,), (TT,),
+                       (scorer.d_offsets, scorer.d_doc_ids, lt_row, lt_term, lt_bit, lt_start, np.int32(self.T),
+                        np.int32(n_tiles), self.lmask))
+        scorer._launch(_SCORE_FILE, f"tile_bounds<{TT}, {TD}>", (-(-n_tiles // TT), R), (TT,),
+                       (scorer.d_offsets, scorer.d_doc_ids, scorer.d_term_imp_off, scorer.d_term_imp,
+                        scorer.d_dir_row, scorer.d_dir_start, scorer.d_dir_imp_off, scorer.d_dir_imp,
+                        np.int32(n_tiles), np.int64(scorer.index.n_docs), qt_off, qt_term, qt_mult, qt_idf, qt_w0,
+                        row_const, row_flags, allow_off, allow_docs, self.lmask, self.ukey, best, np.int32(R), *bm))
+        common = (scorer.d_offsets, scorer.d_doc_ids, scorer.d_tfs, scorer.d_doc_lens, scorer.d_dir_row,
+                  scorer.d_dir_start, np.int32(n_tiles), np.int64(scorer.index.n_docs), live_dev, has_live, qt_off,
+                  qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, self.ukey, best,
+                  self.items, n_items)
+        tail = (theta, counts, tiles, cand_off, self.cand, np.int32(R), np.int32(k), *bm)
+        name = f"tile_score<{TT}, {TD}>"
+        scorer._launch(_SCORE_FILE, name, (min(R, blocks),), (TT,), (*common, np.int32(0), *tail))
+        scorer._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-n_tiles // TT), R), (TT,),
+                       (self.ukey, best, theta, np.int32(n_tiles), np.int32(R), self.items, n_items))
+        scorer._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
+        kpad = _next_pow2(k)
+        sel, block = f"select_topk<{K.SELECT_THREADS}>", (K.SELECT_THREADS,)
+        cand, off, cnt = self.cand, cand_off, counts
+        if self.segs > 1:
+            segs = self.segs
+            scorer._launch(_TOPK_FILE, sel, (R * segs,), block,
+                           (cand, off, cnt, theta, np.int32(scorer.doc_bits), np.int32(k), np.int32(kpad),
+                            np.int32(segs), np.int32(1), self.part, out_scores), shared_mem=8 * kpad)
+            cand, off, cnt = self.part.view(cp.uint64).reshape(-1), self.part_off, self.part_counts
+        scorer._launch(_TOPK_FILE, sel, (R,), block,
+                       (cand, off, cnt, theta, np.int32(scorer.doc_bits), np.int32(k), np.int32(kpad), np.int32(1),
+                        np.int32(0), out_ids, out_scores), shared_mem=8 * kpad)
+        ws.d2h(self.state_start, self.total)
+
+    def fits(self, b: Batch, n_light: int) -> bool:
+        return (b.n_rows <= self.R and b.qt_term.size <= self.T and b.allow_docs.size <= self.A
+                and n_light <= self.T and not (b.path == PATH_HAYSTACK).any())
+
+    def run(self, scorer: CupyScorer, b: Batch, theta0: np.ndarray, stats: dict) -> tuple[np.ndarray, ...]:
+        """Stage ``b`` (at most R rows), launch, wait: (ids, scores, counts, theta, tiles, slots), rows of b."""
+        R, n, ws = self.R, b.n_rows, self.ws
+        lt_row, lt_term, lt_bit, lt_start = light_pairs(b, scorer._dir_row, scorer._df)
+        flags = (b.filtered.astype(np.int32) * ROW_FILTERED) | np.where(b.path != PATH_TILES, ROW_OFF_TILES, 0)
+        pad_flags = np.full(R, ROW_OFF_TILES, np.int32)
+        pad_flags[:n] = flags
+        fill = [(0, _pad(b.qt_off, R + 1)), (1, b.qt_term), (2, b.qt_mult), (3, b.qt_idf), (4, b.qt_w0),
+                (5, b.row_const), (6, pad_flags), (7, _pad(b.allow_off, R + 1)), (8, b.allow_docs),
+                (9, np.arange(R + 1, dtype=np.int64) * self.slots), (10, lt_row), (11, lt_term), (12, lt_bit),
+                (13, _pad(lt_start, self.T + 1))]
+        for i, x in fill:
+            o = self.offs[i]
+            dt = self.inputs[i].dtype
+            x = np.asarray(x, dt)
+            ws.host[o:o + x.nbytes] = x.view(np.uint8).reshape(-1)
+        st = self.offs[14]
+        state = np.zeros(self.total - st, np.uint8)  # counts, theta, tiles, best, n_items: zeros, then theta0
+        ws.host[st:self.offs[19]] = state[:self.offs[19] - st]
+        th = np.zeros(R, np.uint32)
+        th[:n] = theta0
+        ws.host[self.offs[15]:self.offs[15] + 4 * R] = th.view(np.uint8)
+        self.graph.launch(ws.stream)
+        ws.stream.synchronize()
+        self.runs += 1
+        o = self.offs
+        stats["tile_items"] += int(ws.read(o[18], (1,), np.int32)[0]) + int((b.path == PATH_TILES).sum())
+        stats["light_pairs"] += int(lt_term.size)
+        stats["graph_runs"] += 1
+        return (ws.read(o[19], (R, self.k), np.int64)[:n], ws.read(o[20], (R, self.k), np.float32)[:n],
+                ws.read(o[14], (R,), np.int32)[:n], ws.read(o[15], (R,), np.uint32)[:n],
+                ws.read(o[16], (R,), np.int32)[:n], np.full(n, self.slots, np.int64))
+
+
+def _pad(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` extended to n entries by repeating its last value (offsets of empty padding rows)."""
+    out = np.empty(n, a.dtype)
+    out[:a.size] = a
+    out[a.size:] = a[-1] if a.size else 0
+    return out
 
 
 class CupyScorer(Scorer):
@@ -555,6 +749,9 @@ class CupyScorer(Scorer):
     timing : bool
         Record per-phase device times with CUDA events (``meta["timings"]``); off
         by default, since events cost host time on every search.
+    graphs : bool
+        Run batches of at most :data:`GRAPH_MAX_ROWS` rows (an agent's query) as a
+        captured CUDA graph (:class:`_Graph`), one per (rows bucket, k, statistics).
 
     Raises
     ------
@@ -576,6 +773,7 @@ class CupyScorer(Scorer):
         device: int | None = None,
         haystack: str = "auto",
         timing: bool = False,
+        graphs: bool = True,
     ):
         super().__init__(index, params, stats)
         usable, why = cuda_device()
@@ -601,6 +799,8 @@ class CupyScorer(Scorer):
         self.memory_fraction = float(memory_fraction)
         self.haystack = haystack
         self.timing = bool(timing)
+        self.graphs = bool(graphs)
+        self._graphs: dict[tuple, _Graph] = {}
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         self.tile_threads, self.tile_docs = K.TILE_THREADS, K.TILE_DOCS
         N = index.n_docs
@@ -615,36 +815,41 @@ class CupyScorer(Scorer):
         #: Terms with at least this many postings get a tile-directory row.
         self.dir_min_df = max(64, 2 * self.n_tiles)
         t0 = time.perf_counter()
-        dir_row, dir_start, dir_sum, term_sum = build_directory(
-            index.offsets, index.doc_ids, index.tfs, index.doc_lens, self.tile_docs, self.n_tiles, self.dir_min_df)
-        #: int32 (V,), host: each term's directory row (-1: a light term).
-        self._dir_row = dir_row
-        self.layout_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
         with cupy.cuda.Device(self.device_id):
             a = cupy.asarray
             #: Device arrays, uploaded once: offsets (V+1,) int64, doc_ids (P,) int32, tfs (P,) int32,
-            #: doc_lens (N,) int32, term_sum (V,) uint32, dir_row (V,) int32,
-            #: dir_start (H*(n_tiles+1),) int32, dir_sum (H*n_tiles,) uint32.
+            #: doc_lens (N,) int32, and the directory (:func:`build_directory`): dir_row (V,) int32,
+            #: dir_start (H*(n_tiles+1),) int32, dir_imp_off (H*n_tiles+1,) int64, dir_imp uint32,
+            #: term_imp_off (V+1,) int64, term_imp uint32.
             self.d_offsets = a(np.ascontiguousarray(index.offsets, dtype=np.int64))
             self.d_doc_ids = a(np.ascontiguousarray(index.doc_ids, dtype=np.int32))
             self.d_tfs = a(np.ascontiguousarray(index.tfs, dtype=np.int32))
             self.d_doc_lens = a(np.ascontiguousarray(index.doc_lens, dtype=np.int32))
-            self.d_term_sum = a(term_sum)
-            self.d_dir_row = a(dir_row)
-            self.d_dir_start = a(dir_start)
-            self.d_dir_sum = a(dir_sum)
+            self.upload_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            on_device = hasattr(cupy, "sort")  # the real CuPy: build the directory there (sorts of the postings)
+            if on_device:
+                d = build_directory(self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.tile_docs,
+                                    self.n_tiles, self.dir_min_df, xp=cupy)
+            else:
+                d = {n: a(x) for n, x in build_directory(index.offsets, index.doc_ids, index.tfs, index.doc_lens,
+                                                          self.tile_docs, self.n_tiles, self.dir_min_df).items()}
+            self.d_dir_row, self.d_dir_start = d["dir_row"], d["dir_start"]
+            self.d_dir_imp_off, self.d_dir_imp = d["dir_imp_off"], d["dir_imp"]
+            self.d_term_imp_off, self.d_term_imp = d["term_imp_off"], d["term_imp"]
             self._no_live = a(np.ones(1, np.uint32))
             try:
                 sms = int(cupy.cuda.Device(self.device_id).attributes["MultiProcessorCount"])
             except Exception:  # noqa: BLE001 - informational; 132 = H100 SXM
                 sms = 132
             cupy.cuda.Device().synchronize()
+        #: int32 (V,), host: each term's directory row (-1: a light term).
+        self._dir_row = _host(self.d_dir_row)
+        #: Seconds spent building the directory (on the device with CuPy).
+        self.layout_s = time.perf_counter() - t1
+        self.directory_bytes = int(sum(int(x.nbytes) for x in d.values()))
         #: Streaming multiprocessors of the device.
         self.sm_count = max(1, sms)
-        #: Seconds spent uploading the segment.
-        self.upload_s = time.perf_counter() - t0
-        self.directory_bytes = int(dir_start.nbytes + dir_sum.nbytes)
         #: Times the segment was uploaded (once, here; the tests count it).
         self.uploads = 1
         self._fwd: tuple[Any, Any, Any] | None = None
@@ -829,8 +1034,8 @@ class CupyScorer(Scorer):
                                  (self.d_offsets, self.d_doc_ids, d_lt_row, d_lt_term, d_lt_bit, d_lt_start,
                                   np.int32(lt_term.size), np.int32(self.n_tiles), lmask))
                 self._launch(_SCORE_FILE, f"tile_bounds<{TT}, {TD}>", (-(-self.n_tiles // TT), R), (TT,),
-                             (self.d_offsets, self.d_doc_ids, self.d_term_sum, self.d_dir_row, self.d_dir_start,
-                              self.d_dir_sum, np.int32(self.n_tiles), np.int64(self.index.n_docs), qt_off, qt_term,
+                             (self.d_offsets, self.d_doc_ids, self.d_term_imp_off, self.d_term_imp, self.d_dir_row,
+                              self.d_dir_start, self.d_dir_imp_off, self.d_dir_imp, np.int32(self.n_tiles), np.int64(self.index.n_docs), qt_off, qt_term,
                               qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, lmask, ukey, best,
                               np.int32(R), *bm))
         with timer.phase("score_s"):
@@ -974,6 +1179,60 @@ class CupyScorer(Scorer):
                                   slots=counts[over].astype(np.int64), depth=depth + 1)
             i += 1
 
+    # -- small batches as CUDA graphs --------------------------------------------------
+    def _graph_for(self, b: Batch, k: int, sc: SearchConsts, live: tuple[Any, np.int32]) -> _Graph | None:
+        """The graph for this batch's shape (captured on first use), or None when it does not fit one."""
+        R = b.n_rows
+        if not 0 < R <= GRAPH_MAX_ROWS or k > K.SELECT_MAX_K or (b.path == PATH_HAYSTACK).any():
+            return None
+        Rb = _next_pow2(R)
+        key = (Rb, k, sc, id(live[0]))
+        with self._lock:
+            g = self._graphs.pop(key, None)
+            if g is not None:
+                self._graphs[key] = g  # most recently used last
+        n_light = int(((self._dir_row[b.qt_term] < 0) if b.qt_term.size else np.zeros(0, bool)).sum())
+        if g is None:
+            if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
+                return None
+            cells = Rb * self.n_tiles
+            need = 20 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 12 * Rb * k
+            if need > self.budget_bytes():
+                return None
+            try:
+                with self._cp.cuda.Device(self.device_id):
+                    g = _Graph(self, Rb, k, sc, live)
+            except self._cp.cuda.memory.OutOfMemoryError:
+                self._cp.get_default_memory_pool().free_all_blocks()
+                return None  # the ordinary path chunks to the memory there is
+            with self._lock:
+                self._graphs[key] = g
+                while len(self._graphs) > GRAPH_CACHE:
+                    self._graphs.pop(next(iter(self._graphs)))
+        return g if g.fits(b, n_light) else None
+
+    def _search_graph(self, g: _Graph, b: Batch, k: int, sc: SearchConsts, live, stats: dict, ids: np.ndarray,
+                      out: np.ndarray) -> None:
+        """One graph launch for the batch; rows whose candidates overflowed are rerun the ordinary way."""
+        with g.ws.lock:
+            r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
+        stats["n_chunks"] += 1
+        stats["rows_per_chunk"] = max(stats["rows_per_chunk"], b.n_rows)
+        stats["tiles_scored"] += int(tiles.sum())
+        stats["candidates"] += int(np.minimum(counts, slots).sum())
+        ids[b.rows] = r_ids
+        out[b.rows] = r_scores
+        over = np.flatnonzero(counts.astype(np.int64) > slots)
+        if over.size:
+            stats["overflow_rows"] += int(over.size)
+            ws = self._acquire()
+            try:
+                with self._cp.cuda.Device(self.device_id), ws.stream:
+                    self._search_rows(ws, b.take(over), k, sc, live, _Timer(self._cp, False), stats, ids, out,
+                                      theta0=theta[over], slots=counts[over].astype(np.int64), depth=1)
+            finally:
+                self._release(ws)
+
     # -- the Scorer contract ----------------------------------------------------------
     def search(
         self,
@@ -1008,21 +1267,26 @@ class CupyScorer(Scorer):
         prep_s = time.perf_counter() - t0
         res = empty_results(B, k)
         counters = {"n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0, "tile_items": 0,
-                    "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0}
+                    "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0, "graph_runs": 0}
         timings: dict[str, float] = {}
         live_sel = np.flatnonzero(batch.path != PATH_NONE)
         if live_sel.size and self.index.n_docs:
             cp = self._cp
             sc = search_consts(self.params, st.avgdl)
             lv = self._live_bits(live)
-            ws = self._acquire()
-            try:
-                with cp.cuda.Device(self.device_id), ws.stream:
-                    timer = _Timer(cp, self.timing)
-                    self._search_rows(ws, batch.take(live_sel), k, sc, lv, timer, counters, res.ids, res.scores)
-                    timings = timer.totals()
-            finally:
-                self._release(ws)
+            sub = batch.take(live_sel)
+            graph = self._graph_for(sub, k, sc, lv) if self.graphs and not self.timing else None
+            if graph is not None:
+                self._search_graph(graph, sub, k, sc, lv, counters, res.ids, res.scores)
+            else:
+                ws = self._acquire()
+                try:
+                    with cp.cuda.Device(self.device_id), ws.stream:
+                        timer = _Timer(cp, self.timing)
+                        self._search_rows(ws, sub, k, sc, lv, timer, counters, res.ids, res.scores)
+                        timings = timer.totals()
+                finally:
+                    self._release(ws)
         timings["prep_s"] = prep_s
         timings["total_s"] = time.perf_counter() - t0
         res.meta = {"backend": "cupy", "device": self._device_name, "timings": timings, **counters,
@@ -1078,6 +1342,11 @@ class CupyScorer(Scorer):
         finally:
             self._release(ws)
         return rows_out
+
+
+def _host(a: Any) -> np.ndarray:
+    """A device array's host copy (a NumPy array as it is)."""
+    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
 
 
 def _nz(a: np.ndarray, dtype) -> np.ndarray:

@@ -146,7 +146,7 @@ def _weights(a: dict, p0: int, p1: int, u: int) -> np.ndarray:
 
 
 def _bound(a: dict, summ: int, u: int) -> np.float32:
-    """bound_of: gpuir.backends.weights.weight_bound of an unpacked summary (0xFFFF max tf = unbounded)."""
+    """bound_of: gpuir.backends.weights.weight_bound of an unpacked impact (tf 0xFFFF = unbounded)."""
     from .weights import weight_bound
 
     mtf, mdl = summ & 0xFFFF, summ >> 16
@@ -239,10 +239,10 @@ def model_tile_bounds(a: dict, grid: tuple[int, ...]) -> None:
                     t = int(a["qt_term"][u])
                     r = int(a["dir_row"][t])
                     if r >= 0:
-                        lo, hi = _range(a, t, j, base, end)
-                        if hi == lo:
+                        i0, i1 = int(a["dir_imp_off"][r * n_tiles + j]), int(a["dir_imp_off"][r * n_tiles + j + 1])
+                        if i0 == i1:
                             continue
-                        summ = int(a["dir_sum"][r * n_tiles + j])
+                        imp = a["dir_imp"][i0:i1]
                     else:
                         i = u - t0
                         if i < 64:
@@ -252,9 +252,10 @@ def model_tile_bounds(a: dict, grid: tuple[int, ...]) -> None:
                             present = hi > lo
                         if not present:
                             continue
-                        summ = int(a["term_sum"][t])
+                        imp = a["term_imp"][int(a["term_imp_off"][t]):int(a["term_imp_off"][t + 1])]
                     anyp = True
-                    bound = F32(bound + F32(scaled(_bound(a, summ, u), a["qt_mult"][u])))
+                    bt = max([_bound(a, int(x), u) for x in imp.tolist()], default=F32(0))
+                    bound = F32(bound + F32(scaled(bt, a["qt_mult"][u])))
                 if anyp:
                     if int(a["has_w0"]):
                         bound = F32(bound + F32(a["row_const"][q]))
@@ -561,10 +562,24 @@ def check_launch(sigs: dict, name: str, grid, block, args, shared_mem: int = 0) 
 # =============================================================================
 # The fake cupy
 # =============================================================================
-class DevArray(np.ndarray):
-    """A 'device' array: a NumPy array with CuPy's ``get`` / ``set``."""
+#: While a fake stream captures a graph: the operations recorded so far (run later, by the graph).
+_CAPTURE: list[Callable[[], None]] | None = None
 
-    def get(self, stream=None, out=None, **_):
+
+def _deferred(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` now, or record it when a graph is being captured (as CUDA does with stream work)."""
+    if _CAPTURE is not None:
+        _CAPTURE.append(fn)
+        return None
+    return fn()
+
+
+class DevArray(np.ndarray):
+    """A 'device' array: a NumPy array with CuPy's ``get`` / ``set`` / ``fill`` (recorded during a capture)."""
+
+    def get(self, stream=None, out=None, blocking=True, **_):
+        if out is not None and _CAPTURE is not None:
+            return _deferred(lambda: self.get(out=out))
         if out is not None:
             if out.shape != self.shape or out.dtype != self.dtype:
                 raise ValueError("get(out=...) needs the array's shape and dtype")
@@ -572,7 +587,13 @@ class DevArray(np.ndarray):
             return out
         return np.array(self, copy=True).view(np.ndarray)
 
+    def fill(self, value):
+        return _deferred(lambda: np.ndarray.fill(self, value))
+
     def set(self, arr, stream=None):
+        if _CAPTURE is not None:
+            src = arr  # a pinned buffer: the graph copies what it holds when it runs
+            return _deferred(lambda: self.set(src))
         arr = np.asarray(arr)
         if arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError(f"set: shape/dtype {arr.shape}/{arr.dtype} for {self.shape}/{self.dtype}")
@@ -650,9 +671,32 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def synchronize(self):
             pass
 
+    class Graph:
+        """A captured sequence of stream operations, replayed by ``launch``."""
+
+        def __init__(self, ops):
+            self.ops = ops
+
+        def launch(self, stream=None):
+            cp.graph_launches += 1
+            for op in self.ops:
+                op()
+
     class Stream(_Context):
         def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
             pass
+
+        def begin_capture(self, mode=None):
+            global _CAPTURE
+            if _CAPTURE is not None:
+                raise RuntimeError("a capture is already running")
+            _CAPTURE = []
+
+        def end_capture(self):
+            global _CAPTURE
+            ops, _CAPTURE = _CAPTURE, None
+            cp.graph_captures += 1
+            return Graph(ops)
 
     class Device(_Context):
         def __init__(self, i=0):
@@ -667,6 +711,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             return 0
 
     cp.freed = 0
+    cp.graph_launches = cp.graph_captures = 0
     cp.cuda = types.SimpleNamespace(
         Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
         alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
@@ -689,6 +734,9 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             cp.launches.append((name, grid, block, shared_mem))
             if oom_if is not None and oom_if(name, args):
                 raise FakeOOM(f"emulated OOM in {name}")
+            return _deferred(lambda: run(grid, block, args, shared_mem))
+
+        def run(grid, block, args, shared_mem):
             base = name.split("<")[0]
             if runner is not None:
                 runner(filename, name, grid, block, [as_host(v) for v in args], shared_mem)

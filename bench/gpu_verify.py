@@ -456,7 +456,8 @@ class Run:
             self._scorer = CupyScorer(idx, BM25Params(), **opts)
             self._scorer_key = key
             self.report.event("scorer", n_docs=n_docs, opts=opts, build_s=round(time.perf_counter() - t, 2),
-                              upload_s=round(self._scorer.upload_s, 3),
+                              upload_s=round(self._scorer.upload_s, 3), layout_s=round(self._scorer.layout_s, 3),
+                              directory_built=self._scorer.directory_built,
                               directory_mb=round(self._scorer.directory_bytes / 1e6, 1))
         return self._scorer
 

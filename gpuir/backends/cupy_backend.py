@@ -55,6 +55,7 @@ device; the segment's arrays are read only.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -75,6 +76,7 @@ from .weights import has_absent_weight, numpy_row_sums
 __all__ = ["CupyScorer", "build_directory", "candidate_slots", "check_allow", "check_queries", "choose_paths",
            "frontiers", "numpy_row_sums", "pack_summaries", "prepare_batch", "search_consts"]
 
+_log = logging.getLogger("gpuir.backends.cupy")
 _SCORE_FILE, _TOPK_FILE = "bm25_score.cu", "topk.cu"
 _ELEMWISE_BLOCK = 256
 _MAX_GRID = 1 << 20
@@ -827,11 +829,20 @@ class CupyScorer(Scorer):
             self.d_doc_lens = a(np.ascontiguousarray(index.doc_lens, dtype=np.int32))
             self.upload_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            on_device = hasattr(cupy, "sort")  # the real CuPy: build the directory there (sorts of the postings)
-            if on_device:
-                d = build_directory(self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.tile_docs,
-                                    self.n_tiles, self.dir_min_df, xp=cupy)
-            else:
+            #: Where the directory was built ("device", or "host" and why).
+            self.directory_built = "host (no device sort)"
+            d = None
+            if hasattr(cupy, "sort"):  # the real CuPy: build the directory there (sorts of the postings)
+                try:
+                    d = build_directory(self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.tile_docs,
+                                        self.n_tiles, self.dir_min_df, xp=cupy)
+                    self.directory_built = "device"
+                except Exception as e:  # noqa: BLE001 - the host build is exact too; say why it was used
+                    self.directory_built = f"host ({type(e).__name__}: {e})"
+                    _log.warning("building the tile directory on the device failed (%s); building it on the host",
+                                 self.directory_built)
+                    cupy.get_default_memory_pool().free_all_blocks()
+            if d is None:
                 d = {n: a(x) for n, x in build_directory(index.offsets, index.doc_ids, index.tfs, index.doc_lens,
                                                           self.tile_docs, self.n_tiles, self.dir_min_df).items()}
             self.d_dir_row, self.d_dir_start = d["dir_row"], d["dir_start"]

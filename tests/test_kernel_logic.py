@@ -443,7 +443,7 @@ def test_query_groups_overflow_reruns_and_k_beyond_matches(model_device, corpus,
     ref, gpu = NumpyScorer(idx, BM25Params(method="bm25l")), model_device(idx, "bm25l", haystack="never")
     monkeypatch.setattr(cb, "_MAX_GRID_Y", 3)  # several rows per block (query groups)
     real = cb.candidate_slots
-    monkeypatch.setattr(cb, "candidate_slots", lambda *a: np.minimum(real(*a), 5))  # force overflows
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 5))  # force overflows
     for k in (1, 4, 2600):
         res = gpu.search(qs, k, allow)
         _exact(ref.search(qs, k, allow), res, f"k={k}")
@@ -753,3 +753,43 @@ def test_small_batches_run_as_one_captured_graph(model_device, corpus, monkeypat
     res = fresh.search(qs[:8], 2)
     _exact(ref.search(qs[:8], 2), res, "graph overflow")
     assert res.meta["graph_runs"] == 1 and res.meta["overflow_rows"] > 0
+
+
+def test_a_graph_that_cannot_be_captured_turns_graphs_off(model_device, corpus, monkeypatch, caplog):
+    """Copies on a capturing stream are refused (as CuPy refuses them); any capture failure leaves the search exact
+    on the ordinary path, with graphs off for that scorer and the reason logged."""
+    idx, qs, _ = corpus
+    ref = NumpyScorer(idx, BM25Params())
+    gpu = model_device(idx, graphs=True)
+    real = cb._Graph._record
+
+    def copy_inside(self, scorer, sc, blocks):  # what the first device run did: the input copy inside the graph
+        self.ws.h2d(self.h2d_end)
+        real(self, scorer, sc, blocks)
+
+    monkeypatch.setattr(cb._Graph, "_record", copy_inside)
+    with caplog.at_level("WARNING", logger="gpuir.backends.cupy"):
+        res = gpu.search(qs[:3], 10)
+    _exact(ref.search(qs[:3], 10), res, "fallback")
+    assert not gpu.graphs and "capturing" in gpu.graph_error and res.meta["graph_runs"] == 0
+    assert "CUDA graphs turned off" in caplog.text
+    _exact(ref.search(qs[:5], 10), gpu.search(qs[:5], 10), "after")
+
+
+def test_directory_in_chunks_and_the_doubling_scan(monkeypatch):
+    """Chunked builds (CuPy's path bounds its temporaries) equal one-chunk builds; the doubling running maximum
+    (CuPy has no maximum.accumulate) equals NumPy's."""
+    import types
+
+    rng = np.random.default_rng(5)
+    v = rng.integers(-1000, 1000, 5000)
+    fake_xp = types.SimpleNamespace(maximum=np.maximum)
+    assert np.array_equal(cb.running_max(v, fake_xp), np.maximum.accumulate(v))
+    idx = random_index(3001, 60, seed=9)
+    args = (idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, 64, -(-3001 // 64), 100)
+    whole = cb.build_directory(*args)
+    monkeypatch.setattr(cb, "DIRECTORY_CHUNK", 500)  # many chunks, some terms longer than a chunk
+    parts = cb.build_directory(*args)
+    assert set(whole) == set(parts)
+    for name in whole:
+        assert np.array_equal(whole[name], parts[name]), name

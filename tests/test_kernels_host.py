@@ -356,7 +356,7 @@ def test_overflow_reruns_query_groups_and_large_k(mods, corpus, monkeypatch):
     ref = NumpyScorer(idx, BM25Params(method="bm25l"))
     monkeypatch.setattr(cb, "_MAX_GRID_Y", 3)
     real = cb.candidate_slots
-    monkeypatch.setattr(cb, "candidate_slots", lambda *a: np.minimum(real(*a), 5))
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 5))
     with small_blocks(), real_kernels_installed(schedule="forward", modules=mods) as cp:
         gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never", graphs=False)
         for k in (1, 4, 1400):

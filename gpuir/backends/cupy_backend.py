@@ -115,6 +115,18 @@ def pack_summaries(max_tf: np.ndarray, min_dl: np.ndarray, xp: Any = np) -> np.n
     return xp.where(mt > 0, mt | (md << 16), 0).astype(xp.uint32)
 
 
+def running_max(v: Any, xp: Any = np) -> Any:
+    """Inclusive running maximum of a 1-D array (NumPy's ``maximum.accumulate``; CuPy has none: a doubling scan)."""
+    if xp is np:
+        return np.maximum.accumulate(v)
+    run = v.copy()
+    step, n = 1, int(run.size)
+    while step < n:
+        run[step:] = xp.maximum(run[step:], run[:-step])
+        step *= 2
+    return run
+
+
 def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[Any, Any]:
     """The impacts of each block: its (tf, document length) pairs that no other pair dominates.
 
@@ -146,13 +158,15 @@ def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[
     t = xp.minimum(xp.asarray(tf).astype(xp.int64), 0xFFFF)
     d = xp.minimum(xp.asarray(dl).astype(xp.int64), 0xFFFF)
     comp = (xp.asarray(blk).astype(xp.int64) << 32) | ((0xFFFF - t) << 16) | d  # block asc, tf desc, dl asc
+    del t, d
     comp = xp.sort(comp)
     key = comp >> 16
     first = xp.concatenate([xp.ones(1, bool), key[1:] != key[:-1]])  # the shortest document of each tf
+    del key
     comp = comp[first]
     b, t, d = comp >> 32, 0xFFFF - ((comp >> 16) & 0xFFFF), comp & 0xFFFF
-    v = (b << 17) | (0x1FFFF - d)  # a running maximum within a block = the shortest length so far
-    run = xp.maximum.accumulate(v)
+    del comp
+    run = running_max((b << 17) | (0x1FFFF - d), xp)  # within a block: the shortest length so far
     prev = xp.concatenate([xp.full(1, -1, xp.int64), run[:-1]])
     keep = ((prev >> 17) != b) | ((0x1FFFF - (prev & 0x1FFFF)) > d)  # first of its block, or strictly shorter
     b, t, d = b[keep], t[keep], d[keep]
@@ -160,12 +174,17 @@ def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[
     return off, (t | (d << 16)).astype(xp.uint32)
 
 
+#: Postings per chunk when building a directory (bounds the temporaries: ~40 bytes each).
+DIRECTORY_CHUNK = 1 << 25
+
+
 def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: int, n_tiles: int, min_df: int,
                     xp: Any = np) -> dict[str, Any]:
     """A segment's statistics-free summaries: impacts per term, and per (term with >= ``min_df`` postings, tile).
 
-    Built with ``xp`` (NumPy on the host, CuPy on the device: a few sorts and
-    searches over the postings).
+    Built with ``xp`` (NumPy on the host, CuPy on the device), over chunks of
+    whole terms of at most :data:`DIRECTORY_CHUNK` postings (a term longer than
+    that is a chunk of its own), so the temporaries stay bounded.
 
     Returns
     -------
@@ -177,34 +196,64 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
         impacts (:func:`frontiers`) of each (row, tile); ``term_imp_off`` (V+1,) int64 and
         ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms).
     """
-    offsets = xp.asarray(offsets).astype(xp.int64)
+    offsets_x = xp.asarray(offsets).astype(xp.int64)
+    off_h = np.asarray(offsets.get() if hasattr(offsets, "get") and not isinstance(offsets, np.ndarray)
+                       else offsets, np.int64)
     doc_ids = xp.asarray(doc_ids)
     tfs = xp.asarray(tfs)
-    V, P = int(offsets.size) - 1, int(doc_ids.size)
-    df = offsets[1:] - offsets[:-1]
-    heavy = xp.flatnonzero(df >= max(1, int(min_df)))
-    H = int(heavy.size)
-    dir_row = xp.full(V, -1, xp.int32)
-    dir_row[heavy] = xp.arange(H, dtype=xp.int32)
-    term_of = xp.searchsorted(offsets, xp.arange(P, dtype=xp.int64), side="right") - 1
-    tl = doc_ids.astype(xp.int64) // tile
-    dl = xp.asarray(doc_lens)[doc_ids] if P else xp.zeros(0, xp.int32)
-    comp = term_of * (n_tiles + 1) + tl  # non-decreasing: terms ascending, documents ascending within a term
-    grid = heavy[:, None] * (n_tiles + 1) + xp.arange(n_tiles + 1, dtype=xp.int64)[None, :]
-    dir_start = (xp.searchsorted(comp, grid.reshape(-1), side="left").reshape(H, n_tiles + 1)
-                 - offsets[heavy][:, None])
-    del comp, grid
-    if H:
-        dir_start[:, n_tiles] = df[heavy]
-    row = dir_row[term_of]
-    is_heavy = row >= 0
-    dir_imp_off, dir_imp = frontiers(row[is_heavy].astype(xp.int64) * n_tiles + tl[is_heavy], tfs[is_heavy],
-                                     dl[is_heavy], H * n_tiles, xp)
-    light = ~is_heavy
-    term_imp_off, term_imp = frontiers(term_of[light], tfs[light], dl[light], V, xp)
-    return {"dir_row": dir_row, "dir_start": dir_start.astype(xp.int32).reshape(-1) if H else
-            xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": dir_imp_off, "dir_imp": _nzx(dir_imp, xp),
-            "term_imp_off": term_imp_off, "term_imp": _nzx(term_imp, xp)}
+    doc_lens = xp.asarray(doc_lens)
+    V = off_h.size - 1
+    df_h = np.diff(off_h)
+    heavy_h = np.flatnonzero(df_h >= max(1, int(min_df)))
+    H = heavy_h.size
+    row_h = np.full(V, -1, np.int32)
+    row_h[heavy_h] = np.arange(H, dtype=np.int32)
+    dir_start = np.zeros((max(H, 1), n_tiles + 1), np.int32) if xp is np else xp.zeros((max(H, 1), n_tiles + 1),
+                                                                                       xp.int32)
+    dir_parts, dir_counts = [], xp.zeros(H * n_tiles + 1, xp.int64)
+    term_parts, term_counts = [], xp.zeros(V + 1, xp.int64)
+    t0 = 0
+    while t0 < V:  # chunks of whole terms
+        t1 = int(np.searchsorted(off_h, off_h[t0] + DIRECTORY_CHUNK, side="right")) - 1
+        t1 = min(max(t1, t0 + 1), V)
+        p0, p1 = int(off_h[t0]), int(off_h[t1])
+        if p1 > p0:
+            pos = xp.arange(p0, p1, dtype=xp.int64)
+            term_of = xp.searchsorted(offsets_x[t0:t1 + 1], pos, side="right").astype(xp.int64) - 1 + t0
+            del pos
+            d = doc_ids[p0:p1]
+            tl = d.astype(xp.int64) // tile
+            dl = doc_lens[d]
+            row = xp.asarray(row_h[t0:t1])[term_of - t0]
+            hv = row >= 0
+            if bool(hv.any()):
+                rows_here = heavy_h[(heavy_h >= t0) & (heavy_h < t1)]
+                comp = term_of * (n_tiles + 1) + tl  # non-decreasing within the chunk
+                grid = (xp.asarray(rows_here, dtype=xp.int64)[:, None] * (n_tiles + 1)
+                        + xp.arange(n_tiles + 1, dtype=xp.int64)[None, :])
+                st = xp.searchsorted(comp, grid.reshape(-1), side="left").reshape(rows_here.size, n_tiles + 1)
+                st = st - (xp.asarray(off_h[rows_here]) - p0)[:, None]
+                st[:, n_tiles] = xp.asarray(df_h[rows_here])
+                dir_start[row_h[rows_here]] = st.astype(xp.int32)
+                del comp, grid, st
+                off, pairs = frontiers(row[hv].astype(xp.int64) * n_tiles + tl[hv], tfs[p0:p1][hv], dl[hv],
+                                       H * n_tiles, xp)
+                dir_counts[1:] += off[1:] - off[:-1]
+                dir_parts.append(pairs)
+            lt = ~hv
+            if bool(lt.any()):
+                off, pairs = frontiers(term_of[lt], tfs[p0:p1][lt], dl[lt], V, xp)
+                term_counts[1:] += off[1:] - off[:-1]
+                term_parts.append(pairs)
+            del term_of, d, tl, dl, row, hv
+        t0 = t1
+    # a block's impacts come from one chunk (whole terms per chunk): concatenating keeps them grouped by block
+    dir_imp = xp.concatenate(dir_parts) if dir_parts else xp.zeros(0, xp.uint32)
+    term_imp = xp.concatenate(term_parts) if term_parts else xp.zeros(0, xp.uint32)
+    return {"dir_row": xp.asarray(row_h), "dir_start": dir_start.reshape(-1).astype(xp.int32)
+            if H else xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": xp.cumsum(dir_counts).astype(xp.int64),
+            "dir_imp": _nzx(dir_imp, xp), "term_imp_off": xp.cumsum(term_counts).astype(xp.int64),
+            "term_imp": _nzx(term_imp, xp)}
 
 
 def _nzx(a: Any, xp: Any) -> Any:
@@ -371,18 +420,21 @@ def prepare_batch(wq: WeightedQueries, filtered: np.ndarray, allow_off: np.ndarr
                  np.arange(B, dtype=np.int64))
 
 
-def candidate_slots(batch: Batch, k: int, n_docs: int) -> np.ndarray:
+def candidate_slots(batch: Batch, k: int, n_docs: int, cap: int | None = None) -> np.ndarray:
     """Candidate slots of each row (int64 (R,)).
 
     Haystack rows: their allow-list size (one key per allowed document, no
-    overflow). Tile rows: min(an upper bound on their candidates, 4k + 16384):
-    the best tile is scored first, so the threshold is close to its final value
-    before the other tiles emit; an overflow is detected and rerun.
+    overflow). Tile rows: min(an upper bound on their candidates, ``cap``,
+    default 4k + 16384); an overflow is detected and the row rerun with the
+    threshold it reached. A tile's threshold is its own k-th best score, so a
+    row whose top k is spread over many tiles emits many candidates: the
+    scorer raises ``cap`` to what its memory budget allows (reruns cost a
+    second pass; slots cost 8 bytes).
     """
     allow_len = np.diff(batch.allow_off)
     upper = np.minimum(batch.sumdf, n_docs)
     upper = np.where(batch.filtered, np.minimum(upper, allow_len), upper)
-    slots = np.minimum(upper, 4 * k + 16384)
+    slots = np.minimum(upper, 4 * k + 16384 if cap is None else max(int(cap), 4 * k + 16384))
     slots = np.where(batch.path == PATH_HAYSTACK, allow_len, slots)
     return np.where(batch.path == PATH_NONE, 0, slots).astype(np.int64)
 
@@ -569,6 +621,8 @@ class _Workspace:
         return self.host[off:off + n].view(dt).reshape(shape).copy()
 
 
+#: Most candidate slots a row gets (8 bytes each).
+MAX_SLOTS = 1 << 22
 #: Batches of at most this many rows (after dropping rows with no candidate) run as a CUDA graph.
 GRAPH_MAX_ROWS = 64
 #: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
@@ -585,13 +639,14 @@ class _Graph:
     arithmetic constants (kernel arguments are baked into a graph). Inputs live
     at fixed places in a pinned buffer, padded to fixed capacities (padding rows
     have no terms and are off the tile path), so a search is: stage the inputs,
-    launch the graph (one host-to-device copy, the kernels, one device-to-host
-    copy), wait, read. Replaces 8-10 launches and two copies, each a Python
-    call into CuPy, by one.
+    one host-to-device copy, one graph launch (every kernel), one device-to-host
+    copy, wait, read. CuPy refuses copies on a capturing stream, so the copies
+    stay outside the graph. Replaces 8-10 kernel launches, each a Python call
+    into CuPy, by one.
     """
 
     #: Candidate slots per row beyond 4k (rows that overflow are rerun the ordinary way).
-    SLOTS_EXTRA = 16384
+    SLOTS_EXTRA = 1 << 17
 
     def __init__(self, scorer: CupyScorer, R: int, k: int, sc: SearchConsts, live: tuple[Any, np.int32]):
         cp = scorer._cp
@@ -645,7 +700,6 @@ class _Graph:
         live_dev, has_live = self.live
         bm = sc.args()
         n_tiles = scorer.n_tiles
-        ws.h2d(self.h2d_end)
         self.lmask[:R * n_tiles].fill(0)
         scorer._launch(_SCORE_FILE, f"light_marks<{TT}, {TD}>", (2 * scorer.sm_count,), (TT,),
                        (scorer.d_offsets, scorer.d_doc_ids, lt_row, lt_term, lt_bit, lt_start, np.int32(self.T),
@@ -677,7 +731,6 @@ class _Graph:
         scorer._launch(_TOPK_FILE, sel, (R,), block,
                        (cand, off, cnt, theta, np.int32(scorer.doc_bits), np.int32(k), np.int32(kpad), np.int32(1),
                         np.int32(0), out_ids, out_scores), shared_mem=8 * kpad)
-        ws.d2h(self.state_start, self.total)
 
     def fits(self, b: Batch, n_light: int) -> bool:
         return (b.n_rows <= self.R and b.qt_term.size <= self.T and b.allow_docs.size <= self.A
@@ -705,7 +758,9 @@ class _Graph:
         th = np.zeros(R, np.uint32)
         th[:n] = theta0
         ws.host[self.offs[15]:self.offs[15] + 4 * R] = th.view(np.uint8)
+        ws.h2d(self.h2d_end)
         self.graph.launch(ws.stream)
+        ws.d2h(self.state_start, self.total)
         ws.stream.synchronize()
         self.runs += 1
         o = self.offs
@@ -802,6 +857,7 @@ class CupyScorer(Scorer):
         self.haystack = haystack
         self.timing = bool(timing)
         self.graphs = bool(graphs)
+        self.graph_error: str | None = None
         self._graphs: dict[tuple, _Graph] = {}
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         self.tile_threads, self.tile_docs = K.TILE_THREADS, K.TILE_DOCS
@@ -1139,12 +1195,12 @@ class CupyScorer(Scorer):
         R = batch.n_rows
         if R == 0:
             return
-        if slots is None:
-            slots = candidate_slots(batch, k, self.index.n_docs)
+        budget = self.budget_bytes()
+        if slots is None:  # up to a quarter of the budget in candidate slots: fewer overflow reruns
+            slots = candidate_slots(batch, k, self.index.n_docs, cap=min(budget // (32 * R), MAX_SLOTS))
         if theta0 is None:
             theta0 = np.zeros(R, np.uint32)
         per_row = self.row_bytes(slots, k, batch)
-        budget = self.budget_bytes()
         if int(per_row.max()) > budget:
             raise self._too_big(int(per_row.max()), budget)
         chunks = self._chunks(per_row, budget)
@@ -1216,17 +1272,37 @@ class CupyScorer(Scorer):
             except self._cp.cuda.memory.OutOfMemoryError:
                 self._cp.get_default_memory_pool().free_all_blocks()
                 return None  # the ordinary path chunks to the memory there is
+            except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
+                self._graph_failed(e)
+                return None
             with self._lock:
                 self._graphs[key] = g
                 while len(self._graphs) > GRAPH_CACHE:
                     self._graphs.pop(next(iter(self._graphs)))
         return g if g.fits(b, n_light) else None
 
+    def _graph_failed(self, e: Exception) -> None:
+        """Turn graphs off for this scorer, saying why (searches go on by the ordinary path)."""
+        self.graphs = False
+        #: Why CUDA graphs were turned off for this scorer (None while they work).
+        self.graph_error = f"{type(e).__name__}: {e}"
+        _log.warning("CUDA graphs turned off for this scorer (%s); small batches take the ordinary path",
+                     self.graph_error)
+
     def _search_graph(self, g: _Graph, b: Batch, k: int, sc: SearchConsts, live, stats: dict, ids: np.ndarray,
-                      out: np.ndarray) -> None:
-        """One graph launch for the batch; rows whose candidates overflowed are rerun the ordinary way."""
-        with g.ws.lock:
-            r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
+                      out: np.ndarray) -> bool:
+        """One graph launch for the batch; rows whose candidates overflowed are rerun the ordinary way.
+
+        Returns False (nothing written) when the graph failed to run: graphs are then off for this scorer.
+        """
+        try:
+            with g.ws.lock:
+                r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
+        except Exception as e:  # noqa: BLE001 - see _graph_failed
+            self._graph_failed(e)
+            with self._lock:
+                self._graphs.clear()
+            return False
         stats["n_chunks"] += 1
         stats["rows_per_chunk"] = max(stats["rows_per_chunk"], b.n_rows)
         stats["tiles_scored"] += int(tiles.sum())
@@ -1243,6 +1319,7 @@ class CupyScorer(Scorer):
                                       theta0=theta[over], slots=counts[over].astype(np.int64), depth=1)
             finally:
                 self._release(ws)
+        return True
 
     # -- the Scorer contract ----------------------------------------------------------
     def search(
@@ -1287,9 +1364,7 @@ class CupyScorer(Scorer):
             lv = self._live_bits(live)
             sub = batch.take(live_sel)
             graph = self._graph_for(sub, k, sc, lv) if self.graphs and not self.timing else None
-            if graph is not None:
-                self._search_graph(graph, sub, k, sc, lv, counters, res.ids, res.scores)
-            else:
+            if graph is None or not self._search_graph(graph, sub, k, sc, lv, counters, res.ids, res.scores):
                 ws = self._acquire()
                 try:
                     with cp.cuda.Device(self.device_id), ws.stream:
@@ -1301,7 +1376,7 @@ class CupyScorer(Scorer):
         timings["prep_s"] = prep_s
         timings["total_s"] = time.perf_counter() - t0
         res.meta = {"backend": "cupy", "device": self._device_name, "timings": timings, **counters,
-                    "n_tiles": self.n_tiles, "persistent_blocks": self._persistent}
+                    "n_tiles": self.n_tiles, "persistent_blocks": self._persistent, "graph_error": self.graph_error}
         return res
 
     def score_matrix(

@@ -578,8 +578,8 @@ class DevArray(np.ndarray):
     """A 'device' array: a NumPy array with CuPy's ``get`` / ``set`` / ``fill`` (recorded during a capture)."""
 
     def get(self, stream=None, out=None, blocking=True, **_):
-        if out is not None and _CAPTURE is not None:
-            return _deferred(lambda: self.get(out=out))
+        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+            raise RuntimeError("the current stream is capturing, so D2H transfers are disallowed")
         if out is not None:
             if out.shape != self.shape or out.dtype != self.dtype:
                 raise ValueError("get(out=...) needs the array's shape and dtype")
@@ -591,9 +591,8 @@ class DevArray(np.ndarray):
         return _deferred(lambda: np.ndarray.fill(self, value))
 
     def set(self, arr, stream=None):
-        if _CAPTURE is not None:
-            src = arr  # a pinned buffer: the graph copies what it holds when it runs
-            return _deferred(lambda: self.set(src))
+        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+            raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         arr = np.asarray(arr)
         if arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError(f"set: shape/dtype {arr.shape}/{arr.dtype} for {self.shape}/{self.dtype}")

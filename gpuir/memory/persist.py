@@ -75,7 +75,8 @@ def open_private(path: Path):
     """``open(path, "xb")`` with mode 0600 whatever the umask (a new file; it must not exist)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)  # the umask may have removed bits the mode asked for
+        if hasattr(os, "fchmod"):  # POSIX: the umask may have removed bits the mode asked for
+            os.fchmod(fd, FILE_MODE)
         return os.fdopen(fd, "wb")
     except BaseException:
         os.close(fd)

@@ -103,7 +103,8 @@ class KeyStore:
         body = json.dumps({"format": FORMAT, "version": 1, "keys": entries}, indent=1) + "\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.fchmod(fd, 0o600)  # whatever the umask
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o600)  # whatever the umask
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
                 f.flush()

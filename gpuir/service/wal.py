@@ -372,7 +372,8 @@ def _create_private(path: Path) -> int:
     """Create ``path`` (it must not exist) with mode 0600 whatever the umask; returns a write fd."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)  # the umask may have removed bits the mode asked for
+        if hasattr(os, "fchmod"):  # POSIX: the umask may have removed bits the mode asked for
+            os.fchmod(fd, FILE_MODE)
     except BaseException:
         os.close(fd)
         raise
@@ -383,7 +384,11 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
     """Write every byte of ``data`` at ``offset`` (short writes continued; errors raised)."""
     view = memoryview(data)
     while view:
-        n = os.pwrite(fd, view, offset)
+        if hasattr(os, "pwrite"):
+            n = os.pwrite(fd, view, offset)
+        else:  # pragma: no cover - Windows
+            os.lseek(fd, offset, os.SEEK_SET)
+            n = os.write(fd, view)
         if n <= 0:  # pragma: no cover - pwrite raises instead on every platform we know
             raise OSError(_errno.EIO, "short write")
         view = view[n:]

@@ -92,7 +92,7 @@ class AnalyzerConfig:
         if self.normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
             raise ValueError(f"normalize must be None, NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
         if not isinstance(self.pattern, str):
-            raise ValueError(f"the token pattern must be a str, got {type(self.pattern).__name__}")
+            raise TypeError(f"the token pattern must be a str, got {type(self.pattern).__name__}")
         try:
             re.compile(self.pattern)
         except (re.error, RecursionError, OverflowError) as e:
@@ -130,7 +130,7 @@ def check_pattern_linear(pattern: str) -> None:
                 raise ValueError(f"token pattern {pattern!r}: a back-reference can take exponential time; "
                                  "use a pattern without one")
             if op in repeats:
-                lo, hi, sub = av
+                _, hi, sub = av
                 if inside and hi != 1:
                     raise ValueError(f"token pattern {pattern!r}: a repetition inside a repetition can take "
                                      "exponential time (catastrophic backtracking); repeat a character class "

@@ -34,8 +34,8 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 

@@ -93,8 +93,7 @@ def loads(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _error([], f"the body is not UTF-8 (byte {e.start}): send JSON as UTF-8 text") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     try:
         value = json.loads(text, parse_constant=_constant, parse_int=_int, parse_float=_float)
     except RecursionError:

@@ -180,7 +180,8 @@ def test_healthz_reveals_nothing_without_a_key_and_metrics_need_an_operator_key(
     (b'{"queries": ["x"], ', "not valid JSON"),
 ])
 def test_bad_search_bodies_are_422_naming_the_problem(server, raw, where):
-    """Before: k as NaN or Infinity and a where with a 400-digit integer answered 500; k: true was 1."""
+    """Before (744dd93, probed): a where with a 400-digit integer answered 500, ``k: true`` was taken as 1 and a
+    lone surrogate in a query was searched (200); NaN and Infinity were already 422 there."""
     srv, keys = server
     r = _post(srv, "alice", "search", keys["alice"], content=raw)
     assert r.status_code == 422, r.text

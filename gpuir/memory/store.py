@@ -447,7 +447,6 @@ class Memory:
         ----------
         queries : str or sequence of B str
         k : int, >= 1
-            Clamped to the live records N (at least 1) first: the results have min(k, N) columns.
         where : None, dict, or a list of B (dict or None)
             Filters (see :mod:`gpuir.memory.where`); a tenant named there is a hard boundary.
         backend : {"auto", "numpy", "cupy"}
@@ -496,7 +495,6 @@ class Memory:
             # postings a query reads, and is exact for every variant (see gpuir.memory.search).
             name, reason = "numpy", reason + "; the memory's CPU engine (weights only the postings it reads)"
         snap = snapshot if snapshot is not None else self._snap
-        k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: the results have min(k, N) columns
         t0 = time.perf_counter()
         wheres = compile_wheres(where, len(queries), snap.dicts)
         plans = plan_queries(snap, list(queries))

@@ -529,6 +529,13 @@ def evaluate(
     t0 = time.perf_counter()
     run = spec.fn(ds, queries, int(k), backend=backend, progress=progress, **options)
     t_method = time.perf_counter() - t0
+    B, width = run.ranked.shape if run.ranked.ndim == 2 else (None, None)
+    if B == len(queries) and width is not None and width < int(k) and run.scores.shape == run.ranked.shape:
+        # a search clamps k to the collection (BM25Index.search): pad the run to k columns here
+        ranked = np.full((B, int(k)), -1, np.int64)
+        scores = np.full((B, int(k)), -np.inf, np.float32)
+        ranked[:, :width], scores[:, :width] = run.ranked, run.scores
+        run.ranked, run.scores = ranked, scores
     if run.ranked.shape != (len(queries), int(k)):
         raise ValueError(
             f"method {method!r} returned a run of shape {run.ranked.shape}, expected {(len(queries), int(k))}"

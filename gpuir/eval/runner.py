@@ -289,8 +289,9 @@ def bm25_private_method(
         sub = BM25Index.build([ds.doc_texts[n] for n in nums], analyzer=analyzer, method=variant,
                               k1=float(k1), b=float(b), delta=float(delta), progress=False)
         r = sub.search([queries[i].text for i in qi], k=k, backend=backend)
-        ranked[qi] = np.where(r.ids >= 0, nums[np.maximum(r.ids, 0)], -1)
-        scores[qi] = r.scores
+        w = r.ids.shape[1]  # min(k, haystack size): the index clamps k to its documents
+        ranked[qi, :w] = np.where(r.ids >= 0, nums[np.maximum(r.ids, 0)], -1)
+        scores[qi, :w] = r.scores
         meta = r.meta
     return Run(ranked, scores, {
         "backend": meta.get("backend"), "backend_reason": meta.get("backend_reason"),

@@ -348,7 +348,11 @@ class NumpyScorer(Scorer):
             mask[allow] = True
         elif live is not None:
             mask = live
-        slack = self._SLACK
+        slack = self._SLACK + (terms.size + 2) * 2.0**-23  # covers the float32 rounding of T additions
+        hi1, lo1 = 1.0 + slack, 1.0 - slack
+        # bm25l / bm25+ add C after the sum: partial sums that differ may tie once C is added (and a
+        # tie goes to the lower document), so every comparison bounds the final score, C included
+        c0 = float(wq.const[q]) if wq.has_w0 else 0.0
         slices: list[np.ndarray] = []
         n_seen = last_check = 0
         remaining = 0.0
@@ -371,7 +375,7 @@ class NumpyScorer(Scorer):
                 # cheap pre-checks: a stop needs rest < the best partial (<= sum of seen bounds),
                 # and scanning what is left must cost more than the check itself
                 if (
-                    remaining * (1 + slack) >= float(rest[0] - remaining)
+                    remaining * hi1 >= float(rest[0] - remaining)
                     or post_rest[i + 1] < self._CHECK_GAIN * n_seen
                     or n_seen < self._CHECK_GROWTH * last_check
                 ):
@@ -380,11 +384,11 @@ class NumpyScorer(Scorer):
                 # the (k x lists)-th largest over the multiset of partials (a document occurs
                 # once per list) is a lower bound of the k-th largest distinct partial score
                 vals = np.take(acc, np.concatenate(slices) if len(slices) > 1 else d)
-                theta = kth_largest(vals, k * len(slices))
-                if remaining * (1 + slack) < theta * (1 - slack):
+                theta = (kth_largest(vals, k * len(slices)) * lo1 + c0) * lo1  # <= the k-th final score
+                if (remaining * hi1 + c0) * hi1 < theta:
                     # worth stopping only if rescoring the survivors by binary search
                     # (|S| x T lookups) costs less than scanning the remaining postings
-                    survivors = int(np.count_nonzero(vals + remaining * (1 + slack) >= theta * (1 - slack)))
+                    survivors = int(np.count_nonzero(((vals + remaining * hi1) * hi1 + c0) * hi1 >= theta))
                     if survivors * terms.size * 16 < post_rest[i + 1]:
                         break
             else:
@@ -398,9 +402,9 @@ class NumpyScorer(Scorer):
         if cat.size == 0:
             return empty[0], empty[1], n_seen
         m = k * len(slices)
-        if cat.size > m:  # keep the entries that can still reach the k-th best score
-            theta = kth_largest(vals, m)
-            keep = vals + remaining * (1 + slack) >= theta * (1 - slack)
+        if cat.size > m:  # keep the entries that can still reach (or tie) the k-th best final score
+            theta = (kth_largest(vals, m) * lo1 + c0) * lo1
+            keep = ((vals + remaining * hi1) * hi1 + c0) * hi1 >= theta
             cat, vals = cat[keep], vals[keep]
         if prune:  # partial sums in bound order: rescore in the exact (term id) order
             cand = np.unique(cat)

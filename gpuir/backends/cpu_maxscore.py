@@ -5,8 +5,9 @@ One query (:func:`_query`), in two phases.
 **Phase 1: term at a time, most valuable lists first.** Distinct query terms
 are taken in decreasing order of their bound ``ub(t) * c`` (at least the largest
 weight they can add: the exact maximum under a static index's cached weights,
-else :func:`~gpuir.backends.weights.weight_bound` of the term's largest tf and
-shortest document under the search's statistics); their posting lists are added into a per-thread float32
+else :func:`bound64` -- :func:`~gpuir.backends.weights.weight_bound`'s formula
+and slack in float64 -- of the term's largest tf and shortest document under
+the search's statistics); their posting lists are added into a per-thread float32
 accumulator. A min-heap of k *distinct* documents' partial scores bounds the
 k-th best score from below (partial scores only grow: weights are
 non-negative; the scorer does not prune otherwise): ``lb``. After each list,

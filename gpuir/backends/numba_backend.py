@@ -462,20 +462,23 @@ class NumbaScorer(Scorer):
 
         self._run_rows(run, B)
         dt = time.perf_counter() - t0
-        meta = {"backend": "numba", "timings": {"total_s": dt}, "postings_scanned": int(counts[:, 0].sum()),
+        tot = counts.sum(axis=0).tolist()
+        meta = {"backend": "numba", "timings": {"total_s": dt}, "postings_scanned": tot[0],
                 "postings_rows": counts[:, 0].copy(), "threads": min(self.threads, max(B, 1))}
-        if self._prune:
-            dense = counts[:, 1] < 0
-            exh = counts[:, 3] < 0
-            meta.update(dense_queries=int((dense & ~exh).sum()), docs_touched=int(counts[~dense, 1].sum()),
-                        survivors=int(counts[:, 2].sum()), rescored=int(counts[~exh, 3].sum()),
-                        exhaustive_queries=int(exh.sum()))
+        if self._prune:  # dense rows count -1 touched documents, exhaustive ones -1 rescored
+            n_dense = int(np.count_nonzero(counts[:, 1] < 0))
+            n_exh = int(np.count_nonzero(counts[:, 3] < 0))
+            meta.update(dense_queries=n_dense, docs_touched=tot[1] + n_dense, survivors=tot[2],
+                        rescored=tot[3] + n_exh, exhaustive_queries=n_exh)
         return SearchResults(ids, scores, meta)
 
     @classmethod
     def _slack(cls, wq: WeightedQueries) -> float:
         off = wq.off
-        longest = int(np.diff(off).max()) if off.size > 1 else 0
+        if off.size == 2:
+            longest = int(off[1] - off[0])
+        else:
+            longest = int((off[1:] - off[:-1]).max()) if off.size > 1 else 0
         return cls._SLACK + (longest + 2) * 2.0**-23
 
     def score_matrix(

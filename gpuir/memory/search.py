@@ -25,7 +25,14 @@ re-uploaded when later adds change the statistics). Each search passes
 * ``consts``: each query's global ``C`` (terms absent from the segment included);
 * ``live``: the view's tombstones; a ``where`` filter as an allow-list of rows;
 * ``theta`` (scorers with ``supports_theta``): the k-th best score already held
-  from newer partitions, below which nothing is wanted.
+  (from newer partitions, or from the larger segments of this scan: segments are
+  searched largest first), below which nothing is wanted.
+
+Scorers with ``search_weighted`` (the CPU engines) get each query weighed once
+for all segments -- its slice of the query's terms (local ids, ascending), idf,
+``w0`` and ``C`` under the snapshot's statistics -- instead of term ids plus a
+:class:`~gpuir.backends.base.CollectionStats` (the same numbers; both paths are
+tested to give the same bits).
 """
 
 from __future__ import annotations
@@ -227,9 +234,10 @@ class SegmentEngine:
         One scorer call per segment answers every job that can match there.
         """
         snap = self.snap
-        parts: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
         read = {j.qi: 0 for j in jobs}
-        for vi in view_ids:
+        best = {j.qi: Hits() for j in jobs}  # each job's top k so far: its k-th score is the next theta
+        # largest segments first: their k-th scores let the smaller ones skip more
+        for vi in sorted(view_ids, key=lambda v: -snap.views[v].n_live):
             view = snap.views[vi]
             seg = view.seg
             todo = []
@@ -247,32 +255,36 @@ class SegmentEngine:
                 todo.append((job, lids, sel, allow))
             if not todo:
                 continue
-            res = self._search_segment(vi, todo, k)
+            thetas = [max(job.theta, best[job.qi].kth(k)) for job, *_ in todo]
+            res = self._search_segment(vi, todo, k, thetas)
             rows_read = res.meta.get("postings_rows")
             for i, (job, lids, sel, _) in enumerate(todo):
                 r = res.ids[i]
                 local = r[r >= 0]
-                parts[job.qi].append(Hits(seg.seqs[local], res.scores[i][: local.size],
-                                          np.full(local.size, vi, np.int64), local.astype(np.int64)))
+                if local.size:
+                    h = Hits(seg.seqs[local], res.scores[i][: local.size], np.full(local.size, vi, np.int64),
+                             local.astype(np.int64))
+                    best[job.qi] = h if not len(best[job.qi]) else top_k([best[job.qi], h], k)
                 if rows_read is not None:
                     read[job.qi] += int(rows_read[i])
                 else:
                     lt = lids[sel]
                     read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
-        return {qi: (top_k(ps, k), read[qi]) for qi, ps in parts.items()}
+        return {qi: (best[qi], read[qi]) for qi in read}
 
     #: Hand CPU scorers the batch already weighted (:meth:`NumbaScorer.search_weighted`) rather than
     #: term ids and statistics (:meth:`Scorer.search`): the same numbers, without re-deriving them per segment.
     use_weighted = True
 
-    def _search_segment(self, vi: int, todo: list, k: int):
-        """One scorer call for the jobs ``todo`` (job, local term ids, which are present, allow-list) on view vi."""
+    def _search_segment(self, vi: int, todo: list, k: int, thetas: list[float]):
+        """One scorer call for the jobs ``todo`` (job, local term ids, which are present, allow-list) on view vi,
+        wanting nothing below ``thetas`` (one per job; -inf: no bound)."""
         snap = self.snap
         view = snap.views[vi]
         scorer = segment_scorer(view.seg, self.name, snap.params)
         opts: dict[str, Any] = {"live": view.live}
-        if getattr(scorer, "supports_theta", False) and any(t[0].theta > -np.inf for t in todo):
-            opts["theta"] = np.array([t[0].theta for t in todo], dtype=np.float64)
+        if getattr(scorer, "supports_theta", False) and any(t > -np.inf for t in thetas):
+            opts["theta"] = np.array(thetas, dtype=np.float64)
         allows = [t[3] for t in todo]
         allow = None if all(a is None for a in allows) else allows
         consts = np.array([t[0].plan.const for t in todo], dtype=np.float32)

@@ -320,6 +320,33 @@ class NumpyScorer(Scorer):
             out[found] += w if c == 1 else w * np.float32(c)
         return out
 
+    def exact_scores(self, query: np.ndarray, docs: np.ndarray, *, stats: CollectionStats | None = None,
+                     consts: float | None = None) -> np.ndarray:
+        """The reference's float32 score of each document ``docs`` for one query (for checks).
+
+        Weights added in ascending term id from 0.0f, ``w * float32(c)`` for a repeated term, then the
+        row constant ``C`` for bm25l / bm25+ (a document holding no query term scores ``C``, or 0).
+
+        Parameters
+        ----------
+        query : ndarray (n,), int, host -- term ids, repeats kept
+        docs : ndarray (m,), int, host -- any document numbers, any order
+        stats, consts : as :meth:`search` (``consts`` the query's C)
+
+        Returns
+        -------
+        ndarray (m,), float32, host
+        """
+        plan = self._plan([np.asarray(query)], stats, None if consts is None else np.float32([consts]))
+        W = _Weights(self.index, self.params, plan)
+        docs = np.asarray(docs, dtype=np.int64)
+        order = np.argsort(docs, kind="stable")
+        out = np.empty(docs.size, np.float32)
+        out[order] = self._exact_scores(docs[order], plan, 0, W)
+        if plan.wq.has_w0:
+            out = out + plan.wq.const[0]
+        return out
+
     def _search_one(
         self, plan: BatchPlan, q: int, W: _Weights, k: int, allow: np.ndarray | None, live: np.ndarray | None,
         buf: _Scratch,

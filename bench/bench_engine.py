@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     from gpuir import BM25Index, Memory
 
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     skip = set(filter(None, args.skip.split(",")))
     texts, queries = load_turns(args.docs)
     res: dict[str, Any] = {"label": args.label, "src": str(args.src.resolve()), "gpuir_file": gpuir.__file__,

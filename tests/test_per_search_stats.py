@@ -105,9 +105,9 @@ def test_engines_equal_the_posting_weights_oracle(widx, params):
     consts = (rng.random(len(qs)) * 50).astype(np.float32)
     engines = [NumpyScorer(widx, params), NumpyScorer(widx, params, prune=False),
                NumbaScorer(widx, params, threads=2), NumbaScorer(widx, params, prune=False, threads=1)]
-    cases = [dict(), dict(stats=random_stats(widx, rng)), dict(stats=random_stats(widx, rng), live=live),
-             dict(stats=random_stats(widx, rng), live=live, allow=allow),
-             dict(stats=random_stats(widx, rng), consts=consts)]
+    cases = [{}, {"stats": random_stats(widx, rng)}, {"stats": random_stats(widx, rng), "live": live},
+             {"stats": random_stats(widx, rng), "live": live, "allow": allow},
+             {"stats": random_stats(widx, rng), "consts": consts}]
     for case in cases:
         stats = case.get("stats") or CollectionStats.of(widx)
         dense = oracle(widx, params, stats, qs, case.get("allow"), case.get("live"), case.get("consts"))

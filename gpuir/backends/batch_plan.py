@@ -25,10 +25,10 @@ import numpy as np
 
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
-from .base import CollectionStats, WeightedQueries, weigh_queries
+from .base import CollectionStats, WeightedQueries, check_queries, weigh_queries
 from .weights import PostingWeights, posting_weights, weight_bound, weight_floor
 
-__all__ = ["BatchPlan", "StaticWeights", "TermSummaries", "check_live", "plan_batch", "plan_weighted"]
+__all__ = ["BatchPlan", "StaticWeights", "TermSummaries", "check_live", "plan_batch", "plan_weighted", "weigh_static"]
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,9 @@ def plan_batch(queries: Sequence[object], stats: CollectionStats, params: BM25Pa
     -------
     BatchPlan
     """
-    wq = weigh_queries(queries, stats, params, consts)
-    return plan_weighted(wq, params, summaries, static if static is not None and static.stats is stats else None)
+    if static is not None and static.stats is stats:
+        return plan_weighted(weigh_static(queries, static, params, consts), params, summaries, static)
+    return plan_weighted(weigh_queries(queries, stats, params, consts), params, summaries)
 
 
 def plan_weighted(wq: WeightedQueries, params: BM25Params, summaries: TermSummaries,
@@ -168,6 +169,54 @@ def plan_weighted(wq: WeightedQueries, params: BM25Params, summaries: TermSummar
         row = np.repeat(np.arange(B), np.diff(wq.off))
         exhaustive[row[zero]] = True
     return BatchPlan(wq, ub, zero, exhaustive, None)
+
+
+def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25Params,
+                 consts: np.ndarray | None = None) -> WeightedQueries:
+    """:func:`~gpuir.backends.base.weigh_queries` under the statistics of a static cache, faster.
+
+    The terms' idf and w0 are read from the cache (the values ``term_weights``
+    gives for the same df and N), and a single query skips the batch machinery:
+    a static index answers one question at a time in a fraction of a millisecond,
+    so the host work around the kernel counts. The result equals
+    ``weigh_queries(queries, static.stats, params, consts)`` field for field.
+    """
+    from .weights import has_absent_weight, row_consts
+
+    df_all = np.asarray(static.stats.df)
+    V = df_all.size
+    flat, lens = check_queries(queries, V)
+    B = lens.size
+    if B == 1:
+        terms, mult = np.unique(flat, return_counts=True)
+        keep = df_all[terms] > 0
+        if not keep.all():
+            terms, mult = terms[keep], mult[keep]
+        off = np.array([0, terms.size], dtype=np.int64)
+    else:
+        row = np.repeat(np.arange(B, dtype=np.int64), lens)
+        key, mult = np.unique(row * max(V, 1) + flat, return_counts=True)
+        prow, terms = key // max(V, 1), key % max(V, 1)
+        keep = df_all[terms] > 0
+        prow, terms, mult = prow[keep], terms[keep], mult[keep]
+        off = np.zeros(B + 1, np.int64)
+        np.cumsum(np.bincount(prow, minlength=B), out=off[1:])
+    terms = terms.astype(np.int64, copy=False)
+    mult = mult.astype(np.int64, copy=False)
+    pw = static.pw
+    idf, w0 = pw.idf[terms], pw.w0[terms]
+    has_w0 = has_absent_weight(params)
+    if consts is not None:
+        const = np.asarray(consts, dtype=np.float32).reshape(-1)
+        if const.shape != (B,):
+            raise ValueError(f"consts must hold one float32 per query ({B}), got shape {const.shape}")
+    elif not has_w0:
+        const = np.zeros(B, np.float32)
+    elif B == 1:
+        const = np.array([(w0 * mult).sum(dtype=np.float32)], dtype=np.float32)
+    else:
+        const = row_consts(w0, mult, off)
+    return WeightedQueries(off, terms, mult, idf, w0, const, has_w0, float(static.stats.avgdl))
 
 
 def check_live(live: np.ndarray | None, n_docs: int) -> np.ndarray | None:

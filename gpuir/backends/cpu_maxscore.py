@@ -74,8 +74,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cpu_kernels import JIT, advance, exhaustive_row, pop_sorted, query_allow, scratch, sift_down, sift_up, weight, \
-    worse
+from .cpu_kernels import (
+    JIT,
+    advance,
+    exhaustive_row,
+    pop_sorted,
+    query_allow,
+    scratch,
+    sift_down,
+    sift_up,
+    weight,
+    worse,
+)
 
 #: Postings per block of the block index (block maxima, two-level probes).
 BLOCK = 64
@@ -423,7 +433,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
     documents touched (-1 when dense), survivors, survivors scored exactly.
     """
     offsets = ix[0]
-    pre, fp, method, has_w0 = wt
+    method, has_w0 = wt[2], wt[3]
     ub_v, zero_v, maxtf, mindl, mintf, maxdl = tb[0], tb[1], tb[2], tb[3], tb[4], tb[5]
     q_off = qs[0]
     T = 0

@@ -46,6 +46,7 @@ what a serial search returns.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -60,7 +61,7 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
 from .base import CollectionStats, Scorer, WeightedQueries, weigh_queries
-from .batch_plan import StaticWeights, TermSummaries, check_live
+from .batch_plan import StaticWeights, TermSummaries, check_live, weigh_static
 from .weights import BOUND_SLACK, has_absent_weight
 
 
@@ -107,6 +108,21 @@ def _rw(a: np.ndarray, dtype) -> np.ndarray:
 _NO_F32 = _ro(np.zeros(0, np.float32), np.float32)
 _NO_F64 = _ro(np.zeros(0, np.float64), np.float64)
 _NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)
+
+_NO_I64 = np.zeros(0, np.int64)  # writeable, never written: the kernels' "no allow-lists"
+
+
+@functools.lru_cache(maxsize=64)
+def _minus_one(B: int) -> np.ndarray:
+    """(B,) int64 of -1 (no row has an allow-list); shared, never written by a kernel."""
+    return np.full(B, -1, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _minus_inf(B: int) -> np.ndarray:
+    """(B,) float64 of -inf (no row has a theta); shared, never written by a kernel."""
+    return np.full(B, -np.inf)
+
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -193,6 +209,7 @@ class NumbaScorer(Scorer):
         self._code = int(params.code)
         self._static: _StaticLayout | None = None
         self._static_lock = threading.Lock()
+        self._args_cache: tuple | None = None  # ((avgdl, per-search?), the kernels' read-only argument tuples)
         self._pool_lock = threading.Lock()
         self._free: list[tuple[np.ndarray, ...]] = []  # idle workspaces (N-sized scratch)
 
@@ -303,19 +320,26 @@ class NumbaScorer(Scorer):
                consts: np.ndarray | None) -> tuple[WeightedQueries, _StaticLayout | None]:
         """The batch under the search's statistics, and the static cache when they are the default."""
         st = self.search_stats(stats)
-        layout = self._static_layout() if st is self.stats else None
-        return weigh_queries(queries, st, self.params, consts), layout
+        if st is self.stats:
+            layout = self._static_layout()
+            return weigh_static(queries, layout.sw, self.params, consts), layout
+        return weigh_queries(queries, st, self.params, consts), None
 
     def _kernel_args(self, wq: WeightedQueries, layout: _StaticLayout | None) -> tuple:
         """(wt, qs, bix, bp, tb): the kernels' weight, batch, block-index, bound-parameter and term-bound
         tuples (see :mod:`gpuir.backends.cpu_kernels` and :func:`gpuir.backends.cpu_maxscore.search_pruned`)."""
+        qs = (_rw(wq.off, np.int64), _rw(wq.terms, np.int64), _rw(wq.mult, np.int64), _rw(wq.idf, np.float32),
+              _rw(wq.w0, np.float32), _rw(wq.const, np.float32))
+        key = (float(wq.avgdl), layout is None)
+        cached = self._args_cache  # a store searches many times under one avgdl: the rest is reused
+        if cached is not None and cached[0] == key:
+            wt, bix, bp, tb = cached[1]
+            return wt, qs, bix, bp, tb
         p = self.params
         f = np.float32
         k1, b, delta, avgdl = f(p.k1), f(p.b), f(p.delta), f(wq.avgdl)
         fp = np.array([f(1) - b, b, k1, k1 + f(1), delta, avgdl], dtype=np.float32)
         wt = (_NO_F32 if layout is None else layout.weights, fp, self._code, self._has_w0)
-        qs = (_rw(wq.off, np.int64), _rw(wq.terms, np.int64), _rw(wq.mult, np.int64), _rw(wq.idf, np.float32),
-              _rw(wq.w0, np.float32), _rw(wq.const, np.float32))
         bl = self._blocks
         bix = (bl[0], bl[1], _NO_F32 if layout is None else layout.blk_max, bl[2], bl[3], bl[4], bl[5], bl[6])
         bp = np.array([p.k1, p.b, p.delta, float(avgdl), BOUND_SLACK], dtype=np.float64)
@@ -324,6 +348,7 @@ class NumbaScorer(Scorer):
             tb = (_NO_F64, _NO_BOOL, *sm, False)
         else:
             tb = (layout.ub, layout.zero_w, *sm, layout.sw.negative)
+        self._args_cache = (key, (wt, bix, bp, tb))
         return wt, qs, bix, bp, tb
 
     def _flat_allow(self, allow: Sequence[np.ndarray | None] | None, B: int,
@@ -334,10 +359,11 @@ class NumbaScorer(Scorer):
         -------
         flat : ndarray (A,), int64; a_lo, a_hi : ndarray (B,), int64
         """
+        if allow is None:
+            none = _minus_one(B)
+            return _NO_I64, none, none
         a_lo = np.full(B, -1, dtype=np.int64)
         a_hi = np.full(B, -1, dtype=np.int64)
-        if allow is None:
-            return np.zeros(0, np.int64), a_lo, a_hi
         if len(allow) != B:
             raise ValueError(f"allow has {len(allow)} entries for {B} queries: give one (or None) per query")
         N = self.index.n_docs
@@ -437,15 +463,18 @@ class NumbaScorer(Scorer):
                 t0: float) -> SearchResults:
         B = wq.n_rows
         ids, scores = padded_arrays(B, k)
-        lv = check_live(live, self.index.n_docs)
+        lv = None if live is None else check_live(live, self.index.n_docs)
         a_flat, a_lo, a_hi = self._flat_allow(allow, B, lv)
         wt, qs, bix, bp, tb = self._kernel_args(wq, layout)
         lv = _NO_BOOL if lv is None else lv
         counts = np.zeros((B, 4), dtype=np.int64)
         if self._prune:
-            thetas = np.full(B, -np.inf)
-            if theta is not None:
-                thetas[:] = np.asarray(theta, dtype=np.float64).reshape(-1)
+            if theta is None:
+                thetas = _minus_inf(B)
+            else:
+                thetas = np.array(theta, dtype=np.float64).reshape(-1)
+                if thetas.shape != (B,):
+                    raise ValueError(f"theta must hold one number per query ({B}), got shape {thetas.shape}")
                 thetas[np.isnan(thetas)] = -np.inf
             kern = self._ms.search_pruned
             args = (self._ix, wt, lv, bix, bp, qs, tb, thetas, a_flat, a_lo, a_hi, k, self._slack(wq))

@@ -48,7 +48,7 @@ from ..backends import make_scorer
 from ..backends.base import CollectionStats, Scorer, WeightedQueries
 from ..backends.weights import has_absent_weight, term_weights
 from ..bm25 import BM25Params
-from ..topk import topk_order
+from ..topk import kth_largest, topk_order
 from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
 from .where import Where
@@ -235,7 +235,8 @@ class SegmentEngine:
         """
         snap = self.snap
         read = {j.qi: 0 for j in jobs}
-        best = {j.qi: Hits() for j in jobs}  # each job's top k so far: its k-th score is the next theta
+        found: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
+        kth = {j.qi: -np.inf for j in jobs}  # each job's k-th score so far: the next segment's theta
         # largest segments first: their k-th scores let the smaller ones skip more
         for vi in sorted(view_ids, key=lambda v: -snap.views[v].n_live):
             view = snap.views[vi]
@@ -255,22 +256,25 @@ class SegmentEngine:
                 todo.append((job, lids, sel, allow))
             if not todo:
                 continue
-            thetas = [max(job.theta, best[job.qi].kth(k)) for job, *_ in todo]
+            thetas = [max(job.theta, kth[job.qi]) for job, *_ in todo]
             res = self._search_segment(vi, todo, k, thetas)
             rows_read = res.meta.get("postings_rows")
             for i, (job, lids, sel, _) in enumerate(todo):
                 r = res.ids[i]
                 local = r[r >= 0]
                 if local.size:
-                    h = Hits(seg.seqs[local], res.scores[i][: local.size], np.full(local.size, vi, np.int64),
-                             local.astype(np.int64))
-                    best[job.qi] = h if not len(best[job.qi]) else top_k([best[job.qi], h], k)
+                    hs = found[job.qi]
+                    hs.append(Hits(seg.seqs[local], res.scores[i][: local.size], np.full(local.size, vi, np.int64),
+                                   local.astype(np.int64)))
+                    sc = hs[0].scores if len(hs) == 1 else np.concatenate([h.scores for h in hs])
+                    if sc.size >= k:
+                        kth[job.qi] = kth_largest(sc, k)
                 if rows_read is not None:
                     read[job.qi] += int(rows_read[i])
                 else:
                     lt = lids[sel]
                     read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
-        return {qi: (best[qi], read[qi]) for qi in read}
+        return {qi: (top_k(found[qi], k), read[qi]) for qi in read}
 
     #: Hand CPU scorers the batch already weighted (:meth:`NumbaScorer.search_weighted`) rather than
     #: term ids and statistics (:meth:`Scorer.search`): the same numbers, without re-deriving them per segment.
@@ -290,18 +294,23 @@ class SegmentEngine:
         consts = np.array([t[0].plan.const for t in todo], dtype=np.float32)
         if self.use_weighted and hasattr(scorer, "search_weighted"):
             # each plan's terms are ascending strings, so their local ids ascend too (sorted vocabularies)
-            lens = np.fromiter((int(np.count_nonzero(t[2])) for t in todo), np.int64, len(todo))
-            off = np.zeros(len(todo) + 1, np.int64)
-            np.cumsum(lens, out=off[1:])
-
-            def cat(get):
-                xs = [get(job.plan, lids, sel) for job, lids, sel, _ in todo]
-                return xs[0] if len(xs) == 1 else np.concatenate(xs)
-
             p0 = todo[0][0].plan
-            wq = WeightedQueries(off, cat(lambda p, lids, sel: lids[sel]), cat(lambda p, lids, sel: p.mult[sel]),
-                                 cat(lambda p, lids, sel: p.idf[sel]), cat(lambda p, lids, sel: p.w0[sel]), consts,
-                                 p0.has_w0, snap.avgdl)
+            if len(todo) == 1:
+                _, lids, sel, _ = todo[0]
+                lt = lids[sel]
+                wq = WeightedQueries(np.array([0, lt.size], np.int64), lt, p0.mult[sel], p0.idf[sel], p0.w0[sel],
+                                     consts, p0.has_w0, snap.avgdl)
+            else:
+                lens = np.fromiter((int(np.count_nonzero(t[2])) for t in todo), np.int64, len(todo))
+                off = np.zeros(len(todo) + 1, np.int64)
+                np.cumsum(lens, out=off[1:])
+
+                def cat(get):
+                    return np.concatenate([get(job.plan, lids, sel) for job, lids, sel, _ in todo])
+
+                wq = WeightedQueries(off, cat(lambda p, lids, sel: lids[sel]), cat(lambda p, lids, sel: p.mult[sel]),
+                                     cat(lambda p, lids, sel: p.idf[sel]), cat(lambda p, lids, sel: p.w0[sel]),
+                                     consts, p0.has_w0, snap.avgdl)
             return scorer.search_weighted(wq, k, allow, **opts)
         queries = [np.repeat(lids[sel], job.plan.mult[sel]) for job, lids, sel, _ in todo]
         return scorer.search(queries, k, allow, stats=self.stats(vi), consts=consts, **opts)

@@ -27,6 +27,7 @@ other requests (:mod:`gpuir.service.batcher`).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import threading
@@ -38,12 +39,21 @@ from typing import Any, Literal
 from ..memory import RecordError, WhereError
 from .batcher import MicroBatcher
 from .keys import KeyFileError, KeyStore
-from .store import ConflictError, ServiceStore, TenantError, check_tenant, external_hit
+from .store import (
+    ConflictError,
+    ServiceStore,
+    StoreFailedError,
+    TenantError,
+    WriteFailedError,
+    check_tenant,
+    external_hit,
+)
 
 try:
     import prometheus_client as prom
     from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi import Path as PathParam
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, StrictInt
 except ImportError as e:  # pragma: no cover - exercised by the CLI test with the extra present
@@ -100,6 +110,12 @@ class SearchResponse(BaseModel):
 
 class DeleteResponse(BaseModel):
     deleted: int
+
+
+def _write_failed(e: Exception) -> HTTPException:
+    """507 when the disk is full (retry later: nothing was stored), 503 for another failure to write."""
+    status = 507 if isinstance(e, WriteFailedError) and e.no_space else 503
+    return HTTPException(status, str(e), headers={"Retry-After": "5"})
 
 
 def _field_error(loc: list[Any], msg: str) -> JSONResponse:
@@ -190,9 +206,11 @@ class Service:
     """Everything one running server holds: the store, keys, batcher, retrievers and metrics."""
 
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
-                 checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto"):
+                 checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
+                 salvage: bool = False):
         self.root = Path(memory_dir)
-        self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds}
+        self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
+                        "salvage": salvage}
         self.backend = backend
         self.store: ServiceStore | None = None
         self.keys = KeyStore(self.root)
@@ -276,9 +294,12 @@ def _force_tenant(where: dict[str, Any] | None, tenant: str, loc: list[Any]) -> 
 
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
-               backend: str = "auto"):
-    """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown)."""
-    svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend)
+               backend: str = "auto", salvage: bool = False):
+    """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
+
+    ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
+    """
+    svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -292,6 +313,15 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     app = FastAPI(title="gpuir memory service", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=__doc__.split("\n\n", 1)[0])
     app.state.service = svc
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input back, and an input that cannot be written as
+        # UTF-8 JSON (a lone surrogate in an id, ...) then turned the 422 into a 500: name the field only
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        body = json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode()
+        return Response(body, status_code=422, media_type="application/json")
 
     async def authorize(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
         # async: a sync dependency would cost a worker-thread hop per request; this is a stat and a sha256
@@ -320,10 +350,14 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             raise HTTPException(403, str(e)) from None
         except RecordError as e:
             return _field_error(["records"], str(e))
+        except StoreFailedError as e:
+            raise _write_failed(e) from None
         try:
             n = await asyncio.wrap_future(fut)
         except ConflictError as e:
             raise HTTPException(409, str(e)) from None
+        except (WriteFailedError, StoreFailedError) as e:
+            raise _write_failed(e) from None
         return {"added": n}
 
     @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records")
@@ -367,7 +401,13 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     @app.delete("/v1/tenants/{tenant}/records/{id}", response_model=DeleteResponse,
                 summary="Delete a record (durable on reply)")
     async def delete_record(id: str, tenant: str = Depends(authorize)):
-        n = await asyncio.wrap_future(svc.store.delete(tenant, [id]))
+        try:
+            n = await asyncio.wrap_future(svc.store.delete(tenant, [id]))
+        except RecordError as e:
+            return JSONResponse({"detail": [{"loc": ["path", "id"], "msg": str(e), "type": "value_error"}]},
+                                status_code=422)
+        except (WriteFailedError, StoreFailedError) as e:
+            raise _write_failed(e) from None
         if not n:
             raise HTTPException(404, f"no record {id!r} in tenant {tenant!r}")
         return {"deleted": n}

@@ -4,22 +4,31 @@
 
     gpuir serve MEMORY_DIR [--host 127.0.0.1] [--port 8080] [--batch-window-ms 2] [--max-batch 256]
                            [--checkpoint-every 10000] [--checkpoint-seconds 60] [--max-body-bytes 4194304]
-                           [--backend auto] [--access-log]
+                           [--backend auto] [--access-log] [--salvage]
     gpuir serve-keys MEMORY_DIR add TENANT        prints a new key (shown once; stored hashed)
     gpuir serve-keys MEMORY_DIR revoke TENANT|KEY_ID
     gpuir serve-keys MEMORY_DIR list
 
-Exit status: 0 success; 2 bad input or a missing extra (the message names the
-fix, e.g. ``pip install 'gpuir[service]'``); 1 internal error.
+Exit status: 0 success, also after a graceful stop by SIGTERM or SIGINT (once
+the final checkpoint is done); 2 bad input, a missing extra (the message names
+the fix, e.g. ``pip install 'gpuir[service]'``), a damaged memory or log (named,
+with the byte offset; nothing is changed), or a port that cannot be listened
+on; 1 internal error. The server's own messages (torn tails dropped, salvage
+reports, checkpoint failures) go to standard error through ``logging``
+(logger ``gpuir``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import ipaddress
 import json
+import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from ..backends import BACKENDS
@@ -55,17 +64,60 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not loopback:
         print(f"gpuir serve: warning: listening on {args.host}, not loopback: every client that can reach it "
               "can try keys (put TLS in front of it)", file=sys.stderr)
+    _log_to_stderr(args.log_level)
     app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
-                     max_body_bytes=args.max_body_bytes, backend=args.backend)
-    print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C stops, after a checkpoint)",
-          file=sys.stderr, flush=True)
+                     max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage)
+    print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops, after a "
+          "checkpoint)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=args.keep_alive_seconds)
+    server = _server_class(uvicorn)(config)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
-                    timeout_graceful_shutdown=10, timeout_keep_alive=args.keep_alive_seconds)
+        server.run()
     finally:
         app.state.service.close()
+    if not server.started:
+        raise InputError(f"could not listen on {args.host}:{args.port} (see the message above)")
     return 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """gpuir's own log lines (logger ``gpuir``) to standard error, at least warnings."""
+    logger = logging.getLogger("gpuir")
+    if not any(getattr(h, "_gpuir_serve", False) for h in logger.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("gpuir serve: %(levelname)s: %(message)s"))
+        h._gpuir_serve = True  # type: ignore[attr-defined]
+        logger.addHandler(h)
+    logger.setLevel(min(logging.WARNING, getattr(logging, level.upper(), logging.WARNING)))
+
+
+def _server_class(uvicorn):
+    """uvicorn's Server, except that a graceful stop by a signal ends normally (exit 0).
+
+    uvicorn re-raises a captured SIGTERM/SIGINT after its graceful shutdown, so
+    the process would end by that signal (status -15) although every request
+    was answered and the final checkpoint was made. Here the signal starts the
+    same graceful shutdown and is not re-raised.
+    """
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            sigs = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
@@ -76,7 +128,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
     root = Path(args.memory_dir)
     if args.action == "add":
-        claim_dir(root, "memory")  # a new directory becomes the (empty) memory `gpuir serve` will create
+        claim_dir(root, "memory", mode=0o700)  # a new directory becomes the (empty) memory `gpuir serve` creates
         key = KeyStore(root).add(args.tenant)
         print(key)
         print(f"gpuir serve-keys: a new key for tenant {args.tenant!r}; it is shown only now (stored hashed)",
@@ -128,6 +180,10 @@ def add_parsers(subparsers) -> None:
                     help="close an idle client connection after this many seconds; agents that think for "
                          "seconds between calls keep theirs (default: %(default)s)")
     ps.add_argument("--access-log", action="store_true", help="log every request (default: off)")
+    ps.add_argument("--salvage", action="store_true",
+                    help="start although the write-ahead log is damaged: keep every intact frame, report each "
+                         "byte range skipped, fold the result into the memory and set the damaged log files aside "
+                         "as *.log.damaged (default: refuse to start, naming the file and byte offset)")
     ps.set_defaults(func=_cmd_serve)
 
     pk = subparsers.add_parser("serve-keys", help="create, revoke and list the service's API keys",

@@ -16,7 +16,7 @@ The file ``service-keys.json`` in the memory directory holds::
      "keys": [{"tenant": ..., "key_id": ..., "salt": hex, "sha256": hex, "created": ISO time}]}
 
 It is written atomically (a temporary file, fsync, ``os.replace``, directory
-fsync) with permissions 0600; a running server notices a changed file (its
+fsync) with permissions 0600 whatever the umask; a running server notices a changed file (its
 size and modification time) and reloads it, so ``gpuir serve-keys add`` and
 ``revoke`` take effect without a restart.
 """
@@ -103,6 +103,8 @@ class KeyStore:
         body = json.dumps({"format": FORMAT, "version": 1, "keys": entries}, indent=1) + "\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o600)  # whatever the umask
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
                 f.flush()
@@ -149,7 +151,7 @@ class KeyStore:
         import filelock
 
         self.root.mkdir(parents=True, exist_ok=True)
-        return filelock.FileLock(str(self.root / f"{KEYS_FILE}.lock"), timeout=30)
+        return filelock.FileLock(str(self.root / f"{KEYS_FILE}.lock"), timeout=30, mode=0o600)
 
     def add(self, tenant: str) -> str:
         """Create a key for ``tenant``; returns it (the only time it is ever shown)."""

@@ -17,6 +17,8 @@ from everything it returns.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno as _errno
+import logging
 import queue
 import re
 import threading
@@ -29,9 +31,12 @@ import numpy as np
 
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
-from ..memory.persist import CURRENT
+from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
-from .wal import WriteAheadLog
+from .validate import check_ids, check_record
+from .wal import WriteAheadLog, encode_payload, segments
+
+log = logging.getLogger("gpuir.service.store")
 
 #: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit.
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -48,6 +53,27 @@ class NotFoundError(KeyError):
 
 class ConflictError(ValueError):
     """An added id already exists in the tenant (HTTP 409)."""
+
+
+class WriteFailedError(RuntimeError):
+    """The log could not be written (full disk, I/O error): nothing of the request was stored (HTTP 507/503).
+
+    Attributes
+    ----------
+    errno : the operating system's error number, or None
+    """
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def no_space(self) -> bool:
+        return self.errno in (_errno.ENOSPC, _errno.EDQUOT)
+
+
+class StoreFailedError(RuntimeError):
+    """The store stopped accepting writes after an internal failure; restart the server (HTTP 503)."""
 
 
 def _warm_up() -> None:
@@ -88,11 +114,12 @@ def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
 
 
 class _Op:
-    __slots__ = ("batch", "future", "ids", "kind", "records", "tenant")
+    __slots__ = ("batch", "future", "ids", "kind", "payload", "records", "tenant")
 
     def __init__(self, kind: str, tenant: str, records=None, ids=None):
         self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
         self.batch = None
+        self.payload: bytes | None = None  # the log frame's JSON, encoded at the door
         self.future: cf.Future = cf.Future()
 
 
@@ -111,42 +138,56 @@ class ServiceStore:
         Seconds to wait for the memory's writer lock.
     memory_options : dict
         ``Memory(...)`` arguments used only when the memory is created.
+    salvage : bool
+        Start although the log is damaged: keep every intact frame, log what is
+        skipped, fold the result into the memory at once and set the damaged
+        segments aside (see :mod:`gpuir.service.wal`). Without it, damage is a
+        :class:`~gpuir.service.wal.WALCorruptError` and nothing is changed.
+
+    Raises
+    ------
+    MemoryFormatError
+        The directory holds a memory's files but no commit (``CURRENT``
+        missing), or a damaged memory: never read as a new, empty memory.
+    WALCorruptError
+        Damage to acknowledged writes in the log (unless ``salvage``).
     """
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
-                 max_group: int = 1024):
+                 max_group: int = 1024, salvage: bool = False):
         self.root = check_path(root)
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
         self.checkpoint_seconds = float(checkpoint_seconds)
         self.max_group = max_group
+        self.failed: str | None = None  # why writes are refused (an internal failure), else None
         if (self.root / CURRENT).exists():
             self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout)
         else:
             if self.root.exists() and any(self.root.iterdir()) and not is_claimed(self.root):
                 raise ValueError(f"{self.root} is not empty and not a gpuir memory: choose a new or empty directory")
+            if self.root.is_dir():
+                # segments, manifests or a log without CURRENT: a damaged memory, never a new empty one
+                check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
             self.memory = Memory(**(memory_options or {}))
             self.memory.save(self.root, lock_timeout=lock_timeout)
-        self.wal = WriteAheadLog(self.root)
-        self.replayed = 0
-        t0 = time.perf_counter()
-        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
-        for op in self.wal.recover(self.memory.info()["generation"]):
-            if op.get("op") == "add":
-                run.extend(op["records"])
-            else:
-                if run:
-                    self.memory.add(run)
-                    run = []
-                self._replay(op)
-            self.replayed += 1
-        if run:
-            self.memory.add(run)
-        self.replay_seconds = time.perf_counter() - t0
+        try:
+            self.wal = WriteAheadLog(self.root)
+            t0 = time.perf_counter()
+            self.recovery = self.wal.recover(self.memory.info()["generation"], salvage=salvage)
+            self.replayed = self._replay_all(self.recovery.ops, salvage and bool(self.recovery.skipped))
+            self.replay_seconds = time.perf_counter() - t0
+            self.checkpoints = 0
+            self.last_checkpoint = time.monotonic()
+            if self.recovery.needs_checkpoint:  # a salvaged or version-1 log: fold it now, set damage aside
+                self.checkpoint()
+        except BaseException:
+            self.wal.close()
+            self.memory.close(discard_unsaved=True)  # everything is still in the log
+            raise
         _warm_up()
-        self.checkpoints = 0
         self.last_checkpoint = time.monotonic()
         self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics
         self._q: queue.Queue[_Op | None] = queue.Queue()
@@ -155,13 +196,49 @@ class ServiceStore:
         self._thread.start()
 
     # ------------------------------------------------------------------ replay
+    def _replay_all(self, ops: list[dict[str, Any]], salvage: bool) -> int:
+        """Apply the logged operations in order (consecutive adds as one ``Memory.add``); returns their count.
+
+        ``salvage`` (a log with skipped damage): one by one, and an operation that
+        cannot be applied (ids a damaged log repeats) is skipped and logged, not fatal.
+        """
+        if salvage:
+            for op in ops:
+                self._replay_salvaged(op)
+            return len(ops)
+        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
+        for op in ops:
+            if op.get("op") == "add":
+                run.extend(op["records"])
+            else:
+                if run:
+                    self.memory.add(run)
+                    run = []
+                self._replay(op)
+        if run:
+            self.memory.add(run)
+        return len(ops)
+
     def _replay(self, op: dict[str, Any]) -> None:
         if op.get("op") == "add":
             self.memory.add(op["records"])
         elif op.get("op") == "delete":
             self.memory.delete(op["ids"], missing_ok=True)
         else:
-            raise ValueError(f"{self.root}: unknown operation in the write-ahead log: {op.get('op')!r}")
+            raise MemoryFormatError(f"{self.root}: unknown operation in the write-ahead log: {op.get('op')!r}")
+
+    def _replay_salvaged(self, op: dict[str, Any]) -> None:
+        try:
+            if op.get("op") == "add":
+                recs = [r for r in op.get("records", []) if isinstance(r, dict) and r.get("id") not in self.memory]
+                if len(recs) < len(op.get("records", [])):
+                    log.warning("salvage: %d record(s) of a logged add already exist; kept the existing ones",
+                                len(op["records"]) - len(recs))
+                self.memory.add(recs)
+            else:
+                self._replay(op)
+        except (RecordError, MemoryFormatError, TypeError, KeyError) as e:
+            log.warning("salvage: skipped a logged %r operation that cannot be applied: %s", op.get("op"), e)
 
     # ------------------------------------------------------------------ writes
     def add(self, tenant: str, records: Sequence[dict[str, Any]]) -> cf.Future:
@@ -169,7 +246,10 @@ class ServiceStore:
 
         The records' ids are the tenant's; each record's ``tenant`` is set to
         ``tenant`` (a different one raises :class:`TenantError` at once).
-        Malformed records raise :class:`~gpuir.memory.RecordError` at once.
+        Malformed records, and records the log cannot hold (see
+        :mod:`gpuir.service.validate`), raise :class:`~gpuir.memory.RecordError`
+        at once: they never join a group commit, so they never fail another
+        request's write.
         """
         check_tenant(tenant)
         recs = []
@@ -183,6 +263,7 @@ class ServiceStore:
             rid = r.get("id")
             if not isinstance(rid, str) or not rid:
                 raise RecordError(f"records[{i}].id: a non-empty string is required")
+            check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
         try:
             batch = normalize_records(recs)
@@ -190,17 +271,24 @@ class ServiceStore:
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
         op = _Op("add", tenant, records=recs)
         op.batch = batch
+        try:
+            op.payload = encode_payload({"op": "add", "records": recs})
+        except (ValueError, TypeError) as e:  # check_record lets nothing through that fails here
+            raise RecordError(f"a record cannot be written to the log: {e}") from None
         return self._submit(op)
 
     def delete(self, tenant: str, ids: Sequence[str]) -> cf.Future:
         """Queue a delete of the tenant's ids; the future gives how many existed (and are now deleted)."""
         check_tenant(tenant)
+        check_ids(list(ids))
         op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
         return self._submit(op)
 
     def _submit(self, op: _Op) -> cf.Future:
         if self._closed:
             raise RuntimeError("the store is closed")
+        if self.failed is not None:
+            raise StoreFailedError(self.failed)
         self._q.put(op)
         return op.future
 
@@ -257,13 +345,29 @@ class ServiceStore:
                 op.ids = live
                 ok.append((op, len(live)))
         logged = [(op, n) for op, n in ok if n]
-        try:
-            if logged:
-                t0 = time.perf_counter()
-                self.wal.append([{"op": "add", "records": op.records} if op.kind == "add"
-                                 else {"op": "delete", "ids": op.ids} for op, _ in logged])
-                if self.on_group is not None:
-                    self.on_group(len(logged), time.perf_counter() - t0)
+        if logged and self.failed is not None:
+            err: BaseException = StoreFailedError(self.failed)
+            for op, _ in ok:
+                op.future.set_exception(err)
+            return
+        if logged:
+            for op, _ in logged:
+                if op.kind == "delete":
+                    op.payload = encode_payload({"op": "delete", "ids": op.ids})
+            t0 = time.perf_counter()
+            n_ops = sum(n for _, n in logged)
+            try:
+                mark = self.wal.append_payloads([op.payload for op, _ in logged], n_ops)
+            except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing of the group is stored
+                err = WriteFailedError(
+                    f"the write-ahead log could not be written ({_os_reason(e)}): nothing of this request was "
+                    "stored; retry once the server has disk space again", getattr(e, "errno", None))
+                for op, _ in ok:
+                    op.future.set_exception(err)
+                return
+            if self.on_group is not None:
+                self.on_group(len(logged), time.perf_counter() - t0)
+            try:
                 # apply in order, consecutive adds as one Memory.add (fewer, larger segments)
                 run: list = []
                 for op, _ in logged:
@@ -276,13 +380,17 @@ class ServiceStore:
                     mem.delete(op.ids, missing_ok=True)
                 if run:
                     self._apply_adds(run)
-        except BaseException as e:  # the log or the memory failed: nothing of the group is acknowledged
-            for op, _ in ok:
-                if not op.future.done():
-                    op.future.set_exception(RuntimeError(f"write failed: {type(e).__name__}: {e}"))
-            if not isinstance(e, Exception):
-                raise
-            return
+            except BaseException as e:  # validated at the door, so an internal failure: stop writing
+                self.wal.rollback(mark, n_ops)  # the log must not replay what was not acknowledged
+                self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: "
+                               f"{e}); restart it (the log holds every acknowledged write)")
+                log.error("%s", self.failed)
+                for op, _ in ok:
+                    if not op.future.done():
+                        op.future.set_exception(StoreFailedError(self.failed))
+                if not isinstance(e, Exception):
+                    raise
+                return
         for op, n in ok:
             op.future.set_result(n)
 
@@ -292,23 +400,23 @@ class ServiceStore:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_safely(self) -> None:
+        if self.failed is not None:
+            return
         try:
             self.checkpoint()
         except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
-            import sys
-
-            print(f"gpuir serve: checkpoint failed, will retry: {type(e).__name__}: {e}", file=sys.stderr)
+            log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
             self.last_checkpoint = time.monotonic()
 
     def checkpoint(self) -> None:
         """Fold the log into the memory's segments (call from the writer thread, or when it is stopped).
 
-        Steps: start a new log segment for the next generation; ``Memory.save``
-        (under the memory's writer lock); delete the older log segments.
+        Steps: ``Memory.save`` (under the memory's writer lock) commits generation
+        G+1; start a new log segment for G+1; delete the older segments. A save
+        that fails changes nothing (appends go on in the old segment).
         """
-        gen = self.memory.info()["generation"]
-        older = self.wal.rotate(gen + 1)
         self.memory.save()
+        older = self.wal.after_save(self.memory.info()["generation"])
         self.wal.drop(older)
         self.checkpoints += 1
         self.last_checkpoint = time.monotonic()
@@ -327,8 +435,16 @@ class ServiceStore:
         self._q.put(None)
         self._thread.join()
         try:
-            if checkpoint and self.wal.ops:
+            if checkpoint and self.wal.ops and self.failed is None:
                 self.checkpoint()
         finally:
             self.wal.close()
-            self.memory.close()
+            self.memory.close(discard_unsaved=True)  # what was not saved is in the log
+
+
+def _os_reason(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        from ..index.dirlock import os_error_message
+
+        return os_error_message(e, "append to the log")
+    return f"{type(e).__name__}: {e}"

@@ -1,31 +1,33 @@
 #!/usr/bin/env python
-"""One engine under the static index and the memory: their search speed on one core, side by side.
+"""One engine under the static index and the memory: their search speed on one core, against a baseline.
 
 Workload: every haystack turn of LongMemEval-S, de-duplicated by text (about
 189k; ``--docs`` caps it), and its 499 questions; top-10, lucene BM25
 (k1=1.2, b=0.75), the "default" analyzer.
 
-* **static**: ``BM25Index.build`` over the turns, searched with ``backend``
-  (``--backend``, default numba): the 499 questions one at a time (p50 / p99
-  latency, analysis included) and as one batch (queries/s); one warm-up pass.
+* **static**: ``BM25Index.build`` over the turns; its numba scorer answers the
+  analysed questions one at a time (p50 / p99 latency) and as one batch
+  (queries/s, best and median of ``--repeats`` passes).
 * **memory**: a :class:`gpuir.Memory` (records without a time) grown in batches of
-  ``--batch`` (1,000) to ``--memory-records`` (100,000) turns, then the same
-  questions one at a time (p50 / p99) and as one batch, with ``backend="auto"``
-  (on a machine without a GPU: numba since issue 18, the NumPy engine before) and
-  ``backend="numpy"``; its top-10 (ids and float32 scores) is compared with a
-  ``BM25Index`` over the same records.
+  ``--batch`` (1,000) to ``--memory-records`` (100,000) turns, then the questions
+  one at a time and as one batch through ``Memory.search`` (``backend="auto"``:
+  numba on a machine without a GPU since issue 18; the NumPy engine before).
+
+``--baseline PATH`` (a gpuir checkout, e.g. the main branch before a change)
+measures both in the same process: its ``gpuir`` package is copied to a cache
+folder as ``gpuir_baseline`` and imported beside this one, the same index and
+the same records are served by both, and the queries alternate between them
+(order swapped every pass), so machine noise hits both alike. Results are
+checked identical (ids and float32 scores) before timing.
 
 Method: every thread pool pinned to one thread (``GPUIR_THREADS=1`` and the
 BLAS / numba variables, set before any import) and the process to one CPU.
-``--src`` picks the gpuir checkout to import (default: this repository), so
-one script measures two versions (before / after) on the same machine.
 
 Usage::
 
-    python bench/bench_engine.py --label after
-    python bench/bench_engine.py --src ../main --label before --out bench/results/bench_engine_before.json
+    python bench/bench_engine.py --baseline ../main-before            # about 5 minutes on 2 cores
 
-Writes ``bench/results/bench_engine_<label>_<host>.json`` (``--out``).
+Writes ``bench/results/bench_engine_<host>.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_
 
 import argparse
 import gzip
+import hashlib
+import importlib
 import json
 import platform
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +54,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 
 def machine() -> dict[str, Any]:
@@ -62,6 +69,28 @@ def machine() -> dict[str, Any]:
     return {"host": socket.gethostname(), "cpu_model": cpu, "logical_cores": os.cpu_count(),
             "platform": platform.platform(), "python": platform.python_version(), "numpy": np.__version__,
             "loadavg_start": os.getloadavg()}
+
+
+def git_rev(path: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def import_baseline(src: Path):
+    """The ``gpuir`` package of checkout ``src`` imported as ``gpuir_baseline`` (a cached copy)."""
+    pkg = src.resolve() / "gpuir"
+    if not (pkg / "__init__.py").exists():
+        raise SystemExit(f"--baseline {src}: no gpuir package there")
+    key = hashlib.sha256((str(pkg) + str(git_rev(src))).encode()).hexdigest()[:12]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuir-bench-baseline" / key
+    if not (root / "gpuir_baseline" / "__init__.py").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(pkg, root / "gpuir_baseline", ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(1, str(root))
+    return importlib.import_module("gpuir_baseline")
 
 
 def load_turns(max_docs: int | None) -> tuple[list[str], list[str]]:
@@ -79,93 +108,108 @@ def load_turns(max_docs: int | None) -> tuple[list[str], list[str]]:
     return (texts[:max_docs] if max_docs else texts), [e["question"] for e in data]
 
 
-def one_at_a_time(search, queries: list[str]) -> dict[str, float]:
-    for q in queries[:50]:  # warm-up (compilation, caches)
-        search([q])
-    lat = []
-    for q in queries:
-        t0 = time.perf_counter()
-        search([q])
-        lat.append(time.perf_counter() - t0)
-    a = np.asarray(lat) * 1e3
-    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-            "mean_ms": float(a.mean())}
-
-
-def batch(search, queries: list[str], repeats: int) -> dict[str, float]:
-    search(queries)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        search(queries)
-        ts.append(time.perf_counter() - t0)
-    return {"queries_per_s": len(queries) / float(np.median(ts))}
+def compare(fns: dict[str, Any], queries: list, batch: Any, repeats: int) -> dict[str, dict[str, float]]:
+    """Per name: one-at-a-time latency (alternating between the names) and batch queries/s."""
+    names = list(fns)
+    for q in queries[:30]:  # warm-up
+        for n in names:
+            fns[n]([q])
+    lat: dict[str, list[float]] = {n: [] for n in names}
+    bat: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(repeats):
+        order = names if rep % 2 == 0 else names[::-1]
+        for q in queries:
+            for n in order:
+                t0 = time.perf_counter()
+                fns[n]([q])
+                lat[n].append(time.perf_counter() - t0)
+        for n in order:
+            t0 = time.perf_counter()
+            fns[n](batch)
+            bat[n].append(time.perf_counter() - t0)
+    out = {}
+    for n in names:
+        a = np.asarray(lat[n]) * 1e3
+        out[n] = {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+                  "mean_ms": float(a.mean()), "batch_qps_best": len(batch) / min(bat[n]),
+                  "batch_qps_median": len(batch) / float(np.median(bat[n]))}
+    if len(names) == 2:
+        r = np.asarray(lat[names[0]]) / np.asarray(lat[names[1]])
+        out["ratio_median_per_query"] = {f"{names[0]}/{names[1]}": float(np.median(r))}
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--src", type=Path, default=REPO, help="gpuir checkout to import (default: this repository)")
-    p.add_argument("--label", default="run")
+    p.add_argument("--baseline", type=Path, default=None, help="a gpuir checkout measured in the same process")
     p.add_argument("--docs", type=int, default=None, help="cap the static index's documents")
     p.add_argument("--memory-records", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=1000)
-    p.add_argument("--backend", default="numba")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: static, memory, memory-numpy")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: static, memory")
     p.add_argument("--no-pin", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(args.src.resolve()))
     import gpuir
     from gpuir import BM25Index, Memory
+    from gpuir.backends.numba_backend import NumbaScorer
 
+    base = import_baseline(args.baseline) if args.baseline else None
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     skip = set(filter(None, args.skip.split(",")))
     texts, queries = load_turns(args.docs)
-    res: dict[str, Any] = {"label": args.label, "src": str(args.src.resolve()), "gpuir_file": gpuir.__file__,
-                           "machine": machine(), "docs": len(texts), "queries": len(queries),
-                           "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    print(f"gpuir from {gpuir.__file__}; {len(texts)} turns, {len(queries)} questions", flush=True)
+    res: dict[str, Any] = {"machine": machine(), "gpuir": {"path": str(REPO), "commit": git_rev(REPO)},
+                           "baseline": None if base is None else {"path": str(args.baseline.resolve()),
+                                                                   "commit": git_rev(args.baseline)},
+                           "docs": len(texts), "queries": len(queries), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                           "command": " ".join(["python", "bench/bench_engine.py", *(argv or sys.argv[1:])])}
+    print(f"gpuir {gpuir.__file__}; baseline {None if base is None else base.__file__}; "
+          f"{len(texts)} turns, {len(queries)} questions", flush=True)
     if "static" not in skip:
-        t0 = time.perf_counter()
         idx = BM25Index.build(texts, progress=False)
-        build_s = time.perf_counter() - t0
-        idx.search(queries[:5], k=10, backend=args.backend)  # the scorer (and its caches)
-        one = one_at_a_time(lambda q: idx.search(q, k=10, backend=args.backend), queries)
-        bat = batch(lambda q: idx.search(q, k=10, backend=args.backend), queries, args.repeats)
-        res["static"] = {"backend": args.backend, "build_s": build_s, **one, **bat}
-        print("static", res["static"], flush=True)
-        del idx
+        terms = idx.query_terms(queries)
+        scorers = {"gpuir": NumbaScorer(idx.csr, idx.params, threads=1)}
+        if base is not None:
+            from gpuir_baseline.backends.numba_backend import NumbaScorer as BaseScorer
+
+            scorers["baseline"] = BaseScorer(idx.csr, idx.params, threads=1)
+            a, b = (sc.search(terms, 10) for sc in scorers.values())
+            assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores), "static results differ"
+        fns = {n: (lambda q, sc=sc: sc.search(q, 10)) for n, sc in scorers.items()}
+        res["static"] = {"what": "NumbaScorer.search of analysed questions (threads=1), numba", **compare(
+            fns, terms, terms, args.repeats)}
+        print("static", json.dumps(res["static"], indent=1), flush=True)
+        del idx, scorers
     if "memory" not in skip:
         n = min(args.memory_records, len(texts))
-        m = Memory()
-        t0 = time.perf_counter()
-        longest = 0.0
+        mems = {"gpuir": Memory()}
+        if base is not None:
+            mems["baseline"] = base.Memory()
+        grow = dict.fromkeys(mems, 0.0)
         for s in range(0, n, args.batch):
-            t1 = time.perf_counter()
-            m.add([{"id": str(i), "text": texts[i]} for i in range(s, min(n, s + args.batch))])
-            longest = max(longest, time.perf_counter() - t1)
-        grow_s = time.perf_counter() - t0
-        info = {"records": n, "segments": len(m.snapshot().views), "grow_records_per_s": n / grow_s,
-                "longest_add_s": longest}
+            recs = [{"id": str(i), "text": texts[i]} for i in range(s, min(n, s + args.batch))]
+            for name, m in mems.items():
+                t0 = time.perf_counter()
+                m.add(recs)
+                grow[name] += time.perf_counter() - t0
         ref = BM25Index.build(texts[:n], ids=[str(i) for i in range(n)], progress=False)
         want = ref.search(queries, k=10, backend="numpy")
-        for backend in ("auto", "numpy"):
-            if backend == "numpy" and "memory-numpy" in skip:
-                continue
-            r = m.search(queries[:1], k=10, backend=backend)
-            used = r.meta["backend"]
-            one = one_at_a_time(lambda q, b=backend: m.search(q, k=10, backend=b), queries)
-            bat = batch(lambda q, b=backend: m.search(q, k=10, backend=b), queries, args.repeats)
-            got = m.search(queries, k=10, backend=backend)
+        info: dict[str, Any] = {"records": n, "segments": len(mems["gpuir"].snapshot().views)}
+        for name, m in mems.items():
+            got = m.search(queries, k=10)
             same = all(got.ids(i) == [ref.ids[d] for d in want.ids[i] if d >= 0] for i in range(len(queries)))
-            same = same and np.array_equal(got.scores, want.scores)
-            info[backend] = {"engine": used, **one, **bat, "top10_identical_to_static": bool(same)}
-            print("memory", backend, info[backend], flush=True)
+            info[name] = {"engine": got.meta["backend"], "grow_records_per_s": n / grow[name],
+                          "top10_identical_to_static": bool(same and np.array_equal(got.scores, want.scores))}
+        fns = {name: (lambda q, m=m: m.search(q, k=10)) for name, m in mems.items()}
+        timing = compare(fns, queries, queries, args.repeats)
+        for name in mems:
+            info[name].update(timing[name])
+        if "ratio_median_per_query" in timing:
+            info["ratio_median_per_query"] = timing["ratio_median_per_query"]
         res["memory"] = info
-    host = socket.gethostname()
-    out = args.out or (REPO / "bench" / "results" / f"bench_engine_{args.label}_{host}.json")
+        print("memory", json.dumps(info, indent=1), flush=True)
+    out = args.out or (REPO / "bench" / "results" / f"bench_engine_{socket.gethostname()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {out}")

@@ -233,3 +233,30 @@ def test_static_cache_is_used_for_the_default_stats_only(widx, monkeypatch):
         assert calls == [1]  # once, for the default statistics
         assert_bits(per, cached)
         assert_bits(cached2, cached)
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_weigh_static_equals_weigh_queries(widx, method):
+    """The static index's fast weighing (cached idf / w0, one query without the batch machinery) gives
+    what weigh_queries gives, field for field, including terms without postings (dropped) and repeats."""
+    from gpuir.backends.batch_plan import StaticWeights, weigh_static
+
+    off = np.concatenate([widx.offsets, [widx.offsets[-1]] * 2])  # two terms without postings
+    idx = CSRIndex(offsets=off, doc_ids=widx.doc_ids, tfs=widx.tfs, doc_lens=widx.doc_lens,
+                   vocab=[*widx.vocab, "zz0", "zz1"], ids=widx.ids)
+    p = BM25Params(method=method)
+    sw = StaticWeights.of(idx, p, CollectionStats.of(idx))
+    V = idx.n_terms
+    batches = [[np.array([5, 3, 5, 5, V - 1])], [np.zeros(0, np.int64)], [[7]], [np.array([V - 2, V - 1])],
+               [np.array([1, 1]), np.array([V - 1, 0, 2]), np.zeros(0, np.int64)],
+               random_queries(V, 30, seed=5, max_terms=12)]
+    for qs in batches:
+        a = weigh_static(qs, sw, p)
+        b = weigh_queries(qs, sw.stats, p)
+        for f in ("off", "terms", "mult", "idf", "w0", "const"):
+            x, y = np.asarray(getattr(a, f)), np.asarray(getattr(b, f))
+            assert x.dtype.kind == y.dtype.kind and np.array_equal(x, y), (f, qs)
+        assert (a.has_w0, a.avgdl) == (b.has_w0, b.avgdl)
+    for bad, err in (([np.array([V])], ValueError), ([np.array([-1])], ValueError), ([np.array([1.5])], TypeError)):
+        with pytest.raises(err, match="query 0"):
+            weigh_static(bad, sw, p)

@@ -26,7 +26,7 @@ import numpy as np
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from .base import CollectionStats, WeightedQueries, check_queries, weigh_queries
-from .weights import PostingWeights, posting_weights, weight_bound, weight_floor
+from .weights import PostingWeights, has_absent_weight, posting_weights, row_consts, weight_bound, weight_floor
 
 __all__ = ["BatchPlan", "StaticWeights", "TermSummaries", "check_live", "plan_batch", "plan_weighted", "weigh_static"]
 
@@ -171,6 +171,29 @@ def plan_weighted(wq: WeightedQueries, params: BM25Params, summaries: TermSummar
     return BatchPlan(wq, ub, zero, exhaustive, None)
 
 
+def _one_query(queries: Sequence[object], V: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(distinct terms ascending, counts) of a batch of one valid query; None otherwise (the caller then
+    goes through :func:`~gpuir.backends.base.check_queries`, which names any problem)."""
+    if len(queries) != 1:
+        return None
+    a = np.asarray(queries[0])
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        return None
+    s = np.sort(a).astype(np.int64, copy=False)
+    if s.size == 0:
+        return s, np.zeros(0, np.int64)
+    if s[0] < 0 or s[-1] >= V:
+        return None
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    np.not_equal(s[1:], s[:-1], out=new[1:])
+    starts = new.nonzero()[0]
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = s.size
+    return s[starts], ends - starts
+
+
 def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25Params,
                  consts: np.ndarray | None = None) -> WeightedQueries:
     """:func:`~gpuir.backends.base.weigh_queries` under the statistics of a static cache, faster.
@@ -181,19 +204,19 @@ def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25P
     so the host work around the kernel counts. The result equals
     ``weigh_queries(queries, static.stats, params, consts)`` field for field.
     """
-    from .weights import has_absent_weight, row_consts
-
     df_all = np.asarray(static.stats.df)
     V = df_all.size
-    flat, lens = check_queries(queries, V)
-    B = lens.size
-    if B == 1:
-        terms, mult = np.unique(flat, return_counts=True)
+    one = _one_query(queries, V)
+    if one is not None:  # the common case, without the batch machinery's fixed costs
+        B = 1
+        terms, mult = one
         keep = df_all[terms] > 0
         if not keep.all():
             terms, mult = terms[keep], mult[keep]
         off = np.array([0, terms.size], dtype=np.int64)
     else:
+        flat, lens = check_queries(queries, V)
+        B = lens.size
         row = np.repeat(np.arange(B, dtype=np.int64), lens)
         key, mult = np.unique(row * max(V, 1) + flat, return_counts=True)
         prow, terms = key // max(V, 1), key % max(V, 1)

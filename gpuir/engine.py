@@ -181,7 +181,8 @@ class BM25Index:
         SearchResults
             ids (B, k) int64 document numbers (map with ``self.ids``), scores
             (B, k) float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
-            say what ran and why.
+            say what ran and why; ``hits(i)`` gives query ``i``'s ``(user id, score)``
+            pairs (``doc_ids`` is ``self.ids``).
         """
         if isinstance(queries, str):
             queries = [queries]
@@ -207,6 +208,7 @@ class BM25Index:
                 res = SearchResults(ids, scores, res.meta)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
+        res.doc_ids = self.ids
         return res
 
     # -- persistence -----------------------------------------------------------------

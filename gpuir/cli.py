@@ -22,6 +22,7 @@ from . import __version__
 from .analysis import ANALYZERS
 from .backends import BACKENDS
 from .bm25 import METHODS
+from .cli_common import ArgumentParser, cli_logging, verbosity
 from .jsonl import InputError, read_jsonl
 
 #: Modules that add sub-commands through ``register(subparsers)``.
@@ -183,8 +184,10 @@ _BACKEND_HELP = ("scorer: auto (the GPU when usable, else the compiled CPU score
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuir", description="GPU-accelerated BM25 retrieval for agent memory. "
-                                "Exit status: 0 success, 2 bad input or a missing extra, 1 internal error.")
+    p = ArgumentParser(prog="gpuir", top=True,
+                       description="GPU-accelerated BM25 retrieval for agent memory. Exit status: 0 success, "
+                                   "2 bad input or a missing extra, 1 internal error. -v (before or after the "
+                                   "command) logs what gpuir does on stderr, -vv more.")
     p.add_argument("--version", action="version", version=f"gpuir {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -282,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(func(args) or 0)
+        with cli_logging(verbosity(args), prog=f"gpuir {args.command}"):
+            return int(func(args) or 0)
     except ImportError as e:
         msg = missing_extra_message(e)
         if msg is None:

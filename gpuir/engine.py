@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
 from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
 from .results import SearchResults, empty_results, padded_arrays
+
+log = logging.getLogger(__name__)  # gpuir.engine
 
 
 def _checked_ids(ids: Iterable[str]) -> Iterator[str]:
@@ -98,7 +101,10 @@ class BM25Index:
         params = BM25Params(method=method, k1=k1, b=b, delta=delta)
         if ids is not None:
             ids = _checked_ids(ids)
+        t0 = time.perf_counter()
         csr = build_csr(texts, analyzer, ids=ids, chunk_size=chunk_size, progress=progress)
+        log.info("built an index of %d documents, %d terms, %d postings in %.2f s", csr.n_docs, csr.n_terms,
+                 csr.n_postings, time.perf_counter() - t0)
         return cls(csr, params)
 
     def with_params(self, **changes: Any) -> BM25Index:
@@ -209,6 +215,8 @@ class BM25Index:
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
         res.doc_ids = self.ids
+        log.debug("searched %d queries (k=%d) on %s in %.4f s: %s", len(queries), k, name,
+                  time.perf_counter() - t0, reason)
         return res
 
     # -- persistence -----------------------------------------------------------------
@@ -228,6 +236,7 @@ class BM25Index:
             or the file system refused a write; the previous index is intact.
         """
         save_index(self.csr, path, extra={"bm25": self.params.to_dict()}, lock_timeout=lock_timeout)
+        log.info("saved the index (%d documents) to %s", self.n_docs, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> BM25Index:
@@ -246,6 +255,7 @@ class BM25Index:
             params = BM25Params.from_dict(manifest.get("bm25", {}))
         except (ValueError, TypeError) as e:
             raise IndexFormatError(f"{path}: the manifest's bm25 parameters are invalid ({e}); rebuild the index") from None
+        log.info("loaded the index at %s: %d documents (mmap=%s, verify=%s)", path, csr.n_docs, mmap, verify)
         try:
             return cls(csr, params)
         except (ValueError, TypeError) as e:

@@ -95,7 +95,7 @@ def shown_output(block: Block) -> list[str] | None:
         toks = tokenize.generate_tokens(io.StringIO(block.code).readline)
         comments = [t.string for t in toks if t.type == tokenize.COMMENT]
     else:  # a shell comment: '#' at the start of a word
-        comments = [m.group(1) for m in re.finditer(r"(?:^|\s)(#.*)$", block.code, re.M)]
+        comments = [m.group(1) for m in re.finditer(r"(?:^|\s)(#.*)$", block.code, re.MULTILINE)]
     for c in comments:
         m = _SHOWN.match(c)
         if m:
@@ -157,7 +157,7 @@ def run_block(block: Block, tmp: Path) -> subprocess.CompletedProcess:
                         f"{(tmp / 'stderr').read_text(errors='replace')[-3000:]}")
         finally:
             _kill_group(proc.pid)
-    read = lambda name: (tmp / name).read_text("utf-8", errors="replace")  # noqa: E731
+    read = lambda name: (tmp / name).read_text("utf-8", errors="replace")
     return subprocess.CompletedProcess(cmd, proc.returncode, read("stdout"), read("stderr"))
 
 
@@ -251,3 +251,20 @@ def test_harness_checks_exit_status_and_shown_output(tmp_path, monkeypatch, code
     else:
         with pytest.raises(AssertionError):
             test_block_runs_as_printed(block, run)
+
+
+# -- the index of docs/ ----------------------------------------------------------------------------
+
+
+def test_docs_index_lists_every_page():
+    index = (REPO / "docs" / "README.md").read_text("utf-8")
+    linked = set(re.findall(r"\]\(([\w.-]+\.md)\)", index))
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert not pages - linked, f"docs/README.md does not list {sorted(pages - linked)}"
+    assert not linked - pages, f"docs/README.md links missing pages {sorted(linked - pages)}"
+
+
+def test_readme_documentation_section_points_to_the_index():
+    text = (REPO / "README.md").read_text("utf-8")
+    section = text[text.index("## Documentation"):]
+    assert "docs/README.md" in section.split("\n## ")[0]

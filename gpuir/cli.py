@@ -24,6 +24,7 @@ from .backends import BACKENDS
 from .bm25 import METHODS
 from .cli_common import ArgumentParser, cli_logging, verbosity
 from .jsonl import InputError, read_jsonl
+from .progress import progress_bar
 
 #: Modules that add sub-commands through ``register(subparsers)``.
 SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
@@ -102,7 +103,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
             trec_field(q, "query id")
     k = min(args.k, idx.n_docs)  # a huge -k allocates nothing k-sized
     out = sys.stdout
-    for start in range(0, len(texts), 1024):
+    batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    for start in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = idx.search(texts[start : start + 1024], k=k, backend=args.backend)
         rows = [(qids[start + i], res.hits(i, idx.ids)) for i in range(len(res))]
         for qid, hits in rows:

@@ -40,6 +40,7 @@ from typing import Any
 from ..backends import BACKENDS
 from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
+from ..progress import progress_bar, show_progress
 from .persist import CURRENT, check_not_orphaned
 
 BATCH = 10_000
@@ -103,8 +104,6 @@ def _cmd_add(args: argparse.Namespace) -> int:
     path = Path(args.records)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    from ..progress import progress_bar, show_progress
-
     mem, created = _open_or_create(args)
     try:
         total = 0
@@ -224,7 +223,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
             return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)
 
         opts = {}
-    for s in range(0, len(texts), 1024):
+    batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    for s in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
         for i in range(len(res)):
             qid = qids[s + i]

@@ -261,7 +261,7 @@ def run(args, log=print) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     reader.start()
-    bar = tqdm(total=args.records, unit="rec", desc="grow", mininterval=2, disable=args.no_progress)
+    bar = tqdm(total=args.records, unit="rec", desc="grow", mininterval=2, disable=True if args.no_progress else None)
     n = 0
     try:
         while n < args.records:

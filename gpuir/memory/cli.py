@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,22 @@ from typing import Any
 from ..backends import BACKENDS
 from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
+from ..progress import progress_bar, show_progress
 from .persist import CURRENT, check_not_orphaned
 
 BATCH = 10_000
+
+log = logging.getLogger(__name__)  # gpuir.memory.cli
+
+
+def _count_lines(path: Path) -> int:
+    """Lines of a file (the progress bar's total), read in binary blocks."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
 
 _DESCRIPTION = """\
 An agent memory in a directory: add, delete and search records; describe it.
@@ -95,20 +109,24 @@ def _cmd_add(args: argparse.Namespace) -> int:
         total = 0
         recs: list[dict] = []
         labels: list[str] = []
+        bar = progress_bar(total=_count_lines(path) if show_progress() else None, desc="add", unit="rec")
 
         def flush():
             nonlocal total
             if recs:
                 total += mem.add(normalize_records(recs, labels=labels))
+                bar.update(len(recs))
                 recs.clear()
                 labels.clear()
 
-        for lineno, obj in read_jsonl(path, {}):
-            recs.append(obj)
-            labels.append(f"{path}, line {lineno}")
-            if len(recs) >= BATCH:
-                flush()
-        flush()
+        with bar:
+            for lineno, obj in read_jsonl(path, {}):
+                recs.append(obj)
+                labels.append(f"{path}, line {lineno}")
+                if len(recs) >= BATCH:
+                    flush()
+            flush()
+        log.info("added %d records; saving %s", total, args.memory_dir)
         mem.save(args.memory_dir, lock_timeout=args.lock_timeout)
         print(f"added {total} records -> {args.memory_dir} ({len(mem)} records, "
               f"{len(mem.snapshot().views)} segments{', created' if created else ''})", file=sys.stderr)
@@ -205,7 +223,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
             return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)
 
         opts = {}
-    for s in range(0, len(texts), 1024):
+    batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    for s in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
         for i in range(len(res)):
             qid = qids[s + i]

@@ -37,7 +37,7 @@ def test_eight_readers_one_writer():
                 w = random_where(rng) if rng.random() < 0.5 else None
                 mode = str(rng.choice(["exhaustive", "newest"]))
                 k = int(rng.choice([1, 5, 20]))
-                res = m.search(qs, k=k, where=w, mode=mode, backend="numpy")
+                res = m.search(qs, k=k, where=w, mode=mode, backend="numpy", ties="oldest")
                 with lock:
                     seen.append((qs, w, mode, k, res))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
@@ -56,7 +56,7 @@ def test_eight_readers_one_writer():
                     m.delete(list(rng.choice(live, size=3, replace=False)))
                 if step % 5 == 0:
                     ids = [x for x in rng.choice(live, size=2, replace=False) if x in m]
-                    m.update([random_record(rng, x) for x in ids])
+                    m.replace([random_record(rng, x) for x in ids])
                 if step % 17 == 0:
                     m.merge()
         except BaseException as e:  # noqa: BLE001
@@ -76,7 +76,7 @@ def test_eight_readers_one_writer():
     versions = {res.snapshot.version for *_, res in seen}
     assert len(seen) > 50 and len(versions) > 10, "readers searched while the writer changed the memory"
     for qs, wh, mode, k, res in seen:  # each result equals a serial search on its own snapshot
-        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot)
+        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot, ties="oldest")
         np.testing.assert_array_equal(res.seqs, again.seqs)
         np.testing.assert_array_equal(res.scores, again.scores)
     # and the serial result on a snapshot is what a fresh index over its live records returns

@@ -44,6 +44,10 @@ import numpy as np
 #: Every field a record may have, in output order.
 FIELDS: tuple[str, ...] = ("id", "text", "session", "role", "agent", "tenant", "time", "importance", "type",
                            "metadata")
+#: Every field a record may carry: :data:`FIELDS` and ``expires_at`` (see :mod:`gpuir.memory.expiry`), in output order.
+RECORD_FIELDS: tuple[str, ...] = FIELDS + ("expires_at",)
+#: The metadata key under which a record's ``expires_at`` (int epoch ms) is stored (no user key can be it).
+EXPIRES_KEY = "\u0000expires_at"
 #: Fields stored as dictionary-encoded strings.
 STRING_FIELDS: tuple[str, ...] = ("session", "role", "agent", "tenant", "type")
 #: The allowed roles.
@@ -202,9 +206,13 @@ def make_record(
     if not math.isnan(importance):
         out["importance"] = float(importance)
     if meta:
-        out["metadata"] = json.loads(meta)
-    # output order: FIELDS
-    return {f: out[f] for f in FIELDS if f in out}
+        obj = json.loads(meta)
+        if EXPIRES_KEY in obj:  # expires_at is kept beside the metadata (gpuir.memory.expiry)
+            out["expires_at"] = obj.pop(EXPIRES_KEY)
+        if obj:
+            out["metadata"] = obj
+    # output order: RECORD_FIELDS
+    return {f: out[f] for f in RECORD_FIELDS if f in out}
 
 
 def _name(where: str, rec: Any) -> str:

@@ -10,6 +10,9 @@ Routes (the OpenAPI schema is served at ``/openapi.json``)::
     GET    /healthz                            (no key)
     GET    /metrics                            Prometheus text format (no key)
 
+and the routes of :mod:`gpuir.service.records_api`: list (cursors), count,
+update (PATCH merges, PUT replaces), history and export of a tenant's records.
+
 Every ``/v1`` route needs ``Authorization: Bearer KEY`` with a key of the path's
 tenant: no key or an unknown one is 401, a key of another tenant 403. The
 tenant is forced onto every added record (a record naming another tenant is
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..memory import RecordError, WhereError
+from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
 from .keys import KeyFileError, KeyStore
 from .store import (
@@ -55,7 +59,7 @@ try:
     from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, StrictInt
+    from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 except ImportError as e:  # pragma: no cover - exercised by the CLI test with the extra present
     raise ImportError(f"the memory service needs its extra ({e.name} is missing): pip install 'gpuir[service]'") from e
 
@@ -75,7 +79,10 @@ class Record(BaseModel):
     role: Literal["user", "assistant", "tool", "system"] | None = None
     agent: str | None = None
     tenant: str | None = Field(None, description="optional; must equal the path's tenant")
-    time: StrictInt | str | None = Field(None, description="epoch milliseconds or ISO 8601")
+    time: StrictInt | StrictFloat | str | None = Field(
+        None, description="ISO 8601, or a number with the request's time_unit")
+    expires_at: StrictInt | StrictFloat | str | None = Field(
+        None, description="when the record expires (hidden, then purged): ISO 8601, or a number with time_unit")
     importance: float | None = None
     type: str | None = None
     metadata: dict[str, Any] | None = None
@@ -84,6 +91,8 @@ class Record(BaseModel):
 class AddRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     records: list[Record] = Field(min_length=1, max_length=10_000)
+    time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
+        None, description="unit of times sent as bare numbers (without it a bare number is refused)")
 
 
 class AddResponse(BaseModel):
@@ -98,6 +107,9 @@ class SearchRequest(BaseModel):
         None, description="a filter for every query, or one per query (see gpuir.memory.where); the tenant is forced")
     config: str | None = Field(None, description="a retriever configuration saved as <MEMORY_DIR>.configs/NAME.json; "
                                                  "default: exact BM25 (Memory.search)")
+    min_score: float | None = Field(None, description="drop hits scoring below it")
+    time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
+        None, description="unit of times given as bare numbers in where")
 
 
 class Hits(BaseModel):
@@ -345,7 +357,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     async def add_records(body: AddRequest, tenant: str = Depends(authorize)):
         recs = [r.model_dump(exclude_none=True) for r in body.records]
         try:
-            fut = svc.store.add(tenant, recs)
+            fut = svc.store.add(tenant, recs, time_unit=body.time_unit)
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
         except RecordError as e:
@@ -364,6 +376,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     async def search(body: SearchRequest, tenant: str = Depends(authorize)):
         B = len(body.queries)
         try:
+            if body.time_unit is not None:  # bare-number times in where, read in their unit once, here
+                body.where = with_time_unit(body.where, body.time_unit)
             if isinstance(body.where, list):
                 if len(body.where) != B:
                     return _field_error(["where"], f"{len(body.where)} filters for {B} queries: give one per "
@@ -373,6 +387,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                 wheres = [_force_tenant(body.where, tenant, ["where"])] * B
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
+        except (WhereError, RecordError) as e:
+            return _field_error(["where"], str(e))
         if body.config is None:
             key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
@@ -388,6 +404,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             for h in row:
                 if not math.isfinite(h["score"]):
                     raise HTTPException(500, "internal error: a non-finite score")
+        if body.min_score is not None:
+            rows = [[h for h in row if h["score"] >= body.min_score] for row in rows]
         # a JSONResponse skips re-validating every hit against the response model (documented by it)
         return JSONResponse({"results": [{"hits": row} for row in rows]})
 
@@ -422,6 +440,9 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     async def metrics():
         return Response(prom.generate_latest(svc.registry), media_type=prom.CONTENT_TYPE_LATEST)
 
+    from .records_api import records_router
+
+    app.include_router(records_router(svc, authorize))
     app.add_middleware(Measure, service=svc)
     app.add_middleware(BodyLimit, limit=int(max_body_bytes))
     return app

@@ -32,6 +32,7 @@ import numpy as np
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
+from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordBatch, normalize_records
 from .validate import check_ids, check_record
 from .wal import WriteAheadLog, encode_payload, segments
@@ -80,7 +81,7 @@ def _warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
     for the lazy imports and compiled kernels (seconds)."""
     m = Memory(partition_days=None)
-    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": 0}])
+    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": "1970-01-01"}])
     m.search(["warm engine"], k=1, where={"tenant": "w"})
 
 
@@ -114,10 +115,11 @@ def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
 
 
 class _Op:
-    __slots__ = ("batch", "future", "ids", "kind", "payload", "records", "tenant")
+    __slots__ = ("batch", "future", "ids", "kind", "options", "payload", "records", "tenant")
 
-    def __init__(self, kind: str, tenant: str, records=None, ids=None):
+    def __init__(self, kind: str, tenant: str, records=None, ids=None, options=None):
         self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
+        self.options = options or {}
         self.batch = None
         self.payload: bytes | None = None  # the log frame's JSON, encoded at the door
         self.future: cf.Future = cf.Future()
@@ -207,21 +209,30 @@ class ServiceStore:
                 self._replay_salvaged(op)
             return len(ops)
         run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
+        in_run: set[str] = set()
         for op in ops:
             if op.get("op") == "add":
+                ids = [r.get("id") for r in op["records"]]
+                if in_run.intersection(ids):  # an id added again (its record expired meanwhile): in order
+                    self.memory.add(run, time_unit="ms")
+                    run, in_run = [], set()
                 run.extend(op["records"])
+                in_run.update(ids)
             else:
                 if run:
-                    self.memory.add(run)
-                    run = []
+                    self.memory.add(run, time_unit="ms")
+                    run, in_run = [], set()
                 self._replay(op)
         if run:
-            self.memory.add(run)
+            self.memory.add(run, time_unit="ms")
         return len(ops)
 
     def _replay(self, op: dict[str, Any]) -> None:
+        # logged times are epoch ms (canonical since updates; before, as clients sent them: ms or ISO)
         if op.get("op") == "add":
-            self.memory.add(op["records"])
+            self.memory.add(op["records"], time_unit="ms")
+        elif op.get("op") == "put":  # whole new versions, computed when the update was logged
+            self.memory.upsert(op["records"], replace=True, time_unit="ms")
         elif op.get("op") == "delete":
             self.memory.delete(op["ids"], missing_ok=True)
         else:
@@ -234,14 +245,14 @@ class ServiceStore:
                 if len(recs) < len(op.get("records", [])):
                     log.warning("salvage: %d record(s) of a logged add already exist; kept the existing ones",
                                 len(op["records"]) - len(recs))
-                self.memory.add(recs)
+                self.memory.add(recs, time_unit="ms")
             else:
                 self._replay(op)
         except (RecordError, MemoryFormatError, TypeError, KeyError) as e:
             log.warning("salvage: skipped a logged %r operation that cannot be applied: %s", op.get("op"), e)
 
     # ------------------------------------------------------------------ writes
-    def add(self, tenant: str, records: Sequence[dict[str, Any]]) -> cf.Future:
+    def add(self, tenant: str, records: Sequence[dict[str, Any]], time_unit: str | None = None) -> cf.Future:
         """Queue an add for ``tenant``; the future gives the count once durable and applied.
 
         The records' ids are the tenant's; each record's ``tenant`` is set to
@@ -265,8 +276,9 @@ class ServiceStore:
                 raise RecordError(f"records[{i}].id: a non-empty string is required")
             check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
-        try:
-            batch = normalize_records(recs)
+        try:  # times become epoch ms once, here: the log holds them so (replayed with time_unit="ms")
+            recs = canonical_records(recs, time_unit)
+            batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
         op = _Op("add", tenant, records=recs)
@@ -283,6 +295,18 @@ class ServiceStore:
         check_ids(list(ids))
         op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
         return self._submit(op)
+
+    def update(self, tenant: str, patches: Sequence[dict[str, Any]], replace: bool = False, upsert: bool = False,
+               time_unit: str | None = None) -> cf.Future:
+        """Queue an update of the tenant's records (:meth:`gpuir.Memory.update` semantics: fields merged,
+        metadata key by key; ``replace`` replaces whole records; ``upsert`` adds unknown ids); the future
+        gives the number of records, once durable. Unknown ids (without ``upsert``) fail it with
+        :class:`NotFoundError`; a merged record that is malformed, with ``RecordError``."""
+        from .updates import check_patches
+
+        check_tenant(tenant)
+        recs = check_patches(tenant, patches, time_unit)
+        return self._submit(_Op("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))
 
     def _submit(self, op: _Op) -> cf.Future:
         if self._closed:
@@ -314,12 +338,32 @@ class ServiceStore:
                     stop = True
                     break
                 group.append(nxt)
-            self._commit(group)
+            self._commit_in_order(group)
             if self.wal.ops >= self.checkpoint_every or (
                     self.wal.ops and time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds):
                 self._checkpoint_safely()
             if stop:
                 return
+
+    def _commit_in_order(self, group: list[_Op]) -> None:
+        """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
+        from .updates import commit_update
+
+        try:
+            self.memory.purge_expired()  # an expired id is free again; its record is hidden already
+        except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
+            log.warning("purging expired records failed: %s: %s", type(e).__name__, e)
+        run: list[_Op] = []
+        for op in group:
+            if op.kind != "update":
+                run.append(op)
+                continue
+            if run:
+                self._commit(run)
+                run = []
+            commit_update(self, op)
+        if run:
+            self._commit(run)
 
     def _commit(self, group: list[_Op]) -> None:
         """Validate, log (one fsync), apply, acknowledge a group of operations."""

@@ -12,19 +12,22 @@ role         "user", "assistant",   dictionary code, int32
              "tool" or "system"
 agent        str                    dictionary code, int32
 tenant       str                    dictionary code, int32
-time         int epoch ms, ISO-8601 int64 epoch milliseconds (UTC); missing = int64 min
-             string, datetime, date
+time         ISO-8601 string, aware int64 epoch milliseconds (UTC); missing = int64 min
+             datetime, date, or a
+             number with time_unit
 importance   int or float, finite   float64 (NaN = missing)
 type         str (event, fact, ...) dictionary code, int32
 metadata     JSON object            compact JSON text, UTF-8 offsets + bytes
+expires_at   a time, as ``time``    in the metadata JSON under :data:`EXPIRES_KEY`
 ===========  =====================  ==================================================
 
-Times: a number is an integer count of milliseconds since the Unix epoch (a
-float is refused: seconds passed by mistake would otherwise be silently read as
-milliseconds); strings are parsed with :meth:`datetime.fromisoformat` (ISO 8601,
-a trailing ``Z`` accepted); a naive time (no offset) is UTC. Records come back
-(:meth:`~gpuir.memory.Memory.get`, search hits) with ``time`` in epoch
-milliseconds; :func:`format_time` gives ISO 8601.
+Times enter through :mod:`gpuir.memory.timeutil` and :mod:`gpuir.memory.intake`
+(a bare number needs its unit; a naive datetime is refused), which hand this
+module the canonical form: ``time`` and ``expires_at`` as int epoch
+milliseconds, ``expires_at`` folded into the metadata. :func:`normalize_records`
+takes that form (an int time is epoch ms here); :func:`make_record` gives it
+back (the memory's internal reads). Callers get records with times as ISO 8601
+strings (:func:`~gpuir.memory.timeutil.public_record`, :func:`format_time`).
 
 Every problem is a :class:`RecordError` naming the record (its position in the
 batch and its id) and the field, and nothing of the batch is added.

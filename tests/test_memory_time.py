@@ -191,3 +191,24 @@ def test_retriever_channel_min_score():
     with pytest.raises(ValueError, match="min_score must be a finite number"):
         ChannelConfig("bm25", min_score=float("inf"))
     assert RetrieverConfig.from_config(one.to_config()).channels[0].min_score == cut
+
+
+def test_expiry_survives_save_and_open_and_costs_nothing_when_unused(monkeypatch, tmp_path):
+    m = Memory()
+    m.add([{"id": "a", "text": "plain words"}])
+    calls = []
+    monkeypatch.setattr(expiry_mod, "expiry_column", lambda seg: calls.append(seg) or None)
+    m.search("plain")
+    m.add([{"id": "b", "text": "more words"}])
+    assert calls == [], "a memory never given an expires_at never looks for expired rows"
+    monkeypatch.undo()
+    m.add([{"id": "c", "text": "plain soon gone", "expires_at": "2100-01-01"}])
+    m.save(tmp_path / "m")
+    m.close()
+    now = [4_102_444_800_000 + 1]  # just after 2100-01-01
+    monkeypatch.setattr(expiry_mod, "now_ms", lambda: now[0])
+    monkeypatch.setattr("gpuir.memory.store.now_ms", lambda: now[0])
+    m = Memory.open(tmp_path / "m")
+    assert m.search("plain").ids(0) == ["a"] and m.count() == 2
+    assert m.purge_expired() == 1 and len(m) == 2
+    m.close(discard_unsaved=True)

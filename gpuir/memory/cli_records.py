@@ -190,7 +190,7 @@ def register_records(sub: Any, lock_timeout) -> None:
     p.add_argument("--descending", action="store_true", help="newest first (default: oldest first)")
     p.add_argument("--limit", type=int, default=100, help="records per page (default: %(default)s)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--cursor", default=None, help="continue after a previous page (its 'next: --cursor')")
+    g.add_argument("--cursor", default=None, help="continue after a previous page (its 'next: --cursor') (default: the first page)")
     g.add_argument("--all", action="store_true", help="every page (default: one page)")
     time_unit(p)
     p.set_defaults(func=_cmd_list)
@@ -216,7 +216,7 @@ def register_records(sub: Any, lock_timeout) -> None:
     p = sub.add_parser("history", help="a record's earlier versions (JSON lines, oldest first)",
                        description="Write the earlier versions of a record kept by updates, oldest first.")
     memory_dir(p)
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help="the record's id")
     p.set_defaults(func=_cmd_history)
 
     p = sub.add_parser("export", help="write records to an exact JSON-lines file",
@@ -225,7 +225,7 @@ def register_records(sub: Any, lock_timeout) -> None:
     memory_dir(p)
     p.add_argument("out", metavar="OUT.jsonl", help="the file to write (replaced atomically)")
     where(p)
-    p.add_argument("--no-history", action="store_true", help="leave the records' histories out")
+    p.add_argument("--no-history", action="store_true", help="leave the records' histories out (default: included)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("import", help="add the records of an export file",
@@ -236,6 +236,6 @@ def register_records(sub: Any, lock_timeout) -> None:
     p.add_argument("file", metavar="IN.jsonl", help="a file written by 'gpuir memory export' or Memory.export")
     p.add_argument("--replace", action="store_true", help="records whose ids exist replace them (default: exit 2)")
     p.add_argument("--no-check-config", action="store_true",
-                   help="import although the export's analyzer or BM25 settings differ")
+                   help="import although the export's analyzer or BM25 settings differ (default: refuse, exit 2)")
     lock_timeout(p)
     p.set_defaults(func=_cmd_import)

@@ -69,11 +69,19 @@ def expiry_column(seg: Any) -> np.ndarray | None:
     return col
 
 
-def cutoff(views: Iterable[Any], now: int | None = None) -> int | None:
-    """``now`` (default the wall clock) when some record of ``views`` has an ``expires_at``, else None.
+def has_expiry(metadata: Iterable[str]) -> bool:
+    """Whether any of these stored metadata texts holds an ``expires_at``."""
+    return any(_KEY_JSON in m for m in metadata if m)
 
-    A search with a cutoff hides the records with ``expires_at <= cutoff``.
-    """
+
+def cutoff(snap: Any, now: int | None = None) -> int | None:
+    """``now`` (default the wall clock) when some record of the snapshot ``snap`` (or of the segment views
+    ``snap``) has an ``expires_at``, else None. A search with a cutoff hides the records with
+    ``expires_at <= cutoff``. A snapshot of a memory that was never given an ``expires_at``
+    (``snap.expiring`` false) is answered without looking at its segments."""
+    if getattr(snap, "expiring", True) is False:
+        return None
+    views = getattr(snap, "views", snap)
     if any(expiry_column(v.seg) is not None for v in views):
         return now_ms() if now is None else int(now)
     return None

@@ -54,7 +54,7 @@ from ..bm25 import BM25Params
 from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import listing, persist, updates
 from .columns import Interner
-from .expiry import cutoff, expired_rows, now_ms
+from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
 from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
 from .history import History
@@ -163,6 +163,7 @@ class Memory:
         self._prev_files: set[str] = set()
         self._unsaved = 0  # records added, updated or deleted since the last save or open
         self._history = History(history_limit)
+        self._expiring = False  # some record was given an expires_at (saved in the manifest; never reset)
         self._snap = self._snapshot(self._df[:0].copy())
 
     # ------------------------------------------------------------------ state
@@ -175,8 +176,10 @@ class Memory:
 
     def _snapshot(self, df: np.ndarray) -> Snapshot:
         self._version += 1
-        return Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
+        snap = Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
                         self.analyzer_config, self.window_ms, self._terms, self._dicts)
+        snap.expiring = self._expiring  # no expires_at ever given: searches never look for expired rows
+        return snap
 
     def _publish(self, added: Mapping[str, int] | None = None, removed: Iterable[str] = (),
                  stats_changed: bool = True) -> None:
@@ -238,6 +241,7 @@ class Memory:
             if not len(batch):
                 return 0
             self._purge_expired()
+            self._note_expiry(batch)
             clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
@@ -306,6 +310,7 @@ class Memory:
             if not new:
                 return len(ids)
             batch = normalize_records(fold_expiry(new), labels=labels)
+            self._note_expiry(batch)
             touched = self._remove(replaced) if replaced else set()
             added, parts = self._append(batch)
             self._publish(added=added, removed=replaced)  # removed first, then the new versions
@@ -336,7 +341,13 @@ class Memory:
             self._check_writable()
             return self._purge_expired()
 
+    def _note_expiry(self, batch: RecordBatch) -> None:
+        if not self._expiring and has_expiry(batch.metadata):
+            self._expiring = True
+
     def _purge_expired(self) -> int:
+        if not self._expiring:
+            return 0
         now = now_ms()
         dead: list[str] = []
         for v in self._views:
@@ -586,14 +597,14 @@ class Memory:
             ``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (None on the last page).
         """
         snap = self._snap
-        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap.views))[0]
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
         fp = listing.fingerprint(where, order_by, descending, time_unit)
         return listing.list_page(snap, w, fp, order_by, descending, limit, cursor)
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """The number of records passing ``where`` (expired records excluded)."""
         snap = self._snap
-        return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap.views))[0])
+        return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0])
 
     def history(self, id: str) -> list[dict[str, Any]]:
         """The earlier versions of record ``id``, oldest first, as record dicts ([] when none; see
@@ -621,7 +632,7 @@ class Memory:
         int: the number of records written. See :mod:`gpuir.memory.export` for the format.
         """
         snap = self._snap
-        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap.views))[0]
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
         seqs, _, vis, rows = listing._matches(snap, w)
         order = np.argsort(seqs, kind="stable")
         recs = [public_record(snap.record(int(vis[i]), int(rows[i]))) for i in order.tolist()]
@@ -753,7 +764,7 @@ class Memory:
             name, reason = "numpy", reason + "; the memory's CPU engine (weights only the postings it reads)"
         snap = snapshot if snapshot is not None else self._snap
         t0 = time.perf_counter()
-        wheres = compile_wheres(where, len(queries), snap.dicts, time_unit, cutoff(snap.views))
+        wheres = compile_wheres(where, len(queries), snap.dicts, time_unit, cutoff(snap))
         plans = plan_queries(snap, list(queries))
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
@@ -901,7 +912,7 @@ class Memory:
                 saved_views[seg.uid] = v
             manifest = {"generation": gen, "config": self.config(), "next_seq": self._next_seq,
                         "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries,
-                        "history": self._history.save(root, gen)}
+                        "history": self._history.save(root, gen), "expiring": self._expiring}
             name = persist.commit(root, manifest)
             self._gen = gen
             self._unsaved = 0
@@ -1022,6 +1033,7 @@ class Memory:
         if len(mem._ids) != mem._n:
             raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique)")
         mem._history.load(root, manifest.get("history"), verify)
+        mem._expiring = bool(manifest.get("expiring", False))  # older memories had no expires_at
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])

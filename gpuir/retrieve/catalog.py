@@ -237,7 +237,7 @@ class Catalog:
             per = [where] * n_queries
         out: list[np.ndarray | None] = []
         cache: dict[str, np.ndarray | None] = {}  # one mask per distinct filter (e.g. per tenant)
-        expire = cutoff(snap.views)  # records past their expires_at are hidden from every channel
+        expire = cutoff(snap)  # records past their expires_at are hidden from every channel
         for raw in per:
             key = json.dumps(raw, sort_keys=True, default=repr)
             if key not in cache:

@@ -63,7 +63,7 @@ def test_pages_in_add_order_and_in_time_order(mem):
 
 
 def test_cursors_are_stable_while_records_come_and_go(mem):
-    m, recs = mem
+    m, _ = mem
     first = m.list(limit=30)
     seen = _ids(first)
     # records added and deleted between pages: no page shifts, nothing is repeated or skipped

@@ -68,11 +68,9 @@ def write_export(path: str | os.PathLike, header: dict[str, Any], records: list[
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(dump({"format": FORMAT, "version": VERSION, **header, "records": len(records),
                           "histories": len(histories)}))
-            for rec in records:
-                v = vector_of(vectors, rec["id"])
-                f.write(dump(rec if v is None else {**rec, "vector": _vector_json(v)}))
-            for rid, versions in histories:
-                f.write(dump({"history": rid, "versions": versions}))
+            f.writelines(dump(rec if (v := vector_of(vectors, rec["id"])) is None else
+                              {**rec, "vector": _vector_json(v)}) for rec in records)
+            f.writelines(dump({"history": rid, "versions": vs}) for rid, vs in histories)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

@@ -115,7 +115,7 @@ class History:
                 obj = json.loads(line)
                 if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(
                         obj.get("versions"), list):
-                    raise ValueError(f"line {n} is not an {{id, versions}} object")
+                    raise ValueError(f"line {n} is not an {{id, versions}} object")  # noqa: TRY004 - reported as damage
                 self._versions[obj["id"]] = obj["versions"][-self.limit:] if self.limit else []
         except (ValueError, UnicodeDecodeError) as e:
             raise MemoryFormatError(f"{p}: damaged history file ({e})") from None

@@ -56,8 +56,8 @@ from . import listing, persist, updates
 from .columns import Interner
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
-from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
 from .history import History
+from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
 from .intake import canonical_records, fold_expiry, to_batch
 from .partitions import MODES, budget_partitions, partition_keys, scan
 from .persist import MemoryFormatError

@@ -418,7 +418,6 @@ class _Compiler:
             raise WhereError(f"{what}: tenant is a hard boundary: this filter names two tenants ({self.tenant!r} and "
                              f"{one!r}); search tenants one at a time")
         self.tenant = one
-        return None
 
     def value(self, fld: str, op: str, val: Any, here: str) -> Any:
         if op == "exists":
@@ -438,9 +437,8 @@ class _Compiler:
         if x is None and (ranged or op == "contains"):
             raise WhereError(f"{here}: {op!r} needs a value, got null")
         if fld == "metadata":
-            if ranged:
-                if isinstance(x, bool) or not isinstance(x, (int, float, str)):
-                    raise WhereError(f"{here}: a range needs a number or a string, got {x!r}")
+            if ranged and (isinstance(x, bool) or not isinstance(x, (int, float, str))):
+                raise WhereError(f"{here}: a range needs a number or a string, got {x!r}")
             return _json_value(x, here)
         if fld in ("id", "text") + STRING_FIELDS:
             if x is None:

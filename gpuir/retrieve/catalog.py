@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory
-from ..memory.records import MISSING_TIME
 from ..memory.expiry import cutoff
+from ..memory.records import MISSING_TIME
 from ..memory.where import compile_wheres
 
 __all__ = ["Catalog"]

@@ -199,8 +199,7 @@ class MemoryClient(_Base):
                 r.read()
                 _check(r)
             with open(path, "w", encoding="utf-8") as f:
-                for line in r.iter_lines():
-                    f.write(line + "\n")
+                f.writelines(line + "\n" for line in r.iter_lines())
         with open(path, encoding="utf-8") as f:
             return int(json.loads(f.readline())["records"])
 

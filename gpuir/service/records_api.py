@@ -68,7 +68,7 @@ def _where_param(text: str | None) -> dict[str, Any] | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"where is not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(w, dict):
-        raise ValueError('where must be a JSON object of conditions, e.g. {"role": "user"}')
+        raise ValueError('where must be a JSON object of conditions, e.g. {"role": "user"}')  # noqa: TRY004 - a 422
     return w
 
 

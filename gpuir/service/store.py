@@ -31,8 +31,8 @@ import numpy as np
 
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
-from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.intake import canonical_records, fold_expiry
+from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
 from .validate import check_ids, check_record
 from .wal import WriteAheadLog, encode_payload, segments

@@ -85,6 +85,7 @@ def served(tmp_path):
     root = tmp_path / "mem"
     claim_dir(root, "memory")
     keys = {t: KeyStore(root).add(t) for t in ("alice", "bob")}
+    keys["operator"] = KeyStore(root).add_operator()  # /healthz counts
     return root, keys
 
 
@@ -287,7 +288,7 @@ def test_enospc_rolls_the_log_back_and_acknowledged_records_survive_kill9(served
     srv2 = _server(root, log=srv.log).start()  # before: exit 2, "id 'alice/a4' occurs twice in this batch"
     try:
         c = MemoryClient(srv2.url, keys["alice"])
-        assert c.health()["records"] == len(acked) == 9
+        assert MemoryClient(srv2.url, keys["operator"]).health()["records"] == len(acked) == 9
         for i, rid in enumerate(acked):
             assert c.get(rid)["text"].startswith(f"uniq{i} ")
     finally:
@@ -438,7 +439,7 @@ def test_bad_records_fail_only_their_own_request_and_never_a_shared_group(served
         assert all(c.get(f"b{i}")["metadata"] == {"n": i} for i in range(30))
         hits = c.search(["bob note"], k=5, where={"metadata.n": 7})
         assert [h["id"] for h in hits[0]] == ["b7"]
-        assert MemoryClient(srv.url, keys["alice"]).health()["records"] == 30
+        assert MemoryClient(srv.url, keys["operator"]).health()["records"] == 30
     finally:
         srv.stop()
 

@@ -133,3 +133,26 @@ def test_an_acknowledged_update_survives_kill9(served):
         assert a.get("t2") == want and want["metadata"] == {"speaker": "Melanie"} and want["session"] == "S1"
         assert [h["text"] for h in a.history("t2")] == ["Melanie painted a sunrise over the lake",
                                                         "Melanie painted a sunset"]
+
+
+@pytest.mark.parametrize("statistics", ["tenant", "pooled"])
+def test_id_filters_name_the_tenants_own_ids_in_both_statistics_modes(served, statistics):
+    root, keys = served
+    with ServerProcess(root, [*NO_CHECKPOINT, "--statistics", statistics]) as srv:
+        a, b = MemoryClient(srv.url, keys["alice"]), MemoryClient(srv.url, keys["bob"])
+        a.add([{"id": f"n{i}", "text": f"note {i}", "metadata": {"i": i}} for i in range(6)])
+        b.add([{"id": "n1", "text": "bob's note 1"}])
+        a.update({"id": "n2", "text": "note two, revised"})
+        ids = (lambda page: [r["id"] for r in page.records])
+        assert ids(a.list(where={"id": {"in": ["n1", "n2"]}})) == ["n1", "n2"]
+        assert ids(a.list(where={"$or": [{"id": "n0"}, {"id": {"gte": "n4"}}]})) == ["n0", "n4", "n5"]
+        assert ids(a.list(where={"$not": {"id": {"nin": ["n3"]}}})) == ["n3"]
+        assert a.count({"id": {"ne": "n0"}}) == 5 and b.count({"id": "n1"}) == 1
+        assert a.get("n2")["text"] == "note two, revised"
+        assert [h["id"] for h in a.search("revised")[0]] == ["n2"]
+        if statistics == "pooled":
+            with pytest.raises(ServiceError) as e:
+                a.count({"id": {"contains": "n"}})
+            assert e.value.status == 422 and "pooled statistics" in str(e.value.detail)
+        else:
+            assert a.count({"id": {"contains": "n"}}) == 6

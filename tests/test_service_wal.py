@@ -305,7 +305,7 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
     assert n_acked >= 150
     srv2 = ServerProcess(root, log=srv.log).start()
     try:
-        health = MemoryClient(srv2.url, keys["w0"]).health()
+        health = MemoryClient(srv2.url, KeyStore(root).add_operator()).health()
         assert health["records"] >= n_acked
         for t, ids in acked.items():
             c = MemoryClient(srv2.url, keys[t])

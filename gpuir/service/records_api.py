@@ -27,9 +27,9 @@ import os
 import tempfile
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..memory import RecordError, WhereError
 from .store import SEP, ConflictError, NotFoundError, StoreFailedError, TenantError, WriteFailedError, external_hit
@@ -38,18 +38,19 @@ TimeUnit = Literal["s", "ms", "us", "ns"]
 
 
 class RecordFields(BaseModel):
-    """Fields of a record (all optional: PATCH changes the fields given; null removes one)."""
+    """Fields of a record (all optional: PATCH changes the fields given; null removes one); strict JSON
+    (:mod:`gpuir.service.body`), read after the key check."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str | None = Field(None, description="optional; must equal the path's id")
     text: str | None = None
     session: str | None = None
     role: Literal["user", "assistant", "tool", "system"] | None = None
     agent: str | None = None
     tenant: str | None = Field(None, description="optional; must equal the path's tenant")
-    time: StrictInt | StrictFloat | str | None = Field(
+    time: int | float | str | None = Field(
         None, description="ISO 8601, or a number with the time_unit query parameter")
-    expires_at: StrictInt | StrictFloat | str | None = Field(
+    expires_at: int | float | str | None = Field(
         None, description="when the record expires (hidden, then purged); ISO 8601 or a number with time_unit")
     importance: float | None = None
     type: str | None = None
@@ -84,7 +85,8 @@ def _external_record(obj: dict[str, Any]) -> dict[str, Any]:
 
 def records_router(svc: Any, authorize: Any) -> APIRouter:
     """The routes of this module over the service ``svc``, each behind ``authorize`` (the tenant's key)."""
-    from .app import _force_tenant, _write_failed
+    from .app import _body, _detail_422, _force_tenant, _openapi_body, _write_failed
+    from .body import BodyError
 
     r = APIRouter()
 
@@ -105,19 +107,22 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
             limit: int = Query(100, ge=1, le=1000), cursor: str | None = None, time_unit: TimeUnit | None = None):
         w = tenant_where(where, tenant)
         try:
-            page = await asyncio.to_thread(svc.store.memory.list, w, order_by, descending, limit, cursor, time_unit)
+            mem, w, internal = svc.store.reader(tenant, w)
+            page = await asyncio.to_thread(mem.list, w, order_by, descending, limit, cursor, time_unit)
         except (WhereError, RecordError) as e:
             return _error(["query", "where"], str(e))
         except ValueError as e:  # a foreign or damaged cursor
             return _error(["query", "cursor"], str(e))
-        return JSONResponse({"records": [external_hit(x) for x in page.records], "cursor": page.cursor})
+        recs = [external_hit(x) for x in page.records] if internal else page.records
+        return JSONResponse({"records": recs, "cursor": page.cursor})
 
     @r.get("/v1/tenants/{tenant}/count", summary="Count the tenant's records passing a filter")
     async def count_records(tenant: str = Depends(authorize), where: str | None = None,
                             time_unit: TimeUnit | None = None):
         w = tenant_where(where, tenant)
         try:
-            n = await asyncio.to_thread(svc.store.memory.count, w, time_unit)
+            mem, w, _ = svc.store.reader(tenant, w)
+            n = await asyncio.to_thread(mem.count, w, time_unit)
         except (WhereError, RecordError) as e:
             return _error(["query", "where"], str(e))
         return {"count": n}
@@ -150,14 +155,24 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         rec = await asyncio.to_thread(svc.store.get, tenant, rid)
         return {"updated": n, "record": rec}
 
-    @r.patch("/v1/tenants/{tenant}/records/{id}", summary="Change fields of a record, keeping the others (durable)")
-    async def patch_record(id: str, body: RecordFields, tenant: str = Depends(authorize),
+    @r.patch("/v1/tenants/{tenant}/records/{id}", summary="Change fields of a record, keeping the others (durable)",
+             openapi_extra=_openapi_body(RecordFields))
+    async def patch_record(id: str, request: Request, tenant: str = Depends(authorize),
                            time_unit: TimeUnit | None = None):
+        try:
+            body = await _body(request, RecordFields)
+        except BodyError as e:
+            return _detail_422(e.detail)
         return await _put(tenant, id, body, False, time_unit)
 
-    @r.put("/v1/tenants/{tenant}/records/{id}", summary="Replace a record, or create it (durable)")
-    async def put_record(id: str, body: RecordFields, tenant: str = Depends(authorize),
+    @r.put("/v1/tenants/{tenant}/records/{id}", summary="Replace a record, or create it (durable)",
+           openapi_extra=_openapi_body(RecordFields))
+    async def put_record(id: str, request: Request, tenant: str = Depends(authorize),
                          time_unit: TimeUnit | None = None):
+        try:
+            body = await _body(request, RecordFields)
+        except BodyError as e:
+            return _detail_422(e.detail)
         if body.text is None:
             return _error(["body", "text"], "PUT replaces the whole record: give its text (PATCH changes some "
                                             "fields and keeps the others)")

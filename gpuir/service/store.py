@@ -12,11 +12,27 @@ Record ids are namespaced by tenant inside the memory (``TENANT/ID``; tenant
 names cannot contain ``/``), so tenants may use the same ids, and an id of one
 tenant can never name another tenant's record. The service strips the prefix
 from everything it returns.
+
+**Statistics per tenant** (the default, ``statistics="tenant"``). The memory
+directory holds one shared :class:`~gpuir.memory.Memory` -- the durable state
+the log is folded into, unchanged -- and the store keeps beside it, in RAM, one
+*search memory* per tenant: a ``Memory`` with the same settings holding only
+that tenant's records (with the tenant's own ids), built at start from the
+shared memory (in add order) and kept in step by the writer thread (each logged
+operation is applied to the shared memory and then to its tenant's search
+memory, before it is acknowledged). Searches and reads run on the tenant's
+search memory, so a tenant's BM25 statistics (N, df, avgdl) are its own
+records' and its scores equal those of a memory holding only its records, bit
+for bit: another tenant's adds never change them. ``statistics="pooled"``
+searches the shared memory instead (statistics over every tenant; one copy of
+the records in RAM). Nothing on disk differs between the two: the choice can
+change at any restart.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import errno as _errno
 import logging
 import queue
@@ -39,9 +55,12 @@ from .wal import WriteAheadLog, encode_payload, segments
 
 log = logging.getLogger("gpuir.service.store")
 
-#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit.
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
+#: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 SEP = "/"
+#: The ways a store can compute BM25 statistics (see the module docstring).
+STATISTICS = ("tenant", "pooled")
 
 
 class TenantError(ValueError):
@@ -86,7 +105,8 @@ def _warm_up() -> None:
 
 
 def check_tenant(tenant: str) -> str:
-    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+    """``tenant`` if it is a valid tenant name (the whole string), else ``ValueError``."""
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
         raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
     return tenant
 
@@ -112,6 +132,44 @@ def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
         importance=np.concatenate([b.importance for b in batches]),
         metadata=[x for b in batches for x in b.metadata],
     )
+
+
+def tenant_batch(batch: RecordBatch, tenant: str) -> RecordBatch:
+    """``batch`` (internal ids ``TENANT/ID``) with the tenant's own ids, for its search memory."""
+    cut = len(tenant) + len(SEP)
+    return dataclasses.replace(batch, ids=[rid[cut:] for rid in batch.ids])
+
+
+def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
+    """A tenant's ``where`` for the shared memory: conditions on ``id`` name the internal ids ``TENANT/ID``.
+
+    Strings compared with an id are prefixed, in every clause (``$and``, ``$or``,
+    ``$not`` included): ``eq``, ``ne``, ``in``, ``nin`` and the ranges (a common
+    prefix keeps the order of strings). ``contains`` on ``id`` is refused (a
+    substring could match the prefix); anything else is left for
+    :mod:`gpuir.memory.where` to refuse.
+    """
+    if not isinstance(where, dict) or not where:
+        return where
+    pre = (lambda x: internal_id(tenant, x) if isinstance(x, str) else x)
+    out: dict[str, Any] = {}
+    for k, v in where.items():
+        if k in ("$and", "$or") and isinstance(v, list):
+            out[k] = [pooled_where(w, tenant) for w in v]
+        elif k == "$not":
+            out[k] = pooled_where(v, tenant)
+        elif k == "id" and isinstance(v, dict):
+            if "contains" in v or "$contains" in v:
+                from ..memory.where import WhereError
+
+                raise WhereError("where['id']: 'contains' on ids is not available with pooled statistics "
+                                 "(`gpuir serve --statistics pooled`); use eq, in or a range")
+            out[k] = {op: ([pre(x) for x in val] if isinstance(val, list) else pre(val)) for op, val in v.items()}
+        elif k == "id":
+            out[k] = pre(v)
+        else:
+            out[k] = v
+    return out
 
 
 class _Op:
@@ -145,6 +203,9 @@ class ServiceStore:
         skipped, fold the result into the memory at once and set the damaged
         segments aside (see :mod:`gpuir.service.wal`). Without it, damage is a
         :class:`~gpuir.service.wal.WALCorruptError` and nothing is changed.
+    statistics : {"tenant", "pooled"}
+        BM25 statistics per tenant (default: a search memory per tenant, see the
+        module docstring) or over all tenants (searches run on the shared memory).
 
     Raises
     ------
@@ -157,7 +218,12 @@ class ServiceStore:
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
-                 max_group: int = 1024, salvage: bool = False):
+                 max_group: int = 1024, salvage: bool = False, statistics: str = "tenant"):
+        if statistics not in STATISTICS:
+            raise ValueError(f"statistics must be one of {', '.join(STATISTICS)}, got {statistics!r}")
+        self.statistics = statistics
+        #: tenant -> its search memory (statistics="tenant"; written by the writer thread only)
+        self.tenants: dict[str, Memory] = {}
         self.root = check_path(root)
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
@@ -185,6 +251,9 @@ class ServiceStore:
             self.last_checkpoint = time.monotonic()
             if self.recovery.needs_checkpoint:  # a salvaged or version-1 log: fold it now, set damage aside
                 self.checkpoint()
+            if statistics == "tenant":
+                self._empty = self._new_tenant_memory()  # searched for a tenant without records
+                self._build_tenant_memories()
         except BaseException:
             self.wal.close()
             self.memory.close(discard_unsaved=True)  # everything is still in the log
@@ -196,6 +265,42 @@ class ServiceStore:
         self._closed = False
         self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
         self._thread.start()
+
+    # ------------------------------------------------------------------ per-tenant search memories
+    def _new_tenant_memory(self) -> Memory:
+        cfg = self.memory.config()
+        bm = cfg["bm25"]
+        m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
+                   partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],
+                   history_limit=0)  # histories live in the shared memory (one copy)
+        m.window_ms = self.memory.window_ms  # the same time partitions as the shared memory
+        return m
+
+    def _tenant_memory(self, tenant: str) -> Memory:
+        m = self.tenants.get(tenant)
+        if m is None:
+            m = self.tenants[tenant] = self._new_tenant_memory()
+        return m
+
+    def _build_tenant_memories(self) -> None:
+        """One search memory per tenant from the shared memory's live records, in add order."""
+        t0 = time.perf_counter()
+        snap = self.memory.snapshot()
+        by_tenant: dict[str, list[dict[str, Any]]] = {}
+        for _, vi, row in snap.live_records():
+            rec = snap.record(vi, row)
+            tenant = rec.get("tenant")
+            rid = rec["id"]
+            if not isinstance(tenant, str) or not rid.startswith(tenant + SEP):
+                raise MemoryFormatError(f"{self.root}: record {rid!r} is not a record of the service (its id must "
+                                        "be TENANT/ID, with its tenant): serve a memory the service created")
+            rec["id"] = rid[len(tenant) + 1:]
+            by_tenant.setdefault(tenant, []).append(rec)
+        for tenant, recs in by_tenant.items():
+            self._tenant_memory(tenant).add(recs, time_unit="ms")  # read back: times are epoch ms
+        if by_tenant:
+            log.info("built %d tenant search memories (%d records) in %.2f s", len(by_tenant), len(snap),
+                     time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ replay
     def _replay_all(self, ops: list[dict[str, Any]], salvage: bool) -> int:
@@ -424,6 +529,14 @@ class ServiceStore:
                     mem.delete(op.ids, missing_ok=True)
                 if run:
                     self._apply_adds(run)
+                if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
+                    cut = {op.tenant: len(op.tenant) + len(SEP) for op, _ in logged}
+                    for op, _ in logged:
+                        tm = self._tenant_memory(op.tenant)
+                        if op.kind == "add":
+                            tm.add(tenant_batch(op.batch, op.tenant))
+                        else:
+                            tm.delete([rid[cut[op.tenant]:] for rid in op.ids], missing_ok=True)
             except BaseException as e:  # validated at the door, so an internal failure: stop writing
                 self.wal.rollback(mark, n_ops)  # the log must not replay what was not acknowledged
                 self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: "
@@ -468,8 +581,61 @@ class ServiceStore:
     # ------------------------------------------------------------------ reads
     def get(self, tenant: str, rid: str) -> dict[str, Any] | None:
         check_tenant(tenant)
+        if self.statistics == "tenant":
+            m = self.tenants.get(tenant)
+            return None if m is None else m.get([rid], missing_ok=True)[0]
         rec = self.memory.get([internal_id(tenant, rid)], missing_ok=True)[0]
         return None if rec is None else external_hit(rec)
+
+    def reader(self, tenant: str, where: dict[str, Any] | None) -> tuple[Memory, Any, bool]:
+        """(memory, where, ids internal) for reading a tenant's records (list, count): its search memory
+        (its own ids) with statistics per tenant, else the shared memory with ``where`` made internal."""
+        check_tenant(tenant)
+        if self.statistics == "tenant":
+            return self.tenants.get(tenant) or self._empty, where, False
+        return self.memory, pooled_where(where, tenant), True
+
+    def tenant_count(self) -> int:
+        """Tenants holding at least one live record."""
+        if self.statistics == "tenant":
+            return sum(1 for m in self.tenants.values() if len(m))
+        return int(self.memory.info()["tenants"])
+
+    def search(self, queries: list[str], k: int, wheres: list[dict[str, Any]], backend: str = "auto",
+               tenants: list[str] | None = None) -> list[list[dict[str, Any]]]:
+        """Hits (the tenant's own ids) of each query; ``wheres[i]`` names query i's tenant (``"tenant"``).
+
+        With statistics per tenant, the queries of each tenant go to its search
+        memory (one ``Memory.search`` per tenant of the batch; the tenant
+        condition is implied and dropped); pooled, one ``Memory.search`` on the
+        shared memory with ids in ``where`` made internal.
+
+        Returns
+        -------
+        list (one per query) of lists of hit dicts, best first
+        """
+        if tenants is None:
+            tenants = [w["tenant"] for w in wheres]
+        if self.statistics == "pooled":
+            ws = [pooled_where(w, t) for w, t in zip(wheres, tenants)]
+            res = self.memory.search(queries, k=k, where=ws, backend=backend)
+            return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+        out: list[list[dict[str, Any]]] = [[] for _ in queries]
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(tenants):
+            groups.setdefault(t, []).append(i)
+        for t, idx in groups.items():
+            m = self.tenants.get(t)
+            if m is None:  # a tenant without records: its filters are still checked (422 when malformed)
+                m = self._empty
+            ws = []
+            for i in idx:
+                w = {f: v for f, v in wheres[i].items() if f != "tenant"} if wheres[i] else None
+                ws.append(w or None)
+            res = m.search([queries[i] for i in idx], k=max(1, min(k, len(m))), where=ws, backend=backend)
+            for j, i in enumerate(idx):
+                out[i] = res.hits(j)
+        return out
 
     def close(self, checkpoint: bool = True) -> None:
         """Stop the writer (after the queued writes), checkpoint, release the directory."""

@@ -101,6 +101,10 @@ def commit_update(store: Any, op: Any) -> None:
         store.on_group(1, time.perf_counter() - t0)
     try:
         mem.upsert(new, replace=True, time_unit="ms")
+        if store.statistics == "tenant":  # then the tenant's search memory (its own ids), as adds do
+            cut = len(op.tenant) + len(SEP)
+            store._tenant_memory(op.tenant).upsert([{**r, "id": r["id"][cut:]} for r in new], replace=True,
+                                                   time_unit="ms")
     except BaseException as e:  # checked above, so an internal failure: stop writing
         store.wal.rollback(mark, len(new))
         store.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: {e}); "

@@ -22,10 +22,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..memory.records import RecordError
+from ..memory.records import MAX_METADATA_DEPTH, RecordError
 
 #: Deepest nesting of objects and arrays inside a record's metadata (the metadata object is level 1).
-MAX_DEPTH = 32
+MAX_DEPTH = MAX_METADATA_DEPTH
 #: Integers stored anywhere in a record: signed 64-bit.
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 

@@ -19,6 +19,12 @@ Tools
     The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``.
 ``forget(ids)``
     Delete records by id; returns ``{"deleted": n}`` (unknown ids are skipped).
+``revise(id, text=None, session=None, role=None, time=None, importance=None, metadata=None)``
+    Change a record, keeping the fields not given (metadata merged key by key, a null value removes
+    a key); returns ``{"updated": 1, "id": ...}``.
+``browse(where=None, limit=20, cursor=None, newest_first=True)``
+    A page of records (newest first by default): ``{"records": [...], "cursor": ...}`` (pass the
+    cursor back for the next page; null on the last).
 
 Errors: a call the memory refuses (a bad record, an id that already exists, a
 bad ``where``, a full disk, the service's 4xx/5xx) comes back to the agent as a
@@ -117,6 +123,33 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     def forget(ids: list[str]) -> dict[str, Any]:
         """Delete memory records by id; unknown ids are skipped."""
         return {"deleted": int(mem.delete(list(ids)))}
+
+    if callable(getattr(mem, "update", None)):
+        @server.tool()
+        def revise(id: str, text: str | None = None, session: str | None = None, role: str | None = None,
+                   time: str | None = None, importance: float | None = None,
+                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+            """Change a memory record, keeping the fields not given (metadata is merged key by key)."""
+            rec: dict[str, Any] = {"id": id}
+            for key, v in (("text", text), ("session", session), ("role", role), ("time", time),
+                           ("importance", importance), ("metadata", metadata)):
+                if v is not None:
+                    rec[key] = v
+            if tenant is not None:
+                got = mem.list(where={"tenant": tenant, "id": id}, limit=1).records
+                if not got:
+                    raise ValueError(f"no record {id!r} in tenant {tenant!r}")
+            return {"updated": int(mem.update([rec])), "id": id}
+
+    if callable(getattr(mem, "list", None)):
+        @server.tool()
+        def browse(where: dict[str, Any] | None = None, limit: int = 20, cursor: str | None = None,
+                   newest_first: bool = True) -> dict[str, Any]:
+            """A page of memory records (newest first by default), optionally filtered by where."""
+            if tenant is not None:
+                where = {**(where or {}), "tenant": tenant}
+            page = mem.list(where=where, limit=limit, cursor=cursor, order_by="time", descending=newest_first)
+            return {"records": page.records, "cursor": page.cursor}
 
     return server
 

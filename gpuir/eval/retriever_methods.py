@@ -33,7 +33,7 @@ from ..progress import progress_bar
 from ..results import padded_arrays
 from ..retrieve import ChannelConfig, Retriever, RetrieverConfig, default_config
 from .datasets import EvalDataset, EvalQuery, load_locomo
-from .records import dataset_records, document_tenants
+from .records import dataset_records, document_tenants, record_time
 from .runner import Run, register_method
 
 __all__ = ["haystack_wheres", "loco_folds", "retriever_run", "session_turn_records"]
@@ -67,7 +67,7 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
             if tenant is not None:
                 rec["tenant"] = tenant
             if date is not None:
-                rec["time"] = date
+                rec["time"] = record_time(date)
             out.append(rec)
     return out
 

@@ -10,6 +10,7 @@
                                    [--mode exhaustive|newest|budgeted] [--max-partitions K]
                                    [--config CONFIG.json] [--unit record|session]
     gpuir memory info MEMORY_DIR [--json]
+    gpuir memory get|list|count|update|history|export|import ...   (gpuir.memory.cli_records)
 
 ``add`` creates the memory when the directory is missing or empty (the analyzer
 and BM25 options apply then only), and adds every record of the file or none:
@@ -64,6 +65,13 @@ An agent memory in a directory: add, delete and search records; describe it.
   gpuir memory delete MEMORY_DIR --ids IDS.txt
   gpuir memory search MEMORY_DIR --query TEXT [-k 10] [--where JSON] [--config CONFIG.json] [--unit session]
   gpuir memory info MEMORY_DIR [--json]
+  gpuir memory get MEMORY_DIR ID...                 records by id (JSON lines)
+  gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time] [--limit N] [--cursor C | --all]
+  gpuir memory count MEMORY_DIR [--where JSON]
+  gpuir memory update MEMORY_DIR PATCHES.jsonl [--replace | --upsert]
+  gpuir memory history MEMORY_DIR ID
+  gpuir memory export MEMORY_DIR OUT.jsonl [--where JSON]
+  gpuir memory import MEMORY_DIR IN.jsonl [--replace]
 
 Search hits (jsonl) carry id, score, text and the record's fields; trec writes
 'qid Q0 id rank score gpuir-memory'. With --unit session the hits are
@@ -99,7 +107,7 @@ def _open_or_create(args: argparse.Namespace):
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from .records import normalize_records
+    from .intake import to_batch
 
     path = Path(args.records)
     if not path.is_file():
@@ -114,7 +122,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
         def flush():
             nonlocal total
             if recs:
-                total += mem.add(normalize_records(recs, labels=labels))
+                total += mem.add(to_batch(recs, args.time_unit, labels=labels))
                 bar.update(len(recs))
                 recs.clear()
                 labels.clear()
@@ -292,6 +300,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     help="BM25 delta, bm25l and bm25+ only, on creation only (default: 0.5)")
     pa.add_argument("--partition-days", type=float, default=None,
                     help="width of the time partitions in days, 0 turns them off, on creation only (default: 7)")
+    pa.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
+                    help="unit of times given as bare numbers (default: none; a bare number is an error: give ISO "
+                         "8601 strings, or name the unit)")
     lock_timeout(pa)
     pa.set_defaults(func=_cmd_add)
 
@@ -342,4 +353,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pi.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
     pi.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     pi.set_defaults(func=_cmd_info)
+
+    from .cli_records import register_records
+
+    register_records(sub, lock_timeout)
     return pm

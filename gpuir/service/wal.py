@@ -15,7 +15,8 @@ Every frame (format version 2) is::
     4 bytes  payload length L (little-endian uint32)
     4 bytes  frame checksum: CRC-32 of the 16 bytes above and the payload
     4 bytes  header checksum: CRC-32 of the 20 bytes above
-    L bytes  payload: UTF-8 JSON, {"op": "add", "records": [...]} or {"op": "delete", "ids": [...]}
+    L bytes  payload: UTF-8 JSON, {"op": "add", "records": [...]}, {"op": "delete", "ids": [...]} or
+             {"op": "put", "records": [...]} (whole new versions of existing records: an update)
 
 The header checksum makes the length trustworthy before it is used: a flipped
 bit in a length is damage to that frame's header, never a frame that seems to
@@ -305,7 +306,7 @@ def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False) -> Re
         raise WALCorruptError(f"{path}: not a {FORMAT} version {VERSION} log (its first frame is not a log "
                               f"header: {frames[0]!r:.200})")
     # salvage, the header lost: keep the frames that are operations (the segment is taken as live)
-    ops = [f for f in frames if isinstance(f, dict) and f.get("op") in ("add", "delete")]
+    ops = [f for f in frames if isinstance(f, dict) and f.get("op") in ("add", "delete", "put")]
     skipped.append(Skipped(path, 0, 0, f"the segment's header frame is lost: its {len(ops)} intact "
                                        "operation(s) are replayed as the newest"))
     return ReadResult({}, ops, good_end, torn, VERSION, first, last, skipped)

@@ -114,8 +114,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "routing": ("sklearn", "dateparser"),
 }
 #: Methods that need an extra whatever their options.
-METHOD_EXTRAS: dict[str, str] = {"dense": "dense", "late": "dense", "rrf": "dense", "agent_rrf": "dense",
-                                 "hybrid-fusion": "dense"}
+METHOD_EXTRAS: dict[str, str] = {"dense": "dense", "late": "dense"}
 
 
 class MissingExtraError(ImportError):
@@ -175,7 +174,8 @@ def _check_extras(args: argparse.Namespace, options: dict[str, Any]) -> None:
     elif args.method == "fusion":
         from .retriever_methods import config_from_options
 
-        cfg = config_from_options(**{k: v for k, v in options.items() if k not in ("alpha", "grid")})
+        keep = ("config", "pooling", "pool_k", "lse_beta", "dense_mode", "fusion_norm", "encoder")
+        cfg = config_from_options(**{k: v for k, v in options.items() if k in keep})
     if cfg is not None:
         for ex in _config_extras(cfg):
             _require(ex, f"configuration {options.get('config') or args.method!r}")

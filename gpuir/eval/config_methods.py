@@ -171,9 +171,12 @@ def _meta_rows(meta: dict[str, Any], B: int) -> dict[str, Any]:
 
 
 def config_search(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: RetrieverConfig, *,
-                  backend: str = "auto", batch_size: int = 256, progress: bool = False
+                  backend: str = "auto", batch_size: int = 256, progress: bool = False, records: str = "turns"
                   ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Rank ``ds``'s sessions for ``queries`` with one configuration.
+    """Rank ``ds``'s sessions for ``queries`` with one configuration (``Retriever.search``, ``unit="session"``).
+
+    ``records``: the memory's records, each session's turns or each session whole
+    (:func:`gpuir.eval.retriever_methods.build_retriever`).
 
     Returns
     -------
@@ -182,14 +185,13 @@ def config_search(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
     info : dict with ``decisions`` (per-question arrays: escalated, route, widened, window, when
         the retriever reports them), ``timings`` (summed stage seconds), ``backend``, ``memory``.
     """
-    from .retriever_methods import build_retriever, haystack_wheres
+    from .retriever_methods import build_retriever, haystack_wheres, ranked_from_results
 
-    r = build_retriever(ds, config)
+    r = build_retriever(ds, config, records=records, progress=progress)
     texts, wheres, ats = [q.text for q in queries], haystack_wheres(ds, queries), question_times(ds, queries)
     B = len(texts)
     ranked = np.full((B, k), -1, np.int64)
     scores = np.full((B, k), -np.inf, np.float32)
-    names, idx = r.catalog.session_names, ds.doc_index
     decisions: dict[str, list] = {}
     stage: dict[str, float] = {}
     backend_used = None
@@ -203,11 +205,7 @@ def config_search(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         e = min(B, s + batch_size)
         res = r.search(texts[s:e], k=k, where=wheres[s:e], unit="session", backend=backend,
                        **_search_kwargs(r, ats[s:e]))
-        for i, row in enumerate(res.numbers):
-            for j, n in enumerate(row.tolist()[:k]):
-                if n >= 0:
-                    ranked[s + i, j] = idx[names[n]]
-                    scores[s + i, j] = res.scores[i, j]
+        ranked[s:e], scores[s:e] = ranked_from_results(ds, res, k)
         for name, v in _meta_rows(res.meta, e - s).items():
             decisions.setdefault(name, []).extend(list(v))
         for st, sec in (res.meta.get("timings") or {}).items():
@@ -223,7 +221,7 @@ def config_search(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         backend_used = resolve_backend(backend)[0]
     dec = {n: (np.array(v, dtype=bool) if n != "route" else list(v)) for n, v in decisions.items()}
     return ranked, scores, {"decisions": dec, "timings": stage, "backend": backend_used,
-                            "memory": {"records": len(r.memory), "sessions": len(names)}}
+                            "memory": {"records": len(r.memory), "record_unit": records}}
 
 
 def _decision_summary(dec: dict[str, Any], categories: Sequence[str] | None = None) -> dict[str, Any]:
@@ -287,7 +285,7 @@ def parse_tune(specs: Sequence[str] | dict[str, Sequence[Any]] | None) -> dict[s
 def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: RetrieverConfig, *,
                backend: str = "auto", progress: bool = False, tune: Any = None, metric: str | None = None,
                select_cost: str | None = None, tolerance: float = 0.0, tune_by: str | None = None,
-               cv: str = "auto") -> Run:
+               cv: str = "auto", records: str = "turns") -> Run:
     """Run a configuration; with ``tune``, the cross-validated selection of the module docstring."""
     from .retriever_methods import _per_query
     from .selection import cv_folds, cv_select
@@ -296,7 +294,8 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
     grid = parse_tune(tune)
     base = dict(config) if isinstance(config, dict) else config.to_config()
     if not grid:
-        ranked, scores, info = config_search(ds, queries, k, config, backend=backend, progress=progress)
+        ranked, scores, info = config_search(ds, queries, k, config, backend=backend, progress=progress,
+                                             records=records)
         if not has_cascade(base):  # without a cascade every channel runs: no skip rate to report
             info["decisions"].pop("escalated", None)
         return Run(ranked, scores, {
@@ -321,7 +320,8 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
         for p, v in zip(paths, st):
             d = set_path(d, p, v)
         cfg = load_named_config(d)
-        ranked, scores, info = config_search(ds, queries, k, cfg, backend=backend, progress=progress)
+        ranked, scores, info = config_search(ds, queries, k, cfg, backend=backend, progress=progress,
+                                             records=records)
         runs[st], infos[st] = (ranked, scores), info
         per[st] = _per_query(ds, queries, ranked, metric)[scored]
         if select_cost == "escalated":

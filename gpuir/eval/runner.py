@@ -93,10 +93,10 @@ EVAL_METHODS: dict[str, MethodSpec] = {}
 
 #: Modules imported (when installed) before methods are listed, so methods that
 #: live elsewhere (dense, late interaction, fusion) register themselves.
-#: dense, late, rrf, agent_rrf, hybrid-fusion (dense rows); memory (Memory BM25); fusion (Retriever);
+#: dense, late, rrf (Retriever configurations); memory (Memory BM25); fusion (Retriever);
 #: config, default (named Retriever configurations)
 METHOD_MODULES: tuple[str, ...] = (
-    "gpuir.eval.hybrid_methods", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods",
+    "gpuir.eval.dense_methods", "gpuir.eval.memory_methods", "gpuir.eval.retriever_methods",
     "gpuir.eval.config_methods")
 
 

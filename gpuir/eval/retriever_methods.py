@@ -15,8 +15,15 @@ the *other* conversations' questions (:func:`gpuir.eval.stats.leave_one_group_ou
 and the held-out question is ranked with it. The setting is the weight
 ``alpha`` of the first channel (the second gets ``1 - alpha``; grid 0, 0.05,
 ..., 1) and, with ``--loco-grid full`` (the default on LoCoMo), also the
-analyzer and the second channel's pooling: the selection that chose the default
-configuration. ``--alpha 0.75`` runs the default configuration as a user would.
+analyzer, the second channel's pooling and the weight of a ``temporal`` channel
+(:data:`TEMPORAL_WEIGHTS`, 0 = none): the selection that decides the default
+configuration (issue 19). ``--alpha 0.75`` runs the default configuration's
+first two weights as a user would.
+
+Every ranking is the Retriever's own (``search_channels`` / ``fuse_channels`` /
+``results``, or ``search``): the harness scores, pools and fuses nothing itself.
+``--dense-mode early`` runs over a memory whose records are whole sessions
+(:func:`session_records`) instead of turns.
 """
 
 from __future__ import annotations

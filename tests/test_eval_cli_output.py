@@ -75,7 +75,7 @@ def test_missing_routing_extra_and_import_errors_exit_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     with pytest.raises(ImportError, match=r"pip install 'gpuir\[routing\]'"):
         ecli._require("routing", "configuration 'router'")
-    assert ecli._config_extras({"channels": [{"kind": "temporal"}]}) == ["routing"]
+    assert ecli._config_extras({"channels": [{"kind": "temporal"}]}) == []  # dateparser is core (issue 19)
     assert ecli._config_extras({"router": {"classifier": {"classes": ["a"]},
                                            "routes": {"x": {"channels": [{"kind": "late"}]}}},
                                 "channels": [{"kind": "bm25"}]}) == ["dense", "routing"]

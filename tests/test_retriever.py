@@ -73,11 +73,12 @@ def test_config_round_trip_and_json(tmp_path):
     assert json.loads(json.dumps(d)) == d
     assert RetrieverConfig.from_config(d) == cfg
     assert RetrieverConfig.load(cfg.save(tmp_path / "c.json")) == cfg
-    # the default is the LOCO-selected configuration: en-large, z-score, session BM25 0.75 + turn BM25 lse 0.25
+    # the default is the LOCO-selected configuration (issue 19): en-large, z-score, session BM25 0.75 +
+    # turn BM25 lse 0.25 + the temporal channel 0.5
     dd = default_config()
     assert dd.fusion == "z" and dd.analyzer == "en-large"
     assert [(c.kind, c.weight, c.pooling, c.lse_beta) for c in dd.channels] == [
-        ("bm25_session", 0.75, "max", 1.0), ("bm25_pool", 0.25, "lse", 1.0)]
+        ("bm25_session", 0.75, "max", 1.0), ("bm25_pool", 0.25, "lse", 1.0), ("temporal", 0.5, "max", 1.0)]
 
 
 @pytest.mark.parametrize("bad, msg", [

@@ -25,11 +25,16 @@ def by_hand(data_dir, locomo):
     from gpuir.eval.records import locomo_records
 
     m = Memory()  # default settings (analyzer, time partitions): the retriever indexes with its own analyzer
-    m.add(locomo_records(data_dir / "locomo" / "locomo10.json", unit="turn"))
+    recs = locomo_records(data_dir / "locomo" / "locomo10.json", unit="turn")
+    m.add(recs)
     r = Retriever(m, default_config())
     qs = locomo.queries
+    # LoCoMo's questions have no date: each is asked at its conversation's last session (the temporal channel's anchor)
+    last = {}
+    for rec in recs:
+        last[rec["tenant"]] = max(last.get(rec["tenant"], rec["time"]), rec["time"])
     res = r.search([q.text for q in qs], k=10, where=[{"tenant": q.group} for q in qs], unit="session",
-                   backend="numpy")
+                   backend="numpy", at=[last[q.group] for q in qs])
     return {q.qid: list(zip(res.ids(i), res.scores[i][: len(res.ids(i))].tolist())) for i, q in enumerate(qs)}
 
 

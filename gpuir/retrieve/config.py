@@ -7,9 +7,11 @@ and a JSON file (:meth:`RetrieverConfig.save` / :meth:`RetrieverConfig.load`).
 
 The default (:func:`default_config`) is the configuration that
 leave-one-conversation-out cross-validation selects on LoCoMo over analyzers x
-poolings x weights (``docs/retriever.md``): the ``en-large`` analyzer, z-score
-fusion of session-level BM25 (weight 0.75) with turn-level BM25 pooled to
-sessions by log-sum-exp (beta 1, weight 0.25).
+poolings x weights x the temporal channel's weight (``docs/retriever.md``,
+issue 19): the ``en-large`` analyzer, z-score fusion of session-level BM25
+(weight 0.75), turn-level BM25 pooled to sessions by log-sum-exp (beta 1,
+weight 0.25) and the ``temporal`` channel (weight 0.5; it runs only for
+questions that name a time).
 """
 
 from __future__ import annotations
@@ -348,5 +350,6 @@ def _check_router(r: Any, outer: RetrieverConfig) -> dict[str, Any]:
 def default_config() -> RetrieverConfig:
     """The configuration leave-one-conversation-out selects on LoCoMo (see the module docstring)."""
     return RetrieverConfig(channels=[ChannelConfig("bm25_session", depth=100, weight=0.75),
-                                     ChannelConfig("bm25_pool", depth=1000, weight=0.25, pooling="lse", lse_beta=1.0)],
+                                     ChannelConfig("bm25_pool", depth=1000, weight=0.25, pooling="lse", lse_beta=1.0),
+                                     ChannelConfig("temporal", depth=100, weight=0.5)],
                            fusion="z", analyzer="en-large")

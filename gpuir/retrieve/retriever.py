@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)  # gpuir.retrieve.retriever
 __all__ = ["UNITS", "Retriever", "RetrieverResults"]
 
 UNITS: tuple[str, ...] = ("record", "session")
+#: Record channels that run only for the queries with their signal (a parsed time window, a known entity).
+CONDITIONAL: frozenset[str] = frozenset({"temporal", "entity"})
 
 
 @dataclass
@@ -265,12 +267,17 @@ class Retriever:
 
         ``unit="session"``: every channel; record channels are max-pooled to
         sessions. ``unit="record"``: the record channels; a configuration without
-        any searches records with exact BM25 alone (the hits of ``Memory.search``).
+        any searches records with exact BM25 alone (the hits of ``Memory.search``),
+        and one whose record channels all run only for some queries (``temporal``,
+        ``entity``: the default has ``temporal``) searches exact BM25 beside them, so
+        that a query without a time or an entity still gets the BM25 hits.
         """
         if unit == "session":
             return list(self.config.channels)
         rec = [c for c in self.config.channels if c.unit == "record"]
-        return rec or [ChannelConfig("bm25", depth=100)]
+        if all(c.kind in CONDITIONAL for c in rec):
+            rec = [ChannelConfig("bm25", depth=100), *rec]
+        return rec
 
     def search_channels(self, queries: str | Sequence[str], where: Any = None, unit: str = "record",
                         backend: str = "auto", at: Any = None) -> dict[str, Any]:

@@ -123,6 +123,29 @@ def test_record_unit_has_the_hits_of_memory_search():
                 assert got.hits(i) == ref.hits(i)
 
 
+def test_default_record_unit_keeps_bm25_beside_the_temporal_channel():
+    """The default's only record channel (temporal) runs for time questions alone: record searches also run
+    exact BM25, so a question without a time gets Memory.search's hits and one with a time gets both channels."""
+    m = Memory(analyzer="en-large")
+    day = 86_400_000
+    m.add([{"id": "a", "text": "the garden", "session": "s1", "tenant": "u", "time": 10 * day},
+           {"id": "b", "text": "the garden was green", "session": "s1", "tenant": "u", "time": 10 * day},
+           {"id": "new", "text": "we sat in the garden with friends", "session": "s2", "tenant": "u", "time": 41 * day},
+           {"id": "c", "text": "we sat in the garden with friends and tea all afternoon long", "session": "s1",
+            "tenant": "u", "time": 12 * day},
+           {"id": "other", "text": "a film about trains", "session": "s2", "tenant": "u", "time": 41 * day}],
+          time_unit="ms")
+    r = Retriever(m)
+    assert [c.kind for c in r.channels_for("record")] == ["bm25", "temporal"]
+    plain = r.search("garden", k=5, where={"tenant": "u"}, backend="numpy", at=42 * day)
+    assert plain.hits(0) == m.search("garden", k=5, where={"tenant": "u"}, backend="numpy").hits(0)
+    assert plain.meta["ran"].tolist() == [[True, False]] and plain.ids(0) == ["a", "b", "new", "c"]
+    timed = r.search("the garden yesterday", k=5, where={"tenant": "u"}, backend="numpy", at=42 * day)
+    assert timed.meta["ran"].tolist() == [[True, True]] and timed.meta["windows"][0] is not None
+    # yesterday's records join the candidates and yesterday's garden record moves up past b
+    assert timed.ids(0)[:3] == ["a", "new", "b"] and "other" in timed.ids(0)
+
+
 def _bm25_session_oracle(rows, query):
     """Session BM25 (Lucene idf, k1 1.2, b 0.75) computed here from the joined session texts."""
     from gpuir.analysis import Analyzer

@@ -41,6 +41,18 @@ class StrArray(Sequence):
 
     @classmethod
     def from_list(cls, strings: Iterable[str]) -> StrArray:
+        if isinstance(strings, list) and strings:
+            joined = "".join(strings)  # (a non-str raises TypeError, as encode would)
+            if joined.isascii():  # one byte per character: offsets from the lengths
+                lens = np.fromiter(map(len, strings), dtype=np.int64, count=len(strings))
+                data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).copy()
+            else:
+                enc = list(map(str.encode, strings))  # UTF-8
+                lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+                data = np.frombuffer(b"".join(enc), dtype=np.uint8).copy()
+            offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            return cls(offsets, data)
         enc = [s.encode("utf-8") for s in strings]
         offsets = np.zeros(len(enc) + 1, dtype=np.int64)
         if enc:
@@ -72,6 +84,19 @@ class StrArray(Sequence):
         lens = self.offsets[rows + 1] - starts
         off = np.zeros(rows.size + 1, dtype=np.int64)
         np.cumsum(lens, out=off[1:])
+        # runs of consecutive rows are copied as byte slices (merges take long runs; a byte index per
+        # byte would cost 8x the text)
+        brk = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1 if rows.size else np.zeros(0, np.int64)
+        if brk.size * 8 < rows.size:
+            first = np.concatenate([[0], brk]) if rows.size else np.zeros(0, np.int64)
+            last = np.concatenate([brk, [rows.size]]) if rows.size else np.zeros(0, np.int64)
+            data = np.empty(int(off[-1]), dtype=np.uint8)
+            src_a = self.offsets[rows[first]].tolist()
+            src_b = self.offsets[rows[last - 1] + 1].tolist()
+            dst = off[first].tolist()
+            for a, b, d in zip(src_a, src_b, dst):
+                data[d: d + b - a] = self.data[a:b]
+            return StrArray(off, data)
         src = np.repeat(starts - off[:-1], lens) + np.arange(int(off[-1]), dtype=np.int64)
         return StrArray(off, self.data[src])
 

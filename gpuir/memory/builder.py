@@ -78,18 +78,25 @@ class SegmentBuilder:
         self.terms = terms
         self.order = order if order is not None else TermOrder(terms)
         self._chunker = None
-        if _compiled(analyzer, None):
-            from ..index.compiled_build import ChunkTokenizer
-
-            # the tokenizer assigns new terms ids len(vocab), len(vocab) + 1, ...: the interner's codes
-            self._chunker = ChunkTokenizer(analyzer, terms.index)
+        self._tried = False  # the tokenizer (and numba) is set up at the first build, not before: opening a
+        #                      memory to search it imports no compiler
         self._doc_base = 0
         self._rank = np.zeros(0, dtype=np.int64)
         self._stamp = np.zeros(0, dtype=np.int64)
         self._mark = 0
 
+    def _setup(self) -> None:
+        self._tried = True
+        if _compiled(self.analyzer, None):
+            from ..index.compiled_build import ChunkTokenizer
+
+            # the tokenizer assigns new terms ids len(vocab), len(vocab) + 1, ...: the interner's codes
+            self._chunker = ChunkTokenizer(self.analyzer, self.terms.index)
+
     @property
     def compiled(self) -> bool:
+        if not self._tried:
+            self._setup()
         return self._chunker is not None
 
     def build(self, uid: int, partition: int | None, batch: RecordBatch, seqs: np.ndarray,
@@ -101,7 +108,7 @@ class SegmentBuilder:
         seqs : ndarray, shape (len(batch),), int64, ascending
         dicts : the memory's string-field interners (new values are added)
         """
-        if self._chunker is None:
+        if not self.compiled:
             return build_segment(uid, partition, batch, seqs, self.analyzer, self.terms, dicts)
         from ..index.compiled_build import csr_scatter
 

@@ -36,6 +36,7 @@ import hashlib
 import io
 import mmap
 import os
+import re
 import struct
 import threading
 import zipfile
@@ -96,6 +97,37 @@ def write_npz(f: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
                     w.write(memoryview(arr.reshape(-1)).cast("B"))
 
 
+_HEADER = re.compile(r"\{'descr': '([<>|=]?[A-Za-z]\d*)', 'fortran_order': (True|False), "
+                     r"'shape': \((\d*(?:, ?\d+)*,?)\), \}[ ]*\n")
+
+
+def _read_npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran, dtype, header bytes) of the ``.npy`` header at ``f``'s position (which it moves).
+
+    The headers NumPy writes are matched directly; anything else goes to NumPy's own parser.
+    """
+    pos = f.tell()
+    head = f.read(12)
+    if len(head) < 10 or head[:6] != b"\x93NUMPY":
+        raise ValueError("not an .npy header")
+    major = head[6]
+    if major == 1:
+        hl, off = struct.unpack("<H", head[8:10])[0], 10
+    else:
+        hl, off = struct.unpack("<I", head[8:12])[0], 12
+    f.seek(pos + off)
+    text = f.read(hl)
+    m = _HEADER.fullmatch(text.decode("latin1"))
+    if m is not None:
+        shape = tuple(int(x) for x in m.group(3).replace(" ", "").split(",") if x)
+        return shape, m.group(2) == "True", np.dtype(m.group(1)), off + hl
+    f.seek(pos)  # unusual: NumPy's parser
+    version = npy_format.read_magic(f)
+    reader = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+    shape, fortran, dtype = reader(f)
+    return tuple(shape), fortran, dtype, f.tell() - pos
+
+
 class _Member:
     __slots__ = ("crc", "data_off", "dtype", "fortran", "nbytes", "shape", "size", "start")
 
@@ -151,16 +183,12 @@ class MappedNpz:
                     raise SegmentFileError(f"member {zi.filename!r} runs past the end of the file")
                 f.seek(start)
                 try:
-                    version = npy_format.read_magic(f)
-                    if version == (1, 0):
-                        shape, fortran, dtype = npy_format.read_array_header_1_0(f)
-                    else:
-                        shape, fortran, dtype = npy_format.read_array_header_2_0(f)
-                except (ValueError, OSError, SyntaxError, EOFError) as e:
+                    shape, fortran, dtype, hlen = _read_npy_header(f)
+                except (ValueError, OSError, SyntaxError, EOFError, TypeError) as e:
                     raise SegmentFileError(f"member {zi.filename!r}: bad .npy header ({e})") from None
                 if dtype.hasobject:
                     raise SegmentFileError(f"member {zi.filename!r} has an object dtype")
-                m = _Member(start, zi.file_size, zi.CRC, f.tell(), tuple(shape), dtype, fortran)
+                m = _Member(start, zi.file_size, zi.CRC, start + hlen, tuple(shape), dtype, fortran)
                 if m.data_off - start + m.nbytes != zi.file_size:
                     raise SegmentFileError(f"member {zi.filename!r}: its .npy header does not match its size")
                 members[name] = m

@@ -611,7 +611,7 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
         raise ValueError("array 'vocab_off' is empty")
     _check_str_offsets(vocab_off, V, int(vocab_data.shape[0]), "vocab")
     vocab = StrArray(vocab_off, vocab_data).tolist()
-    if any(a >= b for a, b in zip(vocab, vocab[1:])):
+    if vocab != sorted(vocab):  # (an already sorted list: one pass in C)
         raise ValueError("vocabulary not sorted")
     P = int(shape("doc_ids")[0])
     if offsets.dtype != np.int64 or offsets.shape != (V + 1,) or offsets[0] != 0 or offsets[-1] != P:
@@ -631,6 +631,8 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
         _check_str_offsets(d_off, m, int(d_data.shape[0]), f"{f}_dict")
         maps[f] = dicts[f].codes(StrArray(d_off, d_data).tolist()).astype(np.int32)
     l2g = terms.codes(vocab, dtype=np.int64)
+    if np.unique(l2g).size != l2g.size:
+        raise ValueError("a term occurs twice in the vocabulary")
     del vocab
     if length is None:
         length = int(np.asarray(get("doc_lens")).sum(dtype=np.int64))

@@ -236,3 +236,40 @@ def test_adds_copy_no_whole_df_and_plan_merges_only_where_they_wrote(monkeypatch
     newest_segments = len(m._parts[max(k for k in m._parts if k is not None)])
     assert len(tiers) <= 20 * (newest_segments + 4), "only the touched partition's segments are looked at"
     assert m._dflog.folds - folds0 <= 3 and len(bases) <= 4, "snapshots share the df base; no per-add copy"
+
+
+def test_an_opened_memory_ranks_its_vocabulary_off_the_open_path(tmp_path):
+    """Opening does not sort the vocabulary: a background thread does, and until its ranks are installed
+    segments and merges sort by string -- the same order, so the same results."""
+    from _memory_oracle import Model, assert_same, random_query
+
+    rng = np.random.default_rng(7)
+    m = Memory(partition_days=None, merge_factor=2, merge_min=8, background_merges=False)
+    model = Model()
+    recs = [random_record(rng, f"r{i}") for i in range(60)]
+    for a in range(0, 60, 20):
+        m.add(recs[a: a + 20])
+    model.add(recs)
+    m.save(tmp_path / "mem")
+    m.close()
+    qs = [random_query(rng) for _ in range(20)]
+    for simulate_building in (True, False):
+        r = Memory.open(tmp_path / "mem", background_merges=False)
+        assert r._order.wait(60), "the background build finished"
+        codes = np.arange(len(r._terms))
+        assert r._order.sort_codes(codes).tolist() == sorted(codes.tolist(), key=r._terms.values.__getitem__)
+        if simulate_building:
+            r._order.ready = False  # as while the build runs: string sorts, no ranks
+        more = [random_record(rng, f"s{i}-{simulate_building}") for i in range(30)]
+        for a in range(0, 30, 10):
+            r.add(more[a: a + 10])  # new segments, and merges of old and new ones
+        model.add(more)
+        ids, scores = model.search(qs, 10)
+        assert_same(r.search(qs, k=10), ids, scores, f"building={simulate_building}")
+        r._order.ready = True
+        r._order.update()  # what the installation does for terms added meanwhile
+        assert r._order.n == len(r._terms)
+        r.merge()
+        assert_same(r.search(qs, k=10), ids, scores, f"building={simulate_building}, merged")
+        r.save()
+        r.close()

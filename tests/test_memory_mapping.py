@@ -162,3 +162,63 @@ def test_verify_reads_every_byte(tmp_path, capsys):
     assert cli_main(["memory", "verify", str(d)]) == 2
     err = capsys.readouterr().err
     assert seg.name in err and "checksum mismatch" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fold_min", [4, 65_536])
+def test_ids_of_an_opened_memory_are_found_without_a_dict_and_collisions_are_told_apart(tmp_path, monkeypatch,
+                                                                                        fold_min):
+    """Loaded ids live as sorted 64-bit hashes, each hit confirmed against the segment: with a hash that
+    collides on purpose every operation still tells ids apart."""
+    from _memory_oracle import Model, assert_same
+
+    from gpuir.memory.idmap import IdMap
+    from gpuir.memory.records import RecordError
+    from gpuir.memory.store import UnknownIdError
+
+    monkeypatch.setattr(IdMap, "hash", staticmethod(lambda s: len(s) % 3))  # three hash values for all ids
+    monkeypatch.setattr(IdMap, "fold_min", fold_min)
+    m, d = _memory(tmp_path, n=120, deletes=["r3"])
+    m.close()
+    model = Model()
+    rng = np.random.default_rng(0)
+    recs = {r["id"]: r for r in (random_record(rng, f"r{i}") for i in range(120))}
+    del recs["r3"]
+    model.add(list(recs.values()))
+    r = Memory.open(d)
+    assert r._ids.nbytes() > 0 and not r._ids._recent, "loaded ids are in the arrays, not a dict"
+    assert len(r) == 119 and "r7" in r and "r3" not in r and "r999" not in r and 7 not in r
+    assert [x["id"] for x in r.get(["r10", "r1", "r100"])] == ["r10", "r1", "r100"]
+    with pytest.raises(RecordError, match="already exists"):
+        r.add([{"id": "r11", "text": "dup"}])
+    with pytest.raises(UnknownIdError):
+        r.delete(["r3"])
+    r.add([{"id": f"n{i}", "text": f"w{i} w1"} for i in range(6)])
+    model.add([{"id": f"n{i}", "text": f"w{i} w1"} for i in range(6)])
+    r.delete(["r10", "n2", "r1"])
+    model.delete(["r10", "n2", "r1"])
+    new = [{"id": "r100", "text": "w5 w6 w7"}, {"id": "n3", "text": "w2"}, {"id": "r11", "text": "w9 w9"}]
+    r.update(new)
+    model.update(new)
+    assert sorted(r._ids) == sorted(model.live)
+    assert r.get(["r10", "r1"], missing_ok=True) == [None, None]
+    qs = [random_query(rng) for _ in range(20)]
+    ids, scores = model.search(qs, 10)
+    assert_same(r.search(qs, k=10), ids, scores)
+    r.save()
+    r.close()
+    again = Memory.open(d, writer=False)
+    assert sorted(again._ids) == sorted(model.live)
+    assert_same(again.search(qs, k=10), ids, scores)
+
+
+def test_an_id_stored_twice_is_a_damaged_memory(tmp_path):
+    m, d = _memory(tmp_path, n=60)
+    m.close()
+    _, man = persist.read_manifest(d)
+    segs = man["segments"]
+    assert len(segs) >= 2
+    segs.append(dict(segs[0], uid=10_000))  # the same file listed twice: every id of it twice
+    man = dict(man, generation=man["generation"] + 1)
+    persist.commit(d, {k: v for k, v in man.items() if k not in ("sha256", "format", "format_version")})
+    with pytest.raises(MemoryFormatError, match="not unique"):
+        Memory.open(d)

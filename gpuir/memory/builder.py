@@ -32,7 +32,7 @@ import numpy as np
 from ..analysis import Analyzer
 from ..index.build import _compiled
 from ..index.csr import CSRIndex
-from .columns import Interner, StrArray
+from .columns import Interner, StrArray, TermStrings
 from .records import STRING_FIELDS, RecordBatch
 from .segments import Segment, build_segment
 from .termorder import TermOrder
@@ -134,9 +134,14 @@ class SegmentBuilder:
                                                                 - self._stamp.size, np.int64)])
         self._mark += 1
         g = _distinct_kernel()(t, self._stamp, self._mark)
-        self.order.update()  # rank the new terms: then sorting by string is sorting ranks
-        l2g = self.order.sort_codes(g)
-        vocab = list(map(vals.__getitem__, l2g.tolist()))
+        if self.order.ready:
+            self.order.update()  # rank the new terms: then sorting by string is sorting ranks
+            l2g = self.order.sort_codes(g)
+        else:  # the ranks are being built in the background (a memory just opened): sort the strings
+            strs = list(map(vals.__getitem__, g.tolist()))
+            idx = sorted(range(len(strs)), key=strs.__getitem__)
+            l2g = g[np.asarray(idx, dtype=np.int64)] if idx else np.zeros(0, np.int64)
+        vocab = TermStrings(l2g, vals)
         V = l2g.size
         if self._rank.size < len(vals):
             self._rank = np.zeros(max(len(vals), 2 * self._rank.size), dtype=np.int64)  # entries read: set below

@@ -121,6 +121,47 @@ class StrArray(Sequence):
         return int(self.offsets.nbytes + self.data.nbytes)
 
 
+class TermStrings(Sequence):
+    """The strings of some codes of an :class:`Interner`, in the codes' order: a read-only view.
+
+    A segment's vocabulary as this view instead of a list of its own keeps no
+    Python reference per term per segment (the garbage collector's full passes
+    visit every reference a list holds).
+
+    Parameters
+    ----------
+    codes : ndarray (V,), int64, host
+    values : the interner's ``values`` list (append-only; shared)
+    """
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: list[str]):
+        self.codes = codes
+        self.values = values
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return list(map(self.values.__getitem__, self.codes[i].tolist()))
+        return self.values[int(self.codes[i])]
+
+    def __iter__(self):
+        return map(self.values.__getitem__, self.codes.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TermStrings({len(self)} terms)"
+
+
 class Interner:
     """An append-only bijection between strings and codes 0, 1, 2, ...
 
@@ -165,6 +206,30 @@ class Interner:
             self.values.extend(new)  # values first: a reader that sees a code finds its value
             index.update(zip(new, range(start, start + len(new))))
         return np.fromiter(map(index.get, values, repeat(-1)), dtype=dtype, count=len(values))
+
+    def codes_distinct(self, values: list[str]) -> np.ndarray:
+        """Codes of ``values`` -- distinct strings, no None (a sorted vocabulary) -- adding new ones (writer
+        only): one lookup each, the new ones added in bulk.
+
+        Returns
+        -------
+        ndarray, shape (len(values),), int64, host
+        """
+        index = self.index
+        n = len(values)
+        if not index:
+            self.values.extend(values)
+            index.update(zip(values, range(n)))
+            return np.arange(n, dtype=np.int64)
+        codes = np.fromiter(map(index.get, values, repeat(-1)), dtype=np.int64, count=n)
+        miss = np.flatnonzero(codes < 0)
+        if miss.size:
+            new = [values[i] for i in miss.tolist()]
+            start = len(self.values)
+            self.values.extend(new)  # values first: a reader that sees a code finds its value
+            index.update(zip(new, range(start, start + len(new))))
+            codes[miss] = np.arange(start, start + len(new), dtype=np.int64)
+        return codes
 
     def lookup(self, value: str) -> int:
         """The code of ``value``, or -1 when it was never added."""

@@ -215,7 +215,7 @@ class Merger:
             self.done += 1
         except MergeCancelled:
             pass
-        except Exception as e:  # logged and counted: a merge never raises into a writer
+        except Exception as e:  # noqa: BLE001 - logged and counted: a merge never raises into a writer
             self.failed += 1
             self.errors.append(f"{task!r}: {type(e).__name__}: {e}")
             log.error("background merge failed (its segments stay as they are): %r: %s: %s", task,

@@ -249,13 +249,12 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
     known = frozenset(FIELDS)
     str_fields = STRING_FIELDS
     roles = frozenset(ROLES)
-    j = -1
 
     def who(j: int, rec: Any) -> str:  # only for an error message
         where = labels[j] if labels is not None else f"record {start + j}"
         return where if not isinstance(rec, Mapping) else _name(where, rec)
 
-    for j, rec in enumerate(records):  # noqa: B007 - j counts the records
+    for j, rec in enumerate(records):
         if rec.__class__ is not dict and not isinstance(rec, Mapping):
             raise RecordError(f"{who(j, rec)} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
         if not known.issuperset(rec.keys()):
@@ -265,10 +264,9 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                 "(put anything else in 'metadata')"
             )
         rid = rec.get("id")
-        if rid.__class__ is not str or not rid:
-            if not isinstance(rid, str) or not rid:
-                got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
-                raise RecordError(f"{who(j, rec)}: 'id' must be a non-empty string, got {got}")
+        if not rid or (rid.__class__ is not str and not isinstance(rid, str)):
+            got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
+            raise RecordError(f"{who(j, rec)}: 'id' must be a non-empty string, got {got}")
         if rid in seen:
             first = labels[seen[rid]] if labels is not None else f"record {seen[rid] + start}"
             raise RecordError(f"{who(j, rec)}: id {rid!r} occurs twice in this batch (also {first})")

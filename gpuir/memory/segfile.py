@@ -170,7 +170,7 @@ class MappedNpz:
             except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as e:
                 raise SegmentFileError(f"not a readable zip archive ({type(e).__name__}: {e})") from None
             for zi in infos:
-                name = zi.filename[:-4] if zi.filename.endswith(".npy") else zi.filename
+                name = zi.filename.removesuffix(".npy")
                 if zi.compress_type != zipfile.ZIP_STORED:
                     raise SegmentFileError(f"member {zi.filename!r} is compressed; segment files are stored")
                 f.seek(zi.header_offset)

@@ -25,9 +25,11 @@ time partitions use them (see :mod:`gpuir.memory.partitions`).
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ import numpy as np
 from ..analysis import Analyzer
 from ..index.build import build_csr
 from ..index.csr import CSRIndex
-from .columns import Interner, StrArray
+from .columns import Interner, StrArray, TermStrings
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, make_record
 
 
@@ -391,7 +393,7 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
         u = np.flatnonzero(mark)
         del mark
         l2g = u[np.argsort(rank[u], kind="stable")]
-        vocab = list(map(vals.__getitem__, l2g.tolist()))
+        vocab = TermStrings(l2g, vals)
         V = len(vocab)
     else:
         strs: list[str] = []
@@ -403,6 +405,7 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
         del strs
         V = len(vocab)
         l2g = np.fromiter(map(terms.index.__getitem__, vocab), dtype=np.int64, count=V)
+        vocab = TermStrings(l2g, vals)
     # each input's local terms -> merged local terms, through a dense map over the codes
     top = max((int(v.seg.l2g.max()) + 1 for v in views if v.seg.l2g.size), default=0)
     loc = np.zeros(max(top, 1), dtype=np.int64)
@@ -611,8 +614,8 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
         raise ValueError("array 'vocab_off' is empty")
     _check_str_offsets(vocab_off, V, int(vocab_data.shape[0]), "vocab")
     vocab = StrArray(vocab_off, vocab_data).tolist()
-    if vocab != sorted(vocab):  # (an already sorted list: one pass in C)
-        raise ValueError("vocabulary not sorted")
+    if any(map(operator.ge, vocab, islice(vocab, 1, None))):  # strictly ascending (one pass in C)
+        raise ValueError("vocabulary not sorted (or a term twice)")
     P = int(shape("doc_ids")[0])
     if offsets.dtype != np.int64 or offsets.shape != (V + 1,) or offsets[0] != 0 or offsets[-1] != P:
         raise ValueError(f"array 'offsets' does not describe {V} terms over {P} postings")
@@ -630,9 +633,7 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
         m = int(d_off.shape[0]) - 1
         _check_str_offsets(d_off, m, int(d_data.shape[0]), f"{f}_dict")
         maps[f] = dicts[f].codes(StrArray(d_off, d_data).tolist()).astype(np.int32)
-    l2g = terms.codes(vocab, dtype=np.int64)
-    if np.unique(l2g).size != l2g.size:
-        raise ValueError("a term occurs twice in the vocabulary")
+    l2g = terms.codes_distinct(vocab)
     del vocab
     if length is None:
         length = int(np.asarray(get("doc_lens")).sum(dtype=np.int64))
@@ -648,9 +649,8 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
                 if doc_ids.dtype != np.int32 or tfs.dtype != np.int32 or doc_lens.dtype != np.int32:
                     raise ValueError("doc_ids, tfs and doc_lens must be int32")
                 check_postings(offsets, doc_ids, tfs, n)
-                vals = terms.values
                 return CSRIndex(offsets=offsets, doc_ids=doc_ids, tfs=tfs, doc_lens=doc_lens,
-                                vocab=[vals[g] for g in l2g.tolist()], ids=ids, analyzer=analyzer)  # type: ignore[arg-type]
+                                vocab=TermStrings(l2g, terms.values), ids=ids, analyzer=analyzer)  # type: ignore[arg-type]
             if name in ("texts", "meta"):
                 pre = "text" if name == "texts" else "meta"
                 off, data = get(f"{pre}_off"), get(f"{pre}_data")

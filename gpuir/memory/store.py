@@ -56,18 +56,18 @@ from ..backends import resolve_backend
 from ..bm25 import BM25Params
 from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import persist
-from .columns import Interner
 from .builder import SegmentBuilder
-from .termorder import TermOrder
+from .columns import Interner
 from .docfreq import DfLog
+from .idmap import IdMap
 from .merger import MergeCancelled, Merger, MergeTask
 from .partitions import MODES, budget_partitions, partition_keys, scan
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
-from .segfile import SegmentFileError
 from .segments import SegView, merge_segments, segment_arrays, segment_from_file
 from .snapshot import Snapshot
+from .termorder import TermOrder
 from .where import compile_wheres
 
 DAY_MS = 86_400_000
@@ -145,7 +145,7 @@ class Memory:
         self._builder = SegmentBuilder(self._analyzer, self._terms, self._order)
         self._n = 0
         self._total_len = 0
-        self._ids: dict[str, int] = {}  # live id -> sequence number
+        self._ids = IdMap(self._resolve_ids)  # live id -> sequence number (no Python object per loaded record)
         self._next_seq = 0
         self._next_uid = 0
         self._views: dict[int, SegView] = {}  # uid -> view, every live segment
@@ -185,13 +185,23 @@ class Memory:
         return Snapshot(self._version, tuple(self._views.values()), self._n, self._total_len, df, self.params,
                         self.analyzer_config, self.window_ms, self._terms, self._dicts)
 
-    def _publish(self, added: Mapping[str, int] | None = None, removed: Iterable[str] = ()) -> None:
+    def _publish(self, added: Mapping[str, int] | None = None,
+                 removed: tuple[Sequence[str], Sequence[int]] | None = None) -> None:
         snap = self._snapshot()
         with self._commit_lock:
-            for rid in removed:
-                self._ids.pop(rid, None)
-            self._ids.update(added or {})
+            if removed is not None:
+                self._ids.remove(*removed)
+            if added:
+                self._ids.update(added)
             self._snap = snap
+
+    def _resolve_ids(self, seqs: np.ndarray, views=None) -> dict[int, str]:
+        """The id of each live record among ``seqs`` (sorted) in ``views`` (default: the current snapshot's)."""
+        views = self._snap.views if views is None else views
+        out: dict[int, str] = {}
+        for v, rows in self._locate(views, seqs):
+            out.update(zip(v.seg.seqs[rows].tolist(), v.seg.ids.take(rows).tolist()))
+        return out
 
     def snapshot(self) -> Snapshot:
         """The current snapshot (what a search starting now sees)."""
@@ -210,7 +220,10 @@ class Memory:
                 f"{self.params}, path={str(self._path) if self._path else None})")
 
     def __contains__(self, rid: object) -> bool:
-        return rid in self._ids
+        if not isinstance(rid, str):
+            return False
+        with self._commit_lock:
+            return self._ids.get(rid) is not None
 
     def _check_writable(self) -> None:
         if self._readonly:
@@ -235,7 +248,7 @@ class Memory:
             batch = records if isinstance(records, RecordBatch) else normalize_records(records)
             if not len(batch):
                 return 0
-            clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
+            clash = [i for i, s in enumerate(self._ids.get_many(batch.ids)) if s is not None]
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
@@ -259,12 +272,13 @@ class Memory:
             batch = records if isinstance(records, RecordBatch) else normalize_records(records)
             if not len(batch):
                 return 0
-            unknown = [rid for rid in batch.ids if rid not in self._ids]
+            seqs = self._ids.get_many(batch.ids)
+            unknown = [rid for rid, s in zip(batch.ids, seqs) if s is None]
             if unknown:
                 raise UnknownIdError(unknown, "update")
-            touched = self._remove(batch.ids)
+            touched = self._remove(seqs)
             added, parts = self._append(batch)
-            self._publish(added=added, removed=batch.ids)  # removed first, then the new versions
+            self._publish(added=added, removed=(batch.ids, seqs))  # removed first, then the new versions
             self._merge_policy(touched | parts)
             return len(batch)
 
@@ -282,15 +296,17 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            ids = _id_list(ids, "delete")
-            unknown = [rid for rid in ids if rid not in self._ids]
+            ids = list(dict.fromkeys(_id_list(ids, "delete")))
+            seq_of = self._ids.get_many(ids)
+            unknown = [rid for rid, s in zip(ids, seq_of) if s is None]
             if unknown and not missing_ok:
                 raise UnknownIdError(unknown, "delete")
-            ids = list(dict.fromkeys(rid for rid in ids if rid in self._ids))
+            seqs = [s for s in seq_of if s is not None]
+            ids = [rid for rid, s in zip(ids, seq_of) if s is not None]
             if not ids:
                 return 0
-            touched = self._remove(ids)
-            self._publish(removed=ids)
+            touched = self._remove(seqs)
+            self._publish(removed=(ids, seqs))
             self._merge_policy(touched)
             return len(ids)
 
@@ -349,9 +365,9 @@ class Memory:
                     out.append((v, rows))
         return out
 
-    def _remove(self, ids: list[str]) -> set:
-        """Tombstone live records (no publish); returns the partitions touched."""
-        seqs = np.sort(np.fromiter((self._ids[i] for i in ids), dtype=np.int64, count=len(ids)))
+    def _remove(self, seq_list: Sequence[int]) -> set:
+        """Tombstone the live records with these sequence numbers (no publish); returns the partitions touched."""
+        seqs = np.sort(np.asarray(seq_list, dtype=np.int64))
         touched = set()
         for v, rows in self._locate(list(self._views.values()), seqs):
             seg = v.seg
@@ -433,8 +449,9 @@ class Memory:
             hook("start", task)
         t0 = time.perf_counter()
         try:
-            seg = merge_segments(task.views, task.uid, task.key, self._terms, check=task.check,
-                                 rank=self._order.rank)
+            order = self._order
+            rank = order.rank if order.ready else None  # (ready read first: it is set after the ranks)
+            seg = merge_segments(task.views, task.uid, task.key, self._terms, check=task.check, rank=rank)
         except MergeCancelled:
             self._merging.difference_update(task.uids)
             raise
@@ -531,7 +548,8 @@ class Memory:
                         task = MergeTask(key, views, self._next_uid, "explicit")
                         self._next_uid += 1
                         self._order.update()
-                        seg = merge_segments(views, task.uid, key, self._terms, rank=self._order.rank)
+                        rank = self._order.rank if self._order.ready else None
+                        seg = merge_segments(views, task.uid, key, self._terms, rank=rank)
                         self._commit_merge(task, seg)
                         self.merge_log.append((seg.n_docs, time.perf_counter() - t0))
                         done += 1
@@ -553,7 +571,7 @@ class Memory:
         ids = _id_list(ids, "get")
         with self._commit_lock:
             snap = self._snap
-            seq_of = [self._ids.get(i) for i in ids]
+            seq_of = self._ids.get_many(ids, snap.views)
         unknown = [i for i, s in zip(ids, seq_of) if s is None]
         if unknown and not missing_ok:
             raise UnknownIdError(unknown, "get")
@@ -886,21 +904,23 @@ class Memory:
             mem._n += v.n_live
             mem._total_len += v.live_length()
             ids = seg.ids.tolist() if live is None else seg.ids.take(v.live_rows()).tolist()
-            seqs = seg.seqs if live is None else seg.seqs[live]
-            mem._ids.update(zip(ids, seqs.tolist()))
+            mem._ids.load(ids, seg.seqs if live is None else seg.seqs[live])  # hashes: no object per record kept
+            del ids
             mem._saved[seg.uid] = {k: x for k, x in e.items()}
             mem._saved_views[seg.uid] = v
             key = seg.partition
             if key is not None and mem.window_ms is not None and (mem._newest is None or key > mem._newest):
                 mem._newest = key
-        if len(mem._ids) != mem._n:
-            raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique)")
+        dup = mem._ids.duplicates(list(mem._views.values()))
+        if dup or len(mem._ids) != mem._n:
+            raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique: {dup[:3]})")
         mem._seal_checked = mem._newest  # older partitions: compacted when a newer one appears, as before
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])
         mem._dflog.reset(len(mem._terms))
         mem._publish()
+        mem._order.build_in_background(mem._write_lock)  # ranks of the loaded vocabulary, off the open's path
         return mem
 
     def verify(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ reply other than the 409 of a retried durable add, a wrong answer, or a
 transport error while the server was up: must be 0), records lost (must be 0),
 the CPU seconds per request of the client process and of the server processes,
 the server's own mean time per route and its batching figures (from
-``/metrics``, before the kill and after the restart), and the load average.
+``/metrics``, before the kill and after the restart; read with an operator key), and the load average.
 
 Why one connection per agent: httpx's connection pool scans its waiting requests
 times its connections on every event, so 1,000 agents queued on a shared pool of
@@ -197,7 +197,7 @@ async def verify(run: Run, clients: dict[int, AsyncMemoryClient], sem) -> tuple[
     return lost, lost_before
 
 
-async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
+async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     run = Run(args)
@@ -227,7 +227,8 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
             c0, s0 = process_cpu(), server_cpu(server)
             t_start = time.perf_counter()
             scraped: list[str] = []
-            scraper = asyncio.create_task(scrape(server.url, tls, scraped))
+            op = {"Authorization": f"Bearer {operator}"}  # /metrics and the counts of /healthz
+            scraper = asyncio.create_task(scrape(server.url, tls, scraped, op))
             tasks = [asyncio.create_task(agent(run, i, clients[i], bar)) for i in range(args.agents)]
             # the crash: once --kill-at of all adds are acknowledged (others are in flight then)
             kill_at = math.ceil(args.kill_at * run.total_steps)
@@ -250,7 +251,7 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                 for c in clients.values():
                     c.base_url = server2.url
             server = server2
-            health = (await http.get(server.url + "/healthz")).json()
+            health = (await http.get(server.url + "/healthz", headers=op)).json()
             s0 = server_cpu(server)
             t_verified = time.perf_counter()
             run.restarted = True
@@ -285,11 +286,12 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
                 "records_after_restart_ge_acknowledged_before_kill": health.get("records", -1) >= n_before,
                 "cpu_ms_per_request": {k.replace("_s", ""): v * 1e3 / max(1, n_requests) for k, v in cpu.items()},
                 "load_average_1_5_15": {"start": list(load_start), "end": list(load_end)},
-                "settings": {"batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
+                "settings": {"statistics": "tenant (the server's default)",
+                             "batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
                              "checkpoint_every": args.checkpoint_every,
                              "connections": args.connections or "one per agent", "think_ms": args.think_ms},
                 "server_before_kill": server_figures(metrics_before),
-                "server_after_restart": server_figures((await http.get(server.url + "/metrics")).text),
+                "server_after_restart": server_figures((await http.get(server.url + "/metrics", headers=op)).text),
             }
             out["_lat"] = run.lat
     finally:
@@ -297,13 +299,13 @@ async def main_async(args, root: Path, keys: list[str]) -> dict[str, Any]:
     return out
 
 
-async def scrape(url: str, tls, out: list[str]) -> None:
+async def scrape(url: str, tls, out: list[str], headers: dict[str, str]) -> None:
     """Keep the latest /metrics text of the first server (on a connection of its own), every 0.25 s until
     cancelled: the figures before the kill, without a request that would delay the kill."""
     async with httpx.AsyncClient(timeout=30, verify=tls) as http:
         while True:
             try:
-                out[:] = [(await http.get(url + "/metrics")).text]
+                out[:] = [(await http.get(url + "/metrics", headers=headers)).text]
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.25)
@@ -417,7 +419,8 @@ def main(argv=None) -> int:
         root = Path(tmp) / "memory"
         claim_dir(root, "memory")
         keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
-        res = asyncio.run(asyncio.wait_for(main_async(args, root, keys), args.timeout))
+        operator = KeyStore(root).add_operator()
+        res = asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))
     lat = res.pop("_lat")
     res["machine"] = {"host": socket.gethostname(), **machine_info()}
     res["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])

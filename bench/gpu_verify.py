@@ -456,7 +456,8 @@ class Run:
             self._scorer = CupyScorer(idx, BM25Params(), **opts)
             self._scorer_key = key
             self.report.event("scorer", n_docs=n_docs, opts=opts, build_s=round(time.perf_counter() - t, 2),
-                              upload_s=round(self._scorer.upload_s, 3),
+                              upload_s=round(self._scorer.upload_s, 3), layout_s=round(self._scorer.layout_s, 3),
+                              directory_built=self._scorer.directory_built,
                               directory_mb=round(self._scorer.directory_bytes / 1e6, 1))
         return self._scorer
 
@@ -532,11 +533,23 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
             times.append(time.perf_counter() - t)
         med = statistics.median(times)
         floor = _postings_bytes(idx, qs) / len(qs) / (bw * 1e9) if bw else None
+        graph_runs = gpu.search([qs[0]], k).meta.get("graph_runs")
+        gpu.graphs = False  # the same queries without CUDA graphs, for comparison
+        plain = []
+        for q in qs:
+            t = time.perf_counter()
+            gpu.search([q], k)
+            plain.append(time.perf_counter() - t)
+        gpu.graphs = True
+        gpu.timing = True  # per-phase device times of one more search (events cost host time: not in the loop)
         last = gpu.search([qs[0]], k)
+        gpu.timing = False
+        threads = _concurrent(gpu, qs, k)
         cell = {"n_docs": n, "batch": 1, "k": k, "queries": m, "p50_ms": 1e3 * med,
                 "p99_ms": 1e3 * float(np.percentile(times, 99)), "qps": 1.0 / med, "median_s": med,
+                "graph_runs": graph_runs, "p50_ms_without_graphs": 1e3 * statistics.median(plain),
                 "postings_floor_s": floor, "fraction_of_floor": (floor / med) if floor else None,
-                "phases_s": last.meta.get("timings")}
+                "phases_s": last.meta.get("timings"), "concurrent": threads}
     else:
         qs = cycle(pool, B)
         first = gpu.search(qs, k)  # warm-up (and compile on first use)
@@ -547,17 +560,45 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
             times.append(time.perf_counter() - t)
         med = statistics.median(times)
         floor = _postings_bytes(idx, qs) / (bw * 1e9) if bw else None
+        gpu.timing = True
+        timed = gpu.search(qs, k)
+        gpu.timing = False
         cell = {"n_docs": n, "batch": B, "k": k, "median_s": med, "qps": B / med, "times_s": times,
                 "postings_floor_s": floor, "fraction_of_floor": (floor / med) if floor else None,
-                "phases_s": last.meta.get("timings"), "candidates": last.meta.get("candidates"),
-                "tiles_scored": last.meta.get("tiles_scored"),
-                "tile_visits": (last.meta.get("n_tiles") or 0) * B, "overflow_rows": last.meta.get("overflow_rows"),
+                "phases_s": timed.meta.get("timings"), "candidates": last.meta.get("candidates"),
+                "tiles_scored": last.meta.get("tiles_scored"), "tile_items": last.meta.get("tile_items"),
+                "tile_cells": (last.meta.get("n_tiles") or 0) * B, "light_pairs": last.meta.get("light_pairs"),
+                "overflow_rows": last.meta.get("overflow_rows"), "persistent_blocks": last.meta.get("persistent_blocks"),
                 "same_twice": exact_equal(first, last)}
         chk = check_results(ref, qs, last, rows=run.sizes["check_rows"], deadline=run.deadline(20.0))
         cell["check"] = chk
         cell["ok"] = chk["ok"] and cell["same_twice"]
     run.report.cell(step, cell)
     return cell
+
+
+def _concurrent(gpu, qs: list, k: int, n_threads: int = 8) -> dict[str, Any]:
+    """Agents searching at once: ``n_threads`` threads, one query per search, all of ``qs`` each; queries/s."""
+    import threading
+
+    errors: list[str] = []
+
+    def work():
+        try:
+            for q in qs:
+                gpu.search([q], k)
+        except Exception as e:  # noqa: BLE001 - reported, not raised in a thread
+            errors.append(f"{type(e).__name__}: {e}")
+
+    ts = [threading.Thread(target=work) for _ in range(n_threads)]
+    t = time.perf_counter()
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    dt = time.perf_counter() - t
+    return {"threads": n_threads, "queries": n_threads * len(qs), "qps": n_threads * len(qs) / dt,
+            "errors": errors[:3]}
 
 
 def _grid(run: Run, step: str, n: int, batches, ks) -> dict[str, Any]:
@@ -834,16 +875,23 @@ def table(res: dict[str, Any]) -> str:
     cells = [c for c in res.get("cells", []) if c["step"] in ("timings_small", "scale", "timings_rest")
              and "case" not in c]
     if cells:
-        lines += ["", "| N | B | k | queries/s | p50 ms (B=1) | prep / h2d / score / topk / d2h ms | "
+        lines += ["", "| N | B | k | queries/s | p50 ms (B=1) | prep / h2d / plan / score / topk / d2h ms | "
                       "fraction of floor | checked |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for c in cells:
             ph = c.get("phases_s") or {}
-            phs = " / ".join(f"{1e3 * ph.get(x, 0.0):.3f}" for x in ("prep_s", "h2d_s", "score_s", "topk_s", "d2h_s"))
+            phs = " / ".join(f"{1e3 * ph.get(x, 0.0):.3f}"
+                             for x in ("prep_s", "h2d_s", "plan_s", "score_s", "topk_s", "d2h_s"))
             chk = c.get("check")
             checked = "-" if not chk else (f"{chk['rows_checked']} rows, {chk['wrong_scores']} wrong"
                                            + ("" if c.get("ok") else " FAIL"))
             lines.append(f"| {c['n_docs']} | {c['batch']} | {c['k']} | {c['qps']:.0f} | {_fmt(c.get('p50_ms'))} | "
                          f"{phs} | {_fmt(c.get('fraction_of_floor'))} | {checked} |")
+    ones = [c for c in cells if c.get("batch") == 1 and c.get("p50_ms_without_graphs") is not None]
+    if ones:
+        lines += ["", "| N | k (B = 1) | p50 ms, CUDA graph | p50 ms, no graph | 8 threads at once, queries/s |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {c['n_docs']} | {c['k']} | {c['p50_ms']:.3f} | {c['p50_ms_without_graphs']:.3f} | "
+                  f"{(c.get('concurrent') or {}).get('qps', 0):.0f} |" for c in ones]
     b = [c for c in res.get("cells", []) if c["step"] == "bm25s"]
     if b:
         lines += ["", "| bm25s-numba (CPU) N | B | k | queries/s | p50 ms |", "| --- | --- | --- | --- | --- |"]

@@ -91,10 +91,70 @@ class AnalyzerConfig:
             raise ValueError(f"unknown stemmer {self.stemmer!r}: choose one of {', '.join(STEMMERS)} or None")
         if self.normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
             raise ValueError(f"normalize must be None, NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
+        if not isinstance(self.pattern, str):
+            raise TypeError(f"the token pattern must be a str, got {type(self.pattern).__name__}")
         try:
             re.compile(self.pattern)
-        except re.error as e:
+        except (re.error, RecursionError, OverflowError) as e:
             raise ValueError(f"invalid token pattern {self.pattern!r}: {e}") from None
+        check_pattern_linear(self.pattern)
+
+
+def _parse_pattern(pattern: str):
+    try:
+        from re import _parser as parser  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse as parser
+    return parser, parser.parse(pattern)
+
+
+def check_pattern_linear(pattern: str) -> None:
+    """Refuse a token pattern that can backtrack catastrophically (``ValueError`` naming it).
+
+    Python's ``re`` backtracks: a repetition holding another repetition or an
+    alternation (``(a+)+``, ``(\\w|\\d)*``, ``(?:a*b*)*``) or a back-reference can
+    take exponential time on one line of text, and a pattern comes with every
+    saved index and memory. Such patterns are refused when an analyzer is made,
+    whether given in code or read from a manifest; single repetitions of
+    character classes (``\\w+``, ``[^,]+``, ``(?u)\\b\\w\\w+\\b``) are what
+    tokenisers need and stay linear.
+    """
+    parser, tree = _parse_pattern(pattern)
+    const = parser  # the opcode names live in the parser module's namespace (via re._constants)
+    repeats = {getattr(const, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(const, n)}
+    branch, groupref = const.BRANCH, const.GROUPREF
+
+    def walk(items, inside: bool) -> None:
+        for op, av in items:
+            if op is groupref:
+                raise ValueError(f"token pattern {pattern!r}: a back-reference can take exponential time; "
+                                 "use a pattern without one")
+            if op in repeats:
+                _, hi, sub = av
+                if inside and hi != 1:
+                    raise ValueError(f"token pattern {pattern!r}: a repetition inside a repetition can take "
+                                     "exponential time (catastrophic backtracking); repeat a character class "
+                                     "once instead, e.g. [\\w-]+")
+                walk(sub, inside or hi not in (0, 1))
+            elif op is branch:
+                if inside:
+                    raise ValueError(f"token pattern {pattern!r}: an alternation inside a repetition can take "
+                                     "exponential time (catastrophic backtracking); use a character class, "
+                                     "e.g. [\\w-]+ instead of (\\w|-)+")
+                for alt in av[1]:
+                    walk(alt, inside)
+            elif isinstance(av, (list, tuple)):
+                for x in av:
+                    if isinstance(x, parser.SubPattern):
+                        walk(x, inside)
+                    elif isinstance(x, (list, tuple)):
+                        for y in x:
+                            if isinstance(y, parser.SubPattern):
+                                walk(y, inside)
+            elif isinstance(av, parser.SubPattern):
+                walk(av, inside)
+
+    walk(tree, False)
 
 
 ANALYZERS: dict[str, AnalyzerConfig] = {

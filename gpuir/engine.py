@@ -19,7 +19,7 @@ from .filters import normalize_filters
 from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
 from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
-from .results import SearchResults, empty_results, padded_arrays
+from .results import SearchResults, empty_results
 
 
 def _checked_ids(ids: Iterable[str]) -> Iterator[str]:
@@ -167,8 +167,8 @@ class BM25Index:
         queries : str or sequence of B str
         k : int
             Results per query, >= 1. It may exceed the number of documents N:
-            the scorer then works with N, and rows are padded with id -1 and
-            score -inf up to k.
+            it is clamped to N (at least 1) before anything is allocated, so
+            the results then have N columns, not k.
         filters : optional
             Per-query document filters applied before top-k: None, one NumPy
             bool mask (N,) or allow-list for all queries, or a list of B items,
@@ -179,12 +179,14 @@ class BM25Index:
         Returns
         -------
         SearchResults
-            ids (B, k) int64 document numbers (map with ``self.ids``), scores
-            (B, k) float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
+            ids (B, min(k, max(N, 1))) int64 document numbers (map with ``self.ids``; -1 pads a
+            row with fewer matches), scores of the same shape, float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
             say what ran and why.
         """
         if isinstance(queries, str):
             queries = [queries]
+        if not isinstance(queries, Sequence):
+            raise TypeError(f"queries must be a str or a sequence of str, got {type(queries).__name__}")
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
@@ -195,16 +197,11 @@ class BM25Index:
         t0 = time.perf_counter()
         terms = self.query_terms(queries)
         t_an = time.perf_counter() - t0
-        k = int(k)
-        kk = min(k, max(self.n_docs, 1))  # nothing sized by a huge k before the scorer
+        k = min(int(k), max(self.n_docs, 1))  # nothing anywhere is sized by a huge k
         if not queries:
             res = empty_results(0, k)
         else:
-            res = self.scorer(name).search(terms, kk, allow)
-            if kk < k:
-                ids, scores = padded_arrays(len(queries), k)
-                ids[:, :kk], scores[:, :kk] = res.ids, res.scores
-                res = SearchResults(ids, scores, res.meta)
+            res = self.scorer(name).search(terms, k, allow)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
         return res

@@ -42,6 +42,13 @@ def _one(f: Any, n_docs: int, id_to_num: Mapping[str, int] | None, where: str) -
         arr = np.fromiter((id_to_num[x] for x in arr.tolist()), dtype=np.int64, count=arr.size)
     elif arr.dtype.kind in "iu":
         arr = arr.astype(np.int64)
+        if arr.size == n_docs and n_docs > 2 and arr.min() >= 0 and arr.max() <= 1:
+            # one 0 or 1 per document: a mask in an integer dtype, not document numbers 0 and 1
+            raise ValueError(
+                f"{where}: an integer array of one 0/1 per document looks like a mask, not document numbers: "
+                "pass a boolean mask (mask.astype(bool)) or the allowed document numbers "
+                "(np.flatnonzero(mask))"
+            )
         if arr.min() < 0 or arr.max() >= n_docs:
             raise ValueError(
                 f"{where}: filter document numbers must lie in [0, {n_docs}), "

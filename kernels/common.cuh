@@ -59,6 +59,42 @@ __host__ __device__ __forceinline__ float mul_rn(float a, float b) {
 #endif
 }
 
+__host__ __device__ __forceinline__ float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+// 1 / b in double to within ~2^-52 (relative), for b > 0 a normal float: a float reciprocal
+// estimate (MUFU, ~2^-21) and two Newton steps in double. No division instruction, so no
+// slow-path subroutine call (whose ABI spills registers in the kernels that use it).
+__host__ __device__ __forceinline__ double recip_f64(float b) {
+#ifdef __CUDA_ARCH__
+    const double bd = (double)b;
+    double y = (double)__fdividef(1.0f, b);
+    y = __fma_rn(y, __fma_rn(-bd, y, 1.0), y);
+    y = __fma_rn(y, __fma_rn(-bd, y, 1.0), y);
+    return y;
+#else
+    return 1.0 / (double)b;
+#endif
+}
+
+// The correctly rounded float32 quotient a / b (= IEEE division, as NumPy's), for normal,
+// non-overflowing operands -- the range of the BM25 arithmetic. A float quotient that is not a
+// float itself lies at least 2^-49 (relative) away from every midpoint between two floats (its
+// numerator and denominator have 24-bit significands), so rounding a double approximation
+// within 2^-51 of it (recip_f64, one product) to float gives the correctly rounded quotient;
+// a quotient that is a float is recovered exactly. On the host: plain division.
+__host__ __device__ __forceinline__ float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return (float)__dmul_rn((double)a, recip_f64(b));
+#else
+    return a / b;
+#endif
+}
+
 // A posting's contribution to one query: its weight w times the query-term
 // multiplicity m, the multiplication skipped when m == 1 -- exactly as the
 // NumPy reference (`w if c == 1 else w * np.float32(c)`). Non-decreasing in w
@@ -88,6 +124,85 @@ __host__ __device__ __forceinline__ float bits_float(unsigned int u) {
     __builtin_memcpy(&f, &u, sizeof(f));
     return f;
 #endif
+}
+
+// ---------------------------------------------------------------------------
+// BM25 with the search's statistics applied per query (gpuir/backends/weights.py is the
+// reference; its module docstring lists these operations in this order). The constants are
+// float32 values the host computed as the reference does: one_minus_b = 1 - b, k1p1 = k1 + 1.
+// method: 0 lucene, 1 robertson, 2 atire, 3 bm25l, 4 bm25+ (gpuir.bm25.METHODS).
+// ---------------------------------------------------------------------------
+#define GPUIR_BM25_PARAMS int method, float k1, float b, float one_minus_b, float k1p1, float delta, \
+    float avgdl, int has_w0
+#define GPUIR_BM25_ARGS method, k1, b, one_minus_b, k1p1, delta, avgdl, has_w0
+
+__host__ __device__ __forceinline__ float bm25_weight(int tf_i, int dl_i, float idf, float w0, GPUIR_BM25_PARAMS) {
+    const float tf = (float)tf_i, dl = (float)dl_i;
+    const float norm = add_rn(one_minus_b, mul_rn(b, div_rn(dl, avgdl)));
+    float t;
+    if (method <= 1) {
+        t = div_rn(tf, add_rn(mul_rn(k1, norm), tf));
+    } else if (method == 2) {
+        t = div_rn(mul_rn(tf, k1p1), add_rn(tf, mul_rn(k1, norm)));
+    } else if (method == 3) {
+        const float c = div_rn(tf, norm);
+        t = div_rn(mul_rn(k1p1, add_rn(c, delta)), add_rn(add_rn(k1, c), delta));
+    } else {
+        t = add_rn(div_rn(mul_rn(k1p1, tf), add_rn(mul_rn(k1, norm), tf)), delta);
+    }
+    const float w = mul_rn(idf, t);
+    return has_w0 ? sub_rn(w, w0) : w;
+}
+
+// An upper bound of the float32 weight of every posting a summary covers: summary = max tf
+// (low 16 bits; 0 = no posting, 0xFFFF = 65535 or more) | min document length << 16 (capped
+// below at 65535, which only raises the bound). tfc grows with tf and shrinks with the length,
+// so tfc(max tf, min length) bounds the block exactly; it is evaluated in double, widened by a
+// relative slack of 1e-5 and an absolute one of 1e-5 * idf * (k1 + 1 + delta) (the float32
+// rounding of a weight, and the cancellation in w - w0, are far smaller), and rounded up to a
+// float32 >= the smallest normal one (so -ftz=true cannot flush it). 0 for an empty summary.
+// Reciprocals instead of divisions (recip_d, within ~2^-50: far inside the slack).
+// Mirrors gpuir.backends.weights.weight_bound (which the host tests check against every weight).
+// K1, B, D are the float32 parameters as doubles; inv_avgdl = recip_f64(avgdl), computed once.
+// 1 / x in double, to within a few units of 2^-52, for 1e-30 <= x <= 1e30 (bounds only: they
+// carry a 1e-5 slack). A float estimate of 1/x, two Newton steps, and one for the rounding of x
+// to float in the estimate.
+__host__ __device__ __forceinline__ double recip_d(double x) {
+#ifdef __CUDA_ARCH__
+    double y = (double)__fdividef(1.0f, (float)x);
+    y = __fma_rn(y, __fma_rn(-x, y, 1.0), y);
+    y = __fma_rn(y, __fma_rn(-x, y, 1.0), y);
+    return __fma_rn(y, __fma_rn(-x, y, 1.0), y);
+#else
+    return 1.0 / x;
+#endif
+}
+
+__host__ __device__ __forceinline__ float bound_of(unsigned int summ, float idf, float w0, int method, double K1,
+                                                   double B, double D, double inv_avgdl, int has_w0) {
+    const unsigned int mtf = summ & 0xFFFFu;
+    if (mtf == 0u) return 0.0f;
+    const bool unbounded = mtf == 0xFFFFu;
+    const double tf = (double)mtf;
+    const double norm = (1.0 - B) + B * ((double)(summ >> 16) * inv_avgdl);
+    double t;
+    if (method <= 1) {
+        t = unbounded ? 1.0 : tf * recip_d(K1 * norm + tf);
+    } else if (method == 2) {
+        t = unbounded ? K1 + 1.0 : tf * (K1 + 1.0) * recip_d(tf + K1 * norm);
+    } else if (method == 3) {
+        const double c = tf * recip_d(norm > 1e-30 ? norm : 1e-30);
+        t = unbounded ? K1 + 1.0 : (K1 + 1.0) * (c + D) * recip_d(K1 + c + D);
+    } else {
+        t = unbounded ? K1 + 1.0 + D : (K1 + 1.0) * tf * recip_d(K1 * norm + tf) + D;
+    }
+    const double I = (double)idf;
+    double w = I * t - (has_w0 ? (double)w0 : 0.0);
+    w = w * (1.0 + 1e-5) + 1e-5 * (I < 0.0 ? -I : I) * (K1 + 1.0 + D);
+    if (!(w > 0.0)) return 0.0f;
+    float f = (float)w;
+    if ((double)f < w) f = bits_float(float_bits(f) + 1u);
+    return f < 1.17549435e-38f ? 1.17549435e-38f : f;
 }
 
 // ---------------------------------------------------------------------------

@@ -224,4 +224,6 @@ def assert_same(mem_res, ids, scores, what=""):
     """Memory results equal the fresh index's: ids in order, float32 scores bit for bit."""
     for i in range(len(ids)):
         assert mem_res.ids(i) == ids[i], f"{what} query {i}: ids {mem_res.ids(i)} != {ids[i]}"
-    np.testing.assert_array_equal(mem_res.scores, scores, err_msg=what)
+    w = scores.shape[1]  # the fresh index's rows are min(k, N) wide; the memory's k wide, padded with -inf
+    np.testing.assert_array_equal(mem_res.scores[:, :w], scores, err_msg=what)
+    assert np.all(np.isneginf(mem_res.scores[:, w:])), what

@@ -56,8 +56,45 @@ def test_search_and_dense_rows_equal_numpy(method, size):
     for k in (1, 10, 1024):
         a, b = ref.search(qs, k), gpu.search(qs, k)
         assert_exact(a, b, f"{method} N={N} k={k}")
-        assert set(b.meta["timings"]) >= {"prep_s", "h2d_s", "score_s", "topk_s", "d2h_s", "total_s"}
+    gpu.timing = True
+    b = gpu.search(qs, 10)
+    assert set(b.meta["timings"]) >= {"prep_s", "h2d_s", "plan_s", "score_s", "topk_s", "d2h_s", "total_s"}
     assert np.array_equal(ref.score_matrix(qs), gpu.score_matrix(qs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_statistics_per_search_without_re_upload(method):
+    """One upload; each search applies other statistics (a growing collection) and equals NumPy under them."""
+    from gpuir.backends.base import CollectionStats
+
+    idx = random_index(9001, 300, seed=5)
+    p = BM25Params(method=method)
+    gpu = scorers(idx, method)[1]
+    qs = random_queries(300, 40, seed=6)
+    rng = np.random.default_rng(7)
+    for grow in (0, 50, 5000):
+        stats = CollectionStats(idx.n_docs + grow, idx.df.astype(np.int64) + rng.integers(0, grow + 1, idx.n_terms),
+                                idx.avgdl * (1 + grow / 10**4))
+        assert_exact(NumpyScorer(idx, p, stats=stats).search(qs, 20), gpu.search(qs, 20, stats=stats), f"+{grow}")
+    assert gpu.uploads == 1
+
+
+@pytest.mark.gpu
+def test_live_mask_hides_deleted_documents():
+    """live=False documents are never candidates (tile and haystack paths); the same as allowing only live ones."""
+    N = 7001
+    idx = random_index(N, 200, seed=9)
+    rng = np.random.default_rng(10)
+    live = rng.random(N) > 0.3
+    qs = random_queries(200, 30, seed=11)
+    live_docs = np.flatnonzero(live)
+    allow = [None if i % 2 else np.sort(rng.choice(N, 400, replace=False)) for i in range(len(qs))]
+    both = [live_docs if a is None else np.intersect1d(a, live_docs) for a in allow]
+    for method, hay in (("lucene", "never"), ("bm25l", "always")):
+        ref, gpu = scorers(idx, method, haystack=hay)
+        assert_exact(ref.search(qs, 15, both), gpu.search(qs, 15, allow, live=live), f"{method} {hay}")
+        assert np.array_equal(ref.score_matrix(qs[:3], both[:3]), gpu.score_matrix(qs[:3], allow[:3], live=live))
 
 
 @pytest.mark.gpu
@@ -140,12 +177,12 @@ def test_memory_budget_chunks_and_errors():
     idx = random_index(N, V, seed=7)
     qs = random_queries(V, 37, seed=7)
     ref, _ = scorers(idx, "lucene")
-    small = CupyScorer(idx, BM25Params(), memory_budget_bytes=2_000_000)
+    small = CupyScorer(idx, BM25Params(), memory_budget_bytes=300_000, graphs=False)
     b = small.search(qs, 100)
     assert_exact(ref.search(qs, 100), b)
     assert b.meta["n_chunks"] >= 2
     with pytest.raises(MemoryError, match="memory_budget_bytes"):
-        CupyScorer(idx, BM25Params(), memory_budget_bytes=1000).search(qs, 10)
+        CupyScorer(idx, BM25Params(), memory_budget_bytes=1000, graphs=False).search(qs, 10)
     with pytest.raises(ValueError, match="outside"):
         small.search(qs[:1], 10, [np.array([N])])
 
@@ -222,29 +259,40 @@ def test_select_kernel_on_adversarial_rows(k):
     want = topk_from_dense(rows, k)
     ids = cp.empty((B, k), cp.int64)
     out = cp.empty((B, k), cp.float32)
-    gpu._select(cp.asarray(cand), cp.asarray(np.array(off, np.int64)), cp.asarray(counts),
+    gpu._select(gpu._acquire(), cp.asarray(cand), cp.asarray(np.array(off, np.int64)), cp.asarray(counts),
                 cp.zeros(B, cp.uint32), B, k, int(np.diff(off).max()), ids, out)
     assert np.array_equal(ids.get(), want.ids)
     assert np.array_equal(out.get(), want.scores)
 
 
 def test_host_prep_without_device():
-    """The host side (vectorised prep) runs without a GPU: pairs, multiplicities, row constants."""
+    """The host side (vectorised prep) runs without a GPU: pairs, multiplicities, idf, row constants, paths."""
     from gpuir.backends import cupy_backend as cb
+    from gpuir.backends.base import CollectionStats, weigh_queries
 
     idx = random_index(5003, 50, seed=7)
-    ref = NumpyScorer(idx, BM25Params(method="bm25l"))
+    p = BM25Params(method="bm25l")
+    ref = NumpyScorer(idx, p)
     qs = [np.array([0, 0, 1, 7], np.int64), np.zeros(0, np.int64), np.array([1], np.int64)]
-    flat, lens = cb.check_queries(qs, 50)
+    wq = weigh_queries(qs, CollectionStats.of(idx), p)
     f, ao, ad = cb.check_allow([None, None, np.array([3, 9], np.int64)], 3, 5003)
-    b = cb.prepare_batch(flat, lens, f, ao, ad, n_terms=50, df=idx.df.astype(np.int64), w0=ref.w0, has_w0=True,
-                         n_tiles=2, tile=4096, postings_per_doc=3.0, haystack="auto")
+    b = cb.prepare_batch(wq, f, ao, ad, df=idx.df.astype(np.int64), n_tiles=2, tile=4096, postings_per_doc=3.0,
+                         haystack="auto")
     assert b.qt_off.tolist() == [0, 3, 3, 4]
     assert b.qt_term.tolist() == [0, 1, 7, 1] and b.qt_mult.tolist() == [2.0, 1.0, 1.0, 1.0]
+    assert np.array_equal(b.qt_idf, ref.idf[[0, 1, 7, 1]]) and np.array_equal(b.qt_w0, ref.w0[[0, 1, 7, 1]])
     terms, mult = np.unique(qs[0], return_counts=True)
     assert b.row_const[0] == np.float32((ref.w0[terms] * mult).sum(dtype=np.float32)) and b.row_const[1] == 0
     assert b.filtered.tolist() == [False, False, True] and b.allow_docs.tolist() == [3, 9]
     assert b.path.tolist() == [cb.PATH_TILES, cb.PATH_NONE, cb.PATH_HAYSTACK]
+    sc = cb.search_consts(p, 7.25)
+    assert sc.one_minus_b == np.float32(1) - np.float32(0.75) and sc.k1p1 == np.float32(1.2) + np.float32(1)
+    assert sc.method == 3 and sc.has_w0 == 1 and all(type(x) in (np.int32, np.float32) for x in sc.args())
+    bits = cb.live_bits(np.arange(70) % 3 != 0, 70)
+    assert bits.dtype == np.uint32 and bits.size == 3
+    assert [bool((bits[d >> 5] >> (d & 31)) & 1) for d in range(70)] == [d % 3 != 0 for d in range(70)]
+    with pytest.raises(ValueError, match="bool array of shape"):
+        cb.live_bits(np.ones(69, bool), 70)
 
 
 def test_unsorted_postings_are_refused_before_upload():
@@ -272,3 +320,21 @@ def test_unsorted_postings_are_refused_before_upload():
             CupyScorer(broken, BM25Params())
     # a term boundary is not a violation: the last doc of one term may exceed the first of the next
     check_postings_sorted(np.array([0, 2, 4], np.int64), np.array([5, 9, 1, 2], np.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_graphs_equal_the_ordinary_path(method):
+    """Agent-sized batches (1-64 rows) through captured CUDA graphs: the same results as without graphs."""
+    idx = random_index(20011, 400, seed=12)
+    qs = [q for q in random_queries(400, 90, seed=13) if q.size][:64]
+    rng = np.random.default_rng(14)
+    allow = [None if i % 3 else np.sort(rng.choice(20011, 3000, replace=False)) for i in range(64)]
+    ref, gpu = scorers(idx, method, haystack="never")
+    plain = scorers(idx, method, haystack="never", graphs=False)[1]
+    for B, k in ((1, 10), (1, 10), (5, 100), (64, 7), (33, 1)):
+        sub, al = qs[:B], allow[:B]
+        g = gpu.search(sub, k, al)
+        assert_exact(ref.search(sub, k, al), g, f"B={B} k={k}")
+        assert_exact(plain.search(sub, k, al), g, f"plain B={B}")
+        assert g.meta["graph_runs"] == 1 and plain.search(sub, k, al).meta["graph_runs"] == 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,47 +240,65 @@ def test_row_sums_equal_numpys_own_summation():
 
 
 def test_row_constants_equal_the_reference_expression():
+    from gpuir.backends.base import CollectionStats, weigh_queries
+
     idx = random_index(300, 400, seed=3)
     p = BM25Params(method="bm25+")
     ref = NumpyScorer(idx, p)
     rng = np.random.default_rng(4)
     qs = [rng.integers(0, 400, rng.integers(0, 260)).astype(np.int64) for _ in range(60)]
-    flat, lens = cb.check_queries(qs, 400)
+    wq = weigh_queries(qs, CollectionStats.of(idx), p)
     f, ao, ad = cb.check_allow(None, len(qs), idx.n_docs)
-    b = cb.prepare_batch(flat, lens, f, ao, ad, n_terms=400, df=idx.df.astype(np.int64), w0=ref.w0, has_w0=True,
-                         n_tiles=5, tile=64, postings_per_doc=3.0, haystack="never")
+    b = cb.prepare_batch(wq, f, ao, ad, df=idx.df.astype(np.int64), n_tiles=5, tile=64, postings_per_doc=3.0,
+                         haystack="never")
     for i, q in enumerate(qs):
-        if q.size == 0:
+        terms, mult = np.unique(q, return_counts=True)
+        keep = idx.df[terms] > 0
+        if not keep.any():
             assert b.row_const[i] == 0
             continue
-        terms, mult = np.unique(q, return_counts=True)
-        want = np.float32((ref.w0[terms] * mult).sum(dtype=np.float32))
+        want = np.float32((ref.w0[terms[keep]] * mult[keep]).sum(dtype=np.float32))
         assert b.row_const[i].view(U32) == want.view(U32), i
-        keep = idx.df[terms] > 0
         got = b.qt_term[b.qt_off[i]:b.qt_off[i + 1]]
         assert got.tolist() == terms[keep].tolist()
         assert b.qt_mult[b.qt_off[i]:b.qt_off[i + 1]].tolist() == mult[keep].tolist()
+        assert np.array_equal(b.qt_idf[b.qt_off[i]:b.qt_off[i + 1]], ref.idf[terms[keep]])
 
 
 def test_tile_directory_matches_brute_force():
+    """Impacts (non-dominated (tf, length) pairs) per (long term, tile) and per light term, against a loop."""
     idx = random_index(3001, 60, seed=9)
-    w = NumpyScorer(idx, BM25Params(method="robertson")).weights  # negative weights too
     tile, n_tiles = 64, -(-3001 // 64)
-    dir_row, dir_start, dir_max = cb.build_tile_directory(idx.offsets, idx.doc_ids, w, tile, n_tiles, 100)
+    d = cb.build_directory(idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, tile, n_tiles, 100)
     heavy = np.flatnonzero(idx.df >= 100)
+    dir_row = d["dir_row"]
     assert heavy.size > 1 and (dir_row >= 0).sum() == heavy.size
-    st = dir_start.reshape(heavy.size, n_tiles + 1)
-    mx = dir_max.reshape(heavy.size, n_tiles)
+    st = d["dir_start"].reshape(heavy.size, n_tiles + 1)
+
+    def impacts(tf, dl):
+        pairs = set(zip(np.minimum(tf, 0xFFFF).tolist(), np.minimum(dl, 0xFFFF).tolist()))
+        return sorted((t, x) for t, x in pairs if not any((t2 >= t and x2 <= x) and (t2, x2) != (t, x)
+                                                          for t2, x2 in pairs))
+
+    def got(off, imp, b):
+        return sorted((int(p) & 0xFFFF, int(p) >> 16) for p in imp[off[b]:off[b + 1]])
+
+    for t in range(idx.n_terms):
+        s, e = idx.offsets[t], idx.offsets[t + 1]
+        want = [] if dir_row[t] >= 0 else impacts(idx.tfs[s:e], idx.doc_lens[idx.doc_ids[s:e]])
+        assert got(d["term_imp_off"], d["term_imp"], t) == want, t
     for r, t in enumerate(heavy):
         assert dir_row[t] == r
         s, e = idx.offsets[t], idx.offsets[t + 1]
-        d, wt = idx.doc_ids[s:e], w[s:e]
+        dd = idx.doc_ids[s:e]
         for j in range(n_tiles):
-            in_tile = (d >= j * tile) & (d < (j + 1) * tile)
-            assert st[r, j] == np.searchsorted(d, j * tile)
-            want = max(0.0, float(wt[in_tile].max())) if in_tile.any() else 0.0
-            assert mx[r, j] == np.float32(want)
+            in_tile = (dd >= j * tile) & (dd < (j + 1) * tile)
+            assert st[r, j] == np.searchsorted(dd, j * tile)
+            want = impacts(idx.tfs[s:e][in_tile], idx.doc_lens[dd[in_tile]])
+            assert got(d["dir_imp_off"], d["dir_imp"], r * n_tiles + j) == want, (t, j)
         assert st[r, n_tiles] == e - s
+    assert cb.pack_summaries(np.array([0, 70000, 3]), np.array([9, 5, 10**6])).tolist() == [
+        0, 0xFFFF | (5 << 16), 3 | (0xFFFF << 16)]
 
 
 def test_allow_list_checks():
@@ -322,6 +341,7 @@ def model_device():
     """Install the fake cupy with small tiles (32 threads, 64 documents); yields a scorer factory."""
     with km.fake_cupy_installed(seed=0) as cp, km.small_tiles(32, 64):
         def make(index, method="lucene", **kw):
+            kw.setdefault("graphs", False)  # the ordinary path; test_small_batches_run_as_one_captured_graph: graphs
             return cb.CupyScorer(index, BM25Params(method=method), **kw)
 
         make.cp = cp
@@ -423,7 +443,7 @@ def test_query_groups_overflow_reruns_and_k_beyond_matches(model_device, corpus,
     ref, gpu = NumpyScorer(idx, BM25Params(method="bm25l")), model_device(idx, "bm25l", haystack="never")
     monkeypatch.setattr(cb, "_MAX_GRID_Y", 3)  # several rows per block (query groups)
     real = cb.candidate_slots
-    monkeypatch.setattr(cb, "candidate_slots", lambda *a: np.minimum(real(*a), 5))  # force overflows
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 5))  # force overflows
     for k in (1, 4, 2600):
         res = gpu.search(qs, k, allow)
         _exact(ref.search(qs, k, allow), res, f"k={k}")
@@ -486,12 +506,14 @@ def test_threshold_semantics_can_fail(model_device):
     want = ref.search(qs, k)
     kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
     batch = gpu.prepare(qs, None)
-    stats = {"stripes": 4, "n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0,
-             "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0}
+    stats = {"n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0, "tile_items": 0,
+             "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0}
 
     def run(theta):
         res = cb.empty_results(len(qs), k)
-        gpu._search_rows(batch, k, cb._Timer(model_device.cp), dict(stats), res.ids, res.scores,
+        ws = gpu._acquire()
+        gpu._search_rows(ws, batch, k, cb.search_consts(gpu.params, gpu.stats.avgdl), gpu._live_bits(None),
+                         cb._Timer(model_device.cp, False), dict(stats), res.ids, res.scores,
                          theta0=theta.astype(np.uint32))
         return res
 
@@ -508,26 +530,28 @@ def test_summation_order_matters_and_is_detected(model_device, monkeypatch):
     ref, gpu = NumpyScorer(idx, BM25Params()), model_device(idx, haystack="never")
     _exact(ref.search(qs, 50), gpu.search(qs, 50))
     real = km._accumulate
-    monkeypatch.setattr(km, "_accumulate", lambda a, q, ranges, base, allowed: _reversed(real, a, q, ranges, base,
-                                                                                           allowed))
+    monkeypatch.setattr(km, "_accumulate", lambda a, q, j, base, end, allowed: real(_reversed(a, q), q, j, base, end,
+                                                                                   allowed))
     a, b = ref.search(qs, 50), gpu.search(qs, 50)
     assert not np.array_equal(a.scores, b.scores)
 
 
-def _reversed(real, a, q, ranges, base, allowed):
+def _reversed(a, q):
+    """The launch's arguments with row q's terms (and their weights) in descending order."""
     t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
     b = dict(a)
-    b["qt_mult"] = a["qt_mult"].copy()
-    b["qt_mult"][t0:t1] = a["qt_mult"][t0:t1][::-1]
-    b["qt_off"] = a["qt_off"]
-    return real(b, q, ranges[::-1], base, allowed)
+    for name in ("qt_term", "qt_mult", "qt_idf", "qt_w0"):
+        b[name] = a[name].copy()
+        b[name][t0:t1] = a[name][t0:t1][::-1]
+    return b
 
 
 def test_one_copy_each_way_and_reused_buffers(model_device, corpus, monkeypatch):
     idx, qs, _ = corpus
     gpu = model_device(idx)
     gpu.search(qs, 10)
-    dev = gpu._ws.dev
+    (ws,) = gpu._pool
+    dev = ws.dev
     calls = {"set": 0, "get": 0}
     real_set, real_get = km.DevArray.set, km.DevArray.get
     monkeypatch.setattr(km.DevArray, "set", lambda self, *a, **kw: (calls.__setitem__("set", calls["set"] + 1),
@@ -537,8 +561,11 @@ def test_one_copy_each_way_and_reused_buffers(model_device, corpus, monkeypatch)
     res = gpu.search(qs, 10)
     assert res.meta["n_chunks"] == 1 and res.meta["overflow_rows"] == 0
     assert calls == {"set": 1, "get": 1}
-    assert gpu._ws.dev is dev  # the device buffer was reused
-    assert set(res.meta["timings"]) >= {"prep_s", "h2d_s", "score_s", "topk_s", "d2h_s", "total_s"}
+    assert gpu._pool == [ws] and ws.dev is dev  # the workspace and its device buffer were reused
+    assert set(res.meta["timings"]) == {"prep_s", "total_s"}  # no events unless timing is asked
+    gpu.timing = True
+    res = gpu.search(qs, 10)
+    assert set(res.meta["timings"]) >= {"prep_s", "h2d_s", "plan_s", "score_s", "topk_s", "d2h_s", "total_s"}
 
 
 def test_memory_budget_chunks_and_oom(corpus):
@@ -549,7 +576,7 @@ def test_memory_budget_chunks_and_oom(corpus):
         probe = cb.CupyScorer(idx, BM25Params())
         b = probe.prepare(qs, allow)
         live = b.take(np.flatnonzero(b.path != cb.PATH_NONE))
-        per_row = probe.row_bytes(cb.candidate_slots(live, 25, probe.stripes(live.n_rows), N_DOCS), 25, live)
+        per_row = probe.row_bytes(cb.candidate_slots(live, 25, N_DOCS), 25, live)
         gpu = cb.CupyScorer(idx, BM25Params(), memory_budget_bytes=int(per_row.max()) + 1)
         res = gpu.search(qs, 25, allow)
         _exact(want, res, "budget")
@@ -629,4 +656,140 @@ def test_launch_checker_rejects_python_scalars_and_wrong_dtypes():
     with pytest.raises(km.LaunchError, match="grid"):
         km.check_launch(sigs, "pack_candidates<256>", (1, 70000), (256,), pack)
     names = [p[0] for p in km.kernel_signatures("bm25_score.cu")["tile_score"]]
-    assert "row_const" in names and names[:3] == ["offsets", "doc_ids", "weights"]
+    assert "row_const" in names and names[:4] == ["offsets", "doc_ids", "tfs", "doc_lens"]
+    assert names[-8:] == ["method", "k1", "b", "one_minus_b", "k1p1", "delta", "avgdl", "has_w0"]
+
+
+_DIV_PROGRAM = r"""
+#include "cuda_host_shim.h"
+#include "common.cuh"
+#include <cstdio>
+#include <random>
+// The device arithmetic of common.cuh (the shim defines __CUDA_ARCH__, so the device branches
+// compile, with an estimate of 1/b that is 2 ulps off): div_rn and bm25_weight against IEEE.
+int main() {
+    std::mt19937_64 rng(12345);
+    long long bad = 0, n = 0;
+    auto check = [&](float a, float b) {
+        const float got = gpuir::div_rn(a, b), want = a / b;
+        ++n;
+        if (__float_as_uint(got) != __float_as_uint(want)) {
+            if (bad < 5) std::printf("div %.9g / %.9g: %.9g != %.9g\n", a, b, got, want);
+            ++bad;
+        }
+    };
+    std::uniform_real_distribution<double> ex(-60.0, 60.0);
+    for (int i = 0; i < 3000000; ++i) {  // random normal floats over 36 decades
+        const float a = (float)std::exp2(ex(rng)), b = (float)std::exp2(ex(rng));
+        check(a, b);
+        check(a, std::nextafter(b, 0.0f));
+    }
+    for (int tf = 1; tf <= 2000; ++tf)  // tf / (k1 * norm + tf)-shaped operands
+        for (int j = 0; j < 300; ++j) {
+            const float den = (float)tf + (float)(j + 1) * 0.0137f;
+            check((float)tf, den);
+            check((float)(tf * 3), (float)(j + 1));
+        }
+    for (unsigned int u = 0x3f800000u; u < 0x3f800000u + 200000u; ++u) {  // consecutive significands
+        check(1.0f, __uint_as_float(u));
+        check(__uint_as_float(u), 3.0f);
+        check(__uint_as_float(u + 77u), __uint_as_float(u));
+    }
+    std::printf("checked %lld bad %lld\n", n, bad);
+    return bad != 0;
+}
+"""
+
+
+def test_device_division_is_ieee_division(tmp_path):
+    """div_rn (a float estimate refined in double, no division instruction) equals IEEE a / b bit for bit."""
+    import shutil
+
+    cxx = next((c for c in ("g++", "clang++") if shutil.which(c)), None)
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    root = Path(__file__).resolve().parent
+    (tmp_path / "div.cpp").write_text(_DIV_PROGRAM)
+    r = subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-I", str(root / "cuda_host"), "-I",
+                        str(K.KERNEL_DIR), "-o", str(tmp_path / "div"), str(tmp_path / "div.cpp"), "-pthread"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run([str(tmp_path / "div")], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "bad 0" in out.stdout, out.stdout[-2000:]
+    assert int(out.stdout.split("checked ")[1].split()[0]) > 6_000_000
+
+
+def test_small_batches_run_as_one_captured_graph(model_device, corpus, monkeypatch):
+    """B <= 64: the pipeline is captured once per (rows bucket, k, statistics) and replayed; results are exact,
+    overflowing rows are rerun the ordinary way, and other statistics get their own graph."""
+    from gpuir.backends.base import CollectionStats
+
+    idx, qs, allow = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25+"))
+    gpu = model_device(idx, "bm25+", haystack="never", graphs=True)
+    cp = model_device.cp
+    full = [q for q in qs if q.size and q.max() < idx.n_terms - 2]  # queries with terms in this index
+    for i in range(3):
+        sub = full[3 * i: 3 * i + 3]  # a bucket of 4 rows
+        _exact(ref.search(sub, 10), gpu.search(sub, 10), f"graph {i}")
+    assert cp.graph_captures == 1 and cp.graph_launches == 3
+    for i in range(2):
+        n, captures = len(cp.launches), cp.graph_captures
+        res = gpu.search(qs[:4], 10, allow[:4])
+        _exact(ref.search(qs[:4], 10, allow[:4]), res, "graph with allow-lists")
+        assert res.meta["graph_runs"] == 1
+    assert len(cp.launches) == n and cp.graph_captures == captures  # a replay launches nothing by itself
+    _exact(ref.search(full[:1], 3), gpu.search(full[:1], 3), "another k")
+    assert cp.graph_captures == captures + 1
+    stats = CollectionStats(idx.n_docs * 3, idx.df.astype(np.int64) * 2, idx.avgdl * 1.5)
+    _exact(NumpyScorer(idx, BM25Params(method="bm25+"), stats=stats).search(full[:3], 10),
+           gpu.search(full[:3], 10, stats=stats), "other statistics")
+    assert cp.graph_captures == captures + 2
+    gpu.graphs = False
+    assert gpu.search(qs[:4], 10).meta["graph_runs"] == 0
+    gpu.graphs = True
+    monkeypatch.setattr(cb._Graph, "SLOTS_EXTRA", 0)  # 4k slots: some rows overflow and are rerun
+    fresh = model_device(idx, "bm25+", haystack="never", graphs=True)
+    res = fresh.search(qs[:8], 2)
+    _exact(ref.search(qs[:8], 2), res, "graph overflow")
+    assert res.meta["graph_runs"] == 1 and res.meta["overflow_rows"] > 0
+
+
+def test_a_graph_that_cannot_be_captured_turns_graphs_off(model_device, corpus, monkeypatch, caplog):
+    """Copies on a capturing stream are refused (as CuPy refuses them); any capture failure leaves the search exact
+    on the ordinary path, with graphs off for that scorer and the reason logged."""
+    idx, qs, _ = corpus
+    ref = NumpyScorer(idx, BM25Params())
+    gpu = model_device(idx, graphs=True)
+    real = cb._Graph._record
+
+    def copy_inside(self, scorer, sc, blocks):  # what the first device run did: the input copy inside the graph
+        self.ws.h2d(self.h2d_end)
+        real(self, scorer, sc, blocks)
+
+    monkeypatch.setattr(cb._Graph, "_record", copy_inside)
+    with caplog.at_level("WARNING", logger="gpuir.backends.cupy"):
+        res = gpu.search(qs[:3], 10)
+    _exact(ref.search(qs[:3], 10), res, "fallback")
+    assert not gpu.graphs and "capturing" in gpu.graph_error and res.meta["graph_runs"] == 0
+    assert "CUDA graphs turned off" in caplog.text
+    _exact(ref.search(qs[:5], 10), gpu.search(qs[:5], 10), "after")
+
+
+def test_directory_in_chunks_and_the_doubling_scan(monkeypatch):
+    """Chunked builds (CuPy's path bounds its temporaries) equal one-chunk builds; the doubling running maximum
+    (CuPy has no maximum.accumulate) equals NumPy's."""
+    import types
+
+    rng = np.random.default_rng(5)
+    v = rng.integers(-1000, 1000, 5000)
+    fake_xp = types.SimpleNamespace(maximum=np.maximum)
+    assert np.array_equal(cb.running_max(v, fake_xp), np.maximum.accumulate(v))
+    idx = random_index(3001, 60, seed=9)
+    args = (idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, 64, -(-3001 // 64), 100)
+    whole = cb.build_directory(*args)
+    monkeypatch.setattr(cb, "DIRECTORY_CHUNK", 500)  # many chunks, some terms longer than a chunk
+    parts = cb.build_directory(*args)
+    assert set(whole) == set(parts)
+    for name in whole:
+        assert np.array_equal(whole[name], parts[name]), name

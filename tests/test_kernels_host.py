@@ -356,9 +356,9 @@ def test_overflow_reruns_query_groups_and_large_k(mods, corpus, monkeypatch):
     ref = NumpyScorer(idx, BM25Params(method="bm25l"))
     monkeypatch.setattr(cb, "_MAX_GRID_Y", 3)
     real = cb.candidate_slots
-    monkeypatch.setattr(cb, "candidate_slots", lambda *a: np.minimum(real(*a), 5))
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 5))
     with small_blocks(), real_kernels_installed(schedule="forward", modules=mods) as cp:
-        gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never")
+        gpu = cb.CupyScorer(idx, BM25Params(method="bm25l"), haystack="never", graphs=False)
         for k in (1, 4, 1400):
             res = gpu.search(qs, k, allow)
             exact(ref.search(qs, k, allow), res, f"k={k}")
@@ -381,6 +381,27 @@ def test_haystack_modes(mods, corpus, mode):
         res = gpu.search(qs, 10, allow)
     exact(ref.search(qs, 10, allow), res, mode)
     assert (res.meta["haystack_rows"] == 0) == (mode == "never")
+
+
+@pytest.mark.parametrize("method", ["robertson", "bm25l"])
+def test_statistics_per_search_and_live_on_real_kernels(mods, corpus, method):
+    """Other statistics per search (no re-upload) and deleted documents, on both paths, bit for bit."""
+    from gpuir.backends.base import CollectionStats
+
+    idx, qs, allow = corpus
+    p = BM25Params(method=method)
+    rng = np.random.default_rng(3)
+    stats = CollectionStats(idx.n_docs * 2, idx.df.astype(np.int64) + rng.integers(0, 40, idx.n_terms),
+                            idx.avgdl * 0.8)
+    live = rng.random(idx.n_docs) > 0.2
+    docs = np.flatnonzero(live)
+    both = [docs if a is None else np.intersect1d(a, docs) for a in allow]
+    ref = NumpyScorer(idx, p, stats=stats)
+    with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
+        gpu = cb.CupyScorer(idx, p, haystack="auto")
+        exact(ref.search(qs, 10, both), gpu.search(qs, 10, allow, stats=stats, live=live), method)
+        exact(NumpyScorer(idx, p).search(qs, 7, allow), gpu.search(qs, 7, allow), "own statistics again")
+    assert gpu.uploads == 1
 
 
 def test_production_block_sizes(mods, corpus):
@@ -681,8 +702,14 @@ SCORE_BUGS = {
     "noround": ("            __syncthreads();  // round boundary: the next term may add to the same documents\n",
                 ""),
     # The tile bound L one histogram bin too high: theta may exceed the k-th score, losing documents.
-    "lbin": ("const unsigned int l = (b1 << 21) | ((unsigned int)s_bin << 10);",
-             "const unsigned int l = (b1 << 21) | ((unsigned int)(s_bin + 1) << 10);"),
+    "lbin": ("lb = (b1 << 21) | ((unsigned int)s_bin << 10);",
+             "lb = (b1 << 21) | ((unsigned int)(s_bin + 1) << 10);"),
+    # The tile bound ignores a repeated query term's multiplicity: it may fall below a real score, so a
+    # tile holding part of the top k is left out of the work list.
+    "nomult": ("bound = gpuir::add_rn(bound, gpuir::scaled(bt, qt_mult[t0 + i]));",
+               "bound = gpuir::add_rn(bound, bt);"),
+    # The seed tile is listed again: its documents are emitted twice.
+    "seedtwice": ("pred = u != 0u && u >= theta[q] && j != seed;", "pred = u != 0u && u >= theta[q];"),
 }
 
 
@@ -734,6 +761,17 @@ def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
     assert not np.array_equal(got.ids, want2.ids), "a too-high tile threshold went unnoticed"
     with small_blocks(), real_kernels_installed(modules=mods):
         exact(want2, cb.CupyScorer(small, BM25Params(), haystack="never").search(q2, 5), "control")
+    # 3. Bounds without the multiplicity, and the seed tile listed twice: both change some results
+    #    of queries with repeated terms.
+    q3 = [np.repeat(q[:4], 3) for q in qs]
+    want3 = ref.search(q3, 5)
+    for bug in ("nomult", "seedtwice"):
+        with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
+                                                             "topk.cu": topk_mod}):
+            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(q3, 5)
+        assert not np.array_equal(got.ids, want3.ids), f"planted bug {bug} went unnoticed"
+    with small_blocks(), real_kernels_installed(modules=mods):
+        exact(want3, cb.CupyScorer(idx, BM25Params(), haystack="never").search(q3, 5), "control")
 
 
 # =============================================================================

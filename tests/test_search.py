@@ -85,8 +85,8 @@ def test_matches_dense_reference_exactly(index):
 def test_padding_and_k_beyond_corpus(backend):
     idx = BM25Index.build(["a b", "b c", "c d"], analyzer="plain")
     res = idx.search(["b", "zzz"], k=10, backend=backend)
-    assert res.shape == (2, 10)
-    assert res.ids[0].tolist() == [0, 1] + [-1] * 8
+    assert res.shape == (2, 3)  # k is clamped to N (issue 23: nothing k-sized is allocated)
+    assert res.ids[0].tolist() == [0, 1, -1]
     assert np.isneginf(res.scores[0][2:]).all() and np.isfinite(res.scores[0][:2]).all()
     assert (res.ids[1] == -1).all() and np.isneginf(res.scores[1]).all()
 

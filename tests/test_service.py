@@ -25,11 +25,12 @@ def server(tmp_path_factory):
 
     claim_dir(root, "memory")
     keys = {t: ks.add(t) for t in ("alice", "bob", "carol")}
+    keys["operator"] = ks.add_operator()
     # a 20 ms window: concurrent test searches meet in a batch even on a slow machine
     srv = ServerProcess(root, ["--max-body-bytes", "20000", "--batch-window-ms", "20"]).start()
     yield srv, keys, root
-    n = httpx.get(srv.url + "/healthz").json()["records"]
-    assert srv.stop() in (0, -15), srv.output()  # uvicorn re-raises SIGTERM after its graceful shutdown
+    n = httpx.get(srv.url + "/healthz", headers={"Authorization": f"Bearer {keys['operator']}"}).json()["records"]
+    assert srv.stop() == 0, srv.output()  # a graceful stop by SIGTERM exits 0 (uvicorn alone would re-raise it)
     # the graceful shutdown folded the log into the memory's own segments
     from gpuir.service.wal import read_segment, segments
 
@@ -54,11 +55,13 @@ def test_openapi_lists_exactly_the_routes(server):
     assert httpx.get(srv.url + "/docs").status_code == 404
 
 
-def test_health_and_metrics_need_no_key(server):
-    srv, _, _ = server
+def test_health_needs_no_key_and_metrics_an_operator_key(server):
+    srv, keys, _ = server
     h = httpx.get(srv.url + "/healthz")
-    assert h.status_code == 200 and h.json()["status"] == "ok"
-    m = httpx.get(srv.url + "/metrics")
+    assert h.status_code == 200 and h.json() == {"status": "ok"}  # nothing about any tenant without a key
+    assert httpx.get(srv.url + "/metrics").status_code == 401
+    assert httpx.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {keys['alice']}"}).status_code == 403
+    m = httpx.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {keys['operator']}"})
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     assert "# TYPE gpuir_requests_total counter" in m.text
     assert "gpuir_search_batch_queries_bucket" in m.text
@@ -301,10 +304,10 @@ def test_service_runs_cpu_bm25_inline(tmp_path):
 
 def test_server_batches_concurrent_searches(server):
     """Concurrent HTTP searches share scorer calls: the batch-size histogram counts fewer calls than queries."""
-    srv = server[0]
+    srv, keys, _ = server
 
     def scrape():
-        text = httpx.get(srv.url + "/metrics").text
+        text = httpx.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {keys['operator']}"}).text
         vals = {}
         for line in text.splitlines():
             for name in ("gpuir_search_batch_queries_count", "gpuir_search_batch_queries_sum"):
@@ -347,10 +350,15 @@ def test_serve_passes_keep_alive_to_uvicorn(tmp_path, monkeypatch, capsys):
     from gpuir.service import cli
 
     seen = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.append(kw))
+
+    def run(self, sockets=None):  # uvicorn.Server.run, without listening
+        seen.append(self.config)
+        self.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     assert cli.main(["serve", str(tmp_path / "m1"), "--keep-alive-seconds", "9"]) == 0
     assert cli.main(["serve", str(tmp_path / "m2")]) == 0
-    assert [kw["timeout_keep_alive"] for kw in seen] == [9.0, 75.0]
+    assert [c.timeout_keep_alive for c in seen] == [9.0, 75.0]
     assert cli.main(["serve", str(tmp_path / "m3"), "--keep-alive-seconds", "-1"]) == 2
     assert "--keep-alive-seconds" in capsys.readouterr().err
 

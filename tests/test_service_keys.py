@@ -82,6 +82,8 @@ def test_a_running_keystore_sees_changes(tmp_path):
 def test_bad_tenant_and_damaged_file_are_exit_2(tmp_path, capsys):
     assert cli.main(["serve-keys", str(tmp_path / "m"), "add", "no spaces"]) == 2
     assert "tenant" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()  # refused before anything is created
+    (tmp_path / "m").mkdir()
     (tmp_path / "m" / KEYS_FILE).write_text("{not json")
     assert cli.main(["serve-keys", str(tmp_path / "m"), "list"]) == 2
     assert "unreadable keys file" in capsys.readouterr().err

@@ -1,7 +1,12 @@
-"""The service's write-ahead log: framing, torn tails, checkpoints at every crash point, kill -9."""
+"""The service's write-ahead log: framing, torn tails, checkpoints at every crash point, kill -9.
+
+Damage that must not pass for a torn tail, salvage, ENOSPC, SIGTERM and the
+door's validation are in ``tests/test_service_faults.py``.
+"""
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 import zlib
@@ -20,85 +25,90 @@ def _ops(n, start=0):
 
 def _log(tmp_path, n=5):
     w = WriteAheadLog(tmp_path)
-    assert list(w.recover(1)) == []
+    assert w.recover(1).ops == []
     w.append(_ops(n))
     w.close()
     (_, path), = segments(tmp_path)
     return path
 
 
-def test_frame_layout_is_length_then_crc32():
-    f = frame({"op": "delete", "ids": ["a"]})
-    body = f[8:]
-    assert int.from_bytes(f[:4], "little") == len(body)
-    assert int.from_bytes(f[4:8], "little") == zlib.crc32(body)
-    assert body == b'{"op":"delete","ids":["a"]}'
+def test_frame_layout_magic_seq_length_and_two_checksums():
+    f = frame({"op": "delete", "ids": ["a"]}, seq=7)
+    body = b'{"op":"delete","ids":["a"]}'
+    magic, seq, n, fcrc, hcrc = struct.unpack_from("<4sQIII", f)
+    assert (magic, seq, n, f[24:]) == (b"gWAL", 7, len(body), body)
+    assert fcrc == zlib.crc32(f[:16] + body)  # header and body, the length included
+    assert hcrc == zlib.crc32(f[:20])  # the header alone: a length is checked before it is used
 
 
-@pytest.mark.parametrize("cut", [1, 4, 7, 8, 9, 20])
+@pytest.mark.parametrize("cut", [1, 4, 7, 8, 9, 20, 23, 24, 25, 40])
 def test_torn_tail_is_dropped_and_truncated(tmp_path, cut):
     path = _log(tmp_path, 5)
     full = path.read_bytes()
     last = len(frame(_ops(1, 4)[0]))
+    assert cut < last
     path.write_bytes(full[: len(full) - last + cut])  # the last frame only partly written
     w = WriteAheadLog(tmp_path)
-    got = list(w.recover(1))
-    assert got == _ops(4)
+    rec = w.recover(1)
+    assert rec.ops == _ops(4)
+    assert [(t.start, t.end) for t in rec.torn] == [(len(full) - last, len(full) - last + cut)]
     assert path.stat().st_size == len(full) - last  # truncated to the last good frame
     w.append(_ops(1, 10))  # appends continue after the good frames
     w.close()
-    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(4) + _ops(1, 10)
+    assert WriteAheadLog(tmp_path).recover(1).ops == _ops(4) + _ops(1, 10)
 
 
-def test_torn_tail_with_a_bad_checksum_is_dropped(tmp_path):
+def test_zero_filled_last_frame_is_a_torn_tail(tmp_path):
     path = _log(tmp_path, 3)
     data = bytearray(path.read_bytes())
-    data[-3] ^= 0xFF  # the last frame's payload: as if its sectors never reached the disk
+    last = len(frame(_ops(1, 2)[0]))
+    data[-10:] = b"\0" * 10  # the last frame's end never reached the disk (its size did)
     path.write_bytes(bytes(data))
-    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(2)
+    rec = WriteAheadLog(tmp_path).recover(1)
+    assert rec.ops == _ops(2) and rec.torn[0].start == len(data) - last
 
 
 def test_zeroed_tail_is_dropped(tmp_path):
     path = _log(tmp_path, 3)
     data = path.read_bytes()
     path.write_bytes(data + b"\0" * 100)  # size grew, data never written
-    assert list(WriteAheadLog(tmp_path).recover(1)) == _ops(3)
+    assert WriteAheadLog(tmp_path).recover(1).ops == _ops(3)
 
 
 def test_damage_before_the_end_is_an_error_not_a_silent_loss(tmp_path):
     path = _log(tmp_path, 4)
     data = bytearray(path.read_bytes())
     hdr = len(frame({"format": "gpuir-service-wal", "version": 1, "base_generation": 1}))
-    data[hdr + 10] ^= 0xFF  # the first operation's payload
+    data[hdr + 30] ^= 0xFF  # the first operation's payload
     path.write_bytes(bytes(data))
-    with pytest.raises(WALCorruptError, match="before the end of the log"):
-        list(WriteAheadLog(tmp_path).recover(1))
+    with pytest.raises(WALCorruptError, match=f"checksum fails at byte {hdr} of"):
+        WriteAheadLog(tmp_path).recover(1)
     assert path.read_bytes() == bytes(data)  # nothing truncated
 
 
 def test_damage_in_an_older_segment_is_an_error(tmp_path):
     w = WriteAheadLog(tmp_path)
-    list(w.recover(1))
+    w.recover(1)
     w.append(_ops(2))
     w.rotate(2)
     w.append(_ops(1, 5))
     w.close()
     old = tmp_path / segment_name(1)
     old.write_bytes(old.read_bytes()[:-2])
-    with pytest.raises(WALCorruptError):
-        list(WriteAheadLog(tmp_path).recover(1))
+    with pytest.raises(WALCorruptError, match="older log segment"):
+        WriteAheadLog(tmp_path).recover(1)
 
 
 def test_segments_older_than_the_saved_generation_are_skipped_and_removed(tmp_path):
     w = WriteAheadLog(tmp_path)
-    list(w.recover(3))
+    w.recover(3)
     w.append(_ops(2))
     w.rotate(4)
     w.append(_ops(1, 9))
     w.close()
-    assert list(WriteAheadLog(tmp_path).recover(3)) == _ops(2) + _ops(1, 9)
+    assert WriteAheadLog(tmp_path).recover(3).ops == _ops(2) + _ops(1, 9)
     w2 = WriteAheadLog(tmp_path)
-    assert list(w2.recover(4)) == _ops(1, 9)
+    assert w2.recover(4).ops == _ops(1, 9)
     w2.close()
     assert [n for n, _ in segments(tmp_path)] == [2]
 
@@ -113,7 +123,8 @@ def _state(root):
     return sorted(m._ids)
 
 
-@pytest.mark.parametrize("crash", ["before_save", "after_save_before_drop", "none"])
+@pytest.mark.parametrize("crash", ["rotated_before_save", "after_save_before_new_segment",
+                                   "after_save_before_drop", "none"])
 def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, crash, monkeypatch):
     root = tmp_path / "mem"
     s = ServiceStore(root, checkpoint_every=10_000)
@@ -122,15 +133,17 @@ def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, cras
     _add(s, ["a"])  # re-added after its delete
     s._q.put(None)
     s._thread.join()  # stop the writer; run the checkpoint here, crashing where asked
-    if crash == "before_save":
+    if crash == "rotated_before_save":  # the order of checkpoints before log format 2: still replayed right
         s.wal.rotate(s.memory.info()["generation"] + 1)
+    elif crash == "after_save_before_new_segment":
+        s.memory.save()
     elif crash == "after_save_before_drop":
         monkeypatch.setattr(s.wal, "drop", lambda paths: None)
         s.checkpoint()
     else:
         s.checkpoint()
     s.wal.close()
-    s.memory.close()  # the process is gone: no further save
+    s.memory.close(discard_unsaved=True)  # the process is gone: no further save
     s2 = ServiceStore(root)
     assert sorted(s2.memory._ids) == ["t/a", "t/b"]
     assert s2.get("t", "a")["text"] == "a shared"
@@ -168,14 +181,14 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     entered, release = threading.Event(), threading.Event()
     appends, fsyncs, mem_adds = [], [], []
-    real_append, real_fsync, real_add = s.wal.append, os.fsync, s.memory.add
+    real_append, real_fsync, real_add = s.wal.append_payloads, os.fsync, s.memory.add
 
-    def append(ops):
-        appends.append(len(ops))
+    def append(payloads, n_ops):
+        appends.append(len(payloads))
         if len(appends) == 1:
             entered.set()
             assert release.wait(60)
-        return real_append(ops)
+        return real_append(payloads, n_ops)
 
     def fsync(fd):
         fsyncs.append(fd)
@@ -185,7 +198,7 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
         mem_adds.append(len(records))
         return real_add(records)
 
-    monkeypatch.setattr(s.wal, "append", append)
+    monkeypatch.setattr(s.wal, "append_payloads", append)
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(s.memory, "add", mem_add)
     first = s.add("t0", [{"id": "r0", "text": "first"}])
@@ -208,8 +221,8 @@ def test_group_commit_keeps_the_order_of_deletes_and_adds(tmp_path):
     """A group holding add, delete, re-add of one id applies them in order (runs of adds are joined)."""
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     hold = threading.Event()
-    real_append = s.wal.append
-    s.wal.append = lambda ops: (hold.wait(60), real_append(ops))[1]
+    real_append = s.wal.append_payloads
+    s.wal.append_payloads = lambda payloads, n: (hold.wait(60), real_append(payloads, n))[1]
     f0 = s.add("t", [{"id": "warm", "text": "x"}])
     f1 = s.add("t", [{"id": "a", "text": "old version"}])
     f2 = s.delete("t", ["a"])
@@ -292,7 +305,7 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
     assert n_acked >= 150
     srv2 = ServerProcess(root, log=srv.log).start()
     try:
-        health = MemoryClient(srv2.url, keys["w0"]).health()
+        health = MemoryClient(srv2.url, KeyStore(root).add_operator()).health()
         assert health["records"] >= n_acked
         for t, ids in acked.items():
             c = MemoryClient(srv2.url, keys[t])

@@ -129,24 +129,44 @@ def next_pow2(x: int) -> int:
 # =============================================================================
 # bm25_score.cu
 # =============================================================================
-def _term_ranges(a: dict, terms: np.ndarray, j: int, base: int, end: int):
-    """term_ranges: per term (lo, hi, block bound)."""
-    out = []
+def _params(a: dict):
+    """The BM25Params whose float32 constants the launch carries (method code, k1, b, delta)."""
+    from ..bm25 import METHODS, BM25Params
+
+    return BM25Params(method=METHODS[int(a["method"])], k1=float(a["k1"]), b=float(a["b"]), delta=float(a["delta"]))
+
+
+def _weights(a: dict, p0: int, p1: int, u: int) -> np.ndarray:
+    """bm25_weight of postings [p0, p1) for query term u: gpuir.backends.weights.weights_of (the reference)."""
+    from .weights import weights_of
+
+    d = a["doc_ids"][p0:p1]
+    return weights_of(a["tfs"][p0:p1], a["doc_lens"][d], F32(a["qt_idf"][u]), F32(a["qt_w0"][u]), float(a["avgdl"]),
+                      _params(a))
+
+
+def _bound(a: dict, summ: int, u: int) -> np.float32:
+    """bound_of: gpuir.backends.weights.weight_bound of an unpacked impact (tf 0xFFFF = unbounded)."""
+    from .weights import weight_bound
+
+    mtf, mdl = summ & 0xFFFF, summ >> 16
+    if mtf == 0:
+        return F32(0)
+    mtf = 2**31 - 1 if mtf == 0xFFFF else mtf
+    return F32(weight_bound(np.array([mtf]), np.array([mdl]), np.array([a["qt_idf"][u]], F32),
+                            np.array([a["qt_w0"][u]], F32), float(a["avgdl"]), _params(a))[0])
+
+
+def _range(a: dict, t: int, j: int, base: int, end: int) -> tuple[int, int]:
+    """term_ranges: the posting sub-range [lo, hi) of term t in tile j."""
     n_tiles = int(a["n_tiles"])
-    for t in terms.tolist():
-        o0, o1 = int(a["offsets"][t]), int(a["offsets"][t + 1])
-        r = int(a["dir_row"][t])
-        if r >= 0:
-            st = a["dir_start"][r * (n_tiles + 1):]
-            lo, hi = o0 + int(st[j]), o0 + int(st[j + 1])
-            bm = F32(a["dir_max"][r * n_tiles + j])
-        else:
-            lst = a["doc_ids"][o0:o1]
-            lo = o0 + int(np.searchsorted(lst, base, "left"))
-            hi = o0 + int(np.searchsorted(lst, end, "left"))
-            bm = F32(a["term_ub"][t]) if hi > lo else F32(0)
-        out.append((lo, hi, bm))
-    return out
+    o0, o1 = int(a["offsets"][t]), int(a["offsets"][t + 1])
+    r = int(a["dir_row"][t])
+    if r >= 0:
+        st = a["dir_start"][r * (n_tiles + 1):]
+        return o0 + int(st[j]), o0 + int(st[j + 1])
+    lst = a["doc_ids"][o0:o1]
+    return o0 + int(np.searchsorted(lst, base, "left")), o0 + int(np.searchsorted(lst, end, "left"))
 
 
 def _allowed(a: dict, q: int, base: int, end: int) -> np.ndarray | None:
@@ -160,21 +180,30 @@ def _allowed(a: dict, q: int, base: int, end: int) -> np.ndarray | None:
     return mask
 
 
-def _accumulate(a: dict, q: int, ranges, base: int, allowed: np.ndarray | None):
-    """accumulate_tile: (touched bool (TILE,), sums float32 (TILE,)), one term per round."""
+def _live(a: dict, docs: np.ndarray) -> np.ndarray:
+    """The live bit of each document (all True when has_live = 0)."""
+    if not int(a["has_live"]):
+        return np.ones(docs.size, bool)
+    words = a["live"].astype(np.uint32)
+    return ((words[docs >> 5] >> (docs & 31).astype(np.uint32)) & 1).astype(bool)
+
+
+def _accumulate(a: dict, q: int, j: int, base: int, end: int, allowed: np.ndarray | None):
+    """accumulate_tile: (touched bool (TILE,), sums float32 (TILE,)), one term per round, ascending."""
     tile = int(a["TILE"])
     acc = np.zeros(tile, F32)
     touched = np.zeros(tile, bool)
-    t0 = int(a["qt_off"][q])
-    for i, (lo, hi, _) in enumerate(ranges):
+    for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
+        lo, hi = _range(a, int(a["qt_term"][u]), j, base, end)
         if hi == lo:
             continue
-        d = a["doc_ids"][lo:hi].astype(np.int64) - base
-        w = a["weights"][lo:hi]
+        d = a["doc_ids"][lo:hi].astype(np.int64)
+        w = _weights(a, lo, hi, u)
+        keep = _live(a, d)
         if allowed is not None:
-            keep = allowed[d]
-            d, w = d[keep], w[keep]
-        acc[d] = acc[d] + scaled(w, a["qt_mult"][t0 + i])  # a document at most once per round
+            keep &= allowed[d - base]
+        d, w = d[keep] - base, w[keep]
+        acc[d] = acc[d] + scaled(w, a["qt_mult"][u])  # a document at most once per round
         touched[d] = True
     return touched, acc
 
@@ -185,43 +214,83 @@ def _finalize(a: dict, q: int, touched: np.ndarray, acc: np.ndarray) -> np.ndarr
     return np.where(touched, float_to_ordered(s.astype(F32)), U32(0)).astype(U32)
 
 
-def _tile_item(a: dict, q: int, j: int, run_hist: np.ndarray) -> Iterator[None]:
+def model_light_marks(a: dict, grid: tuple[int, ...]) -> None:
+    n_tiles, tile = int(a["n_tiles"]), int(a["TILE"])
+    lmask = a["lmask"]
+    for h in range(int(a["n_lt"])):
+        t = int(a["lt_term"][h])
+        d = a["doc_ids"][int(a["offsets"][t]):int(a["offsets"][t + 1])].astype(np.int64)
+        cells = int(a["lt_row"][h]) * n_tiles + np.unique(d // tile)
+        lmask[cells] |= U64(1) << U64(int(a["lt_bit"][h]))
+
+
+def model_tile_bounds(a: dict, grid: tuple[int, ...]) -> None:
+    n_tiles, tile, n_docs = int(a["n_tiles"]), int(a["TILE"]), int(a["n_docs"])
+    for q in range(int(a["n_rows"])):
+        flags = int(a["row_flags"][q])
+        t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
+        for j in range(n_tiles):
+            key = 0
+            base, end = j * tile, min(j * tile + tile, n_docs)
+            if not flags & ROW_OFF_TILES and t1 > t0 and (not flags & ROW_FILTERED or _allowed(a, q, base, end)
+                                                          is not None):
+                bound, anyp = F32(0), False
+                for u in range(t0, t1):
+                    t = int(a["qt_term"][u])
+                    r = int(a["dir_row"][t])
+                    if r >= 0:
+                        i0, i1 = int(a["dir_imp_off"][r * n_tiles + j]), int(a["dir_imp_off"][r * n_tiles + j + 1])
+                        if i0 == i1:
+                            continue
+                        imp = a["dir_imp"][i0:i1]
+                    else:
+                        i = u - t0
+                        if i < 64:
+                            present = bool((int(a["lmask"][q * n_tiles + j]) >> i) & 1)
+                        else:
+                            lo, hi = _range(a, t, j, base, end)
+                            present = hi > lo
+                        if not present:
+                            continue
+                        imp = a["term_imp"][int(a["term_imp_off"][t]):int(a["term_imp_off"][t + 1])]
+                    anyp = True
+                    bt = max([_bound(a, int(x), u) for x in imp.tolist()], default=F32(0))
+                    bound = F32(bound + F32(scaled(bt, a["qt_mult"][u])))
+                if anyp:
+                    if int(a["has_w0"]):
+                        bound = F32(bound + F32(a["row_const"][q]))
+                    key = int(float_to_ordered(np.array([bound], F32))[0])
+                    packed = (key << 32) | (~j & 0xFFFFFFFF)
+                    a["best"][q] = max(int(a["best"][q]), packed)
+            a["ukey"][q * n_tiles + j] = key
+
+
+def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
     """One (row q, tile j) of tile_score, yielding where other blocks may interleave."""
-    tile, k = int(a["TILE"]), int(a["k"])
+    tile, k, n_tiles = int(a["TILE"]), int(a["k"]), int(a["n_tiles"])
     base = j * tile
     end = min(base + tile, int(a["n_docs"]))
+    yield  # theta is read for the skip test
+    theta = a["theta"]
+    u = int(a["ukey"][q * n_tiles + j])
+    if u == 0 or u < int(theta[q]):
+        return
+    a["tiles_scored"][q] += 1
     allowed = None
     if int(a["row_flags"][q]) & ROW_FILTERED:
         allowed = _allowed(a, q, base, end)
         if allowed is None:
             return
-    t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
-    ranges = _term_ranges(a, a["qt_term"][t0:t1], j, base, end)
-    bound, npost = F32(0), 0
-    for i, (lo, hi, bm) in enumerate(ranges):
-        bound = F32(bound + F32(scaled(bm, a["qt_mult"][t0 + i])))
-        npost += hi - lo
-    if int(a["has_w0"]):
-        bound = F32(bound + F32(a["row_const"][q]))
-    yield  # theta is read for the skip test
-    theta = a["theta"]
-    if npost == 0 or int(float_to_ordered(bound)[0]) < int(theta[q]):
-        return
-    a["tiles_scored"][q] += 1
-    touched, acc = _accumulate(a, q, ranges, base, allowed)
+    touched, acc = _accumulate(a, q, j, base, end, allowed)
     keys = _finalize(a, q, touched, acc)
-    hist1 = np.bincount((keys[touched] >> U32(21)).astype(np.int64), minlength=BINS)
-    run_hist += hist1
     lb = 0
-    fb = find_bin(run_hist, k)
-    if fb is not None:
-        lb = fb[0] << 21
     if int(touched.sum()) >= k:
+        hist1 = np.bincount((keys[touched] >> U32(21)).astype(np.int64), minlength=BINS)
         b1, above, _ = find_bin(hist1, k)
         inb = touched & ((keys >> U32(21)) == U32(b1))
         hist2 = np.bincount(((keys[inb] >> U32(10)) & U32(BINS - 1)).astype(np.int64), minlength=BINS)
         b2, _, _ = find_bin(hist2, k - above)
-        lb = max(lb, (b1 << 21) | (b2 << 10))
+        lb = (b1 << 21) | (b2 << 10)
     yield  # theta is raised and read for the emission
     old = int(theta[q])
     if lb:
@@ -237,23 +306,24 @@ def _tile_item(a: dict, q: int, j: int, run_hist: np.ndarray) -> Iterator[None]:
     a["cand"][c0 + slots[ok]] = key_from_ordered(keys[sel[ok]], base + sel[ok])
 
 
-def _tile_block(a: dict, s: int, g: int, n_stripes: int) -> Iterator[None]:
-    group, n_rows, n_tiles = int(a["group"]), int(a["n_rows"]), int(a["n_tiles"])
-    for gi in range(group):
-        q = g * group + gi
-        if q >= n_rows:
-            break
-        if int(a["row_flags"][q]) & ROW_OFF_TILES or a["qt_off"][q + 1] == a["qt_off"][q]:
-            continue
-        run_hist = np.zeros(BINS, np.int64)
-        for j in range(s, n_tiles, n_stripes):
-            yield from _tile_item(a, q, j, run_hist)
+def _tile_block(a: dict, b: int, n_blocks: int) -> Iterator[None]:
+    mode = int(a["mode"])
+    n_work = int(a["n_rows"]) if mode == 0 else int(a["n_items"][0])
+    for it in range(b, n_work, n_blocks):
+        if mode == 0:
+            best = int(a["best"][it])
+            if best == 0:
+                continue
+            q, j = it, (~best) & 0xFFFFFFFF
+        else:
+            item = int(a["items"][it])
+            q, j = item >> 32, item & 0xFFFFFFFF
+        yield from _tile_item(a, q, j)
 
 
 def model_tile_score(a: dict, grid: tuple[int, ...], rng: np.random.Generator | None = None) -> None:
-    """tile_score over the grid (S stripes, groups); blocks interleaved by ``rng`` (None: in order)."""
-    S, G = grid[0], grid[1] if len(grid) > 1 else 1
-    blocks = [_tile_block(a, s, g, S) for g in range(G) for s in range(S)]
+    """tile_score over ``grid[0]`` persistent blocks; blocks interleaved by ``rng`` (None: in order)."""
+    blocks = [_tile_block(a, b, grid[0]) for b in range(grid[0])]
     if rng is None:
         for b in blocks:
             for _ in b:
@@ -268,30 +338,47 @@ def model_tile_score(a: dict, grid: tuple[int, ...], rng: np.random.Generator | 
             live.pop(i)
 
 
+def model_tile_list(a: dict, grid: tuple[int, ...]) -> None:
+    n_tiles = int(a["n_tiles"])
+    n = int(a["n_items"][0])
+    for q in range(int(a["n_rows"])):
+        best = int(a["best"][q])
+        seed = (~best) & 0xFFFFFFFF
+        for j in range(n_tiles):
+            u = int(a["ukey"][q * n_tiles + j])
+            if u != 0 and u >= int(a["theta"][q]) and j != seed:
+                a["items"][n] = (q << 32) | j
+                n += 1
+    a["n_items"][0] = n
+
+
 def model_tile_dense(a: dict, grid: tuple[int, ...]) -> None:
     tile, n_docs = int(a["TILE"]), int(a["n_docs"])
     out = a["out"].reshape(-1)
     for q in range(min(grid[1], int(a["n_rows"]))):
         t0, t1 = int(a["qt_off"][q]), int(a["qt_off"][q + 1])
+        filt = int(a["row_flags"][q]) & ROW_FILTERED
         for j in range(min(grid[0], int(a["n_tiles"]))):
             base = j * tile
             end = min(base + tile, n_docs)
             touched = np.zeros(tile, bool)
             acc = np.zeros(tile, F32)
-            allowed = _allowed(a, q, base, end) if int(a["row_flags"][q]) & ROW_FILTERED else None
-            if t1 > t0 and (allowed is not None or not int(a["row_flags"][q]) & ROW_FILTERED):
-                ranges = _term_ranges(a, a["qt_term"][t0:t1], j, base, end)
-                touched, acc = _accumulate(a, q, ranges, base, allowed)
+            allowed = _allowed(a, q, base, end) if filt else None
+            if t1 > t0 and (allowed is not None or not filt):
+                touched, acc = _accumulate(a, q, j, base, end, allowed)
             s = acc + F32(a["row_const"][q]) if int(a["has_w0"]) else acc
             row = np.where(touched, s, F32(-np.inf)).astype(F32)
             out[q * n_docs + base: q * n_docs + end] = row[: end - base]
 
 
 def model_haystack_score(a: dict, grid: tuple[int, ...]) -> None:
-    fwd_off, fwd_terms, fwd_w = a["fwd_off"], a["fwd_terms"], a["fwd_weights"]
+    from .weights import weights_of
+
+    fwd_off, fwd_terms, fwd_tfs = a["fwd_off"], a["fwd_terms"], a["fwd_tfs"]
     n_docs = fwd_off.size - 1
     doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(fwd_off))
     fkey = doc_of * (1 << 32) + fwd_terms.astype(np.int64)  # ascending: doc-major, terms ascending
+    params = _params(a)
     for h in range(int(a["n_hs"])):
         row = int(a["hs_rows"][h])
         n = int(a["hs_start"][h + 1] - a["hs_start"][h])
@@ -302,8 +389,11 @@ def model_haystack_score(a: dict, grid: tuple[int, ...]) -> None:
             want = docs * (1 << 32) + int(a["qt_term"][u])
             pos = np.minimum(np.searchsorted(fkey, want), fkey.size - 1)
             found = (fkey[pos] == want) if fkey.size else np.zeros(n, bool)
-            acc[found] = acc[found] + scaled(fwd_w[pos[found]], a["qt_mult"][u])
+            w = weights_of(fwd_tfs[pos[found]], a["doc_lens"][docs[found]], F32(a["qt_idf"][u]),
+                           F32(a["qt_w0"][u]), float(a["avgdl"]), params)
+            acc[found] = acc[found] + scaled(w, a["qt_mult"][u])
             hit |= found
+        hit &= _live(a, docs)
         s = acc + F32(a["row_const"][row]) if int(a["has_w0"]) else acc
         keys = np.where(hit, composite_key(s.astype(F32), docs), U64(0))
         c0 = int(a["cand_off"][row])
@@ -383,6 +473,7 @@ def model_decode_keys(a: dict, grid: tuple[int, ...]) -> None:
 
 
 MODELS: dict[str, Callable[..., None]] = {
+    "light_marks": model_light_marks, "tile_bounds": model_tile_bounds, "tile_list": model_tile_list,
     "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
     "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
 }
@@ -404,7 +495,9 @@ def strip_comments(src: str) -> str:
 
 def kernel_signatures(filename: str) -> dict[str, list[tuple[str, type, bool, bool]]]:
     """``{kernel: [(param, numpy scalar type, is_pointer, is_const), ...]}`` of a .cu file."""
-    src = strip_comments(K.load_source(filename))
+    src = strip_comments(K.load_source(filename)).replace("\\\n", " ")
+    for name, body in re.findall(r"^\s*#\s*define\s+(GPUIR_\w+_PARAMS)\s+(.*)$", src, flags=re.MULTILINE):
+        src = re.sub(rf"\b{name}\b(?!\s+int)", body.strip(), src)  # expand the parameter-list macros
     out = {}
     pat = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{")
     for m in pat.finditer(src):
@@ -469,10 +562,24 @@ def check_launch(sigs: dict, name: str, grid, block, args, shared_mem: int = 0) 
 # =============================================================================
 # The fake cupy
 # =============================================================================
-class DevArray(np.ndarray):
-    """A 'device' array: a NumPy array with CuPy's ``get`` / ``set``."""
+#: While a fake stream captures a graph: the operations recorded so far (run later, by the graph).
+_CAPTURE: list[Callable[[], None]] | None = None
 
-    def get(self, stream=None, out=None, **_):
+
+def _deferred(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` now, or record it when a graph is being captured (as CUDA does with stream work)."""
+    if _CAPTURE is not None:
+        _CAPTURE.append(fn)
+        return None
+    return fn()
+
+
+class DevArray(np.ndarray):
+    """A 'device' array: a NumPy array with CuPy's ``get`` / ``set`` / ``fill`` (recorded during a capture)."""
+
+    def get(self, stream=None, out=None, blocking=True, **_):
+        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+            raise RuntimeError("the current stream is capturing, so D2H transfers are disallowed")
         if out is not None:
             if out.shape != self.shape or out.dtype != self.dtype:
                 raise ValueError("get(out=...) needs the array's shape and dtype")
@@ -480,7 +587,12 @@ class DevArray(np.ndarray):
             return out
         return np.array(self, copy=True).view(np.ndarray)
 
+    def fill(self, value):
+        return _deferred(lambda: np.ndarray.fill(self, value))
+
     def set(self, arr, stream=None):
+        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+            raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         arr = np.asarray(arr)
         if arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError(f"set: shape/dtype {arr.shape}/{arr.dtype} for {self.shape}/{self.dtype}")
@@ -558,9 +670,32 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def synchronize(self):
             pass
 
+    class Graph:
+        """A captured sequence of stream operations, replayed by ``launch``."""
+
+        def __init__(self, ops):
+            self.ops = ops
+
+        def launch(self, stream=None):
+            cp.graph_launches += 1
+            for op in self.ops:
+                op()
+
     class Stream(_Context):
         def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
             pass
+
+        def begin_capture(self, mode=None):
+            global _CAPTURE
+            if _CAPTURE is not None:
+                raise RuntimeError("a capture is already running")
+            _CAPTURE = []
+
+        def end_capture(self):
+            global _CAPTURE
+            ops, _CAPTURE = _CAPTURE, None
+            cp.graph_captures += 1
+            return Graph(ops)
 
     class Device(_Context):
         def __init__(self, i=0):
@@ -575,6 +710,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             return 0
 
     cp.freed = 0
+    cp.graph_launches = cp.graph_captures = 0
     cp.cuda = types.SimpleNamespace(
         Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
         alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
@@ -597,6 +733,9 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             cp.launches.append((name, grid, block, shared_mem))
             if oom_if is not None and oom_if(name, args):
                 raise FakeOOM(f"emulated OOM in {name}")
+            return _deferred(lambda: run(grid, block, args, shared_mem))
+
+        def run(grid, block, args, shared_mem):
             base = name.split("<")[0]
             if runner is not None:
                 runner(filename, name, grid, block, [as_host(v) for v in args], shared_mem)
@@ -608,7 +747,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
                     a[n] = a[n].view()
                     a[n].flags.writeable = False
             tmpl = template_args(name)
-            if base in ("tile_score", "tile_dense"):
+            if base in ("tile_score", "tile_dense", "tile_bounds", "light_marks"):
                 a["TILE"] = tmpl[1]
             if base == "tile_score":
                 model_tile_score(a, grid, rng)
@@ -657,7 +796,10 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
     """The kernel files' name expressions under the block sizes ``v`` (default :data:`SMALL`)."""
     v = SMALL if v is None else v
     return {
-        "bm25_score.cu": [f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+        "bm25_score.cu": [f"light_marks<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"tile_bounds<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"tile_list<{v['TILE_THREADS']}>",
                           f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"haystack_score<{v['HAYSTACK_THREADS']}>"],
         "topk.cu": [f"select_topk<{v['SELECT_THREADS']}>", f"pack_candidates<{v['PACK_THREADS']}>", "decode_keys"],

@@ -9,12 +9,17 @@ as one ``cupy.RawModule(code=..., options=..., name_expressions=[...])`` per fil
   keyed on the device id (see :func:`module`, :func:`kernel`);
 * or, without any device, for an explicit architecture by :func:`compile_kernels`
   (NVRTC, falling back to ``nvcc -cubin``), which is what
-  ``tests/test_kernels_compile.py`` runs for sm_80 and sm_90 on every test run.
+  ``tests/test_kernels_compile.py`` runs for sm_80 and sm_90 on every test run,
+  with each NVRTC of :data:`NVRTC_MAJORS` (CUDA 12 and 13: their register
+  allocators differ) and with nvcc; :func:`resource_usage` reports registers,
+  spills, stack and shared memory (``python -m gpuir.backends.kernels`` prints
+  the table of docs/gpu.md).
 
 Why not ``cupy.cuda.compiler.compile_using_nvrtc``: it asks the CUDA runtime for
 the current device even when ``arch`` is given, so it fails on a machine with no
-driver. ``cupy.cuda.nvrtc`` (the bare NVRTC bindings, loaded from the
-``nvidia-cuda-nvrtc-cu12`` wheel or the CUDA toolkit) needs no device.
+driver. ``cupy.cuda.nvrtc`` (the bare NVRTC bindings) needs no device, but binds
+the one NVRTC CuPy loaded; ``nvrtc=12`` / ``nvrtc=13`` name a CUDA major and
+load that ``libnvrtc.so.<major>`` itself (:mod:`gpuir.backends.nvrtc`).
 """
 
 from __future__ import annotations
@@ -63,7 +68,10 @@ PACK_THREADS = 256
 #: Kernel file -> the names to instantiate (templates spelled out).
 NAME_EXPRESSIONS: dict[str, list[str]] = {
     "bm25_score.cu": [
+        f"light_marks<{TILE_THREADS}, {TILE_DOCS}>",
+        f"tile_bounds<{TILE_THREADS}, {TILE_DOCS}>",
         f"tile_score<{TILE_THREADS}, {TILE_DOCS}>",
+        f"tile_list<{TILE_THREADS}>",
         f"tile_dense<{TILE_THREADS}, {TILE_DOCS}>",
         f"haystack_score<{HAYSTACK_THREADS}>",
     ],
@@ -85,6 +93,12 @@ OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false")
 #: ~1e-20 or are exactly 0), so this changes no result; it would only for
 #: absurd ones such as k1 < 1e-30.
 CUPY_IMPLICIT_OPTIONS: tuple[str, ...] = ("-ftz=true",)
+
+#: The NVRTC major versions every kernel is compiled and resource-checked with,
+#: without a device, on every test run: 12 (PyPI ``nvidia-cuda-nvrtc-cu12``) and
+#: 13 (PyPI ``nvidia-cuda-nvrtc`` 13.x, the GPU machine's toolchain). ptxas
+#: (inside NVRTC) allocates registers differently from one to the other.
+NVRTC_MAJORS: tuple[int, ...] = (12, 13)
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -139,8 +153,56 @@ def _module(filename: str, device_id: int, names: tuple[str, ...]) -> Any:
 
     with cupy.cuda.Device(device_id):
         mod = cupy.RawModule(code=load_source(filename), options=OPTIONS, name_expressions=list(names))
-        mod.compile()  # compile now, so errors surface here and not at the first launch
+        try:
+            mod.compile()  # compile now, so errors surface here and not at the first launch
+        except Exception as e:
+            note = toolchain_mismatch(*_cupy_nvrtc_and_driver())
+            if note:
+                raise KernelCompileError(f"kernels/{filename} failed to compile or load: {e}. {note}") from e
+            raise
     return mod
+
+
+def _cupy_nvrtc_and_driver() -> tuple[int | None, int | None]:
+    """(CuPy's NVRTC major, the driver's CUDA version as 12040 etc.), None where unknown."""
+    try:
+        from cupy.cuda import nvrtc, runtime
+    except ImportError:
+        return None, None
+    try:
+        major = int(nvrtc.getVersion()[0])
+    except Exception:  # noqa: BLE001 - libnvrtc not loadable
+        major = None
+    try:
+        driver = int(runtime.driverGetVersion())
+    except Exception:  # noqa: BLE001 - no driver
+        driver = None
+    return major, driver
+
+
+def toolchain_mismatch(nvrtc_major: int | None, driver_version: int | None) -> str | None:
+    """Why a kernel may not load: CuPy's NVRTC is newer than the driver's CUDA, else None.
+
+    CuPy finds NVRTC through cuda-pathfinder, which prefers ``libnvrtc.so.13``
+    when several are installed: with the ``dev`` extra (the CUDA 13 NVRTC for the
+    compile checks) beside ``gpu`` (cupy-cuda12x), CuPy compiles with NVRTC 13,
+    whose output a CUDA 12 driver may refuse.
+
+    Parameters
+    ----------
+    nvrtc_major : int or None
+        The major version of the NVRTC CuPy loaded.
+    driver_version : int or None
+        ``cudaDriverGetVersion``, e.g. 12040 for CUDA 12.4.
+    """
+    if nvrtc_major is None or not driver_version:
+        return None
+    if nvrtc_major <= driver_version // 1000:
+        return None
+    return (f"CuPy compiles with NVRTC {nvrtc_major} but the driver supports CUDA "
+            f"{driver_version // 1000}.{driver_version % 1000 // 10}: on this machine uninstall the CUDA "
+            f"{nvrtc_major} NVRTC (pip uninstall nvidia-cuda-nvrtc; the dev extra installs it for the "
+            f"compile checks) so that CuPy finds its own, or update the driver")
 
 
 def load_module(
@@ -192,8 +254,20 @@ def _arch_number(arch: str) -> str:
     return m.group(1)
 
 
-def nvrtc_available() -> tuple[bool, str]:
-    """Whether NVRTC can be loaded (no device needed), and its version or the reason."""
+def nvrtc_available(major: int | None = None) -> tuple[bool, str]:
+    """Whether NVRTC can be loaded (no device needed), and its version or the reason.
+
+    Parameters
+    ----------
+    major : int, optional
+        A CUDA major version (12, 13): that ``libnvrtc.so.<major>``, loaded by
+        :mod:`gpuir.backends.nvrtc`. Default: the NVRTC CuPy uses
+        (``cupy.cuda.nvrtc``).
+    """
+    if major is not None:
+        from . import nvrtc as _nvrtc
+
+        return _nvrtc.available(int(major))
     try:
         from cupy.cuda import nvrtc
 
@@ -203,24 +277,61 @@ def nvrtc_available() -> tuple[bool, str]:
         return False, f"NVRTC cannot be loaded ({type(e).__name__}: {e})"
 
 
-def _compile_nvrtc(filename: str, source: str, arch: str, ptx: bool) -> bytes:
-    from cupy.cuda import nvrtc
+def _nvrtc_lib(major: int) -> Any:
+    from . import nvrtc as _nvrtc
 
-    target = f"-arch={'compute' if ptx else 'sm'}_{arch}"
-    prog = nvrtc.createProgram(source, filename, (), ())
     try:
-        for expr in NAME_EXPRESSIONS.get(filename, ()):
-            nvrtc.addNameExpression(prog, expr)
+        return _nvrtc.load(int(major))
+    except OSError as e:
+        raise KernelCompileError(str(e)) from e
+
+
+def _compile_with(filename: str, source: str, options: tuple[str, ...], ptx: bool,
+                  nvrtc: int | None) -> tuple[bytes, str, dict[str, str]]:
+    """One NVRTC compile of a kernel file -> (cubin or PTX, log, {name expression: lowered name}).
+
+    ``nvrtc=None`` compiles with CuPy's NVRTC binding, else with ``libnvrtc.so.<nvrtc>``.
+    """
+    names = list(NAME_EXPRESSIONS.get(filename, ()))
+    target = next((o for o in options if o.startswith("-arch=")), "")
+    if nvrtc is not None:
+        from .nvrtc import NVRTCError
+
+        lib = _nvrtc_lib(nvrtc)
         try:
-            nvrtc.compileProgram(prog, (*OPTIONS, target, *CUPY_IMPLICIT_OPTIONS))
-        except nvrtc.NVRTCError as e:
-            log = nvrtc.getProgramLog(prog)
-            raise KernelCompileError(f"NVRTC failed on kernels/{filename} for {target}:\n{log}") from e
-        for expr in NAME_EXPRESSIONS.get(filename, ()):
-            nvrtc.getLoweredName(prog, expr)  # raises if an instantiation is missing
-        return nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
+            return lib.compile(source, filename, options, names, ptx=ptx)
+        except NVRTCError as e:
+            ver = f"{lib.version[0]}.{lib.version[1]}"
+            raise KernelCompileError(f"NVRTC {ver} failed on kernels/{filename} for {target} ({e}):\n{e.log}") from e
+    from cupy.cuda import nvrtc as cnv
+
+    prog = cnv.createProgram(source, filename, (), ())
+    try:
+        for expr in names:
+            cnv.addNameExpression(prog, expr)
+        try:
+            cnv.compileProgram(prog, options)
+        except cnv.NVRTCError as e:
+            raise KernelCompileError(
+                f"NVRTC failed on kernels/{filename} for {target}:\n{cnv.getProgramLog(prog)}") from e
+        try:
+            lowered = {expr: cnv.getLoweredName(prog, expr) for expr in names}
+        except cnv.NVRTCError as e:  # an instantiation is missing
+            raise KernelCompileError(f"kernels/{filename}: {e}\n{cnv.getProgramLog(prog)}") from e
+        log_text = cnv.getProgramLog(prog)
+        return (cnv.getPTX(prog) if ptx else cnv.getCUBIN(prog)), log_text, lowered
     finally:
-        nvrtc.destroyProgram(prog)
+        cnv.destroyProgram(prog)
+
+
+def _compile_nvrtc(filename: str, source: str, arch: str, ptx: bool, nvrtc: int | None = None) -> bytes:
+    """``source`` (kernels/<filename>, includes inlined) -> cubin or PTX for ``sm_<arch>``, with NVRTC.
+
+    ``nvrtc``: a CUDA major (12, 13) to compile with that NVRTC; default CuPy's.
+    """
+    target = f"-arch={'compute' if ptx else 'sm'}_{arch}"
+    out, _, _ = _compile_with(filename, source, (*OPTIONS, target, *CUPY_IMPLICIT_OPTIONS), ptx, nvrtc)
+    return out
 
 
 def _nvcc() -> str | None:
@@ -229,7 +340,7 @@ def _nvcc() -> str | None:
     )
 
 
-def _compile_nvcc(filename: str, source: str, arch: str, ptx: bool) -> bytes:
+def _run_nvcc(filename: str, source: str, arch: str, ptx: bool, extra: tuple[str, ...] = ()) -> tuple[bytes, str]:
     nvcc = _nvcc()
     if nvcc is None:
         raise KernelCompileError(
@@ -247,14 +358,29 @@ def _compile_nvcc(filename: str, source: str, arch: str, ptx: bool) -> bytes:
         src.write_text(source + "\n" + "\n".join(inst) + "\n", encoding="utf-8")
         out = Path(tmp) / ("out.ptx" if ptx else "out.cubin")
         cmd = [nvcc, *OPTIONS, *CUPY_IMPLICIT_OPTIONS, f"-arch={'compute' if ptx else 'sm'}_{arch}",
-               "-ptx" if ptx else "-cubin", "-o", str(out), str(src)]
+               "-ptx" if ptx else "-cubin", *extra, "-o", str(out), str(src)]
         r = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if r.returncode != 0:
             raise KernelCompileError(f"nvcc failed on kernels/{filename} for sm_{arch}:\n{r.stderr}{r.stdout}")
-        return out.read_bytes()
+        return out.read_bytes(), r.stderr + r.stdout
 
 
-def compile_kernels(arch: str, ptx: bool = False, compiler: str = "auto") -> dict[str, bytes]:
+def _compile_nvcc(filename: str, source: str, arch: str, ptx: bool) -> bytes:
+    return _run_nvcc(filename, source, arch, ptx)[0]
+
+
+def nvcc_version() -> str | None:
+    """``"13.0"`` for the nvcc on PATH, or None without one."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        return None
+    r = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True)
+    m = re.search(r"release (\d+\.\d+)", r.stdout)
+    return m.group(1) if m else None
+
+
+def compile_kernels(arch: str, ptx: bool = False, compiler: str = "auto",
+                    nvrtc: int | None = None) -> dict[str, bytes]:
     """Compile every kernel file for an explicit GPU architecture, without a device.
 
     Parameters
@@ -265,6 +391,9 @@ def compile_kernels(arch: str, ptx: bool = False, compiler: str = "auto") -> dic
         Emit PTX (``-arch=compute_XX``) instead of a cubin (``-arch=sm_XX``).
     compiler : {"auto", "nvrtc", "nvcc"}
         "auto" uses NVRTC and falls back to nvcc when NVRTC cannot be loaded.
+    nvrtc : int, optional
+        The CUDA major version of the NVRTC to use (12, 13; see
+        :data:`NVRTC_MAJORS`). Default: CuPy's NVRTC.
 
     Returns
     -------
@@ -279,24 +408,34 @@ def compile_kernels(arch: str, ptx: bool = False, compiler: str = "auto") -> dic
     """
     if compiler not in ("auto", "nvrtc", "nvcc"):
         raise ValueError(f"compiler must be 'auto', 'nvrtc' or 'nvcc', got {compiler!r}")
+    if nvrtc is not None and compiler == "nvcc":
+        raise ValueError("nvrtc= names an NVRTC version: it does not apply to compiler='nvcc'")
     num = _arch_number(arch)
-    use_nvrtc = compiler == "nvrtc" or (compiler == "auto" and nvrtc_available()[0])
-    if compiler == "nvrtc" and not nvrtc_available()[0]:
-        raise KernelCompileError(nvrtc_available()[1] + ": pip install nvidia-cuda-nvrtc-cu12")
+    ok, why = nvrtc_available(nvrtc)
+    use_nvrtc = compiler == "nvrtc" or nvrtc is not None or (compiler == "auto" and ok)
+    if use_nvrtc and not ok:
+        raise KernelCompileError(why if nvrtc is not None else why + ": pip install nvidia-cuda-nvrtc-cu12")
     out = {}
     for f in kernel_files():
         src = load_source(f)
-        out[f] = (_compile_nvrtc if use_nvrtc else _compile_nvcc)(f, src, num, ptx)
+        out[f] = _compile_nvrtc(f, src, num, ptx, nvrtc) if use_nvrtc else _compile_nvcc(f, src, num, ptx)
     return out
 
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_BARRIERS = re.compile(r"used (\d+) barriers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
-    """``ptxas -v`` output -> {mangled kernel name: registers, barriers, smem, stack, spill_stores, spill_loads}."""
+    """``ptxas -v`` output -> {mangled kernel name: registers, barriers, smem, stack, spill_stores, spill_loads}.
+
+    The "Used" line's fields are read one by one: ptxas puts "N bytes
+    cumulative stack size" between the barriers and the shared memory when a
+    kernel has a stack frame.
+    """
     out: dict[str, dict[str, int]] = {}
     cur = None
     for line in log.splitlines():
@@ -314,39 +453,134 @@ def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
         m = _PTXAS_USED.search(line)
         if m:
             cur["registers"] = int(m.group(1))
-            cur["barriers"] = int(m.group(2) or 0)
-            cur["smem"] = int(m.group(3) or 0)
+            b, sm = _PTXAS_BARRIERS.search(line), _PTXAS_SMEM.search(line)
+            cur["barriers"] = int(b.group(1)) if b else 0
+            cur["smem"] = int(sm.group(1)) if sm else 0
     return out
 
 
-def resource_usage(arch: str, filenames: list[str] | None = None) -> dict[str, dict[str, dict[str, int]]]:
+_MANGLED_TYPES = {"float": "f", "double": "d", "int": "i", "unsigned int": "j", "long long": "x",
+                  "unsigned long long": "y"}
+
+
+def _mangled_prefix(expr: str) -> str:
+    """Start of the Itanium-mangled name of a kernel name expression: ``"tile_score<256, 4096>"`` ->
+    ``"_Z10tile_scoreILi256ELi4096EE"``, ``"decode_keys"`` -> ``"_Z11decode_keys"`` (for nvcc's
+    report, which has no lowered-name lookup)."""
+    m = re.fullmatch(r"\s*(\w+)\s*(?:<(.*)>)?\s*", expr)
+    if not m:
+        raise ValueError(f"cannot mangle {expr!r}")
+    name, args = m.group(1), m.group(2)
+    out = f"_Z{len(name)}{name}"
+    if args is None:
+        return out
+    parts = []
+    for a in (x.strip() for x in args.split(",")):
+        if re.fullmatch(r"-?\d+", a):
+            parts.append(f"Li{a.replace('-', 'n')}E")
+        elif a in _MANGLED_TYPES:
+            parts.append(_MANGLED_TYPES[a])
+        else:
+            raise ValueError(f"cannot mangle the template argument {a!r} of {expr!r}")
+    return f"{out}I{''.join(parts)}E"
+
+
+def resource_usage(arch: str, filenames: list[str] | None = None, nvrtc: int | None = None,
+                   compiler: str = "nvrtc") -> dict[str, dict[str, dict[str, int]]]:
     """Registers, spills, stack and static shared memory of every instantiated kernel, without a device.
 
-    Compiles with NVRTC (the compiler CuPy uses at run time) and ``-Xptxas=-v``,
-    under the options CuPy really uses.
+    Compiles with ``-Xptxas=-v`` under the options CuPy really uses.
+
+    Parameters
+    ----------
+    arch : str
+        ``"sm_80"``, ``"sm_90"``, ...
+    filenames : list of str, optional
+        Default: every kernel file with name expressions.
+    nvrtc : int, optional
+        The CUDA major of the NVRTC to compile with (12, 13). Default: CuPy's
+        NVRTC (the compiler ``cupy.RawModule`` uses at run time).
+    compiler : {"nvrtc", "nvcc"}
+        "nvcc": the nvcc on PATH (``-cubin -Xptxas -v``, the name expressions
+        instantiated explicitly) instead of NVRTC.
 
     Returns
     -------
     dict
         ``{file: {name expression: {"registers", "barriers", "smem", "stack",
         "spill_stores", "spill_loads"}}}`` (bytes, except registers/barriers).
-    """
-    from cupy.cuda import nvrtc
 
+    Raises
+    ------
+    KernelCompileError
+        A kernel does not compile, the compiler cannot be loaded, or a name
+        expression is missing from the report.
+    """
+    if compiler not in ("nvrtc", "nvcc"):
+        raise ValueError(f"compiler must be 'nvrtc' or 'nvcc', got {compiler!r}")
     num = _arch_number(arch)
     files = filenames if filenames is not None else [f for f in kernel_files() if f in NAME_EXPRESSIONS]
     report: dict[str, dict[str, dict[str, int]]] = {}
     for f in files:
-        prog = nvrtc.createProgram(load_source(f), f, (), ())
-        try:
+        src = load_source(f)
+        if compiler == "nvcc":
+            _, text = _run_nvcc(f, src, num, False, ("-Xptxas", "-v"))
+            parsed = parse_ptxas_report(text)
+            lowered = {}
             for expr in NAME_EXPRESSIONS[f]:
-                nvrtc.addNameExpression(prog, expr)
-            try:
-                nvrtc.compileProgram(prog, (*OPTIONS, f"-arch=sm_{num}", *CUPY_IMPLICIT_OPTIONS, "-Xptxas=-v"))
-            except nvrtc.NVRTCError as e:
-                raise KernelCompileError(f"NVRTC failed on kernels/{f}:\n{nvrtc.getProgramLog(prog)}") from e
-            parsed = parse_ptxas_report(nvrtc.getProgramLog(prog))
-            report[f] = {expr: parsed[nvrtc.getLoweredName(prog, expr)] for expr in NAME_EXPRESSIONS[f]}
-        finally:
-            nvrtc.destroyProgram(prog)
+                pre = _mangled_prefix(expr)
+                hits = [k for k in parsed if k.startswith(pre) and ("<" in expr or not k[len(pre):].startswith("I"))]
+                if len(hits) != 1:
+                    raise KernelCompileError(f"nvcc's ptxas report of kernels/{f} has {len(hits)} entries for {expr}")
+                lowered[expr] = hits[0]
+        else:
+            _, text, lowered = _compile_with(
+                f, src, (*OPTIONS, f"-arch=sm_{num}", *CUPY_IMPLICIT_OPTIONS, "-Xptxas=-v"), False, nvrtc)
+            parsed = parse_ptxas_report(text)
+        try:
+            report[f] = {expr: parsed[lowered[expr]] for expr in NAME_EXPRESSIONS[f]}
+        except KeyError as e:
+            raise KernelCompileError(f"no ptxas report for {e} in kernels/{f}:\n{text}") from e
     return report
+
+
+def toolchains() -> list[tuple[str, dict[str, Any]]]:
+    """The toolchains :func:`resource_table` measures: ``("NVRTC 12.9", {"nvrtc": 12})``, ...,
+    ``("nvcc 13.0", {"compiler": "nvcc"})``; those that cannot be loaded are left out."""
+    out = []
+    for major in NVRTC_MAJORS:
+        ok, _ = nvrtc_available(major)
+        if ok:
+            v = _nvrtc_lib(major).version
+            out.append((f"NVRTC {v[0]}.{v[1]}", {"nvrtc": major}))
+    v = nvcc_version()
+    if v:
+        out.append((f"nvcc {v}", {"compiler": "nvcc"}))
+    return out
+
+
+def resource_table(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> str:
+    """A markdown table of every instantiated kernel's resources, per architecture and toolchain.
+
+    One row per (kernel, architecture); its static shared memory; then one
+    column per toolchain of :func:`toolchains` holding "registers · stack
+    frame (B) · spill stores / loads (B)". What docs/gpu.md shows;
+    ``python -m gpuir.backends.kernels`` prints it.
+    """
+    chains = toolchains()
+    measured = {(label, arch): resource_usage(arch, **kw) for label, kw in chains for arch in archs}
+    rows = ["| kernel | arch | static smem (B) | " + " | ".join(label for label, _ in chains) + " |",
+            "| --- | --- | ---: | " + " | ".join("---" for _ in chains) + " |"]
+    for f in (f for f in kernel_files() if f in NAME_EXPRESSIONS):
+        for expr in NAME_EXPRESSIONS[f]:
+            for arch in archs:
+                rs = [measured[label, arch][f][expr] for label, _ in chains]
+                smem = " / ".join(dict.fromkeys(f"{r['smem']:,}" for r in rs))
+                cells = [f"{r['registers']} · {r['stack']} · {r['spill_stores']} / {r['spill_loads']}" for r in rs]
+                rows.append(f"| `{expr}` | {arch} | {smem} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m gpuir.backends.kernels
+    print("registers · stack frame (B) · spill stores / loads (B), per toolchain (ptxas -v, CuPy's options)\n")
+    print(resource_table())

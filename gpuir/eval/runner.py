@@ -289,8 +289,9 @@ def bm25_private_method(
         sub = BM25Index.build([ds.doc_texts[n] for n in nums], analyzer=analyzer, method=variant,
                               k1=float(k1), b=float(b), delta=float(delta), progress=False)
         r = sub.search([queries[i].text for i in qi], k=k, backend=backend)
-        ranked[qi] = np.where(r.ids >= 0, nums[np.maximum(r.ids, 0)], -1)
-        scores[qi] = r.scores
+        w = r.ids.shape[1]  # min(k, haystack size): the index clamps k to its documents
+        ranked[qi, :w] = np.where(r.ids >= 0, nums[np.maximum(r.ids, 0)], -1)
+        scores[qi, :w] = r.scores
         meta = r.meta
     return Run(ranked, scores, {
         "backend": meta.get("backend"), "backend_reason": meta.get("backend_reason"),
@@ -529,6 +530,13 @@ def evaluate(
     t0 = time.perf_counter()
     run = spec.fn(ds, queries, int(k), backend=backend, progress=progress, **options)
     t_method = time.perf_counter() - t0
+    B, width = run.ranked.shape if run.ranked.ndim == 2 else (None, None)
+    if B == len(queries) and width is not None and width < int(k) and run.scores.shape == run.ranked.shape:
+        # a search clamps k to the collection (BM25Index.search): pad the run to k columns here
+        ranked = np.full((B, int(k)), -1, np.int64)
+        scores = np.full((B, int(k)), -np.inf, np.float32)
+        ranked[:, :width], scores[:, :width] = run.ranked, run.scores
+        run.ranked, run.scores = ranked, scores
     if run.ranked.shape != (len(queries), int(k)):
         raise ValueError(
             f"method {method!r} returned a run of shape {run.ranked.shape}, expected {(len(queries), int(k))}"

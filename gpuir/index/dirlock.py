@@ -192,7 +192,8 @@ def check_claimable(path: str | os.PathLike, kind: str, adopt: Callable[[Path], 
     return root
 
 
-def claim_dir(path: str | os.PathLike, kind: str, adopt: Callable[[Path], bool] | None = None) -> Path:
+def claim_dir(path: str | os.PathLike, kind: str, adopt: Callable[[Path], bool] | None = None,
+              mode: int | None = None) -> Path:
     """Make ``path`` a gpuir store directory of ``kind`` (e.g. "index", "memory").
 
     Creates the directory (and its parents) when missing; adopts an existing
@@ -208,6 +209,10 @@ def claim_dir(path: str | os.PathLike, kind: str, adopt: Callable[[Path], bool] 
     adopt : callable Path -> bool, optional
         Recognises an unmarked directory written by an older gpuir (e.g. an
         index of format version 1); such a directory is adopted and marked.
+    mode : int, optional
+        Permissions given to the directory when it is claimed (created or
+        adopted; e.g. 0o700), whatever the umask. A directory already carrying
+        the marker keeps its mode.
 
     Returns
     -------
@@ -230,6 +235,8 @@ def claim_dir(path: str | os.PathLike, kind: str, adopt: Callable[[Path], bool] 
     tmp = root / f"{MARKER_NAME}.tmp-{secrets.token_hex(6)}"
     try:
         root.mkdir(parents=True, exist_ok=True)
+        if mode is not None:
+            os.chmod(root, mode)
         tmp.write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
         os.replace(tmp, marker)
     except (NotADirectoryError, FileExistsError):

@@ -270,6 +270,7 @@ def save_index(
                 "files": files,
                 **(extra or {}),
             }
+            manifest[MANIFEST_SHA] = manifest_digest(manifest)
             _write_file(tmp / "manifest.json", _json_bytes(manifest, indent=2))
             fsync_dir(tmp)
             os.rename(tmp, final)
@@ -301,8 +302,24 @@ def _load_json(path: Path, raw: bytes) -> Any:
         raise IndexFormatError(f"{path}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
 
 
+#: The manifest's own checksum: sha256 of its other fields as compact JSON with sorted keys.
+MANIFEST_SHA = "manifest_sha256"
+
+
+def manifest_digest(m: dict[str, Any]) -> str:
+    """The sha256 a manifest carries over itself (every field but :data:`MANIFEST_SHA`)."""
+    body = {k: v for k, v in m.items() if k != MANIFEST_SHA}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _check_manifest(mpath: Path, m: Any) -> dict[str, Any]:
-    """``m`` if it is a manifest this gpuir reads; IndexFormatError naming the first problem otherwise."""
+    """``m`` if it is a manifest this gpuir reads; IndexFormatError naming the first problem otherwise.
+
+    A manifest carrying its own checksum (:data:`MANIFEST_SHA`, written by every save since issue 23)
+    must match it: a manifest whose file checksums were edited (say, after tampering with the postings)
+    is refused. Manifests saved before carry none and are read as before.
+    """
     if not isinstance(m, dict):
         raise IndexFormatError(f"{mpath}: the manifest must be a JSON object, got {type(m).__name__}; rebuild the index")
     if m.get("format") != FORMAT:
@@ -329,6 +346,9 @@ def _check_manifest(mpath: Path, m: Any) -> dict[str, Any]:
             raise IndexFormatError(f'{mpath}: the entry of {fname} in "files" is missing or malformed; rebuild the index')
     if not isinstance(m.get("analyzer", {}), dict):
         raise IndexFormatError(f'{mpath}: "analyzer" must be a JSON object (the analyzer configuration)')
+    if MANIFEST_SHA in m and m[MANIFEST_SHA] != manifest_digest(m):
+        raise IndexFormatError(f"{mpath}: the manifest's own checksum does not match its contents (the manifest "
+                               "was changed after it was written); rebuild the index")
     return m
 
 

@@ -13,7 +13,7 @@ from .persist import MemoryFormatError
 from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
 from .search import MemoryResults
 from .snapshot import Snapshot
-from .store import Memory, ReadOnlyError, UnknownIdError
+from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
 from .where import WhereError
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "RecordError",
     "Snapshot",
     "UnknownIdError",
+    "UnsavedWritesWarning",
     "WhereError",
     "budget_partitions",
     "fit_decay",

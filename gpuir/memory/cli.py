@@ -47,7 +47,7 @@ from typing import Any
 from ..backends import BACKENDS
 from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
-from .persist import CURRENT
+from .persist import CURRENT, check_not_orphaned
 
 BATCH = 10_000
 
@@ -87,6 +87,8 @@ def _open_or_create(args: argparse.Namespace):
         return mem, False
     if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not is_claimed(root))):
         claim_dir(root, "memory")  # raises, naming the problem, before any record is read
+    if root.is_dir():
+        check_not_orphaned(root)  # a memory's files without CURRENT: damaged, never a new memory
     # created by the final save (which claims the directory and takes its lock): a failed add leaves nothing
     return Memory(**{k: v for k, v in asked.items() if v is not None}), True
 

@@ -34,6 +34,15 @@ first time it is read (:mod:`gpuir.memory.segfile`), before any search sees it.
 ``verify="full"`` (and :func:`verify_dir`, behind ``gpuir memory verify``) also
 checks every file's sha256, reading every byte. A damaged or missing file
 raises :class:`MemoryFormatError` naming it.
+
+**Never silently empty.** A directory holding a memory's segments or manifests
+without ``CURRENT`` is damaged, not absent: :func:`read_manifest` and
+:func:`check_not_orphaned` raise :class:`MemoryFormatError` naming the newest
+manifest and how to restore it, and no save is made over it.
+
+**Private.** Every file is created with mode 0600 (:data:`FILE_MODE`, set on the
+open descriptor, whatever the umask); ``Memory.save`` claims a directory with
+mode 0700 (:data:`DIR_MODE`).
 """
 
 from __future__ import annotations
@@ -63,15 +72,73 @@ class MemoryFormatError(ValueError):
     """A memory directory is missing, damaged or of another format; the message names the file."""
 
 
+#: Mode of every file a memory writes (owner read and write only), whatever the umask.
+FILE_MODE = 0o600
+#: Mode of a memory directory gpuir creates or claims (owner only), whatever the umask.
+DIR_MODE = 0o700
+_STATE = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|manifest-\d{8}\.json)$")
 
 
+def open_private(path: Path):
+    """``open(path, "xb")`` with mode 0600 whatever the umask (a new file; it must not exist)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        if hasattr(os, "fchmod"):  # POSIX: the umask may have removed bits the mode asked for
+            os.fchmod(fd, FILE_MODE)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def state_files(root: Path) -> list[str]:
+    """The names of a memory's committed-state files in ``root`` (manifests, segments, deletions), sorted."""
+    try:
+        return sorted(p.name for p in root.iterdir() if _STATE.match(p.name))
+    except FileNotFoundError:
+        return []
+
+
+def orphan_message(root: Path, files: list[str]) -> str:
+    """Why a directory holding a memory's files but no ``CURRENT`` is damaged, and what to do."""
+    manifests = [f for f in files if f.startswith("manifest-")]
+    hint = (f" The newest manifest there is {manifests[-1]}: if it is the last commit, restore it with "
+            f"`echo {manifests[-1]} > {root / CURRENT}`." if manifests else "")
+    shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+    return (f"{root}: {CURRENT} is missing, but the directory holds {len(files)} file(s) of a memory ({shown}): "
+            f"the memory is damaged, not empty. Refusing to start a new, empty memory over it (that would "
+            f"lose those records); nothing was changed.{hint}")
+
+
+def _empty_manifest(path: Path) -> bool:
+    """Whether ``path`` is a manifest of a memory without records (losing it loses nothing)."""
+    try:
+        m = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(m, dict) and m.get("n_records") == 0 and m.get("segments") == []
+
+
+def check_not_orphaned(root: Path, extra: list[str] | None = None) -> None:
+    """Raise :class:`MemoryFormatError` when ``root`` has no ``CURRENT`` but holds a memory's files.
+
+    A manifest of an empty memory alone (a first save interrupted before its
+    commit) holds nothing to lose and is not counted. ``extra``: other file
+    names that belong to the memory (e.g. the service's log segments).
+    """
+    if (root / CURRENT).exists():
+        return
+    files = [f for f in state_files(root) if not (f.startswith("manifest-") and _empty_manifest(root / f))]
+    files += sorted(extra or [])
+    if files:
+        raise MemoryFormatError(orphan_message(root, files))
 
 
 def _write_atomic(root: Path, name: str, write) -> dict[str, Any]:
-    """Write ``root/name`` through a fsynced temporary; returns {"file", "sha256", "bytes"}."""
+    """Write ``root/name`` (mode 0600) through a fsynced temporary; returns {"file", "sha256", "bytes"}."""
     tmp = root / f".tmp-{name}-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -119,7 +186,7 @@ def commit(root: Path, manifest: dict[str, Any]) -> str:
     fsync_dir(root)
     cur_tmp = root / f".tmp-{CURRENT}-{secrets.token_hex(4)}"
     try:
-        with open(cur_tmp, "wb") as f:
+        with open_private(cur_tmp) as f:
             f.write((name + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
@@ -144,6 +211,7 @@ def read_manifest(root: Path) -> tuple[str, dict[str, Any]]:
                                 "(create one with `gpuir memory add` or Memory().save(path))")
     cur = root / CURRENT
     if not cur.is_file():
+        check_not_orphaned(root)  # a memory's files without CURRENT: damaged, not absent
         raise MemoryFormatError(f"no memory at {root}: {cur.name} is missing "
                                 "(create one with `gpuir memory add` or Memory().save(path))")
     name = cur.read_text("utf-8").strip()

@@ -26,6 +26,10 @@ a trailing ``Z`` accepted); a naive time (no offset) is UTC. Records come back
 (:meth:`~gpuir.memory.Memory.get`, search hits) with ``time`` in epoch
 milliseconds; :func:`format_time` gives ISO 8601.
 
+Metadata holds JSON values: objects nested at most :data:`MAX_METADATA_DEPTH`
+levels (the metadata object is level 1), integers of at most 64 bits (a
+400-digit number is no number a filter can compare), finite numbers.
+
 Every problem is a :class:`RecordError` naming the record (its position in the
 batch and its id) and the field, and nothing of the batch is added.
 """
@@ -51,6 +55,8 @@ ROLES: tuple[str, ...] = ("user", "assistant", "tool", "system")
 #: The stored time of a record without one.
 MISSING_TIME = int(np.iinfo(np.int64).min)
 _INT64_MAX = int(np.iinfo(np.int64).max)
+#: Deepest nesting of objects and arrays in a record's metadata (the metadata object is level 1).
+MAX_METADATA_DEPTH = 32
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
@@ -117,6 +123,24 @@ def _datetime_ms(dt: datetime) -> int:
 def format_time(ms: int) -> str:
     """Epoch milliseconds as an ISO-8601 UTC string (``2024-05-08T13:56:00+00:00``)."""
     return (_EPOCH + timedelta(milliseconds=int(ms))).isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+
+
+def check_metadata(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with a metadata object (nesting, integers beyond 64 bits), or None; iterative."""
+    stack: list[tuple[Any, str, int]] = [(meta, "metadata", 1)]
+    while stack:
+        v, where, depth = stack.pop()
+        if isinstance(v, (Mapping, list, tuple)):
+            if depth > MAX_METADATA_DEPTH:
+                return f"{where} is nested more than {MAX_METADATA_DEPTH} levels deep: flatten it"
+            items = v.items() if isinstance(v, Mapping) else enumerate(v)
+            for key, x in items:
+                if isinstance(x, (Mapping, list, tuple, int)) and not isinstance(x, bool):
+                    stack.append((x, f"{where}.{key}" if isinstance(v, Mapping) else f"{where}[{key}]", depth + 1))
+        elif isinstance(v, int) and not MISSING_TIME <= v <= _INT64_MAX:
+            return (f"{where} is an integer of {len(str(abs(v)))} digits: integers must fit in 64 bits; "
+                    "store larger numbers as strings")
+    return None
 
 
 def metadata_json(meta: Mapping[str, Any]) -> str:
@@ -306,6 +330,9 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                 if not isinstance(meta, Mapping):
                     raise RecordError(f"{who(j, rec)}: 'metadata' must be a JSON object (dict), got "
                                       f"{type(meta).__name__}")
+                bad = check_metadata(meta) if meta else None
+                if bad:
+                    raise RecordError(f"{who(j, rec)}: {bad}")
                 try:
                     mj = metadata_json(meta) if meta else ""
                 except (TypeError, ValueError) as e:

@@ -45,6 +45,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,10 @@ from .where import compile_wheres
 DAY_MS = 86_400_000
 
 log = logging.getLogger("gpuir.memory")
+
+
+class UnsavedWritesWarning(UserWarning):
+    """A memory bound to a directory was closed, or left a ``with`` block by an exception, with unsaved writes."""
 
 
 class UnknownIdError(KeyError, ValueError):
@@ -170,6 +175,7 @@ class Memory:
         self._saved: dict[int, dict[str, Any]] = {}  # uid -> manifest entry on disk
         self._saved_views: dict[int, SegView] = {}  # uid -> the view whose deletions are on disk
         self._prev_files: set[str] = set()
+        self._unsaved = 0  # records added, updated or deleted since the last save or open
         self._snap = self._snapshot()
 
     # ------------------------------------------------------------------ state
@@ -254,6 +260,7 @@ class Memory:
                                   f"({len(clash)} such record(s)); use update() to replace records")
             added, parts = self._append(batch)
             self._publish(added=added)
+            self._unsaved += len(batch)
             self._merge_policy(parts)
             return len(batch)
 
@@ -279,6 +286,7 @@ class Memory:
             touched = self._remove(seqs)
             added, parts = self._append(batch)
             self._publish(added=added, removed=(batch.ids, seqs))  # removed first, then the new versions
+            self._unsaved += len(batch)
             self._merge_policy(touched | parts)
             return len(batch)
 
@@ -307,6 +315,7 @@ class Memory:
                 return 0
             touched = self._remove(seqs)
             self._publish(removed=(ids, seqs))
+            self._unsaved += len(ids)
             self._merge_policy(touched)
             return len(ids)
 
@@ -717,7 +726,10 @@ class Memory:
         """Commit the current state to a memory directory, writing only what changed.
 
         The first save to a directory claims it (it must be new, empty, or this
-        memory's) and takes its writer lock, held until :meth:`close`.
+        memory's; a directory gpuir creates or claims is made 0700, and every
+        file it writes is 0600) and takes its writer lock, held until
+        :meth:`close`. A save never writes over, or garbage-collects, a
+        directory whose commit is missing or damaged: it raises instead.
 
         Returns
         -------
@@ -729,6 +741,9 @@ class Memory:
             Another writer holds the directory.
         StoreError
             The directory holds other files, or another memory.
+        MemoryFormatError
+            The directory holds a memory's files without a commit (``CURRENT``
+            missing), its commit is damaged, or another writer changed it.
         """
         with self._write_lock:
             self._check_writable()
@@ -740,12 +755,21 @@ class Memory:
                 root = check_path(path)
             if root != self._path:
                 self._bind(root, lock_timeout)
+            elif self._lock is None:  # closed earlier: take the writer lock again before writing
+                lock = WriterLock(root, timeout=lock_timeout)
+                lock.__enter__()
+                self._lock = lock
             assert self._path is not None
             snap = self._snap
             gen = self._gen + 1
             try:
                 cur_name, cur = persist.read_manifest(root)
-            except MemoryFormatError:
+            except MemoryFormatError as e:
+                if self._gen > 0:
+                    # the commit this memory built on is gone or damaged: writing (and collecting garbage)
+                    # now could destroy what a repair needs
+                    raise MemoryFormatError(f"{e}; refusing to save over it (nothing was written or deleted)") \
+                        from None
                 cur_name, cur = None, None
             if cur is not None and int(cur["generation"]) != self._gen:
                 raise MemoryFormatError(f"{root} was changed by another writer since this memory loaded or saved "
@@ -770,6 +794,7 @@ class Memory:
                         "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries}
             name = persist.commit(root, manifest)
             self._gen = gen
+            self._unsaved = 0
             self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
             self._saved_views = saved_views
             keep = persist.manifest_files(manifest) | {name} | self._prev_files
@@ -780,18 +805,19 @@ class Memory:
             return root
 
     def _bind(self, root: Path, lock_timeout: float) -> None:
-        """Claim ``root`` for this memory and take its writer lock."""
-        claim_dir(root, "memory")
+        """Claim ``root`` for this memory (mode 0700) and take its writer lock."""
+        claim_dir(root, "memory", mode=persist.DIR_MODE)
         lock = WriterLock(root, timeout=lock_timeout)
         lock.__enter__()
         try:
             if (root / persist.CURRENT).exists():
                 raise MemoryFormatError(f"{root} already holds a memory: open it with Memory.open({str(root)!r})"
                                         " to change it, or save to a new directory")
+            persist.check_not_orphaned(root)  # a damaged memory is never overwritten by a new one
         except BaseException:
             lock.__exit__(None, None, None)
             raise
-        self._release_lock()
+        self._release_lock()  # (not close(): the merges go on; the writes are not dropped: this save writes them)
         self._lock = lock
         self._path = root
         self._gen = 0
@@ -940,36 +966,73 @@ class Memory:
             raise ValueError("this memory has no directory: nothing to verify")
         return persist.verify_dir(self._path, self.analyzer_config)
 
-    def _release_lock(self) -> None:
+    @property
+    def unsaved(self) -> int:
+        """Records added, updated or deleted since the last :meth:`save` (or :meth:`open`)."""
+        return self._unsaved
+
+    def _release_lock(self, discard_unsaved: bool = True) -> None:
         if self._lock is not None:
+            if self._unsaved and not discard_unsaved:
+                self._warn_unsaved("closed")
             self._lock.__exit__(None, None, None)
             self._lock = None
 
-    def close(self) -> None:
+    def close(self, discard_unsaved: bool = False) -> None:
         """Stop the background merges and release the directory's writer lock (if held).
 
         Queued merges are dropped and a running one is abandoned (its result is
         never published; its segments stay as they are, so nothing is lost);
         this returns when no merge thread is left. The memory stays usable in
         this process (a later write starts merging again).
+
+        Closing a memory bound to a directory while it holds unsaved writes
+        warns (:class:`UnsavedWritesWarning`, naming the count; also logged):
+        they are not in the directory. Pass ``discard_unsaved=True`` when that
+        is meant (or when they are kept elsewhere, as the service's log keeps them).
         """
         self._stop_merges()
-        self._release_lock()
+        self._release_lock(discard_unsaved)
 
     def _stop_merges(self) -> None:
         for task in self._merger.stop():
             self._merging.difference_update(task.uids)
 
+    def _warn_unsaved(self, how: str) -> None:
+        msg = (f"the memory at {self._path} was {how} with {self._unsaved} unsaved write(s) (records added, "
+               "updated or deleted since the last save): they are not in the directory. Call save() to keep "
+               "them, or close(discard_unsaved=True) to drop them knowingly")
+        log.warning("%s", msg)
+        warnings.warn(msg, UnsavedWritesWarning, stacklevel=3)
+
     def __enter__(self) -> Memory:  # noqa: PYI034
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Commit on a clean exit; on an exception, save nothing and warn with the count of unsaved writes.
+
+        A memory without a directory (never saved, not opened) has nothing to commit.
+        """
+        if self._path is None or self._readonly:
+            self.close()
+            return
+        if exc_type is None:
+            try:
+                if self._unsaved:
+                    self.save()  # an error here propagates: the writes are not silently dropped
+            finally:
+                self.close(discard_unsaved=True)
+            return
+        if self._unsaved:
+            self._warn_unsaved(f"left by {exc_type.__name__}")
+        self.close(discard_unsaved=True)
 
     def __del__(self):  # pragma: no cover - best effort
         with contextlib.suppress(Exception):
+            if self._lock is not None and self._unsaved:
+                self._warn_unsaved("garbage-collected")
             self._merger.stop(timeout=0)
-            self._release_lock()
+            self._release_lock(discard_unsaved=True)
 
     @property
     def path(self) -> Path | None:

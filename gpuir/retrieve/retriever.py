@@ -403,6 +403,7 @@ class Retriever:
         """
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        k = min(int(k), max(len(self.memory), 1))  # nothing is sized by a huge k (at most one hit per record)
         queries = _query_list(queries)
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")

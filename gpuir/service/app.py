@@ -7,16 +7,18 @@ Routes (the OpenAPI schema is served at ``/openapi.json``)::
                                                 -> {"results": [{"hits": [{"id", "score", "text", ...}]}]}
     GET    /v1/tenants/{tenant}/records/{id}   -> the record                  (404: no such record)
     DELETE /v1/tenants/{tenant}/records/{id}   -> {"deleted": 1}              (404: no such record)
-    GET    /healthz                            (no key)
-    GET    /metrics                            Prometheus text format (no key)
+    GET    /healthz                            {"status": "ok"}; counts only with an operator key
+    GET    /metrics                            Prometheus text format (operator key)
 
 Every ``/v1`` route needs ``Authorization: Bearer KEY`` with a key of the path's
-tenant: no key or an unknown one is 401, a key of another tenant 403. The
-tenant is forced onto every added record (a record naming another tenant is
-403) and into every search's ``where`` (a ``where`` naming another tenant is
-403), so a key of tenant A can neither read nor write tenant B. Bodies over
-``max_body_bytes`` are 413; a malformed body is 422 whose ``detail`` names the
-field (``loc``).
+tenant: no key or an unknown one is 401, a key of another tenant 403. The key
+is checked before the body is read. The tenant is forced onto every added
+record (a record naming another tenant is 403) and into every search's
+``where`` (a ``where`` naming another tenant is 403), so a key of tenant A can
+neither read nor write tenant B. Bodies over ``max_body_bytes`` are 413; a
+malformed body is 422 whose ``detail`` names the field (``loc``), never echoing
+the value (strict JSON, see :mod:`gpuir.service.body`); a key over its rate
+limit is 429 with ``Retry-After``; a search over the work limits is 422.
 
 ``config`` in a search names a retriever configuration saved as
 ``<MEMORY_DIR>.configs/NAME.json`` (``RetrieverConfig.save``); without it a
@@ -27,37 +29,86 @@ other requests (:mod:`gpuir.service.batcher`).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..memory import RecordError, WhereError
 from .batcher import MicroBatcher
-from .keys import KeyFileError, KeyStore
-from .store import ConflictError, ServiceStore, TenantError, check_tenant, external_hit
+from .body import BodyError, parse_body
+from .keys import OPERATOR, KeyFileError, KeyStore, parse_key
+from .ratelimit import RateLimiter
+from .store import (
+    ConflictError,
+    ServiceStore,
+    StoreFailedError,
+    TenantError,
+    WriteFailedError,
+    check_tenant,
+    external_hit,
+)
 
 try:
     import prometheus_client as prom
     from fastapi import Depends, FastAPI, HTTPException, Request
     from fastapi import Path as PathParam
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, StrictInt
+    from pydantic import BaseModel, ConfigDict, Field
 except ImportError as e:  # pragma: no cover - exercised by the CLI test with the extra present
     raise ImportError(f"the memory service needs its extra ({e.name} is missing): pip install 'gpuir[service]'") from e
 
-CONFIG_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+CONFIG_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # with fullmatch
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # Pydantic's regex: '$' is the end of the text
+#: What counts as a term when a search's work is bounded (before the analyzer: a run of word characters).
+WORD_RE = re.compile(r"\w+")
+#: HTTP methods with their own metric series; any other is counted as "other".
+METHODS = frozenset({"GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PATCH"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one request's work (see docs/service.md, "Limits").
+
+    Attributes
+    ----------
+    max_query_terms : int
+        Most terms (runs of word characters) in all the queries of one search request.
+    max_hits : int
+        Most hits one search may ask for: queries x k.
+    max_response_bytes : int
+        Largest reply of a search (its JSON, in bytes); a larger one is refused (422).
+    batch_terms : int
+        Most query terms in one scorer call: a request with more is split into
+        several calls, and the event loop serves other requests between them.
+    rate : float
+        Requests per second per API key (0: unlimited).
+    burst : int
+        Requests a key may send at once after a quiet spell.
+    """
+
+    max_query_terms: int = 8192
+    max_hits: int = 20_000
+    max_response_bytes: int = 8 << 20
+    batch_terms: int = 2048
+    rate: float = 100.0
+    burst: int = 200
 
 
 # ---------------------------------------------------------------------- request models
 class Record(BaseModel):
-    """A record as ``gpuir memory add`` takes it (see :mod:`gpuir.memory.records`); ``tenant`` comes from the path."""
+    """A record as ``gpuir memory add`` takes it (see :mod:`gpuir.memory.records`); ``tenant`` comes from the path.
 
-    model_config = ConfigDict(extra="forbid")
+    Validated in strict mode (:mod:`gpuir.service.body`): ``true`` is not a number, ``"3"`` not an integer.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str = Field(min_length=1, max_length=1024, pattern=r"^[^/]+$",
                     description="unique in the tenant; no '/' (it names the record in URLs)")
     text: str
@@ -65,14 +116,14 @@ class Record(BaseModel):
     role: Literal["user", "assistant", "tool", "system"] | None = None
     agent: str | None = None
     tenant: str | None = Field(None, description="optional; must equal the path's tenant")
-    time: StrictInt | str | None = Field(None, description="epoch milliseconds or ISO 8601")
-    importance: float | None = None
+    time: int | str | None = Field(None, description="epoch milliseconds or ISO 8601")
+    importance: float | None = Field(None, description="a number (not a boolean)")
     type: str | None = None
     metadata: dict[str, Any] | None = None
 
 
 class AddRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     records: list[Record] = Field(min_length=1, max_length=10_000)
 
 
@@ -81,7 +132,7 @@ class AddResponse(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     queries: list[str] = Field(min_length=1, max_length=1024)
     k: int = Field(10, ge=1, le=1000)
     where: dict[str, Any] | list[dict[str, Any] | None] | None = Field(
@@ -102,8 +153,45 @@ class DeleteResponse(BaseModel):
     deleted: int
 
 
-def _field_error(loc: list[Any], msg: str) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}]}, status_code=422)
+def _write_failed(e: Exception) -> HTTPException:
+    """507 when the disk is full (retry later: nothing was stored), 503 for another failure to write."""
+    status = 507 if isinstance(e, WriteFailedError) and e.no_space else 503
+    return HTTPException(status, str(e), headers={"Retry-After": "5"})
+
+
+def _field_error(loc: list[Any], msg: str, kind: str = "value_error") -> JSONResponse:
+    return _detail_422([{"loc": ["body", *loc], "msg": msg, "type": kind}])
+
+
+def _detail_422(detail: list[dict[str, Any]]) -> Response:
+    # ensure_ascii: a message quoting a client's string can never fail to encode
+    return Response(json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode(), status_code=422,
+                    media_type="application/json")
+
+
+async def _body(request: Request, model):
+    """The request's body as ``model`` (strict JSON: :mod:`gpuir.service.body`), read after authentication."""
+    return parse_body(await request.body(), request.headers.get("content-type"), model)
+
+
+def _openapi_body(model) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of a route that reads its body itself (after the key check)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+def _split(queries: list[str], terms: list[int], wheres: list[Any], max_queries: int, max_terms: int):
+    """Consecutive chunks of a search, each at most ``max_queries`` queries and ``max_terms`` terms
+    (a single larger query is a chunk of its own)."""
+    start, n, t = 0, 0, 0
+    for i, ti in enumerate(terms):
+        if n and (n + 1 > max_queries or t + ti > max_terms):
+            yield queries[start:i], wheres[start:i], t
+            start, n, t = i, 0, 0
+        n += 1
+        t += ti
+    if n:
+        yield queries[start:], wheres[start:], t
 
 
 # ---------------------------------------------------------------------- body size limit
@@ -180,9 +268,12 @@ class Measure:
         try:
             await self.app(scope, receive, send_status)
         finally:
+            # bounded label sets: a route template or "other", a known method or "other", a status code
             name = getattr(scope.get("route"), "path", "other")
-            self.svc.m_requests.labels(name, scope["method"], str(status)).inc()
-            self.svc.m_latency.labels(name, scope["method"]).observe(time.perf_counter() - t0)
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            code = str(status) if 100 <= status <= 599 else "other"
+            self.svc.m_requests.labels(name, method, code).inc()
+            self.svc.m_latency.labels(name, method).observe(time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------- the app
@@ -190,10 +281,15 @@ class Service:
     """Everything one running server holds: the store, keys, batcher, retrievers and metrics."""
 
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
-                 checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto"):
+                 checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
+                 salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None):
         self.root = Path(memory_dir)
-        self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds}
+        self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
+                        "salvage": salvage, "statistics": statistics}
         self.backend = backend
+        self.limits = limits or Limits()
+        self.max_batch = max_batch
+        self.rate = RateLimiter(self.limits.rate, self.limits.burst)
         self.store: ServiceStore | None = None
         self.keys = KeyStore(self.root)
         self.registry = prom.CollectorRegistry()
@@ -215,7 +311,7 @@ class Service:
         self.m_wal_ops = prom.Gauge("gpuir_wal_pending_records", "records in the log not yet folded by a save",
                                     registry=r)
         self.m_wal_ops.set_function(lambda: self.store.wal.ops if self.store else 0)
-        self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch,
+        self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch, max_terms=self.limits.batch_terms,
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}
         # Exact BM25 on a CPU engine holds the GIL: it runs on the event loop's thread (see batcher)
@@ -237,30 +333,51 @@ class Service:
 
     # ------------------------------------------------------------------ search functions
     def bm25(self, queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
-        res = self.store.memory.search(queries, k=k, where=wheres, backend=self.backend)
-        return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+        return self.store.search(queries, k, wheres, backend=self.backend)
 
     def configs_dir(self) -> Path:
         return self.root.with_name(self.root.name + ".configs")
 
     def retriever_fn(self, name: str):
-        if not CONFIG_RE.match(name):
-            raise LookupError(f"config {name!r}: use letters, digits, '_' or '-'")
-        if name not in self._retrievers:
-            path = self.configs_dir() / f"{name}.json"
-            if not path.is_file():
-                have = sorted(p.stem for p in self.configs_dir().glob("*.json")) if self.configs_dir().is_dir() else []
-                raise LookupError(f"config {name!r}: no {path} (available: {', '.join(have) or 'none'}; "
-                                  "omit config for exact BM25)")
-            from ..retrieve import Retriever
+        if not CONFIG_RE.fullmatch(name):
+            raise LookupError(f"config {name!r}: use 1 to 64 letters, digits, '_' or '-'")
+        path = self.configs_dir() / f"{name}.json"
+        if not path.is_file():
+            have = sorted(p.stem for p in self.configs_dir().glob("*.json")) if self.configs_dir().is_dir() else []
+            raise LookupError(f"config {name!r}: no {path} (available: {', '.join(have) or 'none'}; "
+                              "omit config for exact BM25)")
+        from ..retrieve import Retriever
 
-            self._retrievers[name] = (Retriever.from_config(self.store.memory, path), threading.Lock())
-        retriever, lock = self._retrievers[name]
+        store = self.store
+
+        def retriever(tenant: str | None):
+            """The retriever of the tenant's search memory (statistics per tenant), or of the shared memory."""
+            key = (name, tenant)
+            if key not in self._retrievers:
+                mem = store.memory if tenant is None else store.tenants[tenant]
+                self._retrievers[key] = (Retriever.from_config(mem, path), threading.Lock())
+            return self._retrievers[key]
 
         def run(queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
-            with lock:  # a retriever's catalog catches up with the memory on every search
-                res = retriever.search(queries, k=k, where=wheres, backend=self.backend)
-            return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+            if store.statistics == "pooled":
+                retr, lock = retriever(None)
+                with lock:  # a retriever's catalog catches up with the memory on every search
+                    res = retr.search(queries, k=k, where=wheres, backend=self.backend)
+                return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+            out: list[list[dict[str, Any]]] = [[] for _ in queries]
+            groups: dict[str, list[int]] = {}
+            for i, w in enumerate(wheres):
+                groups.setdefault(w["tenant"], []).append(i)
+            for tenant, idx in groups.items():
+                if tenant not in store.tenants or not len(store.tenants[tenant]):
+                    continue
+                retr, lock = retriever(tenant)
+                ws = [{f: v for f, v in wheres[i].items() if f != "tenant"} or None for i in idx]
+                with lock:
+                    res = retr.search([queries[i] for i in idx], k=k, where=ws, backend=self.backend)
+                for j, i in enumerate(idx):
+                    out[i] = res.hits(j)
+            return out
 
         return run
 
@@ -276,9 +393,16 @@ def _force_tenant(where: dict[str, Any] | None, tenant: str, loc: list[Any]) -> 
 
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
-               backend: str = "auto"):
-    """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown)."""
-    svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend)
+               backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
+               limits: Limits | None = None):
+    """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
+
+    ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
+    ``statistics``: "tenant" (default: each tenant's BM25 statistics are its own records') or "pooled".
+    ``limits``: bounds on each request's work and the per-key rate (:class:`Limits`).
+    """
+    svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage,
+                  statistics, limits)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -293,26 +417,65 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                   description=__doc__.split("\n\n", 1)[0])
     app.state.service = svc
 
-    async def authorize(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
-        # async: a sync dependency would cost a worker-thread hop per request; this is a stat and a sha256
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input back, and an input that cannot be written as
+        # UTF-8 JSON (a lone surrogate in an id, ...) then turned the 422 into a 500: name the field only
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        body = json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode()
+        return Response(body, status_code=422, media_type="application/json")
+
+    def key_owner(request: Request, required: bool = True) -> tuple[str, str] | None:
+        """(owner, key id) of the request's valid key; 401 when missing or unknown (None if not ``required``)."""
         h = request.headers.get("authorization", "")
         scheme, _, key = h.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            if not required:
+                return None
             raise HTTPException(401, "missing API key: send 'Authorization: Bearer KEY' "
                                      "(create one with `gpuir serve-keys MEMORY_DIR add TENANT`)",
                                 headers={"WWW-Authenticate": "Bearer"})
         try:
-            owner = svc.keys.tenant_for(key.strip())
+            owner = svc.keys.tenant_for(key)
         except KeyFileError as e:
-            raise HTTPException(500, str(e)) from None
+            raise HTTPException(503, f"the server cannot read its keys: {e}") from None
         if owner is None:
             raise HTTPException(401, "unknown or revoked API key", headers={"WWW-Authenticate": "Bearer"})
+        wait = svc.rate.take(parse_key(key)[1])
+        if wait > 0:
+            raise HTTPException(429, f"rate limit of this key ({svc.limits.rate:g} requests/s, bursts of "
+                                     f"{svc.limits.burst}) reached: retry in {wait:.2f} s",
+                                headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        return owner, parse_key(key)[1]
+
+    async def authorize(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
+        # async: a sync dependency would cost a worker-thread hop per request; this is a stat and a sha256.
+        # It runs before the body is read: an unauthenticated request is 401 whatever its body.
+        owner, _ = key_owner(request)
+        if owner == OPERATOR:
+            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records")
         if owner != tenant:
             raise HTTPException(403, f"this key belongs to another tenant, not {tenant!r}")
         return tenant
 
-    @app.post("/v1/tenants/{tenant}/records", response_model=AddResponse, summary="Add records (durable on reply)")
-    async def add_records(body: AddRequest, tenant: str = Depends(authorize)):
+    def operator(request: Request, required: bool = True) -> bool:
+        got = key_owner(request, required)
+        if got is not None and got[0] != OPERATOR:
+            if not required:
+                return False
+            raise HTTPException(403, "this needs an operator key (`gpuir serve-keys MEMORY_DIR add --operator`), "
+                                     "not a tenant's key")
+        return got is not None
+
+    @app.post("/v1/tenants/{tenant}/records", response_model=AddResponse, summary="Add records (durable on reply)",
+              openapi_extra=_openapi_body(AddRequest))
+    async def add_records(request: Request, tenant: str = Depends(authorize)):
+        try:
+            body = await _body(request, AddRequest)
+        except BodyError as e:
+            return _detail_422(e.detail)
         recs = [r.model_dump(exclude_none=True) for r in body.records]
         try:
             fut = svc.store.add(tenant, recs)
@@ -320,15 +483,34 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             raise HTTPException(403, str(e)) from None
         except RecordError as e:
             return _field_error(["records"], str(e))
+        except StoreFailedError as e:
+            raise _write_failed(e) from None
         try:
             n = await asyncio.wrap_future(fut)
         except ConflictError as e:
             raise HTTPException(409, str(e)) from None
+        except (WriteFailedError, StoreFailedError) as e:
+            raise _write_failed(e) from None
         return {"added": n}
 
-    @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records")
-    async def search(body: SearchRequest, tenant: str = Depends(authorize)):
+    @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records",
+              openapi_extra=_openapi_body(SearchRequest))
+    async def search(request: Request, tenant: str = Depends(authorize)):
+        try:
+            body = await _body(request, SearchRequest)
+        except BodyError as e:
+            return _detail_422(e.detail)
         B = len(body.queries)
+        lim = svc.limits
+        if B * body.k > lim.max_hits:
+            return _field_error(["k"], f"{B} queries x k={body.k} asks for {B * body.k:,} hits, over the limit of "
+                                       f"{lim.max_hits:,} per request: send fewer queries or a smaller k",
+                                "limit_exceeded")
+        terms = [len(WORD_RE.findall(q)) for q in body.queries]
+        if sum(terms) > lim.max_query_terms:
+            return _field_error(["queries"], f"the queries hold {sum(terms):,} terms, over the limit of "
+                                             f"{lim.max_query_terms:,} per request: split the request",
+                                "limit_exceeded")
         try:
             if isinstance(body.where, list):
                 if len(body.where) != B:
@@ -346,16 +528,26 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                 key, fn, inline = body.config, svc.retriever_fn(body.config), False
             except (LookupError, ValueError, TypeError) as e:
                 return _field_error(["config"], str(e).strip("'\""))
+        rows: list[list[dict[str, Any]]] = []
         try:
-            rows = await svc.batcher.search(key, fn, body.queries, body.k, wheres, inline=inline)
+            # a large request in chunks: each is one scorer call (batched with others), and the event loop
+            # serves other requests between them
+            for qs, ws, t in _split(body.queries, terms, wheres, svc.max_batch, lim.batch_terms):
+                rows += await svc.batcher.search(key, fn, qs, body.k, ws, inline=inline, terms=t)
         except (WhereError, RecordError) as e:
             return _field_error(["where"], str(e))
         for row in rows:
             for h in row:
                 if not math.isfinite(h["score"]):
                     raise HTTPException(500, "internal error: a non-finite score")
-        # a JSONResponse skips re-validating every hit against the response model (documented by it)
-        return JSONResponse({"results": [{"hits": row} for row in rows]})
+        # written here, not by a JSONResponse: the size is checked, and every hit is not re-validated
+        data = json.dumps({"results": [{"hits": row} for row in rows]}, ensure_ascii=False,
+                          separators=(",", ":")).encode("utf-8")
+        if len(data) > lim.max_response_bytes:
+            return _field_error(["k"], f"the answer would be {len(data):,} bytes, over the limit of "
+                                       f"{lim.max_response_bytes:,} per reply: send fewer queries or a smaller k",
+                                "limit_exceeded")
+        return Response(data, media_type="application/json")
 
     @app.get("/v1/tenants/{tenant}/records/{id}", summary="One record of the tenant")
     async def get_record(id: str, tenant: str = Depends(authorize)) -> dict[str, Any]:
@@ -367,19 +559,30 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     @app.delete("/v1/tenants/{tenant}/records/{id}", response_model=DeleteResponse,
                 summary="Delete a record (durable on reply)")
     async def delete_record(id: str, tenant: str = Depends(authorize)):
-        n = await asyncio.wrap_future(svc.store.delete(tenant, [id]))
+        try:
+            n = await asyncio.wrap_future(svc.store.delete(tenant, [id]))
+        except RecordError as e:
+            return JSONResponse({"detail": [{"loc": ["path", "id"], "msg": str(e), "type": "value_error"}]},
+                                status_code=422)
+        except (WriteFailedError, StoreFailedError) as e:
+            raise _write_failed(e) from None
         if not n:
             raise HTTPException(404, f"no record {id!r} in tenant {tenant!r}")
         return {"deleted": n}
 
-    @app.get("/healthz", summary="Liveness and counts (no key)")
-    async def healthz() -> dict[str, Any]:
+    @app.get("/healthz", summary="Liveness (no key); counts with an operator key")
+    async def healthz(request: Request) -> dict[str, Any]:
+        # without an operator key: nothing that changes with any tenant's activity
+        if not operator(request, required=False):
+            return {"status": "ok"}
         st = svc.store
-        return {"status": "ok", "records": len(st.memory), "wal_pending_records": st.wal.ops,
-                "checkpoints": st.checkpoints, "replayed_operations": st.replayed}
+        return {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
+                "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
+                "replayed_operations": st.replayed}
 
-    @app.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response)
-    async def metrics():
+    @app.get("/metrics", summary="Prometheus metrics (text format; operator key)", response_class=Response)
+    async def metrics(request: Request):
+        operator(request)
         return Response(prom.generate_latest(svc.registry), media_type=prom.CONTENT_TYPE_LATEST)
 
     app.add_middleware(Measure, service=svc)
@@ -387,4 +590,4 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
     return app
 
 
-__all__ = ["Service", "check_tenant", "create_app"]
+__all__ = ["Limits", "Service", "check_tenant", "create_app"]

@@ -1,6 +1,8 @@
 """API keys of the memory service, one or more per tenant, stored hashed.
 
-A key reads ``gpuir.TENANT.SECRET`` (``SECRET`` from :func:`secrets.token_urlsafe`,
+A key reads ``gpuir.TENANT.SECRET`` (an operator key ``gpuir._operator.SECRET``:
+it opens ``/metrics`` and the counts of ``/healthz``, and no tenant's records;
+``_operator`` is not a valid tenant name, so it can name no tenant) (``SECRET`` from :func:`secrets.token_urlsafe`,
 32 bytes of randomness). The tenant part lets a client find its tenant from the
 key alone; it grants nothing by itself: the server looks the key up by its id
 (the first 8 characters of the secret) and compares ``sha256(salt || key)``
@@ -16,7 +18,7 @@ The file ``service-keys.json`` in the memory directory holds::
      "keys": [{"tenant": ..., "key_id": ..., "salt": hex, "sha256": hex, "created": ISO time}]}
 
 It is written atomically (a temporary file, fsync, ``os.replace``, directory
-fsync) with permissions 0600; a running server notices a changed file (its
+fsync) with permissions 0600 whatever the umask; a running server notices a changed file (its
 size and modification time) and reloads it, so ``gpuir serve-keys add`` and
 ``revoke`` take effect without a restart.
 """
@@ -40,6 +42,8 @@ from .store import TENANT_RE, check_tenant
 KEYS_FILE = "service-keys.json"
 FORMAT = "gpuir-service-keys"
 PREFIX = "gpuir"
+#: The owner stored with an operator key (not a valid tenant name: it starts with '_').
+OPERATOR = "_operator"
 
 
 class KeyFileError(ValueError):
@@ -53,7 +57,8 @@ def _digest(salt: bytes, key: str) -> str:
 def parse_key(key: str) -> tuple[str, str] | None:
     """(tenant, key id) written in a key, or None when it is not shaped like one."""
     parts = key.split(".", 2) if isinstance(key, str) else []
-    if len(parts) != 3 or parts[0] != PREFIX or not TENANT_RE.match(parts[1]) or len(parts[2]) < 16:
+    if len(parts) != 3 or parts[0] != PREFIX or len(parts[2]) < 16 or not (
+            parts[1] == OPERATOR or TENANT_RE.fullmatch(parts[1])):
         return None
     return parts[1], parts[2][:8]
 
@@ -103,6 +108,8 @@ class KeyStore:
         body = json.dumps({"format": FORMAT, "version": 1, "keys": entries}, indent=1) + "\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, 0o600)  # whatever the umask
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(body)
                 f.flush()
@@ -149,13 +156,18 @@ class KeyStore:
         import filelock
 
         self.root.mkdir(parents=True, exist_ok=True)
-        return filelock.FileLock(str(self.root / f"{KEYS_FILE}.lock"), timeout=30)
+        return filelock.FileLock(str(self.root / f"{KEYS_FILE}.lock"), timeout=30, mode=0o600)
 
     def add(self, tenant: str) -> str:
         """Create a key for ``tenant``; returns it (the only time it is ever shown)."""
         check_tenant(tenant)
         with self._editing():
             return self._add(tenant)[0]
+
+    def add_operator(self) -> str:
+        """Create an operator key (``/metrics``, the counts of ``/healthz``); returns it (shown only now)."""
+        with self._editing():
+            return self._add(OPERATOR)[0]
 
     def add_many(self, tenants: list[str]) -> list[str]:
         """A new key for each tenant (one file write); returns them in order."""

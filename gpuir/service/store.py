@@ -12,11 +12,29 @@ Record ids are namespaced by tenant inside the memory (``TENANT/ID``; tenant
 names cannot contain ``/``), so tenants may use the same ids, and an id of one
 tenant can never name another tenant's record. The service strips the prefix
 from everything it returns.
+
+**Statistics per tenant** (the default, ``statistics="tenant"``). The memory
+directory holds one shared :class:`~gpuir.memory.Memory` -- the durable state
+the log is folded into, unchanged -- and the store keeps beside it, in RAM, one
+*search memory* per tenant: a ``Memory`` with the same settings holding only
+that tenant's records (with the tenant's own ids), built at start from the
+shared memory (in add order) and kept in step by the writer thread (each logged
+operation is applied to the shared memory and then to its tenant's search
+memory, before it is acknowledged). Searches and reads run on the tenant's
+search memory, so a tenant's BM25 statistics (N, df, avgdl) are its own
+records' and its scores equal those of a memory holding only its records, bit
+for bit: another tenant's adds never change them. ``statistics="pooled"``
+searches the shared memory instead (statistics over every tenant; one copy of
+the records in RAM). Nothing on disk differs between the two: the choice can
+change at any restart.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
+import errno as _errno
+import logging
 import queue
 import re
 import threading
@@ -29,13 +47,19 @@ import numpy as np
 
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
-from ..memory.persist import CURRENT
+from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
-from .wal import WriteAheadLog
+from .validate import check_ids, check_record
+from .wal import WriteAheadLog, encode_payload, segments
 
-#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit.
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+log = logging.getLogger("gpuir.service.store")
+
+#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
+#: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 SEP = "/"
+#: The ways a store can compute BM25 statistics (see the module docstring).
+STATISTICS = ("tenant", "pooled")
 
 
 class TenantError(ValueError):
@@ -50,6 +74,27 @@ class ConflictError(ValueError):
     """An added id already exists in the tenant (HTTP 409)."""
 
 
+class WriteFailedError(RuntimeError):
+    """The log could not be written (full disk, I/O error): nothing of the request was stored (HTTP 507/503).
+
+    Attributes
+    ----------
+    errno : the operating system's error number, or None
+    """
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def no_space(self) -> bool:
+        return self.errno in (_errno.ENOSPC, _errno.EDQUOT)
+
+
+class StoreFailedError(RuntimeError):
+    """The store stopped accepting writes after an internal failure; restart the server (HTTP 503)."""
+
+
 def _warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
     for the lazy imports and compiled kernels (seconds)."""
@@ -59,7 +104,8 @@ def _warm_up() -> None:
 
 
 def check_tenant(tenant: str) -> str:
-    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+    """``tenant`` if it is a valid tenant name (the whole string), else ``ValueError``."""
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
         raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
     return tenant
 
@@ -87,12 +133,37 @@ def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
     )
 
 
+def tenant_batch(batch: RecordBatch, tenant: str) -> RecordBatch:
+    """``batch`` (internal ids ``TENANT/ID``) with the tenant's own ids, for its search memory."""
+    cut = len(tenant) + len(SEP)
+    return dataclasses.replace(batch, ids=[rid[cut:] for rid in batch.ids])
+
+
+def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
+    """A tenant's ``where`` for the shared memory: conditions on ``id`` name the internal ids ``TENANT/ID``.
+
+    Only strings are prefixed (``{"id": x}``, ``{"id": {"eq": x}}``, ``{"id": {"in": [...]}}``);
+    anything else is left for :mod:`gpuir.memory.where` to refuse.
+    """
+    if not where or "id" not in where:
+        return where
+    pre = (lambda x: internal_id(tenant, x) if isinstance(x, str) else x)
+    v = where["id"]
+    if isinstance(v, dict):
+        v = {op: ([pre(x) for x in val] if op == "in" and isinstance(val, list) else pre(val))
+             for op, val in v.items()}
+    else:
+        v = pre(v)
+    return {**where, "id": v}
+
+
 class _Op:
-    __slots__ = ("batch", "future", "ids", "kind", "records", "tenant")
+    __slots__ = ("batch", "future", "ids", "kind", "payload", "records", "tenant")
 
     def __init__(self, kind: str, tenant: str, records=None, ids=None):
         self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
         self.batch = None
+        self.payload: bytes | None = None  # the log frame's JSON, encoded at the door
         self.future: cf.Future = cf.Future()
 
 
@@ -111,42 +182,67 @@ class ServiceStore:
         Seconds to wait for the memory's writer lock.
     memory_options : dict
         ``Memory(...)`` arguments used only when the memory is created.
+    salvage : bool
+        Start although the log is damaged: keep every intact frame, log what is
+        skipped, fold the result into the memory at once and set the damaged
+        segments aside (see :mod:`gpuir.service.wal`). Without it, damage is a
+        :class:`~gpuir.service.wal.WALCorruptError` and nothing is changed.
+    statistics : {"tenant", "pooled"}
+        BM25 statistics per tenant (default: a search memory per tenant, see the
+        module docstring) or over all tenants (searches run on the shared memory).
+
+    Raises
+    ------
+    MemoryFormatError
+        The directory holds a memory's files but no commit (``CURRENT``
+        missing), or a damaged memory: never read as a new, empty memory.
+    WALCorruptError
+        Damage to acknowledged writes in the log (unless ``salvage``).
     """
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
-                 max_group: int = 1024):
+                 max_group: int = 1024, salvage: bool = False, statistics: str = "tenant"):
+        if statistics not in STATISTICS:
+            raise ValueError(f"statistics must be one of {', '.join(STATISTICS)}, got {statistics!r}")
+        self.statistics = statistics
+        #: tenant -> its search memory (statistics="tenant"; written by the writer thread only)
+        self.tenants: dict[str, Memory] = {}
         self.root = check_path(root)
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
         self.checkpoint_seconds = float(checkpoint_seconds)
         self.max_group = max_group
+        self.failed: str | None = None  # why writes are refused (an internal failure), else None
         if (self.root / CURRENT).exists():
             self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout)
         else:
             if self.root.exists() and any(self.root.iterdir()) and not is_claimed(self.root):
                 raise ValueError(f"{self.root} is not empty and not a gpuir memory: choose a new or empty directory")
+            if self.root.is_dir():
+                # segments, manifests or a log without CURRENT: a damaged memory, never a new empty one
+                check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
             self.memory = Memory(**(memory_options or {}))
             self.memory.save(self.root, lock_timeout=lock_timeout)
-        self.wal = WriteAheadLog(self.root)
-        self.replayed = 0
-        t0 = time.perf_counter()
-        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
-        for op in self.wal.recover(self.memory.info()["generation"]):
-            if op.get("op") == "add":
-                run.extend(op["records"])
-            else:
-                if run:
-                    self.memory.add(run)
-                    run = []
-                self._replay(op)
-            self.replayed += 1
-        if run:
-            self.memory.add(run)
-        self.replay_seconds = time.perf_counter() - t0
+        try:
+            self.wal = WriteAheadLog(self.root)
+            t0 = time.perf_counter()
+            self.recovery = self.wal.recover(self.memory.info()["generation"], salvage=salvage)
+            self.replayed = self._replay_all(self.recovery.ops, salvage and bool(self.recovery.skipped))
+            self.replay_seconds = time.perf_counter() - t0
+            self.checkpoints = 0
+            self.last_checkpoint = time.monotonic()
+            if self.recovery.needs_checkpoint:  # a salvaged or version-1 log: fold it now, set damage aside
+                self.checkpoint()
+            if statistics == "tenant":
+                self._empty = self._new_tenant_memory()  # searched for a tenant without records
+                self._build_tenant_memories()
+        except BaseException:
+            self.wal.close()
+            self.memory.close(discard_unsaved=True)  # everything is still in the log
+            raise
         _warm_up()
-        self.checkpoints = 0
         self.last_checkpoint = time.monotonic()
         self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics
         self._q: queue.Queue[_Op | None] = queue.Queue()
@@ -154,14 +250,85 @@ class ServiceStore:
         self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
         self._thread.start()
 
+    # ------------------------------------------------------------------ per-tenant search memories
+    def _new_tenant_memory(self) -> Memory:
+        cfg = self.memory.config()
+        bm = cfg["bm25"]
+        m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
+                   partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"])
+        m.window_ms = self.memory.window_ms  # the same time partitions as the shared memory
+        return m
+
+    def _tenant_memory(self, tenant: str) -> Memory:
+        m = self.tenants.get(tenant)
+        if m is None:
+            m = self.tenants[tenant] = self._new_tenant_memory()
+        return m
+
+    def _build_tenant_memories(self) -> None:
+        """One search memory per tenant from the shared memory's live records, in add order."""
+        t0 = time.perf_counter()
+        snap = self.memory.snapshot()
+        by_tenant: dict[str, list[dict[str, Any]]] = {}
+        for _, vi, row in snap.live_records():
+            rec = snap.record(vi, row)
+            tenant = rec.get("tenant")
+            rid = rec["id"]
+            if not isinstance(tenant, str) or not rid.startswith(tenant + SEP):
+                raise MemoryFormatError(f"{self.root}: record {rid!r} is not a record of the service (its id must "
+                                        "be TENANT/ID, with its tenant): serve a memory the service created")
+            rec["id"] = rid[len(tenant) + 1:]
+            by_tenant.setdefault(tenant, []).append(rec)
+        for tenant, recs in by_tenant.items():
+            self._tenant_memory(tenant).add(recs)
+        if by_tenant:
+            log.info("built %d tenant search memories (%d records) in %.2f s", len(by_tenant), len(snap),
+                     time.perf_counter() - t0)
+
     # ------------------------------------------------------------------ replay
+    def _replay_all(self, ops: list[dict[str, Any]], salvage: bool) -> int:
+        """Apply the logged operations in order (consecutive adds as one ``Memory.add``); returns their count.
+
+        ``salvage`` (a log with skipped damage): one by one, and an operation that
+        cannot be applied (ids a damaged log repeats) is skipped and logged, not fatal.
+        """
+        if salvage:
+            for op in ops:
+                self._replay_salvaged(op)
+            return len(ops)
+        run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
+        for op in ops:
+            if op.get("op") == "add":
+                run.extend(op["records"])
+            else:
+                if run:
+                    self.memory.add(run)
+                    run = []
+                self._replay(op)
+        if run:
+            self.memory.add(run)
+        return len(ops)
+
     def _replay(self, op: dict[str, Any]) -> None:
         if op.get("op") == "add":
             self.memory.add(op["records"])
         elif op.get("op") == "delete":
             self.memory.delete(op["ids"], missing_ok=True)
         else:
-            raise ValueError(f"{self.root}: unknown operation in the write-ahead log: {op.get('op')!r}")
+            raise MemoryFormatError(f"{self.root}: unknown operation in the write-ahead log: {op.get('op')!r}")
+
+    def _replay_salvaged(self, op: dict[str, Any]) -> None:
+        try:
+            if op.get("op") == "add":
+                recs = [r for r in op.get("records", []) if isinstance(r, dict) and r.get("id") not in self.memory]
+                if len(recs) < len(op.get("records", [])):
+                    log.warning("salvage: %d record(s) of a logged add already exist; kept the existing ones",
+                                len(op["records"]) - len(recs))
+                self.memory.add(recs)
+            else:
+                self._replay(op)
+        except (RecordError, MemoryFormatError, TypeError, KeyError) as e:
+            log.warning("salvage: skipped a logged %r operation that cannot be applied: %s", op.get("op"), e)
 
     # ------------------------------------------------------------------ writes
     def add(self, tenant: str, records: Sequence[dict[str, Any]]) -> cf.Future:
@@ -169,7 +336,10 @@ class ServiceStore:
 
         The records' ids are the tenant's; each record's ``tenant`` is set to
         ``tenant`` (a different one raises :class:`TenantError` at once).
-        Malformed records raise :class:`~gpuir.memory.RecordError` at once.
+        Malformed records, and records the log cannot hold (see
+        :mod:`gpuir.service.validate`), raise :class:`~gpuir.memory.RecordError`
+        at once: they never join a group commit, so they never fail another
+        request's write.
         """
         check_tenant(tenant)
         recs = []
@@ -183,6 +353,7 @@ class ServiceStore:
             rid = r.get("id")
             if not isinstance(rid, str) or not rid:
                 raise RecordError(f"records[{i}].id: a non-empty string is required")
+            check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
         try:
             batch = normalize_records(recs)
@@ -190,17 +361,24 @@ class ServiceStore:
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
         op = _Op("add", tenant, records=recs)
         op.batch = batch
+        try:
+            op.payload = encode_payload({"op": "add", "records": recs})
+        except (ValueError, TypeError) as e:  # check_record lets nothing through that fails here
+            raise RecordError(f"a record cannot be written to the log: {e}") from None
         return self._submit(op)
 
     def delete(self, tenant: str, ids: Sequence[str]) -> cf.Future:
         """Queue a delete of the tenant's ids; the future gives how many existed (and are now deleted)."""
         check_tenant(tenant)
+        check_ids(list(ids))
         op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
         return self._submit(op)
 
     def _submit(self, op: _Op) -> cf.Future:
         if self._closed:
             raise RuntimeError("the store is closed")
+        if self.failed is not None:
+            raise StoreFailedError(self.failed)
         self._q.put(op)
         return op.future
 
@@ -257,13 +435,29 @@ class ServiceStore:
                 op.ids = live
                 ok.append((op, len(live)))
         logged = [(op, n) for op, n in ok if n]
-        try:
-            if logged:
-                t0 = time.perf_counter()
-                self.wal.append([{"op": "add", "records": op.records} if op.kind == "add"
-                                 else {"op": "delete", "ids": op.ids} for op, _ in logged])
-                if self.on_group is not None:
-                    self.on_group(len(logged), time.perf_counter() - t0)
+        if logged and self.failed is not None:
+            err: BaseException = StoreFailedError(self.failed)
+            for op, _ in ok:
+                op.future.set_exception(err)
+            return
+        if logged:
+            for op, _ in logged:
+                if op.kind == "delete":
+                    op.payload = encode_payload({"op": "delete", "ids": op.ids})
+            t0 = time.perf_counter()
+            n_ops = sum(n for _, n in logged)
+            try:
+                mark = self.wal.append_payloads([op.payload for op, _ in logged], n_ops)
+            except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing of the group is stored
+                err = WriteFailedError(
+                    f"the write-ahead log could not be written ({_os_reason(e)}): nothing of this request was "
+                    "stored; retry once the server has disk space again", getattr(e, "errno", None))
+                for op, _ in ok:
+                    op.future.set_exception(err)
+                return
+            if self.on_group is not None:
+                self.on_group(len(logged), time.perf_counter() - t0)
+            try:
                 # apply in order, consecutive adds as one Memory.add (fewer, larger segments)
                 run: list = []
                 for op, _ in logged:
@@ -276,13 +470,25 @@ class ServiceStore:
                     mem.delete(op.ids, missing_ok=True)
                 if run:
                     self._apply_adds(run)
-        except BaseException as e:  # the log or the memory failed: nothing of the group is acknowledged
-            for op, _ in ok:
-                if not op.future.done():
-                    op.future.set_exception(RuntimeError(f"write failed: {type(e).__name__}: {e}"))
-            if not isinstance(e, Exception):
-                raise
-            return
+                if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
+                    cut = {op.tenant: len(op.tenant) + len(SEP) for op, _ in logged}
+                    for op, _ in logged:
+                        tm = self._tenant_memory(op.tenant)
+                        if op.kind == "add":
+                            tm.add(tenant_batch(op.batch, op.tenant))
+                        else:
+                            tm.delete([rid[cut[op.tenant]:] for rid in op.ids], missing_ok=True)
+            except BaseException as e:  # validated at the door, so an internal failure: stop writing
+                self.wal.rollback(mark, n_ops)  # the log must not replay what was not acknowledged
+                self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: "
+                               f"{e}); restart it (the log holds every acknowledged write)")
+                log.error("%s", self.failed)
+                for op, _ in ok:
+                    if not op.future.done():
+                        op.future.set_exception(StoreFailedError(self.failed))
+                if not isinstance(e, Exception):
+                    raise
+                return
         for op, n in ok:
             op.future.set_result(n)
 
@@ -292,23 +498,23 @@ class ServiceStore:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_safely(self) -> None:
+        if self.failed is not None:
+            return
         try:
             self.checkpoint()
         except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
-            import sys
-
-            print(f"gpuir serve: checkpoint failed, will retry: {type(e).__name__}: {e}", file=sys.stderr)
+            log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
             self.last_checkpoint = time.monotonic()
 
     def checkpoint(self) -> None:
         """Fold the log into the memory's segments (call from the writer thread, or when it is stopped).
 
-        Steps: start a new log segment for the next generation; ``Memory.save``
-        (under the memory's writer lock); delete the older log segments.
+        Steps: ``Memory.save`` (under the memory's writer lock) commits generation
+        G+1; start a new log segment for G+1; delete the older segments. A save
+        that fails changes nothing (appends go on in the old segment).
         """
-        gen = self.memory.info()["generation"]
-        older = self.wal.rotate(gen + 1)
         self.memory.save()
+        older = self.wal.after_save(self.memory.info()["generation"])
         self.wal.drop(older)
         self.checkpoints += 1
         self.last_checkpoint = time.monotonic()
@@ -316,8 +522,53 @@ class ServiceStore:
     # ------------------------------------------------------------------ reads
     def get(self, tenant: str, rid: str) -> dict[str, Any] | None:
         check_tenant(tenant)
+        if self.statistics == "tenant":
+            m = self.tenants.get(tenant)
+            return None if m is None else m.get([rid], missing_ok=True)[0]
         rec = self.memory.get([internal_id(tenant, rid)], missing_ok=True)[0]
         return None if rec is None else external_hit(rec)
+
+    def tenant_count(self) -> int:
+        """Tenants holding at least one live record."""
+        if self.statistics == "tenant":
+            return sum(1 for m in self.tenants.values() if len(m))
+        return int(self.memory.info()["tenants"])
+
+    def search(self, queries: list[str], k: int, wheres: list[dict[str, Any]], backend: str = "auto",
+               tenants: list[str] | None = None) -> list[list[dict[str, Any]]]:
+        """Hits (the tenant's own ids) of each query; ``wheres[i]`` names query i's tenant (``"tenant"``).
+
+        With statistics per tenant, the queries of each tenant go to its search
+        memory (one ``Memory.search`` per tenant of the batch; the tenant
+        condition is implied and dropped); pooled, one ``Memory.search`` on the
+        shared memory with ids in ``where`` made internal.
+
+        Returns
+        -------
+        list (one per query) of lists of hit dicts, best first
+        """
+        if tenants is None:
+            tenants = [w["tenant"] for w in wheres]
+        if self.statistics == "pooled":
+            ws = [pooled_where(w, t) for w, t in zip(wheres, tenants)]
+            res = self.memory.search(queries, k=k, where=ws, backend=backend)
+            return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+        out: list[list[dict[str, Any]]] = [[] for _ in queries]
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(tenants):
+            groups.setdefault(t, []).append(i)
+        for t, idx in groups.items():
+            m = self.tenants.get(t)
+            if m is None:  # a tenant without records: its filters are still checked (422 when malformed)
+                m = self._empty
+            ws = []
+            for i in idx:
+                w = {f: v for f, v in wheres[i].items() if f != "tenant"} if wheres[i] else None
+                ws.append(w or None)
+            res = m.search([queries[i] for i in idx], k=max(1, min(k, len(m))), where=ws, backend=backend)
+            for j, i in enumerate(idx):
+                out[i] = res.hits(j)
+        return out
 
     def close(self, checkpoint: bool = True) -> None:
         """Stop the writer (after the queued writes), checkpoint, release the directory."""
@@ -327,8 +578,16 @@ class ServiceStore:
         self._q.put(None)
         self._thread.join()
         try:
-            if checkpoint and self.wal.ops:
+            if checkpoint and self.wal.ops and self.failed is None:
                 self.checkpoint()
         finally:
             self.wal.close()
-            self.memory.close()
+            self.memory.close(discard_unsaved=True)  # what was not saved is in the log
+
+
+def _os_reason(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        from ..index.dirlock import os_error_message
+
+        return os_error_message(e, "append to the log")
+    return f"{type(e).__name__}: {e}"

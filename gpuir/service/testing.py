@@ -28,12 +28,20 @@ class ServerProcess:
     memory_dir : the directory served
     options : extra command-line options (e.g. ``["--checkpoint-every", "50"]``)
     log : file receiving the server's output (default: ``<memory_dir>.server.log``)
+    launcher : list of str, optional
+        What runs instead of ``python -m gpuir.service`` (e.g. ``[sys.executable,
+        "tests/_fault_server.py"]``: the same command line with faults injected).
+    env : dict, optional
+        Environment variables added for the server.
     """
 
     def __init__(self, memory_dir: str | os.PathLike, options: list[str] | None = None,
-                 log: str | os.PathLike | None = None):
+                 log: str | os.PathLike | None = None, launcher: list[str] | None = None,
+                 env: dict[str, str] | None = None):
         self.memory_dir = Path(memory_dir)
         self.options = list(options or [])
+        self.launcher = list(launcher) if launcher else [sys.executable, "-m", "gpuir.service"]
+        self.env = dict(env or {})
         self.log = Path(log) if log else self.memory_dir.with_name(self.memory_dir.name + ".server.log")
         self.port = 0
         self.proc: subprocess.Popen | None = None
@@ -44,13 +52,13 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
         self.port = free_port()
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuir.service", "serve", str(self.memory_dir), "--port", str(self.port),
-                 *self.options], stdout=logf, stderr=subprocess.STDOUT, env=env)
+                [*self.launcher, "serve", str(self.memory_dir), "--port", str(self.port), *self.options],
+                stdout=logf, stderr=subprocess.STDOUT, env=env)
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -77,7 +85,7 @@ class ServerProcess:
             self.proc.wait(30)
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM (a graceful shutdown with a checkpoint); returns the exit status (uvicorn: -15 after it)."""
+        """SIGTERM (a graceful shutdown with a checkpoint); returns the exit status (0 after a graceful stop)."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:

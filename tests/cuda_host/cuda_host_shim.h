@@ -1063,6 +1063,15 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
+// An approximate division, as the device's MUFU-based one: deliberately 2 ulps off (up or down by
+// the quotient's low bit), so code that refines it (common.cuh: recip_f64) is tested against an
+// estimate no better than the device's.
+inline float __fdividef(float a, float b) {
+    float q = a / b;
+    if (!std::isfinite(q) || q == 0.0f) return q;
+    const float dir = (::gpuir_host::from_bits<unsigned int>(::gpuir_host::to_bits(q)) & 1u) ? INFINITY : -INFINITY;
+    return std::nextafter(std::nextafter(q, dir), dir);
+}
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline double __dadd_rn(double a, double b) { return a + b; }

@@ -84,8 +84,8 @@ def real_kernels_installed(schedule: str = "forward", seed: int = 0, sm_count: i
             def launch(grid, block, args, shared_mem=0):
                 km.check_launch(sigs, name, grid, block, args, shared_mem)
                 cp.launches.append((name, grid, block, shared_mem))
-                mod.launch(full, grid, block, [km.as_host(a) for a in args], shared=shared_mem,
-                           schedule=schedule, seed=seed, **launch_kw)
+                km._deferred(lambda: mod.launch(full, grid, block, [km.as_host(a) for a in args], shared=shared_mem,
+                                                schedule=schedule, seed=seed, **launch_kw))  # recorded in a capture
 
             return launch
 

@@ -1,0 +1,185 @@
+#!/usr/bin/env python
+"""Modelled (query, tile) work of the GPU scorer at NQ scale, before and after the plan-then-score design.
+
+    python bench/model_visits.py                      # 2.7M documents, 256 queries of each kind, k = 10 and 100
+    python bench/model_visits.py --n-docs 300000 --queries 64   # quicker
+
+No device: the counts come from NumPy over the same synthetic corpus the
+device verification uses (``bench/gpu_verify.py``'s Zipf generator) and the
+scorer's own directory (``gpuir.backends.cupy_backend.build_directory``,
+impacts per (long term, tile of 4,096 documents)). Per query and k:
+
+* **before** (the first GPU design, issue 11): every (query, tile) cell runs the
+  bound step inside the scoring kernel (3 barriers and a serial sum), and the
+  tiles whose exact block-max bound reaches the running threshold are scored;
+  the scored count is not modelled here (its threads race for the threshold),
+  the device measured it (``bench/results/gpu_verify_*_20261126T133243_*``).
+* **after**: ``tile_bounds`` computes every cell's bound from the impacts in a
+  barrier-free kernel; the row's best tile is scored first; only the cells whose
+  bound reaches the seeded threshold (the k-th best score in that tile) become
+  work items.
+* **ideal**: the tiles that hold at least one document scoring at least the
+  query's final k-th best score -- what any exact tile-level method must visit.
+
+Bytes are the query terms' postings in the visited tiles (doc id, tf and the
+document length gathered: 12 bytes each) against the postings floor (every
+posting of the query terms once, 8 bytes: doc id and tf). Two query sets: the
+device run's (2-6 tokens of a random document, often all frequent terms) and
+one whose queries each hold a rare term (df < N / 2,000), closer to questions.
+Writes ``bench/results/model_visits_<machine>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_verify import make_index, make_queries  # noqa: E402 - the device run's corpus and queries
+
+from gpuir import bm25  # noqa: E402
+from gpuir.backends.cupy_backend import build_directory  # noqa: E402
+from gpuir.backends.weights import term_weights, weight_bound, weights_of  # noqa: E402
+from gpuir.bm25 import BM25Params  # noqa: E402
+
+TILE = 4096
+
+
+def rare_queries(tok_off, tok, df, n_docs, n, seed):
+    """n queries: 1-4 tokens of a random document that holds a rare term (df < N/2000), plus that term."""
+    rng = np.random.default_rng(seed + 5)
+    rare = df < max(2, n_docs // 2000)
+    out = []
+    while len(out) < n:
+        d = int(rng.integers(0, tok_off.size - 1))
+        toks = tok[tok_off[d]:tok_off[d + 1]]
+        r = toks[rare[toks]]
+        if r.size == 0:
+            continue
+        others = rng.choice(toks, size=min(toks.size, int(rng.integers(1, 5))), replace=False)
+        out.append(np.unique(np.append(others, r[0])).astype(np.int64))
+    return out
+
+
+def unpack(pairs):
+    tf = (pairs & 0xFFFF).astype(np.int64)
+    tf[tf == 0xFFFF] = 2**31 - 1
+    return tf, (pairs >> 16).astype(np.int64)
+
+
+def model_query(idx, d, n_tiles, q, ks, params, stats):
+    """Per k: (cells, after items, ideal tiles, bytes after, bytes ideal, bytes floor) of one query."""
+    terms = np.unique(q)
+    df_all = np.diff(idx.offsets)
+    terms = terms[df_all[terms] > 0]
+    if terms.size == 0:
+        return None
+    idf, w0 = term_weights(df_all[terms], idx.n_docs, params)
+    U = np.zeros(n_tiles)
+    post_tile = np.zeros(n_tiles, np.int64)  # postings of the query's terms per tile
+    acc = np.zeros(idx.n_docs, np.float32)
+    touched = np.zeros(idx.n_docs, bool)
+    for i, t in enumerate(terms.tolist()):
+        s, e = int(idx.offsets[t]), int(idx.offsets[t + 1])
+        docs = idx.doc_ids[s:e]
+        w = weights_of(idx.tfs[s:e], idx.doc_lens[docs], idf[i], w0[i], stats, params)
+        acc[docs] += w
+        touched[docs] = True
+        tl = docs // TILE
+        post_tile += np.bincount(tl, minlength=n_tiles)
+        r = int(d["dir_row"][t])
+        if r >= 0:
+            off = d["dir_imp_off"][r * n_tiles:(r + 1) * n_tiles + 1]
+            pairs = d["dir_imp"][off[0]:off[-1]]
+            tf, dl = unpack(pairs)
+            b = weight_bound(tf, dl, np.full(tf.size, idf[i]), np.full(tf.size, w0[i]), stats, params)
+            cnt = np.diff(off)
+            has = np.flatnonzero(cnt > 0)
+            U[has] += np.maximum.reduceat(b.astype(np.float64), (off[:-1] - off[0])[has])
+        else:
+            pairs = d["term_imp"][d["term_imp_off"][t]:d["term_imp_off"][t + 1]]
+            tf, dl = unpack(pairs)
+            b = float(weight_bound(tf, dl, np.full(tf.size, idf[i]), np.full(tf.size, w0[i]), stats,
+                                   params).max())
+            U[np.unique(tl)] += b
+    cand = np.flatnonzero(touched)
+    scores = acc[cand]
+    ctile = cand // TILE
+    floor = 8 * int(post_tile.sum())
+    cells = int((post_tile > 0).sum())
+    seed = int(np.argmax(np.where(post_tile > 0, U, -1.0)))
+    out = {}
+    for k in ks:
+        in_seed = scores[ctile == seed]
+        theta = float(np.sort(in_seed)[-k]) if in_seed.size >= k else 0.0
+        after = (U >= theta * (1 - 1e-6)) & (post_tile > 0)
+        after[seed] = True
+        sk = float(np.sort(scores)[-k]) if scores.size >= k else -np.inf
+        ideal = np.zeros(n_tiles, bool)
+        ideal[np.unique(ctile[scores >= sk])] = True
+        out[k] = (cells, int(after.sum()), int(ideal.sum()), 12 * int(post_tile[after].sum()),
+                  12 * int(post_tile[ideal].sum()), floor)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n-docs", type=int, default=2_700_000)
+    p.add_argument("--queries", type=int, default=256, help="queries of each kind")
+    p.add_argument("-k", type=int, nargs="+", default=[10, 100])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    idx, tok_off, tok = make_index(a.n_docs, a.seed, np)
+    n_tiles = -(-idx.n_docs // TILE)
+    d = build_directory(idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, TILE, n_tiles, max(64, 2 * n_tiles))
+    print(f"corpus and directory: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    params = BM25Params()
+    avgdl = idx.avgdl
+    sets = {"document tokens (the device run's)": make_queries(tok_off, tok, idx.n_terms, a.queries, a.seed),
+            "with a rare term": rare_queries(tok_off, tok, np.diff(idx.offsets), idx.n_docs, a.queries, a.seed)}
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "python": sys.version.split()[0]},
+              "n_docs": idx.n_docs, "n_tiles": n_tiles, "tile": TILE, "queries_per_set": a.queries, "sets": {}}
+    for name, qs in sets.items():
+        rows = {k: [] for k in a.k}
+        for q in qs:
+            r = model_query(idx, d, n_tiles, q, a.k, params, avgdl)
+            if r:
+                for k in a.k:
+                    rows[k].append(r[k])
+        result["sets"][name] = {}
+        for k in a.k:
+            m = np.array(rows[k], np.float64)
+            cells, after, ideal, b_after, b_ideal, floor = m.sum(axis=0)
+            result["sets"][name][str(k)] = {
+                "queries": int(m.shape[0]), "cells_before": int(n_tiles * m.shape[0]), "cells_with_postings":
+                int(cells), "items_after": int(after), "tiles_ideal": int(ideal), "bytes_after": int(b_after),
+                "bytes_ideal": int(b_ideal), "bytes_floor": int(floor),
+                "after_bytes_over_floor": float(b_after / floor), "ideal_bytes_over_floor": float(b_ideal / floor)}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"model_visits_{platform.node() or 'machine'}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print("| queries | k | cells before (bound step in the scorer) | cells with postings | items after | ideal tiles "
+          "| bytes after / floor | ideal / floor |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, per_k in result["sets"].items():
+        for k, v in per_k.items():
+            print(f"| {name} | {k} | {v['cells_before']:,} | {v['cells_with_postings']:,} | {v['items_after']:,} | "
+                  f"{v['tiles_ideal']:,} | {v['after_bytes_over_floor']:.2f} | {v['ideal_bytes_over_floor']:.2f} |")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -321,3 +321,26 @@ def test_a_crash_during_a_merge_loses_nothing(tmp_path, event):
         model.add([random_record(rng, f"r{i}") for i in range(24)][:n])
     _check(r, model, np.random.default_rng(1), "reopened after the crash")
     r.close()
+
+
+def test_a_dropped_memory_is_freed_at_once_and_releases_its_lock(tmp_path):
+    """No reference cycle (the merger and the id map hold their memory weakly): dropping the last
+    reference frees the memory by reference counting, so its directory's writer lock is released then."""
+    import gc
+    import weakref
+
+    m = Memory(partition_days=None, merge_factor=2, merge_min=4)
+    m.add([random_record(np.random.default_rng(9), f"r{i}") for i in range(3)])
+    m.add([random_record(np.random.default_rng(10), f"s{i}") for i in range(3)])
+    assert m.wait_merges(TIMEOUT)
+    m.save(tmp_path / "mem")
+    ref = weakref.ref(m)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del m
+        assert ref() is None, "freed without the cyclic garbage collector"
+        Memory.open(tmp_path / "mem", lock_timeout=0.5).close()  # the lock is free
+    finally:
+        if was:
+            gc.enable()

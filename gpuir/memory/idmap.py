@@ -21,6 +21,7 @@ their cost grows with every reference held in a Python container.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -43,7 +44,9 @@ class IdMap:
     hash = staticmethod(hash)
 
     def __init__(self, resolve: Callable[[np.ndarray, object], dict[int, str]]):
-        self._resolve = resolve
+        # held weakly when a bound method: the map must not keep its memory alive (a memory's lock is
+        # released when it is dropped)
+        self._resolve_ref = weakref.WeakMethod(resolve) if hasattr(resolve, "__self__") else (lambda: resolve)
         self._recent: dict[str, int] = {}
         self._h = _E64  # sorted hashes
         self._s = _E64  # their sequence numbers
@@ -68,6 +71,10 @@ class IdMap:
             s = np.concatenate([p[1] for p in self._pending])
             self._pending = []
             self._merge(h, s)
+
+    def _resolve(self, seqs: np.ndarray, views) -> dict[int, str]:
+        fn = self._resolve_ref()
+        return {} if fn is None else fn(seqs, views)
 
     def _merge(self, h: np.ndarray, s: np.ndarray) -> None:
         """Insert (hash, seq) pairs into the sorted arrays: O(n) copies, dead entries dropped."""

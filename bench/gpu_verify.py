@@ -202,9 +202,9 @@ def cycle(pool: list, n: int) -> list:
 def reference_scores(ref, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The NumPy reference's float32 score of each document ``ids`` for query ``q``.
 
-    Uses the reference's own exact rescoring (``NumpyScorer._exact_scores``:
-    ascending term id from 0.0, ``w * float32(c)`` for repeats) plus its row
-    constant for bm25l / bm25+.
+    Uses the reference's own exact rescoring (``NumpyScorer.exact_scores``:
+    ascending term id from 0.0, ``w * float32(c)`` for repeats, plus the row
+    constant for bm25l / bm25+).
 
     Returns
     -------
@@ -212,12 +212,8 @@ def reference_scores(ref, q: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, n
     matched : ndarray (m,), bool, host: the document holds at least one query term
         (a binary search in each term's doc-sorted posting list).
     """
-    terms, mult = np.unique(q, return_counts=True)
-    order = np.argsort(ids, kind="stable")
-    s = np.empty(ids.size, np.float32)
-    s[order] = ref._exact_scores(ids[order], terms, mult)
-    if ref._has_w0:
-        s = s + np.float32((ref.w0[terms] * mult).sum(dtype=np.float32))
+    terms = np.unique(q)
+    s = ref.exact_scores(q, ids)
     idx = ref.index
     hit = np.zeros(ids.size, bool)
     for t in terms.tolist():

@@ -1,4 +1,11 @@
-"""`BM25Index`: the user-facing sparse engine (analyse, index, search, save, load)."""
+"""`BM25Index`: the user-facing sparse engine (analyse, index, search, save, load).
+
+A `BM25Index` is one sealed segment served by the one engine (:mod:`gpuir.backends`):
+its scorer lays the index out once and searches it with the index's own
+collection statistics (the scorer's default, served from its cache of
+precomputed weights), exactly as a :class:`gpuir.Memory` searches each of its
+segments with the whole memory's statistics.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Memory API: records in and out, validation errors naming the record, unknown ids, where
-filters and their errors, the tenant boundary, merges, the scorer path of other backends."""
+filters and their errors, the tenant boundary, merges, one engine under every backend (a sealed segment's
+scorer built once, never re-weighted)."""
 
 from datetime import date, datetime, timezone
 
@@ -8,10 +9,9 @@ import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record, random_where
 
 from gpuir import Memory
+from gpuir.bm25 import METHODS
 from gpuir.memory import RecordError, UnknownIdError, WhereError, budget_partitions, fit_decay, format_time
-from gpuir.memory.partitions import scan
-from gpuir.memory.search import ScorerEngine, plan_queries
-from gpuir.memory.where import compile_wheres
+from gpuir.memory.search import SegmentEngine
 
 REC = {"id": "a1", "text": "Caroline went to the support group", "session": "S1", "role": "user",
        "agent": "bot", "tenant": "conv-26", "time": "2023-05-08T13:56:00Z", "importance": 0.5, "type": "event",
@@ -244,29 +244,98 @@ def test_merge_policy_bounds_segments_and_purges_tombstones(background):
     assert m.search(["w0 w1 w2"], k=20).ids(0) == before
 
 
-def test_scorer_path_matches_the_cpu_engine():
-    """Other backends search segments through make_scorer(..., stats=): checked here with the NumPy
-    scorer. Bit-exact for lucene/robertson/atire; bm25l/bm25+ within float32 rounding (documented)."""
-    for method in ("lucene", "atire", "bm25l"):
-        rng = np.random.default_rng(3)
-        m = Memory(method=method, partition_days=1, merge_factor=3, merge_min=4)
-        m.add([random_record(rng, f"r{i}") for i in range(150)])
-        m.add([random_record(rng, f"s{i}") for i in range(150)])
-        m.delete([f"r{i}" for i in range(0, 150, 5)])
-        snap = m.snapshot()
-        qs = [random_query(rng) for _ in range(25)]
-        ws = [random_where(rng) if i % 2 else None for i in range(25)]
-        ref = m.search(qs, k=10, where=ws, backend="numpy")
-        out = scan(snap, ScorerEngine(snap, "numpy"), plan_queries(snap, qs), compile_wheres(ws, 25, snap.dicts),
-                   10, "exhaustive")
-        for i, (h, _, _) in enumerate(out):
-            n = int((ref.seqs[i] >= 0).sum())
-            assert len(h) == n
-            if method == "bm25l":
-                np.testing.assert_allclose(h.scores, ref.scores[i, :n], rtol=2e-6)
-            else:
-                np.testing.assert_array_equal(h.seqs, ref.seqs[i, :n])
-                np.testing.assert_array_equal(h.scores, ref.scores[i, :n])
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_numba_and_numpy_engines_equal_the_fresh_index_bit_for_bit(method, monkeypatch):
+    """Every backend scores segments through its scorer with the snapshot's statistics per search:
+    exact for all five variants (the bm25l/bm25+ constant included), with tombstones and filters."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng([3, len(method)])
+    m = Memory(method=method, partition_days=1, merge_factor=3, merge_min=4)
+    model = Model(analyzer="default", method=method)
+    for batch in range(4):
+        recs = [random_record(rng, f"r{batch}-{i}") for i in range(60)]
+        m.add(recs)
+        model.add(recs)
+        dead = [f"r{batch}-{i}" for i in range(0, 60, 7)]
+        m.delete(dead)
+        model.delete(dead)
+        assert any(v.live is not None for v in m.snapshot().views), "tombstones are searched, not purged"
+        qs = [random_query(rng) for _ in range(12)]
+        ws = [random_where(rng) if i % 2 else None for i in range(12)]
+        for k in (1, 10):
+            ids, scores = model.search(qs, k, where=ws)
+            for backend in ("numpy", "numba", "auto"):
+                for mode in ("exhaustive", "newest"):
+                    res = m.search(qs, k=k, where=ws, backend=backend, mode=mode)
+                    assert_same(res, ids, scores, f"{method} {backend} {mode} k={k}")
+            # the contract's entry (term ids + the snapshot's CollectionStats) gives the same
+            with monkeypatch.context() as mp:
+                mp.setattr(SegmentEngine, "use_weighted", False)
+                for backend in ("numpy", "numba"):
+                    res = m.search(qs, k=k, where=ws, backend=backend, mode="newest")
+                    assert_same(res, ids, scores, f"{method} {backend} search(stats=) k={k}")
+
+
+def test_auto_serves_the_memory_with_the_compiled_engine(monkeypatch):
+    pytest.importorskip("numba")
+    monkeypatch.delenv("GPUIR_BACKEND", raising=False)
+    monkeypatch.setattr("gpuir.backends.cuda_device", lambda: (False, "no GPU (test)"))
+    m = Memory(partition_days=None)
+    m.add([{"id": "a", "text": "support group"}, {"id": "b", "text": "group"}])
+    res = m.search("support group")
+    assert res.meta["backend"] == "numba" and res.ids(0) == ["a", "b"]
+
+
+def test_sealed_segment_scorer_is_built_once_and_never_reweighted(monkeypatch):
+    """A segment is laid out once for its lifetime: later adds and deletes change the statistics every
+    search applies, never the segment's scorer (counted: constructions and whole-segment weightings)."""
+    pytest.importorskip("numba")
+    import gpuir.backends.batch_plan as bp
+    import gpuir.memory.search as msearch
+
+    built: list[tuple[str, int]] = []
+    weighed: list[int] = []
+    real_make, real_pw = msearch.make_scorer, bp.posting_weights
+
+    def counting_make(backend, index, params, **opts):
+        built.append((backend, id(index)))
+        return real_make(backend, index, params, **opts)
+
+    def counting_pw(index, params, stats=None):  # the model's fresh indexes weigh theirs: counted apart
+        weighed.append(id(index))
+        return real_pw(index, params, stats)
+
+    monkeypatch.setattr(msearch, "make_scorer", counting_make)
+    monkeypatch.setattr(bp, "posting_weights", counting_pw)
+    rng = np.random.default_rng(11)
+    m = Memory(method="bm25+", partition_days=None, merge_factor=100, merge_min=10**6)  # no merges
+    model = Model(analyzer="default", method="bm25+")
+    first = None
+    seg_csrs: set[int] = set()
+    qs = [random_query(rng) for _ in range(8)]
+    for step in range(6):
+        recs = [random_record(rng, f"r{step}-{i}") for i in range(40)]
+        m.add(recs)
+        model.add(recs)
+        if step == 3:
+            m.delete([f"r0-{i}" for i in range(10)])
+            model.delete([f"r0-{i}" for i in range(10)])
+        ids, scores = model.search(qs, 10)
+        for backend in ("numba", "numpy"):
+            assert_same(m.search(qs, k=10, backend=backend), ids, scores, f"step {step} {backend}")
+        seg0 = m.snapshot().views[0].seg
+        if first is None:
+            first = seg0.cache[("scorer", "numba", m.params)]
+        assert seg0.cache[("scorer", "numba", m.params)] is first, "the first segment's scorer is never rebuilt"
+        segs = [v.seg for v in m.snapshot().views]
+        seg_csrs |= {id(sg.csr) for sg in segs}
+        assert len(segs) == step + 1
+        # one construction per (segment, backend), ever
+        assert sorted(built) == sorted((b, id(s.csr)) for s in segs for b in ("numba", "numpy"))
+    assert weighed and not seg_csrs & set(weighed), \
+        "no segment's postings were weighted as a whole: statistics apply per search"
+    # the statistics did change under the first segment's scorer: its records' scores moved
+    assert first.stats.n_docs == 40 and m.snapshot().n_docs == 230
 
 
 def test_budget_helpers():
@@ -292,20 +361,23 @@ def test_memory_settings_are_checked():
 
 
 @pytest.mark.gpu
-def test_cupy_backend_searches_segments_with_global_statistics():
-    """On a GPU: the memory's segments searched by CupyScorer (make_scorer(..., stats=)) agree with
-    the NumPy engine within float32 rounding, top-k up to ties (the GPU parity contract)."""
-    rng = np.random.default_rng(4)
-    for method in ("lucene", "bm25+"):
-        m = Memory(method=method, partition_days=1, merge_factor=3, merge_min=4)
-        m.add([random_record(rng, f"r{i}") for i in range(200)])
-        m.delete([f"r{i}" for i in range(0, 200, 9)])
-        qs = [random_query(rng) for _ in range(20)]
-        ws = [random_where(rng) if i % 2 else None for i in range(20)]
-        ref = m.search(qs, k=10, where=ws, backend="numpy")
-        got = m.search(qs, k=10, where=ws, backend="cupy")
+@pytest.mark.parametrize("method", METHODS)
+def test_cupy_backend_searches_segments_with_global_statistics(method):
+    """On a GPU: the memory's segments searched by CupyScorer (statistics, C and tombstones per search)
+    equal the NumPy engine's and a fresh index's bit for bit, every variant (one engine, one contract)."""
+    rng = np.random.default_rng([4, METHODS.index(method)])
+    m = Memory(method=method, partition_days=1, merge_factor=3, merge_min=4)
+    model = Model(analyzer="default", method=method)
+    recs = [random_record(rng, f"r{i}") for i in range(200)]
+    m.add(recs)
+    model.add(recs)
+    dead = [f"r{i}" for i in range(0, 200, 9)]
+    m.delete(dead)
+    model.delete(dead)
+    qs = [random_query(rng) for _ in range(20)]
+    ws = [random_where(rng) if i % 2 else None for i in range(20)]
+    ids, scores = model.search(qs, 10, where=ws)
+    for mode in ("exhaustive", "newest"):
+        got = m.search(qs, k=10, where=ws, backend="cupy", mode=mode)
         assert got.meta["backend"] == "cupy"
-        np.testing.assert_allclose(got.scores, ref.scores, rtol=2e-6)
-        for i in range(len(qs)):
-            n = int((ref.seqs[i] >= 0).sum())
-            assert int((got.seqs[i] >= 0).sum()) == n
+        assert_same(got, ids, scores, f"cupy {method} {mode}")

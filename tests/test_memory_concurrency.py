@@ -19,7 +19,10 @@ def _model_of(snap, params) -> Model:
 
 
 @pytest.mark.slow
-def test_eight_readers_one_writer():
+@pytest.mark.parametrize("backend, other", [("numpy", "numba"), ("numba", "numpy")])
+def test_eight_readers_one_writer(backend, other):
+    if "numba" in (backend, other):
+        pytest.importorskip("numba")
     params = {"analyzer": "default", "method": "bm25+", "k1": 1.1, "b": 0.6}
     m = Memory(method="bm25+", k1=1.1, b=0.6, partition_days=1, merge_factor=3, merge_min=6)
     rng0 = np.random.default_rng(0)
@@ -37,7 +40,7 @@ def test_eight_readers_one_writer():
                 w = random_where(rng) if rng.random() < 0.5 else None
                 mode = str(rng.choice(["exhaustive", "newest"]))
                 k = int(rng.choice([1, 5, 20]))
-                res = m.search(qs, k=k, where=w, mode=mode, backend="numpy")
+                res = m.search(qs, k=k, where=w, mode=mode, backend=backend)
                 with lock:
                     seen.append((qs, w, mode, k, res))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
@@ -75,8 +78,8 @@ def test_eight_readers_one_writer():
     assert not w.is_alive() and not any(t.is_alive() for t in readers)
     versions = {res.snapshot.version for *_, res in seen}
     assert len(seen) > 50 and len(versions) > 10, "readers searched while the writer changed the memory"
-    for qs, wh, mode, k, res in seen:  # each result equals a serial search on its own snapshot
-        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot)
+    for qs, wh, mode, k, res in seen:  # each result equals a serial search on its own snapshot (other engine)
+        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot, backend=other)
         np.testing.assert_array_equal(res.seqs, again.seqs)
         np.testing.assert_array_equal(res.scores, again.scores)
     # and the serial result on a snapshot is what a fresh index over its live records returns

@@ -25,7 +25,7 @@ def _partition_ids(model: Model, K: int, days) -> set[str]:
     return {rid for rid, k in key.items() if k in keep}
 
 
-def _check(m: Memory, model: Model, rng, step: str, days) -> None:
+def _check(m: Memory, model: Model, rng, step: str, days, backend: str) -> None:
     assert len(m) == len(model.live)
     queries = [random_query(rng) for _ in range(5)] + [""]
     k = int(rng.choice([1, 3, 10]))
@@ -33,18 +33,21 @@ def _check(m: Memory, model: Model, rng, step: str, days) -> None:
     for w in wheres:
         ids, scores = model.search(queries, k, where=w)
         for mode in ("exhaustive", "newest"):
-            assert_same(m.search(queries, k=k, where=w, backend="numpy", mode=mode), ids, scores,
+            assert_same(m.search(queries, k=k, where=w, backend=backend, mode=mode), ids, scores,
                         f"{step} mode={mode} k={k} where={w}")
     # budgeted: exact over the K newest partitions (statistics stay global)
     K = int(rng.integers(1, 4))
     w = random_where(rng, timed=False)
     ids, scores = model.search(queries, k, where=w, allowed_ids=_partition_ids(model, K, days))
-    assert_same(m.search(queries, k=k, where=w, mode="budgeted", max_partitions=K), ids, scores,
+    assert_same(m.search(queries, k=k, where=w, mode="budgeted", max_partitions=K, backend=backend), ids, scores,
                 f"{step} budgeted K={K} where={w}")
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("method", METHODS)
-def test_interleavings_equal_fresh_build(method, tmp_path):
+def test_interleavings_equal_fresh_build(method, backend, tmp_path):
+    if backend == "numba":
+        pytest.importorskip("numba")
     rng = np.random.default_rng([9, METHODS.index(method)])
     k1 = float(np.round(rng.uniform(0.5, 2.0), 2))
     b = float(rng.choice([0.0, 0.4, 0.75, 1.0]))
@@ -79,7 +82,7 @@ def test_interleavings_equal_fresh_build(method, tmp_path):
             m.close()
             m = Memory.open(tmp_path / "mem")
             saved = True
-        _check(m, model, rng, f"step {step} ({op})", days)
+        _check(m, model, rng, f"step {step} ({op})", days, backend)
     assert saved or N_STEPS < 10
     # every record reads back as given (times as epoch ms)
     got = m.get(list(model.live))

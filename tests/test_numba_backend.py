@@ -191,7 +191,16 @@ def test_threads_setting_and_environment(rindex, rqueries, monkeypatch):
     assert four.search(rqueries, 10).meta["threads"] == 4
     four.search(rqueries[:1], 10)
     single = NumbaScorer(rindex, BM25Params(), threads=4)
-    assert single.search(rqueries[:1], 10).meta["threads"] == 1 and single._pool is None  # no pool for one query
+    import gpuir.backends.numba_backend as nbm
+
+    def no_pool(n):
+        raise AssertionError("a thread pool was used for one query")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(nbm, "_shared_pool", no_pool)
+        assert single.search(rqueries[:1], 10).meta["threads"] == 1  # no pool for one query
+        with pytest.raises(AssertionError, match="thread pool"):
+            single.search(rqueries[:8], 10)  # the check can fail: a batch does use the pool
     monkeypatch.setenv("GPUIR_THREADS", "3")
     assert default_threads() == 3 and NumbaScorer(rindex, BM25Params()).threads == 3
     assert NumbaScorer(rindex, BM25Params(), threads=2).threads == 2  # an explicit argument wins
@@ -207,7 +216,7 @@ def test_threads_setting_and_environment(rindex, rqueries, monkeypatch):
 
 def test_bad_input_is_a_clear_error(rindex):
     nb = NumbaScorer(rindex, BM25Params())
-    with pytest.raises(ValueError, match="query 1 has a term id outside"):
+    with pytest.raises(ValueError, match="query 1 has term ids outside"):
         nb.search([np.array([1]), np.array([N_TERMS])], 5)
     with pytest.raises(TypeError, match="integer term ids"):
         nb.search([np.array([1.5])], 5)
@@ -249,12 +258,16 @@ def test_engine_and_memory_mapped_index(tmp_path, monkeypatch):
 
 def test_negative_weights_disable_pruning(rindex, monkeypatch):
     """The bounds assume weights >= 0 (true of every variant); a scorer never prunes otherwise."""
-    import gpuir.backends.numba_backend as nbm
+    import gpuir.backends.batch_plan as bp
     from gpuir.backends.weights import PostingWeights, posting_weights
 
     def shifted(index, params, stats=None):
         pw = posting_weights(index, params, stats)
         return PostingWeights(pw.idf, pw.w0, (pw.weights - np.float32(0.5)).astype(np.float32), pw.ub - 0.5)
 
-    monkeypatch.setattr(nbm, "posting_weights", shifted)
-    assert NumbaScorer(rindex, BM25Params(), prune=True).prune is False
+    monkeypatch.setattr(bp, "posting_weights", shifted)
+    nb = NumbaScorer(rindex, BM25Params(), prune=True)
+    assert nb.prune is False
+    res = nb.search(rqueries_small := [np.array([0, 1, 5]), np.array([7, 9])], 5)
+    assert res.meta["exhaustive_queries"] == len(rqueries_small)
+    assert_same(res, NumbaScorer(rindex, BM25Params(), prune=False).search(rqueries_small, 5))

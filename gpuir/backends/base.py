@@ -228,8 +228,9 @@ class Scorer(ABC):
         """The statistics a search applies: ``stats`` (checked) or the default."""
         if stats is None:
             return self.stats
-        if stats is not self.stats:
+        if stats is not self.stats and stats is not getattr(self, "_checked", None):
             stats.check(self.index)
+            self._checked = stats  # a store passes one object per snapshot: checked once
         return stats
 
     @abstractmethod

@@ -3,26 +3,48 @@
 Everything here is a Numba ``nopython`` function compiled with ``nogil=True``
 (Python threads run them at once) and ``cache=True`` (compiled once per
 machine, then loaded from ``__pycache__``). ``fastmath`` is off on purpose:
-float32 additions happen one by one in the order written, never reassociated,
-vectorised or fused into FMAs, so that scores equal the NumPy reference's bit
-for bit. The reference's arithmetic, which every kernel reproduces:
+float32 operations happen one by one in the order written, never reassociated,
+vectorised, contracted into FMAs or widened to float64, so that scores equal the
+NumPy reference's bit for bit (tested on adversarial parameters). The
+reference's arithmetic, which every kernel reproduces:
 
-* a document's score adds its float32 posting weights (``posting_weights``)
-  in ascending term id, starting from 0.0f; a query term occurring ``c``
-  times adds ``w * float32(c)`` (the reference skips the product when c == 1;
+* a posting's weight is :func:`weight`: either read from the static cache
+  (``pre``, :func:`~gpuir.backends.weights.posting_weights` under the scorer's
+  own statistics) or computed from its raw tf and its document's length with
+  the search's idf, absent-term weight and avgdl -- exactly the float32
+  operations of :func:`gpuir.backends.weights.weights_of`;
+* a document's score adds its float32 posting weights in ascending term id,
+  starting from 0.0f; a query term occurring ``c`` times adds
+  ``w * float32(c)`` (the reference skips the product when c == 1;
   ``w * 1.0f == w`` exactly, so the kernels may multiply always); absent terms
   add nothing (adding +0.0 would change no bit either);
 * bm25l / bm25+ add the query's float32 constant once at the end;
-* the top k are ordered by score descending, then document ascending.
+* the top k are ordered by score descending, then document ascending;
+* documents with ``live[d] == False`` (tombstones) are never candidates.
+
+Arguments travel in a few tuples (numba compiles one specialisation per
+combination of their types; every array is read-only and C-contiguous):
+
+``ix = (offsets, doc_ids, tfs, dls)``
+    the segment: offsets (V+1,) int64, doc_ids (P,) int32, tfs (P,) int32, dls (N,) int32.
+``wt = (pre, fp, method, has_w0)``
+    the weights: pre (P,) float32 or (0,) (compute them); fp (6,) float32 =
+    ``1 - b, b, k1, k1 + 1, delta, float32(avgdl)``; method (int, :data:`gpuir.bm25.METHODS`
+    code); has_w0 (bool).
+``qs = (q_off, q_term, q_mult, q_idf, q_w0, consts)``
+    the batch (:class:`~gpuir.backends.base.WeightedQueries`): row i's distinct terms are
+    ``q_off[i]:q_off[i+1]`` of q_term (B+1 / T int64, ascending within a row), with
+    multiplicities q_mult (T,) int64, idf and w0 (T,) float32; consts (B,) float32.
 
 The pruned search lives in :mod:`gpuir.backends.cpu_maxscore`; this module
-holds the exhaustive one (``prune=False`` and ``score_matrix``): **document at
-a time**, one cursor per distinct query term, the next candidate being the
-smallest current document; its weights are collected by term rank, then summed
-in that order. **Filters leapfrog**: an allow-list is one more cursor that every
-candidate must match, and cursors gallop to the next allowed document, so a
-small allow-list costs about |allow| x terms x log(gap) steps whatever the
-lists' lengths. Scratch is O(terms + k) per call; nothing per query is O(N).
+holds the exhaustive one (``prune=False``, ``score_matrix`` and the rows that
+must not be pruned): **document at a time**, one cursor per distinct query
+term, the next candidate being the smallest current document; its weights are
+collected by term rank, then summed in that order. **Filters leapfrog**: an
+allow-list is one more cursor that every candidate must match, and cursors
+gallop to the next allowed document, so a small allow-list costs about
+|allow| x terms x log(gap) steps whatever the lists' lengths. Scratch is
+O(terms + k) per call; nothing per query is O(N).
 """
 
 from __future__ import annotations
@@ -94,37 +116,55 @@ def sift_up(hs, hd, i):
 
 
 @njit(**JIT)
-def query_terms(q, offsets, tid, tmul):
-    """Distinct terms of ``q`` with postings, ascending, and their counts; returns how many.
+def weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0):
+    """The float32 weight of posting p (document d) of a term with weights (idf, w0).
 
-    ``tid`` (int64) and ``tmul`` (int64) receive them (capacity >= q.size).
+    ``pre[p]`` when the weights are cached; otherwise the operations of
+    :func:`gpuir.backends.weights.weights_of`, in their order, in float32.
     """
-    n = q.size
-    for i in range(n):
-        tid[i] = q[i]
-    gap = 1
-    while gap * 3 + 1 < n:
-        gap = gap * 3 + 1
-    while gap > 0:  # Shell sort (insertion sort for short queries): cheap to compile, unlike np.sort
-        for i in range(gap, n):
-            v = tid[i]
-            j = i
-            while j >= gap and tid[j - gap] > v:
-                tid[j] = tid[j - gap]
-                j -= gap
-            tid[j] = v
-        gap //= 3
+    if pre.size != 0:
+        return pre[p]
+    tf = np.float32(tfs[p])
+    norm = fp[0] + fp[1] * (np.float32(dls[d]) / fp[5])
+    k1 = fp[2]
+    if method <= 1:  # lucene, robertson
+        t = tf / (k1 * norm + tf)
+    elif method == 2:  # atire
+        t = (tf * fp[3]) / (tf + k1 * norm)
+    elif method == 3:  # bm25l
+        c = tf / norm
+        t = (fp[3] * (c + fp[4])) / (k1 + c + fp[4])
+    else:  # bm25+
+        t = (fp[3] * tf) / (k1 * norm + tf) + fp[4]
+    w = idf * t
+    if has_w0:
+        w = w - w0
+    return w
+
+
+@njit(**JIT)
+def weights_into(ix, wt, t, idf, w0, out):
+    """Every posting weight of term t into ``out`` (for tests: the kernels' arithmetic, exposed)."""
+    offsets, doc_ids, tfs, dls = ix
+    pre, fp, method, has_w0 = wt
+    s = offsets[t]
+    for p in range(s, offsets[t + 1]):
+        out[p - s] = weight(pre, tfs, dls, fp, method, has_w0, p, doc_ids[p], idf, w0)
+
+
+@njit(**JIT)
+def row_terms(offsets, qs, i, tid, tmul, tidf, tw0):
+    """Row i's distinct terms that have postings here (ascending), with their counts and weights;
+    returns how many. ``tid``, ``tmul`` (int64), ``tidf``, ``tw0`` (float32) have room for them."""
+    q_off, q_term, q_mult, q_idf, q_w0 = qs[0], qs[1], qs[2], qs[3], qs[4]
     T = 0
-    i = 0
-    while i < n:
-        t = tid[i]
-        c = 1
-        while i + c < n and tid[i + c] == t:
-            c += 1
-        i += c
-        if offsets[t + 1] > offsets[t]:  # a term without postings adds nothing anywhere
+    for j in range(q_off[i], q_off[i + 1]):
+        t = q_term[j]
+        if offsets[t + 1] > offsets[t]:  # a term without postings adds nothing here
             tid[T] = t
-            tmul[T] = c
+            tmul[T] = q_mult[j]
+            tidf[T] = q_idf[j]
+            tw0[T] = q_w0[j]
             T += 1
     return T
 
@@ -149,14 +189,15 @@ def query_allow(allow_flat, a_lo, a_hi, i, noallow):
 
 
 @njit(**JIT)
-def _daat(offsets, doc_ids, weights, q, const, has_const, allow, tid, tmul, pos, cur, contrib, hs, hd, dense):
-    """Every candidate of one query, document at a time (see the module docstring).
+def _daat(ix, wt, live, T, tid, tmul, tidf, tw0, const, has_const, allow, pos, cur, contrib, hs, hd, dense):
+    """Every candidate of one query (its T terms in tid...), document at a time (see the module docstring).
 
     With ``dense.size == 0`` the best ``hs.size`` go to the heap (hs, hd);
     otherwise each candidate's score is written to ``dense[doc]``.
     Returns (results in the heap, postings read).
     """
-    T = query_terms(q, offsets, tid, tmul)
+    offsets, doc_ids, tfs, dls = ix
+    pre, fp, method, has_w0 = wt
     for r in range(T):
         t = tid[r]
         pos[r] = offsets[t]
@@ -166,6 +207,7 @@ def _daat(offsets, doc_ids, weights, q, const, has_const, allow, tid, tmul, pos,
     size = 0
     read = 0
     na = allow.size
+    nl = live.size
     ap = 0
     while T > 0:
         d = _END
@@ -186,13 +228,18 @@ def _daat(offsets, doc_ids, weights, q, const, has_const, allow, tid, tmul, pos,
                         pos[r] = p
                         cur[r] = doc_ids[p] if p < e else _END
                 continue
+        ok = nl == 0 or live[d]
         for r in range(T):
             if cur[r] == d:
-                contrib[r] = weights[pos[r]] * np.float32(tmul[r])
-                read += 1
+                if ok:
+                    contrib[r] = weight(pre, tfs, dls, fp, method, has_w0, pos[r], d, tidf[r], tw0[r]) * \
+                        np.float32(tmul[r])
+                    read += 1
                 p = pos[r] + 1
                 pos[r] = p
                 cur[r] = doc_ids[p] if p < offsets[tid[r] + 1] else _END
+        if not ok:  # a deleted document: never a candidate
+            continue
         s = np.float32(0.0)
         for r in range(T):  # ascending term id, the reference's order
             s += contrib[r]
@@ -214,36 +261,43 @@ def _daat(offsets, doc_ids, weights, q, const, has_const, allow, tid, tmul, pos,
 
 
 @njit(**JIT)
-def _scratch(q_off, rows):
-    """Per-call scratch of :func:`_daat` for the longest query of ``rows``."""
+def scratch(q_off, rows):
+    """Per-call scratch of :func:`_daat` for the longest row of ``rows``:
+    tid, tmul, pos, cur (int64), tidf, tw0, contrib (float32)."""
     qmax = 1
     for j in range(rows.size):
         i = rows[j]
         qmax = max(qmax, q_off[i + 1] - q_off[i])
     return (np.empty(qmax, np.int64), np.empty(qmax, np.int64), np.empty(qmax, np.int64),
-            np.empty(qmax, np.int64), np.zeros(qmax, np.float32))
+            np.empty(qmax, np.int64), np.empty(qmax, np.float32), np.empty(qmax, np.float32),
+            np.zeros(qmax, np.float32))
 
 
 @njit(**JIT)
-def search_exhaustive(offsets, doc_ids, weights, n_docs, q_flat, q_off, consts, has_const,
-                      allow_flat, a_lo, a_hi, k, rows, out_ids, out_scores, counts):
-    """Top-k of the queries ``rows``, every candidate scored (document at a time).
+def exhaustive_row(ix, wt, live, qs, i, allow, scr, hs, hd, dense):
+    """Row i of the batch scored document at a time (:func:`_daat`); returns (heap size, postings read)."""
+    tid, tmul, pos, cur, tidf, tw0, contrib = scr
+    T = row_terms(ix[0], qs, i, tid, tmul, tidf, tw0)
+    return _daat(ix, wt, live, T, tid, tmul, tidf, tw0, qs[5][i], wt[3], allow, pos, cur, contrib, hs, hd, dense)
+
+
+@njit(**JIT)
+def search_exhaustive(ix, wt, live, qs, allow_flat, a_lo, a_hi, k, rows, out_ids, out_scores, counts):
+    """Top-k of the batch rows ``rows``, every candidate scored (document at a time).
 
     Parameters
     ----------
-    offsets : (V+1,) int64; doc_ids : (P,) int32; weights : (P,) float32 -- the index and its weights
-    n_docs : int -- N
-    q_flat : (Q,) int64 -- every query's term ids, concatenated; q_off : (B+1,) int64 -- query i is
-        q_flat[q_off[i]:q_off[i+1]]
-    consts : (B,) float32 -- each query's bm25l/bm25+ constant, added when has_const
-    allow_flat : (A,) int64; a_lo, a_hi : (B,) int64 -- query i's allow-list (sorted, unique) is
+    ix, wt, qs : tuples (see the module docstring)
+    live : (N,) bool, or (0,): every document live
+    allow_flat : (A,) int64; a_lo, a_hi : (B,) int64 -- row i's allow-list (sorted, unique) is
         allow_flat[a_lo[i]:a_hi[i]] when a_lo[i] >= 0, else it has none
-    k : int; rows : (R,) int64 -- the queries to answer
+    k : int; rows : (R,) int64 -- the rows to answer
     out_ids : (B, k) int64, out_scores : (B, k) float32 -- pre-filled with padding; rows are written
     counts : (B, 4) int64 -- counts[i, 0] receives the postings read
     """
+    n_docs = ix[3].size
     cap = min(k, max(n_docs, 1))
-    tid, tmul, pos, cur, contrib = _scratch(q_off, rows)
+    scr = scratch(qs[0], rows)
     hs = np.empty(cap, np.float32)
     hd = np.empty(cap, np.int64)
     nodense = np.empty(0, np.float32)
@@ -253,19 +307,18 @@ def search_exhaustive(offsets, doc_ids, weights, n_docs, q_flat, q_off, consts, 
         allow, nothing = query_allow(allow_flat, a_lo, a_hi, i, noallow)
         if nothing:
             continue
-        size, read = _daat(offsets, doc_ids, weights, q_flat[q_off[i]:q_off[i + 1]], consts[i], has_const,
-                           allow, tid, tmul, pos, cur, contrib, hs, hd, nodense)
+        size, read = exhaustive_row(ix, wt, live, qs, i, allow, scr, hs, hd, nodense)
         counts[i, 0] = read
         pop_sorted(hs, hd, size, out_ids[i], out_scores[i])
 
 
 @njit(**JIT)
-def score_dense(offsets, doc_ids, weights, q_flat, q_off, consts, has_const, allow_flat, a_lo, a_hi, rows, out):
-    """Every candidate's score of the queries ``rows``: ``out[i, doc] = score``.
+def score_dense(ix, wt, live, qs, allow_flat, a_lo, a_hi, rows, out):
+    """Every candidate's score of the batch rows ``rows``: ``out[i, doc] = score``.
 
     Arguments as :func:`search_exhaustive`; out : (B, N) float32, pre-filled with -inf.
     """
-    tid, tmul, pos, cur, contrib = _scratch(q_off, rows)
+    scr = scratch(qs[0], rows)
     hs = np.empty(0, np.float32)
     hd = np.empty(0, np.int64)
     noallow = np.empty(0, np.int64)
@@ -273,5 +326,4 @@ def score_dense(offsets, doc_ids, weights, q_flat, q_off, consts, has_const, all
         i = rows[j]
         allow, nothing = query_allow(allow_flat, a_lo, a_hi, i, noallow)
         if not nothing:
-            _daat(offsets, doc_ids, weights, q_flat[q_off[i]:q_off[i + 1]], consts[i], has_const, allow,
-                  tid, tmul, pos, cur, contrib, hs, hd, out[i])
+            exhaustive_row(ix, wt, live, qs, i, allow, scr, hs, hd, out[i])

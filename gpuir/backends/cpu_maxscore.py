@@ -3,8 +3,11 @@
 One query (:func:`_query`), in two phases.
 
 **Phase 1: term at a time, most valuable lists first.** Distinct query terms
-are taken in decreasing order of their bound ``ub(t) * c`` (the largest weight
-they can add); their posting lists are added into a per-thread float32
+are taken in decreasing order of their bound ``ub(t) * c`` (at least the largest
+weight they can add: the exact maximum under a static index's cached weights,
+else :func:`bound64` -- :func:`~gpuir.backends.weights.weight_bound`'s formula
+and slack in float64 -- of the term's largest tf and shortest document under
+the search's statistics); their posting lists are added into a per-thread float32
 accumulator. A min-heap of k *distinct* documents' partial scores bounds the
 k-th best score from below (partial scores only grow: weights are
 non-negative; the scorer does not prune otherwise): ``lb``. After each list,
@@ -35,9 +38,14 @@ Two regimes, chosen per query:
   dropped as soon as their bound falls short.
 
 Probes use a **block index** (:meth:`NumbaScorer._block_index`): postings cut
-into blocks of :data:`BLOCK`, with each block's last document and largest
-weight, and a directory over the document space that finds a document's block
-in a step or two.
+into blocks of :data:`BLOCK`, with each block's last document, its largest tf
+and its smallest document length (summaries no statistic changes, laid out
+once), and a directory over the document space that finds a document's block
+in a step or two. A block's bound is :func:`block_bound`: its largest cached
+weight under a static index's own statistics, else the bound of
+:func:`~gpuir.backends.weights.weight_bound` computed in float64 with the
+search's idf and avgdl (the same formula and slack; it is >= every float32
+weight of the block, tested).
 
 Bounds are computed in float64 with a relative slack ``s`` above the rounding
 error of any float32 sum of the query's weights, plus the bm25l/bm25+ constant
@@ -51,6 +59,12 @@ on whichever is behind), so a private haystack of a few hundred records costs
 about |allow| x terms x log(gap) steps, whatever the lists' lengths: it is
 scored from the allowed records, not from the posting lists.
 
+Tombstones (``live[d] == False``) are skipped as postings are read: a deleted
+document is never touched, so never a candidate. A row whose weights may be
+negative (bm25l only, when a term's :func:`floor64` is not > 0; or a static
+cache holding a negative weight) is scored exhaustively
+(:func:`gpuir.backends.cpu_kernels.exhaustive_row`): the bounds assume weights >= 0.
+
 Per query, nothing is allocated: each thread has a workspace of N-sized
 arrays (17 bytes per document), allocated once.
 """
@@ -60,7 +74,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cpu_kernels import JIT, advance, pop_sorted, query_allow, query_terms, sift_down, sift_up, worse
+from .cpu_kernels import (
+    JIT,
+    advance,
+    exhaustive_row,
+    pop_sorted,
+    query_allow,
+    scratch,
+    sift_down,
+    sift_up,
+    weight,
+    worse,
+)
 
 #: Postings per block of the block index (block maxima, two-level probes).
 BLOCK = 64
@@ -79,7 +104,7 @@ def _block_of(bix, t, d):
     ``bix`` is the block index (see :func:`search_pruned`): a doc-space
     directory gives a block at most a step or two before the answer.
     """
-    blk_off, blk_last, _bmax, dir_off, dir_shift, blk_dir = bix
+    blk_off, blk_last, dir_off, dir_shift, blk_dir = bix[0], bix[1], bix[5], bix[6], bix[7]
     b = blk_dir[dir_off[t] + (d >> dir_shift[t])]
     e = blk_off[t + 1]
     while b < e and blk_last[b] < d:
@@ -88,10 +113,67 @@ def _block_of(bix, t, d):
 
 
 @njit(**JIT)
-def _probe(offsets, doc_ids, weights, bix, t, b, m, d):
+def _tfc64(tf, dl, bp, method):
+    """BM25's tfc(tf, dl) in float64 (``bp`` = k1, b, delta, float32(avgdl), slack)."""
+    k1, bb, delta, avgdl = bp[0], bp[1], bp[2], bp[3]
+    norm = (1.0 - bb) + bb * (dl / avgdl)
+    if method <= 1:
+        return tf / (k1 * norm + tf)
+    if method == 2:
+        return tf * (k1 + 1.0) / (tf + k1 * norm)
+    if method == 3:
+        c = tf / max(norm, 1e-300)
+        return (k1 + 1.0) * (c + delta) / (k1 + c + delta)
+    return (k1 + 1.0) * tf / (k1 * norm + tf) + delta
+
+
+@njit(**JIT)
+def bound64(maxtf, mindl, bp, method, has_w0, idf, w0):
+    """:func:`gpuir.backends.weights.weight_bound` in float64 (before its float32 round-up): >= every
+    float32 weight of postings with tf <= maxtf and length >= mindl, and >= 0; 0 when maxtf is 0."""
+    if maxtf <= 0:
+        return 0.0
+    sl = bp[4]
+    i64 = np.float64(idf)
+    w = i64 * _tfc64(np.float64(maxtf), np.float64(mindl), bp, method)
+    if has_w0:
+        w -= np.float64(w0)
+    w = w * (1.0 + sl) + sl * abs(i64) * (bp[0] + 1.0 + bp[2])
+    return max(w, 0.0)
+
+
+@njit(**JIT)
+def floor64(mintf, maxdl, bp, method, has_w0, idf, w0):
+    """:func:`gpuir.backends.weights.weight_floor` (float64): <= every float32 weight of postings with
+    tf >= mintf and length <= maxdl; > 0 proves them all > 0."""
+    sl = bp[4]
+    i64 = np.float64(idf)
+    w = i64 * _tfc64(np.float64(max(mintf, 0)), np.float64(maxdl), bp, method)
+    if has_w0:
+        w -= np.float64(w0)
+    return w * (1.0 - sl) - sl * abs(i64) * (bp[0] + 1.0 + bp[2])
+
+
+@njit(**JIT)
+def block_bound(bix, bp, method, has_w0, b, idf, w0):
+    """An upper bound (float64, >= 0) of every float32 weight in block b of a term with weights (idf, w0).
+
+    The block's largest cached weight when the index's own statistics apply
+    (``bix[2]`` not empty); otherwise :func:`bound64` of the block's largest tf
+    and smallest length. ``bp`` (5,) float64 = ``k1, b, delta, float32(avgdl), slack``.
+    """
+    bmax = bix[2]
+    if bmax.size != 0:
+        return np.float64(bmax[b])
+    return bound64(bix[3][b], bix[4][b], bp, method, has_w0, idf, w0)
+
+
+@njit(**JIT)
+def _probe(ix, wt, bix, t, b, m, d, idf, w0):
     """Weight of term t (times m) in document d, searched in block b; -1 when d lacks t."""
     if b < 0:
         return np.float32(-1.0)
+    offsets, doc_ids, tfs, dls = ix
     lo = offsets[t] + (b - bix[0][t]) * BLOCK
     hi = min(lo + BLOCK, offsets[t + 1])
     while lo < hi:
@@ -101,7 +183,7 @@ def _probe(offsets, doc_ids, weights, bix, t, b, m, d):
         else:
             hi = mid
     if doc_ids[lo] == d:  # lo < end: the block's last document is >= d
-        w = weights[lo]
+        w = weight(wt[0], tfs, dls, wt[1], wt[2], wt[3], lo, d, idf, w0)
         if m != 1:
             w = w * m
         return w
@@ -109,7 +191,7 @@ def _probe(offsets, doc_ids, weights, bix, t, b, m, d):
 
 
 @njit(**JIT)
-def _exact(offsets, doc_ids, weights, bix, tid, mul, T, d, contrib):
+def _exact(ix, wt, bix, tid, mul, tidf, tw0, T, d, contrib):
     """Score of document d: its weights in ascending term id, added to 0.0f one by one.
 
     ``contrib[r]`` holds term rank r's weight when already probed (0 if absent), or
@@ -120,7 +202,7 @@ def _exact(offsets, doc_ids, weights, bix, tid, mul, T, d, contrib):
         w = contrib[r]
         if w < 0:
             t = tid[r]
-            w = _probe(offsets, doc_ids, weights, bix, t, _block_of(bix, t, d), mul[r], d)
+            w = _probe(ix, wt, bix, t, _block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
         if w >= 0:
             s += w
         contrib[r] = -1.0
@@ -160,12 +242,13 @@ def _offer(mark, ph, pd, nh, d, v):
 
 
 @njit(**JIT)
-def _scan(doc_ids, weights, s, e, m, allow, acc, mode, touched, nt, mark, ph, pd, nh):
+def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, ph, pd, nh):
     """Add the postings s:e (weights times m) of one list into ``acc``.
 
     With an allow-list only allowed documents count: the list and the
     allow-list are intersected by leapfrogging (galloping on whichever is
-    behind), so the shorter one sets the cost. ``mode`` says how touched
+    behind), so the shorter one sets the cost; without one, only live
+    documents count (``live`` empty: all). ``mode`` says how touched
     documents are tracked: 0 not at all (dense mode: acc > 0 tells), 1 appended
     to ``touched`` on their first addition, branch-free (acc[d] was 0), 2 the
     same but checked with ``mark[d] & 1`` (zero weights make acc[d] == 0
@@ -174,18 +257,31 @@ def _scan(doc_ids, weights, s, e, m, allow, acc, mode, touched, nt, mark, ph, pd
 
     Returns (nt, nh, postings read).
     """
+    doc_ids, tfs, dls = ix[1], ix[2], ix[3]
+    pre, fp, method, has_w0 = wt
     kk = ph.size
     hmin = ph[0] if nh == kk else np.float32(-np.inf)
     na = allow.size
-    if na == 0 and mode == 0:  # the common case, tight
-        for p in range(s, e):
-            d = doc_ids[p]
-            v = acc[d] + weights[p] * m  # x * 1.0f == x: as the reference, which skips the product
-            acc[d] = v
-            if v > hmin:
-                nh = _offer(mark, ph, pd, nh, d, v)
-                if nh == kk:
-                    hmin = ph[0]
+    nl = live.size
+    if na == 0 and mode == 0 and nl == 0:  # the common case, tight
+        if pre.size != 0:
+            for p in range(s, e):
+                d = doc_ids[p]
+                v = acc[d] + pre[p] * m  # x * 1.0f == x: as the reference, which skips the product
+                acc[d] = v
+                if v > hmin:
+                    nh = _offer(mark, ph, pd, nh, d, v)
+                    if nh == kk:
+                        hmin = ph[0]
+        else:
+            for p in range(s, e):
+                d = doc_ids[p]
+                v = acc[d] + weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0) * m
+                acc[d] = v
+                if v > hmin:
+                    nh = _offer(mark, ph, pd, nh, d, v)
+                    if nh == kk:
+                        hmin = ph[0]
         return nt, nh, e - s
     ap = 0
     p = s
@@ -203,8 +299,11 @@ def _scan(doc_ids, weights, s, e, m, allow, acc, mode, touched, nt, mark, ph, pd
                     p = advance(doc_ids, p, e, a)
                 continue
             ap += 1
+        elif nl > 0 and not live[d]:
+            p += 1
+            continue
         c = acc[d]
-        v = c + weights[p] * m
+        v = c + weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0) * m
         acc[d] = v
         if mode == 1:
             touched[nt] = d
@@ -277,7 +376,7 @@ def _select(acc, dense, touched, nt, thr, sdoc, part, stride):
 
 
 @njit(**JIT)
-def _merge_rest(offsets, doc_ids, weights, tid, mul, order, suf, n_scan, T, sdoc, part, n, lb, hi1, lo1, c0, ph, pd):
+def _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, n, lb, hi1, lo1, c0, ph, pd):
     """Add the unscanned lists' weights to the survivors (ascending documents), dropping those
     whose bound falls below lb; returns how many remain.
 
@@ -285,6 +384,8 @@ def _merge_rest(offsets, doc_ids, weights, tid, mul, order, suf, n_scan, T, sdoc
     list the k-th best partial score among the survivors (a lower bound of the
     k-th best score: partial scores only grow) raises lb. ``ph, pd`` are scratch (k,).
     """
+    offsets, doc_ids, tfs, dls = ix
+    pre, fp, method, has_w0 = wt
     kk = ph.size
     for i in range(n_scan, T):
         r = order[i]
@@ -299,7 +400,7 @@ def _merge_rest(offsets, doc_ids, weights, tid, mul, order, suf, n_scan, T, sdoc
             p = advance(doc_ids, p, e, d)
             v = part[j]
             if p < e and doc_ids[p] == d:
-                v = v + weights[p] * m
+                v = v + weight(pre, tfs, dls, fp, method, has_w0, p, d, tidf[r], tw0[r]) * m
             if ((np.float64(v) + rem) * hi1 + c0) * hi1 >= lb:
                 sdoc[keep] = d
                 part[keep] = v
@@ -321,41 +422,69 @@ def _merge_rest(offsets, doc_ids, weights, tid, mul, order, suf, n_scan, T, sdoc
 
 
 @njit(**JIT)
-def _query(offsets, doc_ids, weights, ub, zero_w, bix, q, const, has_const, allow, slack, tid, tmul, mul,
+def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul, tidf, tw0, tub, tzero,
            order, bnd, suf, contrib, acc, touched, sdoc, part, mark, ph, pd, hs, hd, counts):
-    """Top k of one query into the heap (hs, hd) (see the module docstring); returns how many.
+    """Top k of batch row i into the heap (hs, hd) (see the module docstring); returns how many,
+    or -1 when the row must be scored without pruning (a bm25l weight may round below 0).
 
-    ``counts`` (4,) int64 receives: postings read, documents touched (-1 when
-    dense), survivors, survivors scored exactly.
+    ``theta`` (float64, -inf: none) is a known lower bound of the k-th best score
+    the caller will keep: documents scoring below it are not wanted (the result
+    may then hold fewer than k). ``counts`` (4,) int64 receives: postings read,
+    documents touched (-1 when dense), survivors, survivors scored exactly.
     """
-    T = query_terms(q, offsets, tid, tmul)
+    offsets = ix[0]
+    method, has_w0 = wt[2], wt[3]
+    ub_v, zero_v, maxtf, mindl, mintf, maxdl = tb[0], tb[1], tb[2], tb[3], tb[4], tb[5]
+    q_off = qs[0]
+    T = 0
+    for j in range(q_off[i], q_off[i + 1]):  # the row's terms with postings here (ascending)
+        t = qs[1][j]
+        if offsets[t + 1] > offsets[t]:
+            tid[T] = t
+            tmul[T] = qs[2][j]
+            idf = qs[3][j]
+            w0 = qs[4][j]
+            tidf[T] = idf
+            tw0[T] = w0
+            if ub_v.size != 0:  # the static cache: exact maxima
+                tub[T] = ub_v[t]
+                tzero[T] = zero_v[t]
+            else:  # from the term's summaries under this search's statistics
+                tub[T] = bound64(maxtf[t], mindl[t], bp, method, has_w0, idf, w0)
+                z = floor64(mintf[t], maxdl[t], bp, method, has_w0, idf, w0) <= 0.0
+                if z and method == 3:
+                    return -1
+                tzero[T] = z
+            T += 1
     if T == 0:
         return 0
+    const = qs[5][i]
+    has_const = has_w0
     post_rest = 0
     any_zero = False
     for r in range(T):
         t = tid[r]
-        bnd[r] = ub[t] * tmul[r]
+        bnd[r] = tub[r] * tmul[r]
         mul[r] = np.float32(tmul[r])
         contrib[r] = -1.0
         post_rest += offsets[t + 1] - offsets[t]
-        any_zero = any_zero or zero_w[t]
+        any_zero = any_zero or tzero[r]
         order[r] = r
     gap = 1
     while gap * 3 + 1 < T:
         gap = gap * 3 + 1
     while gap > 0:  # scan order: descending bound, then term id (Shell sort)
-        for i in range(gap, T):
-            r = order[i]
-            j = i
+        for i2 in range(gap, T):
+            r = order[i2]
+            j = i2
             while j >= gap and (bnd[order[j - gap]] < bnd[r] or (bnd[order[j - gap]] == bnd[r] and order[j - gap] > r)):
                 order[j] = order[j - gap]
                 j -= gap
             order[j] = r
         gap //= 3
     suf[T] = 0.0
-    for i in range(T - 1, -1, -1):
-        suf[i] = suf[i + 1] + bnd[order[i]]
+    for i2 in range(T - 1, -1, -1):
+        suf[i2] = suf[i2 + 1] + bnd[order[i2]]
     N = acc.size
     dense = not any_zero and 2 * post_rest >= N
     hi1 = 1.0 + slack
@@ -365,27 +494,28 @@ def _query(offsets, doc_ids, weights, ub, zero_w, bix, q, const, has_const, allo
     nh = 0
     nt = 0
     read = 0
-    lb = -np.inf  # <= the k-th best final score
+    lb = theta  # <= the k-th best final score worth keeping
     n_scan = T
     mode = 0
-    for i in range(T):
-        r = order[i]
+    for i2 in range(T):
+        r = order[i2]
         t = tid[r]
         if not dense:
-            mode = 2 if mode == 2 or zero_w[t] else 1
-        nt, nh, got = _scan(doc_ids, weights, offsets[t], offsets[t + 1], mul[r], allow, acc, mode,
+            mode = 2 if mode == 2 or tzero[r] else 1
+        nt, nh, got = _scan(ix, wt, live, offsets[t], offsets[t + 1], mul[r], tidf[r], tw0[r], allow, acc, mode,
                             touched, nt, mark, ph, pd, nh)
         read += got
         post_rest -= offsets[t + 1] - offsets[t]
-        if i == T - 1 or nh < kk:
+        if i2 == T - 1:
             continue
-        lb = max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
-        if (suf[i + 1] * hi1 + c0) * hi1 >= lb:
+        if nh == kk:
+            lb = max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
+        if lb == -np.inf or (suf[i2 + 1] * hi1 + c0) * hi1 >= lb:
             continue  # an untouched document could still enter
         # survivors need ((partial + rest) hi1 + c0) hi1 >= lb: few enough to finish them instead?
-        est = _select(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - suf[i + 1], sdoc, part, _SAMPLE)
-        if est * (_PROBE * (T - i - 1) + _PROBE) < post_rest:
-            n_scan = i + 1
+        est = _select(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part, _SAMPLE)
+        if est * (_PROBE * (T - i2 - 1) + _PROBE) < post_rest:
+            n_scan = i2 + 1
             break
     rest = suf[n_scan]
     counts[0] = read
@@ -401,8 +531,7 @@ def _query(offsets, doc_ids, weights, ub, zero_w, bix, q, const, has_const, allo
         mark[pd[j]] = 0
     counts[2] = n
     if dense and n_scan < T:
-        n = _merge_rest(offsets, doc_ids, weights, tid, mul, order, suf, n_scan, T, sdoc, part, n, lb, hi1, lo1, c0,
-                        ph, pd)
+        n = _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, n, lb, hi1, lo1, c0, ph, pd)
         n_scan = T
         rest = 0.0
     # phase 2: survivors by descending partial score, exactly scored while they can enter;
@@ -416,37 +545,38 @@ def _query(offsets, doc_ids, weights, ub, zero_w, bix, q, const, has_const, allo
     while n > 0:
         v = -np.float64(part[0])
         d = sdoc[0]
-        if size == cap and ((v + rest) * hi1 + c0) * hi1 < hs[0]:
+        if ((v + rest) * hi1 + c0) * hi1 < (hs[0] if size == cap else lb):
             break  # no survivor left can reach the k-th score ('<': a tie with a lower id could)
         n -= 1
         part[0] = part[n]
         sdoc[0] = sdoc[n]
         sift_down(part, sdoc, n, 0)
         if n_scan < T:
-            if size == cap:  # block maxima of the unscanned lists: a cheap reason to drop d
+            floor = hs[0] if size == cap else lb
+            if floor > -np.inf:  # block bounds of the unscanned lists: a cheap reason to drop d
                 bm = v
-                for i in range(n_scan, T):
-                    r = order[i]
+                for i2 in range(n_scan, T):
+                    r = order[i2]
                     b = _block_of(bix, tid[r], d)
                     if b >= 0:
-                        bm += np.float64(bix[2][b]) * tmul[r]
-                if (bm * hi1 + c0) * hi1 < hs[0]:
+                        bm += block_bound(bix, bp, method, has_w0, b, tidf[r], tw0[r]) * tmul[r]
+                if (bm * hi1 + c0) * hi1 < floor:
                     continue
             ok = True
-            for i in range(n_scan, T):  # their postings: exact weights, a tighter bound
-                r = order[i]
+            for i2 in range(n_scan, T):  # their postings: exact weights, a tighter bound
+                r = order[i2]
                 t = tid[r]
-                w = _probe(offsets, doc_ids, weights, bix, t, _block_of(bix, t, d), mul[r], d)
+                w = _probe(ix, wt, bix, t, _block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
                 contrib[r] = max(w, np.float32(0.0))
                 v += max(w, np.float32(0.0))
-                if size == cap and ((v + suf[i + 1]) * hi1 + c0) * hi1 < hs[0]:
+                if ((v + suf[i2 + 1]) * hi1 + c0) * hi1 < (hs[0] if size == cap else lb):
                     ok = False
                     break
             if not ok:
                 for r in range(T):
                     contrib[r] = -1.0
                 continue
-        sc = _exact(offsets, doc_ids, weights, bix, tid, mul, T, d, contrib)
+        sc = _exact(ix, wt, bix, tid, mul, tidf, tw0, T, d, contrib)
         counts[3] += 1
         if has_const:
             sc = sc + const
@@ -463,28 +593,34 @@ def _query(offsets, doc_ids, weights, ub, zero_w, bix, q, const, has_const, allo
 
 
 @njit(**JIT)
-def search_pruned(offsets, doc_ids, weights, ub, zero_w, bix, q_flat, q_off, consts, has_const,
-                  allow_flat, a_lo, a_hi, k, slack, rows, acc, touched, sdoc, part, mark,
-                  out_ids, out_scores, counts):
-    """Pruned top-k of the queries ``rows`` (see the module docstring).
+def search_pruned(ix, wt, live, bix, bp, qs, tb, thetas, allow_flat, a_lo, a_hi, k, slack, rows, acc, touched, sdoc,
+                  part, mark, out_ids, out_scores, counts):
+    """Pruned top-k of the batch rows ``rows`` (see the module docstring).
 
     Parameters
     ----------
-    offsets, doc_ids, weights, q_flat, q_off, consts, has_const, allow_flat, a_lo, a_hi, k, rows, out_ids,
-    out_scores
+    ix, wt, qs : tuples (see :mod:`gpuir.backends.cpu_kernels`)
+    live, allow_flat, a_lo, a_hi, k, rows, out_ids, out_scores
         As :func:`gpuir.backends.cpu_kernels.search_exhaustive`.
-    ub : (V,) float64 -- each term's largest weight
-    zero_w : (V,) bool -- whether a term has a posting of weight 0
     bix : tuple -- the block index: blk_off (V+1,) int64 (term t's blocks are blk_off[t]:blk_off[t+1]),
-        blk_last (NB,) int32 (a block's last document), blk_max (NB,) float32 (its largest weight),
-        dir_off (V+1,) int64, dir_shift (V,) int64, blk_dir (ND,) int64 (term t's first block whose last
-        document is >= d is at most a step or two after blk_dir[dir_off[t] + (d >> dir_shift[t])])
+        blk_last (NB,) int32 (a block's last document), blk_max (NB,) float32 (its largest cached
+        weight) or (0,) (no cache: bounds from the summaries), blk_maxtf (NB,) int32, blk_mindl (NB,)
+        int32 (largest tf, smallest document length), dir_off (V+1,) int64, dir_shift (V,) int64,
+        blk_dir (ND,) int64 (term t's first block whose last document is >= d is at most a step or
+        two after blk_dir[dir_off[t] + (d >> dir_shift[t])])
+    bp : (5,) float64 -- k1, b, delta, float32(avgdl), bound slack (:func:`bound64`)
+    tb : tuple -- the term bounds: ub (V,) float64 and zero (V,) bool of the static cache (exact
+        maxima; a weight <= 0), or both (0,) (then from the summaries maxtf, mindl, mintf, maxdl
+        (V,) int32, :func:`bound64` / :func:`floor64`); then ``negative`` (bool: a cached weight < 0,
+        every row is scored without pruning)
+    thetas : (B,) float64 -- each row's known lower bound of the scores worth keeping (-inf: none)
     slack : float -- relative slack of the bounds
     acc (N,) float32, touched (N,) int32, sdoc (N,) int32, part (N,) float32, mark (N,) uint8
         One thread's workspace; acc and mark are zero on entry and on return, the rest is scratch.
-    counts : (B, 4) int64 -- receives each query's work (see :func:`_query`)
+    counts : (B, 4) int64 -- receives each row's work (see :func:`_query`)
     """
     cap = min(k, max(acc.size, 1))
+    q_off = qs[0]
     qmax = 1
     for j in range(rows.size):
         i = rows[j]
@@ -492,6 +628,10 @@ def search_pruned(offsets, doc_ids, weights, ub, zero_w, bix, q_flat, q_off, con
     tid = np.empty(qmax, np.int64)
     tmul = np.empty(qmax, np.int64)
     mul = np.empty(qmax, np.float32)
+    tidf = np.empty(qmax, np.float32)
+    tw0 = np.empty(qmax, np.float32)
+    tub = np.empty(qmax, np.float64)
+    tzero = np.empty(qmax, np.bool_)
     order = np.empty(qmax, np.int64)
     bnd = np.empty(qmax, np.float64)
     suf = np.empty(qmax + 1, np.float64)
@@ -501,12 +641,20 @@ def search_pruned(offsets, doc_ids, weights, ub, zero_w, bix, q_flat, q_off, con
     hs = np.empty(cap, np.float32)
     hd = np.empty(cap, np.int64)
     noallow = np.empty(0, np.int64)
+    nodense = np.empty(0, np.float32)
+    scr = scratch(q_off, rows)
+    negative = tb[6]
     for j in range(rows.size):
         i = rows[j]
         allow, nothing = query_allow(allow_flat, a_lo, a_hi, i, noallow)
         if nothing:
             continue
-        size = _query(offsets, doc_ids, weights, ub, zero_w, bix, q_flat[q_off[i]:q_off[i + 1]], consts[i],
-                      has_const, allow, slack, tid, tmul, mul, order, bnd, suf, contrib, acc, touched, sdoc, part,
-                      mark, ph, pd, hs, hd, counts[i])
+        size = -1
+        if not negative:
+            size = _query(ix, wt, live, bix, bp, qs, tb, i, thetas[i], allow, slack, tid, tmul, mul, tidf, tw0, tub,
+                          tzero, order, bnd, suf, contrib, acc, touched, sdoc, part, mark, ph, pd, hs, hd, counts[i])
+        if size < 0:  # no pruning for this row
+            size, read = exhaustive_row(ix, wt, live, qs, i, allow, scr, hs, hd, nodense)
+            counts[i, 0] = read
+            counts[i, 3] = -1
         pop_sorted(hs, hd, size, out_ids[i], out_scores[i])

@@ -33,6 +33,7 @@ float32 sum of ``w0_t * m`` over the query's terms in NumPy's order
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,12 +44,16 @@ from ..index.csr import CSRIndex
 
 __all__ = [
     "PostingWeights", "has_absent_weight", "numpy_row_sums", "posting_weights", "row_consts", "term_weights",
-    "weight_bound", "weights_of",
+    "weight_bound", "weight_floor", "weights_of",
 ]
 
 
+@functools.lru_cache(maxsize=256)
 def has_absent_weight(params: BM25Params) -> bool:
-    """Whether an absent query term weighs anything (``tfc(0) != 0``: bm25l and bm25+ with delta > 0)."""
+    """Whether an absent query term weighs anything (``tfc(0) != 0``: bm25l and bm25+ with delta > 0).
+
+    Cached per parameters (every search asks).
+    """
     return float(bm25.tfc(np.zeros(1), np.ones(1), 1.0, params)[0]) != 0.0
 
 
@@ -158,6 +163,50 @@ def weight_bound(max_tf: np.ndarray, min_dl: np.ndarray, idf: np.ndarray, w0: np
     w = np.where(max_tf > 0, np.maximum(w, 0.0), 0.0)
     out = w.astype(np.float32)
     return np.where(out.astype(np.float64) < w, np.nextafter(out, np.float32(np.inf)), out).astype(np.float32)
+
+
+def weight_floor(min_tf: np.ndarray, max_dl: np.ndarray, idf: np.ndarray, w0: np.ndarray, avgdl: float,
+                 params: BM25Params) -> np.ndarray:
+    """A lower bound of the float32 weights of some postings, from their smallest tf and largest length.
+
+    The mirror of :func:`weight_bound`: ``tfc(min_tf, max_dl)`` bounds the
+    postings' ``tfc`` from below in exact arithmetic; it is evaluated in float64
+    and narrowed by the same relative and absolute slack. A result > 0 proves
+    every float32 weight > 0. A result <= 0 proves nothing: the weights may be
+    0 (an idf of 0: robertson, atire) or, for bm25l only, a rounding below 0
+    (``tfc(c)`` and ``tfc(0)`` rounded apart); the engines then neither use a
+    zero accumulator as "untouched" nor, for bm25l, prune the query.
+
+    Parameters
+    ----------
+    min_tf, max_dl : ndarray (m,), integer, host
+        Smallest tf and largest document length of each group of postings.
+    idf, w0 : ndarray (m,) or scalar, float32, host
+    avgdl : float
+
+    Returns
+    -------
+    ndarray (m,), float64, host
+    """
+    tf = np.maximum(np.asarray(min_tf, dtype=np.float64), 0.0)
+    dl = np.asarray(max_dl, dtype=np.float64)
+    k1, b, delta = float(params.k1), float(params.b), float(params.delta)
+    norm = np.maximum((1.0 - b) + b * (dl / float(np.float32(avgdl))), 1e-300)
+    m = params.method
+    if m in ("lucene", "robertson"):
+        t = tf / (k1 * norm + tf)
+    elif m == "atire":
+        t = tf * (k1 + 1.0) / (tf + k1 * norm)
+    elif m == "bm25l":
+        c = tf / norm
+        t = (k1 + 1.0) * (c + delta) / (k1 + c + delta)
+    elif m == "bm25+":
+        t = (k1 + 1.0) * tf / (k1 * norm + tf) + delta
+    else:
+        raise ValueError(f"unknown BM25 method {m!r}")
+    idf64 = np.asarray(idf, dtype=np.float64)
+    w = idf64 * t - (np.asarray(w0, dtype=np.float64) if has_absent_weight(params) else 0.0)
+    return w * (1.0 - BOUND_SLACK) - BOUND_SLACK * np.abs(idf64) * (k1 + 1.0 + delta)
 
 
 def _pairwise_sum_f32(m: np.ndarray) -> np.ndarray:

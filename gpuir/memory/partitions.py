@@ -19,10 +19,12 @@ records of one partition. A search scans partitions in one of three modes:
 The bound
 ---------
 For a query with distinct terms t (multiplicities m_t) and a partition P, let
-``B_P = C + sum_t m_t * max_{s in P} u(t, s)``, where ``u(t, s) = idf_t *
-tfc(maxtf_s(t), mindl_s(t)) - w0_t`` over the segments s of P holding t
-(:class:`~gpuir.memory.segments.Segment` keeps ``maxtf`` and ``mindl`` per term)
-and ``C`` is the absent-term constant (zero except bm25l/bm25+). Partitions
+``B_P = C + sum_t m_t * max_{s in P} u(t, s)``, where ``u(t, s)`` is
+:func:`~gpuir.backends.weights.weight_bound` of ``idf_t tfc(maxtf_s(t),
+mindl_s(t)) - w0_t`` (widened, rounded up) over the segments s of P holding t
+(:class:`~gpuir.memory.segments.Segment` keeps ``maxtf`` and ``mindl`` per term:
+summaries no statistic changes) and ``C`` is the absent-term constant (zero
+except bm25l/bm25+). Partitions
 holding no query term get ``B_P = -inf``: they have no candidate.
 
 *Claim.* Every record of P scores at most ``B_P`` up to float32 rounding.
@@ -46,14 +48,13 @@ the per-partition overhead of a Python loop low, partitions are read in batches
 of 1, 2, 4, ... (one vectorised pass per batch) and the test runs before each
 batch; stopping less often never changes the result.
 
-*Inside a batch* the same k-th score s_k prunes terms (MaxScore): the query
-terms whose bounds (over the batch) sum, with C, to less than s_k are
-non-essential; a record holding only those scores below s_k, so only the
-essential terms' postings are read, records whose partial score plus the
-non-essential bounds cannot reach s_k are dropped, and the survivors are scored
-exactly (looked up in every query term's postings, added in ascending term
-order, the reference's float32 operations). Exactness is unchanged: every record
-that could reach (or tie) the k-th score is scored exactly.
+*Inside a batch* the same k-th score s_k is handed to each segment's scorer
+(``theta``, :meth:`gpuir.backends.numba_backend.NumbaScorer.search`; scorers
+without it ignore it): its MaxScore starts from s_k as the lower bound of the
+score worth keeping, so lists whose bounds cannot lift a record to s_k are not
+scanned, and records that cannot reach it are never scored. Exactness is
+unchanged: every record that could reach (or tie) the k-th score is scored
+exactly, and a segment may return fewer than k records, all >= s_k.
 
 Recency budget and its trade-off
 --------------------------------
@@ -79,7 +80,7 @@ import math
 
 import numpy as np
 
-from .. import bm25
+from ..backends.weights import weight_bound
 from .search import Hits, Job, QueryPlan, top_k
 from .segments import Segment
 from .snapshot import Snapshot
@@ -139,12 +140,11 @@ def term_bounds(seg: Segment, lt: np.ndarray, plan: QueryPlan, sel: np.ndarray, 
 
     Returns
     -------
-    ndarray (len(lt),), float64: an upper bound of each term's posting weights in the segment
+    ndarray (len(lt),), float64: an upper bound of each term's float32 posting weights in the segment
+    (:func:`~gpuir.backends.weights.weight_bound`, valid for every avgdl)
     """
-    u = plan.idf[sel] * bm25.tfc(seg.maxtf[lt], seg.mindl[lt], snap.avgdl, snap.params)
-    if plan.has_w0:
-        u = u - plan.w0[sel]
-    return u.astype(np.float64)
+    return weight_bound(seg.maxtf[lt], seg.mindl[lt], plan.idf[sel], plan.w0[sel], snap.avgdl,
+                        snap.params).astype(np.float64)
 
 
 def partition_bound(snap: Snapshot, view_ids: tuple[int, ...], plan: QueryPlan) -> float:
@@ -199,7 +199,7 @@ def scan(snap: Snapshot, engine, plans: list[QueryPlan], wheres: list[Where | No
         return [(res[i], read[i], scanned[i]) for i in range(B)]
     # newest first, one query at a time, in batches of 1, 2, 4, ... partitions: before each batch,
     # stop if the k-th score so far beats every remaining partition's bound; inside a batch, the
-    # same k-th score prunes terms (MaxScore, see CpuEngine)
+    # same k-th score is each segment scorer's theta (see the module docstring)
     for qi, a in enumerate(allowed):
         if not a:
             continue

@@ -5,30 +5,34 @@ scores a document as the float32 sum, in ascending term order, of its posting
 weights ``w = float32(idf(df, N)) * tfc(tf, |d|, avgdl)`` (minus the absent-term
 weight ``w0`` for bm25l/bm25+, then ``+ C`` with ``C`` the float32 sum of the
 query terms' ``w0``), and ranks by score, then document number. Here every
-segment's posting weights are computed from the *snapshot's* N, df and avgdl
-(global over the live records), by the same functions (:mod:`gpuir.bm25`) with
-the same float32 operations, and summed in the same order (a segment's sorted
-vocabulary keeps ascending term order), so each live record's score equals its
-score in the fresh index bit for bit; document numbers of the fresh index follow
-the add order, which is the sequence-number order used here for ties.
+segment is scored by the one engine (:mod:`gpuir.backends`) with the
+*snapshot's* N, df and avgdl (global over the live records) applied per search,
+the global ``C`` of each query and the segment's tombstones, by the same float32
+operations in the same order (a segment's sorted vocabulary keeps ascending
+term order), so each live record's score equals its score in the fresh index bit
+for bit, for every variant; document numbers of the fresh index follow the add
+order, which is the sequence-number order used here for ties.
 
-**Two engines.**
+**One engine.** :class:`SegmentEngine` searches each segment through its
+backend's :class:`~gpuir.backends.base.Scorer` (:func:`segment_scorer`): one
+scorer per sealed segment and backend for the segment's lifetime, made on the
+segment's first search and cached on the :class:`~gpuir.memory.segments.Segment`
+(never per snapshot: a segment is laid out once and never re-weighted or
+re-uploaded when later adds change the statistics). Each search passes
 
-* :class:`CpuEngine` (backend "numpy") computes the weights of only the postings
-  a query reads, as the CUDA kernels do: the snapshot's statistics change with
-  every add, and a scorer that precomputes every posting's weight
-  (:class:`~gpuir.backends.numpy_backend.NumpyScorer`) would have to redo all
-  of them for every new snapshot, O(all postings) before the first search.
-  It keeps no state between calls, so any number of threads may search at once.
-* :class:`ScorerEngine` (any other backend: "cupy", and later compiled CPU
-  backends) builds one backend scorer per segment through
-  :func:`~gpuir.backends.make_scorer` with the snapshot's
-  :class:`~gpuir.backends.base.CollectionStats`, once per snapshot. A segment
-  with tombstones is first purged into a private copy (a scorer must see live
-  documents only: its statistics must cover its own). Such a scorer adds the
-  absent-term constant of its own segment's terms; the engine swaps it for the
-  global one, which is exact for lucene, robertson and atire and within float32
-  rounding for bm25l/bm25+ (the GPU's own contract is rounding-level parity).
+* ``stats``: ``CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)``, made
+  once per (snapshot, segment) (:meth:`SegmentEngine.stats`);
+* ``consts``: each query's global ``C`` (terms absent from the segment included);
+* ``live``: the view's tombstones; a ``where`` filter as an allow-list of rows;
+* ``theta`` (scorers with ``supports_theta``): the k-th best score already held
+  (from newer partitions, or from the larger segments of this scan: segments are
+  searched largest first), below which nothing is wanted.
+
+Scorers with ``search_weighted`` (the CPU engines) get each query weighed once
+for all segments -- its slice of the query's terms (local ids, ascending), idf,
+``w0`` and ``C`` under the snapshot's statistics -- instead of term ids plus a
+:class:`~gpuir.backends.base.CollectionStats` (the same numbers; both paths are
+tested to give the same bits).
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import bm25
 from ..backends import make_scorer
-from ..backends.base import CollectionStats
+from ..backends.base import CollectionStats, Scorer, WeightedQueries
+from ..backends.weights import has_absent_weight, term_weights
+from ..bm25 import BM25Params
 from ..topk import kth_largest, topk_order
-from .segments import Segment, merge_segments
+from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
 from .where import Where
 
@@ -94,7 +99,7 @@ def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
     """Analyse queries against ``snap`` (terms unknown to its live records are dropped)."""
     an = thread_analyzer(snap.analyzer_config)
     params = snap.params
-    t0 = float(bm25.tfc(np.zeros(1), np.ones(1), 1.0, params)[0])
+    has_w0 = has_absent_weight(params)
     plans = []
     G = snap.df.shape[0]
     for q in queries:
@@ -106,11 +111,9 @@ def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
         terms = [t for t, o in zip(toks, ok.tolist()) if o]
         g = gids[ok]
         mult = np.fromiter((counts[t] for t in terms), dtype=np.int64, count=len(terms))
-        idf64 = bm25.idf(snap.df[g], snap.n_docs, params.method)
-        w0 = bm25.absent_weight(idf64, params)
-        has_w0 = t0 != 0.0
+        idf, w0 = term_weights(snap.df[g], snap.n_docs, params)
         const = np.float32((w0 * mult).sum(dtype=np.float32)) if has_w0 else np.float32(0)
-        plans.append(QueryPlan(terms, g, mult, idf64.astype(np.float32), w0, has_w0, const))
+        plans.append(QueryPlan(terms, g, mult, idf, w0, has_w0, const))
     return plans
 
 
@@ -158,17 +161,6 @@ def top_k(parts: list[Hits], k: int) -> Hits:
     return Hits(h.seqs[order], h.scores[order], h.vidx[order], h.rows[order])
 
 
-def shortlist(seg: Segment, vi: int, rows: np.ndarray, scores: np.ndarray, k: int) -> Hits:
-    """The candidates of one segment that can be in its top k (every one scoring at least its
-    k-th best score, ties included), unsorted: a superset :func:`top_k` orders later."""
-    if scores.size > k:
-        th = kth_largest(scores, k)
-        keep = np.flatnonzero(scores >= th)
-        rows, scores = rows[keep], scores[keep]
-    rows = rows.astype(np.int64, copy=False)
-    return Hits(seg.seqs[rows], scores, np.full(rows.size, vi, np.int64), rows)
-
-
 # --------------------------------------------------------------------------- engines
 
 
@@ -193,348 +185,140 @@ class Job:
     theta: float = -np.inf
 
 
-#: Longest posting list whose weights are computed per query without caching (short lists are cheap).
-CACHE_MIN_POSTINGS = 512
-#: Most posting weights a snapshot caches (float32 each).
-CACHE_MAX_POSTINGS = 64_000_000
+_build_lock = threading.Lock()
 
 
-def term_weights(snap: Snapshot, vi: int, seg: Segment, t: int, s: int, n: int, plan: QueryPlan, j: int) -> np.ndarray:
-    """The float32 weights of local term ``t``'s postings (``s`` .. ``s + n``) in view ``vi``, under the
-    snapshot's statistics: ``idf * tfc(tf, |d|) - w0``, the reference's operations.
+def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
+    """The scorer of ``seg`` for a concrete backend: made once, on first use, and cached on the segment.
 
-    Long lists are cached per snapshot (the statistics are fixed for its lifetime), so the
-    common terms of many queries are weighted once.
-
-    Returns
-    -------
-    ndarray (n,), float32, host (read only)
+    The scorer lays the segment out (raw tf, lengths, block summaries; a device
+    upload for "cupy") for the segment's lifetime; every search passes the
+    statistics of its snapshot. Two threads asking at once get the same scorer.
     """
-    key = (vi, t)
-    cache = snap._wcache
-    w = cache.get(key)
-    if w is not None:
-        return w
-    csr = seg.csr
-    w = plan.idf[j] * bm25.tfc(csr.tfs[s: s + n], csr.doc_lens[csr.doc_ids[s: s + n]], snap.avgdl, snap.params)
-    if plan.has_w0:
-        w = w - plan.w0[j]
-    w = w.astype(np.float32, copy=False)
-    if n >= CACHE_MIN_POSTINGS and snap._wcache_size + n <= CACHE_MAX_POSTINGS:
-        w.flags.writeable = False
-        cache[key] = w
-        snap._wcache_size += n
-    return w
+    key = ("scorer", backend, params)
+    sc = seg.cache.get(key)
+    if sc is None:
+        with _build_lock:
+            lock = seg.cache.setdefault(("scorer_lock",), threading.Lock())
+        with lock:
+            sc = seg.cache.get(key)
+            if sc is None:
+                sc = seg.cache[key] = make_scorer(backend, seg.csr, params)
+    return sc
 
 
-_tls = threading.local()
+class SegmentEngine:
+    """Exact BM25 over a snapshot's segments through one backend's scorers (see the module docstring).
 
-
-def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """This thread's zeroed accumulator (float32) and touched flags (bool), at least ``n`` long.
-
-    Callers reset the entries they touched, so the buffers stay zero between calls.
+    Keeps no state between calls besides the per-snapshot statistics, so any
+    number of threads may search at once.
     """
-    acc = getattr(_tls, "acc", None)
-    if acc is None or acc.size < n:
-        size = max(n, 2 * (0 if acc is None else acc.size))
-        _tls.acc, _tls.touched = np.zeros(size, np.float32), np.zeros(size, bool)
-    return _tls.acc, _tls.touched
-
-
-class CpuEngine:
-    """Exact BM25 over segments with NumPy, weighting only the postings it reads.
-
-    One query's work on one partition is one vectorised pass: the query terms'
-    posting slices of every segment of the partition are gathered (a Python
-    loop over segments and terms, slicing only), weighted in one go and added
-    into one accumulator over the partition's rows.
-    """
-
-    name = "numpy"
-
-    def __init__(self, snap: Snapshot):
-        self.snap = snap
-
-    def scan(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
-        """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read)."""
-        return {job.qi: self.partition_topk(view_ids, job, k) for job in jobs}
-
-    def partition_topk(self, view_ids: tuple[int, ...], job: Job, k: int) -> tuple[Hits, int]:
-        """Top-k of one query over some segments, and the number of postings read.
-
-        With a threshold ``job.theta`` (the k-th best score found in newer
-        partitions), see :meth:`_maxscore`.
-        """
-        snap, plan = self.snap, job.plan
-        todo = []  # (vi, seg, sel, starts, lens, mask)
-        for vi in view_ids:
-            view = snap.views[vi]
-            seg = view.seg
-            lids = plan.local_terms(vi, seg)
-            sel = lids >= 0
-            if not sel.any():
-                continue
-            mask = view.live if job.where is None else job.where.mask(view, snap.dicts)
-            if mask is not None and not mask.any():
-                continue
-            lt = lids[sel]
-            starts = seg.csr.offsets[lt]
-            todo.append((vi, seg, sel, starts, seg.csr.offsets[lt + 1] - starts, mask))
-        if not todo:
-            return Hits(), 0
-        if job.theta > -np.inf and len(plan.terms) > 1:
-            pruned = self._maxscore(todo, plan, k, job.theta)
-            if pruned is not None:
-                return pruned
-        h, r = self._scan(todo, plan, k)
-        return top_k([h], k), r
-
-    def _gather(self, todo: list, plan: QueryPlan, only: np.ndarray | None = None):
-        """The postings of the query terms (all, or the plan terms flagged in ``only``) in the segments
-        of ``todo``, live and passing the filter, concatenated.
-
-        Returns
-        -------
-        key : ndarray (m,), int: segment base + row (ascending term order within each segment)
-        w : ndarray (m,), float32: weights times the terms' multiplicities
-        bases : ndarray (len(todo),), int64: each segment's first key
-        total : int: rows of all segments
-        read : int: postings read
-        """
-        snap = self.snap
-        ds, ws, bases = [], [], []
-        base = read = 0
-        for vi, seg, sel, starts, lens, mask in todo:
-            csr = seg.csr
-            tids = np.flatnonzero(sel)
-            lt = plan.local_terms(vi, seg)[sel]
-            pick = range(tids.size) if only is None else np.flatnonzero(only[tids]).tolist()
-            dd, ww = [], []
-            for i in pick:
-                j, t, s0, n = int(tids[i]), int(lt[i]), int(starts[i]), int(lens[i])
-                dd.append(csr.doc_ids[s0: s0 + n])
-                w = term_weights(snap, vi, seg, t, s0, n, plan, j)
-                ww.append(w if plan.mult[j] == 1 else w * np.float32(plan.mult[j]))
-                read += n
-            bases.append(base)
-            if dd:
-                d = dd[0] if len(dd) == 1 else np.concatenate(dd)
-                w = ww[0] if len(ww) == 1 else np.concatenate(ww)
-                if mask is not None:
-                    keep = mask[d]
-                    d, w = d[keep], w[keep]
-                ds.append(d if base == 0 else d + np.int32(base))
-                ws.append(w)
-            base += seg.n_docs
-        cat = (lambda xs: xs[0] if len(xs) == 1 else np.concatenate(xs))
-        key = cat(ds) if ds else np.zeros(0, np.int64)
-        w = cat(ws) if ws else np.zeros(0, np.float32)
-        return key, w, np.asarray(bases, dtype=np.int64), base, read
-
-    def _scan(self, todo: list, plan: QueryPlan, k: int) -> tuple[Hits, int]:
-        """Every posting of the query terms in the segments of ``todo``, in one vectorised pass."""
-        key, w, barr, base, read = self._gather(todo, plan)
-        if key.size == 0:
-            return Hits(), read
-        if key.size * 16 < base:  # few postings: a compact accumulator
-            cand, inv = np.unique(key, return_inverse=True)
-            scores = np.zeros(cand.size, dtype=np.float32)
-            np.add.at(scores, inv, w)  # per record, in ascending term order
-        else:
-            acc, touched = _scratch(base)
-            np.add.at(acc, key, w)  # per record, in ascending term order
-            touched[key] = True
-            cand = np.flatnonzero(touched[:base])
-            scores = acc[cand]
-            acc[cand] = 0.0  # leave the scratch buffers clean
-            touched[cand] = False
-        if plan.has_w0:
-            scores = scores + plan.const
-        if scores.size > k:  # a superset of the top k (ties included); top_k orders it
-            keep = np.flatnonzero(scores >= kth_largest(scores, k))
-            cand, scores = cand[keep], scores[keep]
-        which = np.searchsorted(barr, cand, side="right") - 1
-        vis = np.asarray([t[0] for t in todo], dtype=np.int64)[which]
-        rows = cand.astype(np.int64) - barr[which]
-        seqs = np.empty(rows.size, dtype=np.int64)
-        for j, t in enumerate(todo):
-            m = which == j
-            if m.any():
-                seqs[m] = t[1].seqs[rows[m]]
-        return Hits(seqs, scores, vis, rows), read
-
-    def _maxscore(self, todo: list, plan: QueryPlan, k: int, theta: float) -> tuple[Hits, int] | None:
-        """MaxScore against ``theta`` over the segments of ``todo`` (None when it would not read less).
-
-        1. Split the query terms: the largest set of smallest-bound terms whose
-           bounds (plus C) sum to less than ``theta`` is non-essential: a record
-           holding only those scores below ``theta`` and cannot enter the top k.
-        2. Scan only the essential terms' postings into partial scores (one pass).
-        3. Keep the records whose partial score plus the non-essential bounds can
-           still reach ``theta``.
-        4. Score the survivors exactly: look each up in every query term's
-           postings of its segment, adding in ascending term order (the
-           reference's float32 operations and order).
-        """
-        from .partitions import slack, term_bounds
-
-        snap = self.snap
-        T = len(plan.terms)
-        ub = np.full(T, -np.inf)
-        total = 0
-        for vi, seg, sel, starts, lens, _ in todo:
-            ub[sel] = np.maximum(ub[sel], term_bounds(seg, plan.local_terms(vi, seg)[sel], plan, sel, snap))
-            total += int(lens.sum())
-        present = np.flatnonzero(ub > -np.inf)
-        ubm = ub[present] * plan.mult[present]
-        order = np.argsort(ubm, kind="stable")
-        sl = 1.0 + slack(plan)
-        c = float(plan.const)
-        csum = np.cumsum(ubm[order]) * sl + c * sl
-        n_ne = int(np.searchsorted(csum, theta, side="left"))
-        while n_ne > 0 and not csum[n_ne - 1] < theta:
-            n_ne -= 1
-        if n_ne == 0:
-            return None
-        if n_ne == present.size:  # even every query term together stays below theta
-            return Hits(), 0
-        essential = np.zeros(T, dtype=bool)
-        essential[present[order[n_ne:]]] = True
-        rest = float(ubm[order[:n_ne]].sum())
-        # 2. the essential postings, in one pass
-        key, w, barr, base, read = self._gather(todo, plan, essential)
-        if read * 2 > total:
-            return None
-        if key.size == 0:
-            return Hits(), read
-        acc, touched = _scratch(base)
-        np.add.at(acc, key, w)  # partial sums in any order: only compared, with slack
-        touched[key] = True
-        cand = np.flatnonzero(touched[:base])
-        partial = acc[cand]
-        acc[cand] = 0.0
-        touched[cand] = False
-        # 3. survivors: those that can still reach theta
-        cand = cand[(partial.astype(np.float64) + rest + c) * sl >= theta * (1.0 - slack(plan))]
-        if cand.size == 0:
-            return Hits(), read
-        # 4. exact scores, segment by segment
-        which = np.searchsorted(barr, cand, side="right") - 1
-        parts = []
-        for si in np.unique(which).tolist():
-            vi, seg, sel, starts, lens, _ = todo[si]
-            csr = seg.csr
-            rows = (cand[which == si] - barr[si]).astype(np.int64)
-            out = np.zeros(rows.size, dtype=np.float32)
-            tids = np.flatnonzero(sel)
-            lt = plan.local_terms(vi, seg)[sel]
-            for i in range(lt.size):  # ascending term order
-                j, t, s0, n = int(tids[i]), int(lt[i]), int(starts[i]), int(lens[i])
-                plist = csr.doc_ids[s0: s0 + n]
-                pos = np.minimum(np.searchsorted(plist, rows), n - 1)
-                found = plist[pos] == rows
-                read += int(rows.size)  # binary-search lookups
-                if not found.any():
-                    continue
-                cached = snap._wcache.get((vi, t))
-                if cached is not None:
-                    wj = cached[pos[found]]
-                else:
-                    wj = plan.idf[j] * bm25.tfc(csr.tfs[s0 + pos[found]], csr.doc_lens[rows[found]], snap.avgdl,
-                                                snap.params)
-                    if plan.has_w0:
-                        wj = wj - plan.w0[j]
-                if plan.mult[j] != 1:
-                    wj = wj * np.float32(plan.mult[j])
-                out[found] += wj
-            if plan.has_w0:
-                out = out + plan.const
-            parts.append(shortlist(seg, vi, rows, out, k))
-        return top_k(parts, k), read
-
-
-class ScorerEngine:
-    """BM25 over segments through a backend's :class:`~gpuir.backends.base.Scorer` (see the module docstring)."""
 
     def __init__(self, snap: Snapshot, backend: str):
         self.snap = snap
         self.name = backend
 
-    def _scorer(self, vi: int):
-        snap, view = self.snap, self.snap.views[vi]
+    def stats(self, vi: int) -> CollectionStats:
+        """The snapshot's statistics over view ``vi``'s vocabulary (made once per snapshot and view)."""
+        snap = self.snap
 
-        def make():
-            seg = view.seg
-            rows = None
-            if view.live is not None:  # purge tombstones: a scorer's statistics must cover its documents
-                key = "purged"
-                if key not in view.cache:
-                    view.cache[key] = merge_segments([view], seg.uid, seg.partition, snap.terms)
-                seg, rows = view.cache[key], view.live_rows()
-            stats = CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)
-            # One lock per scorer: the NumPy scorer reuses buffers across calls (issue 8 makes it
-            # thread-safe; until then concurrent searches take turns on a segment's scorer).
-            return seg, rows, make_scorer(self.name, seg.csr, snap.params, stats=stats), threading.Lock()
+        def make() -> CollectionStats:
+            seg = snap.views[vi].seg
+            return CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)
 
-        return snap.cached(("scorer", self.name, vi), make)
+        return snap.cached(("stats", vi), make)
 
     def scan(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
+        """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read).
+
+        One scorer call per segment answers every job that can match there.
+        """
         snap = self.snap
-        parts: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
         read = {j.qi: 0 for j in jobs}
-        for vi in view_ids:
+        found: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
+        kth = {j.qi: -np.inf for j in jobs}  # each job's k-th score so far: the next segment's theta
+        # largest segments first: their k-th scores let the smaller ones skip more
+        for vi in sorted(view_ids, key=lambda v: -snap.views[v].n_live):
             view = snap.views[vi]
+            seg = view.seg
             todo = []
             for job in jobs:
-                lids = job.plan.local_terms(vi, view.seg)
+                lids = job.plan.local_terms(vi, seg)
                 sel = lids >= 0
                 if not sel.any():
                     continue
-                mask = None if job.where is None else job.where.mask(view, snap.dicts)
-                if mask is not None and not mask.any():
-                    continue
-                todo.append((job, lids, sel, mask))
+                allow = None
+                if job.where is not None:
+                    mask = job.where.mask(view, snap.dicts)
+                    if not mask.any():
+                        continue
+                    allow = np.flatnonzero(mask).astype(np.int64)
+                todo.append((job, lids, sel, allow))
             if not todo:
                 continue
-            seg, rows, scorer, lock = self._scorer(vi)
-            qs, allow, kept = [], [], []
-            for job, _, _, mask in todo:
-                lids = seg.local_terms(job.plan.gids)  # in the (possibly purged) scorer's segment
-                sel = lids >= 0
-                if not sel.any():
-                    continue
-                lt = lids[sel]
-                qs.append(np.repeat(lt, job.plan.mult[sel]))
-                if mask is None:
-                    allow.append(None)
-                else:
-                    m = mask if rows is None else mask[rows]
-                    allow.append(np.flatnonzero(m).astype(np.int64))
-                read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
-                kept.append((job, sel))
-            if not kept:
-                continue
-            with lock:
-                res = scorer.search(qs, k, None if all(a is None for a in allow) else allow)
-            for i, (job, sel) in enumerate(kept):
+            thetas = [max(job.theta, kth[job.qi]) for job, *_ in todo]
+            res = self._search_segment(vi, todo, k, thetas)
+            rows_read = res.meta.get("postings_rows")
+            for i, (job, lids, sel, _) in enumerate(todo):
                 r = res.ids[i]
-                ok = r >= 0
-                local = r[ok]
-                sc = res.scores[i][ok]
-                p = job.plan
-                if p.has_w0:  # the scorer added its own segment's absent-term sum: use the global one
-                    c_local = (p.w0[sel] * p.mult[sel]).sum(dtype=np.float32)
-                    sc = (sc.astype(np.float64) - float(c_local) + float(p.const)).astype(np.float32)
-                orig = local if rows is None else rows[local]
-                parts[job.qi].append(Hits(seg.seqs[local], sc, np.full(local.size, vi, np.int64),
-                                          orig.astype(np.int64)))
-        return {qi: (top_k(ps, k), read[qi]) for qi, ps in parts.items()}
+                local = r[r >= 0]
+                if local.size:
+                    hs = found[job.qi]
+                    hs.append(Hits(seg.seqs[local], res.scores[i][: local.size], np.full(local.size, vi, np.int64),
+                                   local.astype(np.int64)))
+                    sc = hs[0].scores if len(hs) == 1 else np.concatenate([h.scores for h in hs])
+                    if sc.size >= k:
+                        kth[job.qi] = kth_largest(sc, k)
+                if rows_read is not None:
+                    read[job.qi] += int(rows_read[i])
+                else:
+                    lt = lids[sel]
+                    read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
+        return {qi: (top_k(found[qi], k), read[qi]) for qi in read}
+
+    #: Hand CPU scorers the batch already weighted (:meth:`NumbaScorer.search_weighted`) rather than
+    #: term ids and statistics (:meth:`Scorer.search`): the same numbers, without re-deriving them per segment.
+    use_weighted = True
+
+    def _search_segment(self, vi: int, todo: list, k: int, thetas: list[float]):
+        """One scorer call for the jobs ``todo`` (job, local term ids, which are present, allow-list) on view vi,
+        wanting nothing below ``thetas`` (one per job; -inf: no bound)."""
+        snap = self.snap
+        view = snap.views[vi]
+        scorer = segment_scorer(view.seg, self.name, snap.params)
+        opts: dict[str, Any] = {"live": view.live}
+        if getattr(scorer, "supports_theta", False) and any(t > -np.inf for t in thetas):
+            opts["theta"] = np.array(thetas, dtype=np.float64)
+        allows = [t[3] for t in todo]
+        allow = None if all(a is None for a in allows) else allows
+        consts = np.array([t[0].plan.const for t in todo], dtype=np.float32)
+        if self.use_weighted and hasattr(scorer, "search_weighted"):
+            # each plan's terms are ascending strings, so their local ids ascend too (sorted vocabularies)
+            p0 = todo[0][0].plan
+            if len(todo) == 1:
+                _, lids, sel, _ = todo[0]
+                lt = lids[sel]
+                wq = WeightedQueries(np.array([0, lt.size], np.int64), lt, p0.mult[sel], p0.idf[sel], p0.w0[sel],
+                                     consts, p0.has_w0, snap.avgdl)
+            else:
+                lens = np.fromiter((int(np.count_nonzero(t[2])) for t in todo), np.int64, len(todo))
+                off = np.zeros(len(todo) + 1, np.int64)
+                np.cumsum(lens, out=off[1:])
+
+                def cat(get):
+                    return np.concatenate([get(job.plan, lids, sel) for job, lids, sel, _ in todo])
+
+                wq = WeightedQueries(off, cat(lambda p, lids, sel: lids[sel]), cat(lambda p, lids, sel: p.mult[sel]),
+                                     cat(lambda p, lids, sel: p.idf[sel]), cat(lambda p, lids, sel: p.w0[sel]),
+                                     consts, p0.has_w0, snap.avgdl)
+            return scorer.search_weighted(wq, k, allow, **opts)
+        queries = [np.repeat(lids[sel], job.plan.mult[sel]) for job, lids, sel, _ in todo]
+        return scorer.search(queries, k, allow, stats=self.stats(vi), consts=consts, **opts)
 
 
-def make_engine(snap: Snapshot, backend: str):
-    """The engine for a concrete backend name ("numpy" -> :class:`CpuEngine`)."""
-    return CpuEngine(snap) if backend == "numpy" else ScorerEngine(snap, backend)
+def make_engine(snap: Snapshot, backend: str) -> SegmentEngine:
+    """The engine of a concrete backend name ("numpy", "numba", "cupy")."""
+    return SegmentEngine(snap, backend)
 
 
 # --------------------------------------------------------------------------- results

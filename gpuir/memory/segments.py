@@ -19,8 +19,9 @@ are kept.
 
 Per term, ``maxtf`` (largest tf) and ``mindl`` (shortest document) bound every
 posting weight of the term under any collection statistics (BM25's
-term-frequency component grows with tf and shrinks with document length); the
-time partitions use them (see :mod:`gpuir.memory.partitions`).
+term-frequency component grows with tf and shrinks with document length:
+:func:`gpuir.backends.weights.weight_bound`); the time partitions use them (see
+:mod:`gpuir.memory.partitions`).
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class Segment:
         self.df = np.diff(csr.offsets) if df is None else np.asarray(df, dtype=np.int64)  # type: ignore[union-attr]
         #: Sum of every row's document length.
         self.length = int(csr.doc_lens.sum(dtype=np.int64) if length is None else length)  # type: ignore[union-attr]
-        #: Derived structures built on first use (filter indexes, metadata columns).
+        #: Derived structures built on first use (filter indexes, metadata columns, and the
+        #: segment's scorer of each backend: :func:`gpuir.memory.search.segment_scorer`).
         self.cache: dict[Any, Any] = {}
 
     # --------------------------------------------------------- attributes read on first use
@@ -294,7 +296,7 @@ class SegView:
         None when every row is live. Never modified: a deletion makes a new view.
     n_live : int
     cache : dict
-        Per-view derived structures (e.g. a purged copy for external scorers).
+        Per-view derived structures.
     """
 
     __slots__ = ("cache", "live", "n_live", "seg")

@@ -17,8 +17,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
-
 from ..analysis import Analyzer
 from ..bm25 import BM25Params
 from .columns import Interner
@@ -78,9 +76,6 @@ class Snapshot:
             self.partitions.append((None, tuple(groups[None])))
         self._lock = threading.Lock()
         self._cache: dict[Any, Any] = {}
-        #: Posting weights of long lists, per (view, local term): valid for this snapshot's statistics.
-        self._wcache: dict[tuple[int, int], np.ndarray] = {}
-        self._wcache_size = 0
 
     @property
     def avgdl(self) -> float:
@@ -98,7 +93,7 @@ class Snapshot:
                 f"partitions={len(self.partitions)})")
 
     def cached(self, key: Any, make) -> Any:
-        """A per-snapshot derived object (built once, under a lock: e.g. a backend's scorer)."""
+        """A per-snapshot derived object (built once, under a lock: e.g. a segment's statistics view)."""
         with self._lock:
             if key not in self._cache:
                 self._cache[key] = make()

@@ -606,7 +606,9 @@ class Memory:
         k : int, >= 1
         where : None, dict, or a list of B (dict or None)
             Filters (see :mod:`gpuir.memory.where`); a tenant named there is a hard boundary.
-        backend : {"auto", "numpy", "cupy"}
+        backend : {"auto", "numpy", "numba", "cupy"}
+            The engine scoring each segment (:mod:`gpuir.memory.search`); "auto" is
+            "cupy" on a machine with a usable GPU, else "numba" (else "numpy").
         mode : {"exhaustive", "newest", "budgeted"}
             Partition scan (see :mod:`gpuir.memory.partitions`): "newest" returns
             exactly what "exhaustive" returns, reading less; "budgeted" reads at
@@ -646,11 +648,6 @@ class Memory:
             else:
                 raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
         name, reason = resolve_backend(backend)
-        if name == "numba" and reason.startswith("auto"):
-            # A growing memory changes N, df and avgdl with every add: a per-segment compiled scorer
-            # would recompute every posting weight per snapshot. The CPU engine weights only the
-            # postings a query reads, and is exact for every variant (see gpuir.memory.search).
-            name, reason = "numpy", reason + "; the memory's CPU engine (weights only the postings it reads)"
         snap = snapshot if snapshot is not None else self._snap
         t0 = time.perf_counter()
         wheres = compile_wheres(where, len(queries), snap.dicts)

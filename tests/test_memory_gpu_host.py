@@ -1,0 +1,61 @@
+"""The memory served by the CUDA engine, run on the real kernel bodies on the CPU (``tests/cuda_host``):
+every search equals a fresh index bit for bit, and each sealed segment is uploaded once for its lifetime
+while later adds and deletes change the statistics every search applies (one engine, one contract)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _memory_oracle import Model, random_query, random_record, random_where
+
+from gpuir import Memory
+
+cuda_host = pytest.importorskip("cuda_host")
+if cuda_host.find_compiler()[0] is None:
+    pytest.skip(f"no C++20 compiler for the host emulation: {cuda_host.find_compiler()[1]}", allow_module_level=True)
+
+from cuda_host.device import real_kernels_installed, small_blocks  # noqa: E402
+
+U32 = np.uint32
+
+
+def same(res, ids, scores, what):
+    """The fresh index's ids and score bits (up to the sign of zero, as the kernel tests compare)."""
+    for i in range(len(ids)):
+        assert res.ids(i) == ids[i], f"{what}: query {i}"
+    got = np.asarray(res.scores, np.float32).view(U32) & U32(0x7FFFFFFF)
+    want = np.asarray(scores, np.float32).view(U32) & U32(0x7FFFFFFF)
+    assert np.array_equal(got, want), what
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
+    from gpuir import backends
+    from gpuir.backends import cupy_backend as cb
+
+    rng = np.random.default_rng([21, len(method)])
+    m = Memory(method=method, partition_days=1, merge_factor=100, merge_min=10**6)  # no merges
+    model = Model(analyzer="default", method=method)
+    qs = [random_query(rng) for _ in range(10)]
+    ws = [random_where(rng) if i % 3 == 1 else None for i in range(10)]
+    with small_blocks(), real_kernels_installed(schedule="forward"):
+        monkeypatch.setattr(backends, "cuda_device", cb.cuda_device)  # the emulated device, for "cupy"
+        scorers = {}
+        for step in range(3):
+            recs = [random_record(rng, f"r{step}-{i}") for i in range(70)]
+            m.add(recs)
+            model.add(recs)
+            dead = [f"r{step}-{i}" for i in range(0, 70, 6)]
+            m.delete(dead)
+            model.delete(dead)
+            ids, scores = model.search(qs, 10, where=ws)
+            for mode in ("exhaustive", "newest"):
+                res = m.search(qs, k=10, where=ws, backend="cupy", mode=mode)
+                assert res.meta["backend"] == "cupy"
+                same(res, ids, scores, f"{method} step {step} {mode}")
+            for v in m.snapshot().views:
+                sc = v.seg.cache.get(("scorer", "cupy", m.params))
+                if sc is not None:
+                    assert scorers.setdefault(v.seg.uid, sc) is sc, "a segment's scorer was rebuilt"
+                    assert sc.uploads == 1, "a segment was uploaded again"
+        assert len(scorers) >= 3

@@ -315,11 +315,11 @@ class Memory:
         UnknownIdError
             An id that names no record (nothing is changed).
         """
-        return self._put(records, replace, time_unit, "update")
+        return self._write(records, replace, time_unit, "update")
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
-        return self._put(records, True, time_unit, "replace")
+        return self._write(records, True, time_unit, "replace")
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
                time_unit: str | None = None) -> int:
@@ -329,9 +329,9 @@ class Memory:
         -------
         int: the number of records given.
         """
-        return self._put(records, replace, time_unit, "upsert")
+        return self._write(records, replace, time_unit, "upsert")
 
-    def _put(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+    def _write(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records

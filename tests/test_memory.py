@@ -112,7 +112,7 @@ def test_hits_carry_id_score_text_and_fields():
                                           "importance", "type", "metadata"]
     assert h[0]["id"] == "a1" and h[0]["score"] == float(res.scores[0, 0]) > 0
     assert h[0]["metadata"] == REC["metadata"] and h[0]["time"] == "2023-05-08T13:56:00+00:00"
-    assert res.hits(1) == [] and res.seqs[1].tolist() == [-1, -1, -1]
+    assert res.hits(1) == [] and res.seqs[1].tolist() == [-1, -1]  # k=3 clamped to the 2 records
     assert np.isneginf(res.scores[1]).all()
 
 

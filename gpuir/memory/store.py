@@ -929,6 +929,7 @@ class Memory:
         plans = plan_queries(snap, list(queries))
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
+        k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
         out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
         if ties == "newest" or min_score is not None or order_by == "time":  # at the edge (gpuir.memory.hitorder)
             edged = []

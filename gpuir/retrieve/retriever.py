@@ -267,15 +267,17 @@ class Retriever:
 
         ``unit="session"``: every channel; record channels are max-pooled to
         sessions. ``unit="record"``: the record channels; a configuration without
-        any searches records with exact BM25 alone (the hits of ``Memory.search``),
-        and one whose record channels all run only for some queries (``temporal``,
-        ``entity``: the default has ``temporal``) searches exact BM25 beside them, so
-        that a query without a time or an entity still gets the BM25 hits.
+        any searches records with exact BM25 alone (the hits of ``Memory.search``);
+        a session configuration whose record channels all run only for some queries
+        (``temporal``, ``entity``: the default has ``temporal``) searches exact BM25
+        beside them, so that a query without a time or an entity still gets the BM25
+        hits. A configuration of record channels only runs exactly those.
         """
         if unit == "session":
             return list(self.config.channels)
         rec = [c for c in self.config.channels if c.unit == "record"]
-        if all(c.kind in CONDITIONAL for c in rec):
+        if all(c.kind in CONDITIONAL for c in rec) and (
+                not rec or any(c.unit == "session" for c in self.config.channels)):
             rec = [ChannelConfig("bm25", depth=100), *rec]
         return rec
 

@@ -24,6 +24,7 @@ from itertools import chain
 
 import numpy as np
 
+from .._compat import numba_available
 from ..analysis import Analyzer
 from ..progress import progress_bar
 from .csr import CSRIndex
@@ -64,8 +65,6 @@ def _compiled(an: Analyzer, compiled: bool | None) -> bool:
         if compiled:
             raise ValueError(f"compiled=True needs a word-run token pattern, not {an.cfg.pattern!r}")
         return False
-    from ..backends import numba_available
-
     ok, why = numba_available()
     if compiled and not ok:
         raise ValueError(f"compiled=True but {why}: pip install 'gpuir[cpu]', or leave compiled=None")

@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from gpuir import Memory, Retriever
-from gpuir.retrieve import CHANNELS, Channel, ChannelConfig, RetrieverConfig, register_channel, unregister_channel
-from gpuir.retrieve import registry
+from gpuir.retrieve import (
+    CHANNELS,
+    Channel,
+    ChannelConfig,
+    RetrieverConfig,
+    register_channel,
+    registry,
+    unregister_channel,
+)
 
 
 class Substring(Channel):

@@ -48,5 +48,6 @@ class RetrieverResults:
         return list(self.keys[i])
 
     def hits(self, i: int) -> list[dict[str, Any]]:
-        """Query ``i``'s hits: record dicts as :meth:`MemoryResults.hits`, or ``{"session", "score", "records"}``."""
+        """Query ``i``'s hits, best first: record dicts as :meth:`MemoryResults.hits` (``id``, ``score``, ``text``,
+        the record's fields), or session dicts ``{"id", "session", "score", "records"}`` (``id`` is the session id)."""
         return self._hits(i)

@@ -452,7 +452,7 @@ class Retriever:
                         if cat.enrich is not None and h["id"] in cat.text_of:
                             h = {**h, "text": cat.text_of[h["id"]]}  # the raw text, not the enriched index's
                         best[sess].append(h)
-            return [{"session": s, "score": float(sc), "records": best.get(s, [])}
+            return [{"id": s, "session": s, "score": float(sc), "records": best.get(s, [])}
                     for s, sc in zip(keys[i], fused.scores[i].tolist())]
 
         return RetrieverResults(unit, keys, fused.scores.astype(np.float32), fused.ids.astype(np.int64),

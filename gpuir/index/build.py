@@ -57,7 +57,7 @@ def _chunk_triples(
     return term, doc, tf.astype(np.int32), lens.astype(np.int32)
 
 
-def _compiled(an: Analyzer, compiled: bool | None) -> bool:
+def compiled_build_applies(an: Analyzer, compiled: bool | None) -> bool:
     """Whether to build with :mod:`gpuir.index.compiled_build` (see :func:`build_csr`)."""
     if compiled is False:
         return False
@@ -132,7 +132,7 @@ def build_csr(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     an = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
-    use_compiled = _compiled(an, compiled)
+    use_compiled = compiled_build_applies(an, compiled)
     total = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
     id_iter: Iterator[str] | None = iter(ids) if ids is not None else None
     user_ids: list[str] = []

@@ -106,11 +106,16 @@ def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: 
         scores = np.full((len(queries), depth), -np.inf, np.float32)
         if keep:
             r = memory.search([queries[i] for i in keep], k=depth, where=[where[i] for i in keep], backend=backend)
-            seqs[keep], scores[keep] = r.seqs, r.scores
+            w = r.seqs.shape[1]  # min(depth, live records): the memory clamps k
+            seqs[keep, :w], scores[keep, :w] = r.seqs, r.scores
             return seqs, scores, r
         return seqs, scores, None
     r = memory.search(queries, k=depth, where=where, backend=backend)
-    return r.seqs, r.scores, r
+    seqs = np.full((len(queries), depth), -1, np.int64)
+    scores = np.full((len(queries), depth), -np.inf, np.float32)
+    w = r.seqs.shape[1]
+    seqs[:, :w], scores[:, :w] = r.seqs, r.scores
+    return seqs, scores, r
 
 
 def _rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
@@ -177,31 +182,6 @@ def ranked_rows(rows: Any, unit: str, catalog: Any, allowed: list[np.ndarray | N
         nums.append(n_arr[ok])
         vals.append(v_arr[ok])
     return sorted_rows(nums, vals, depth)
-
-
-def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: str):
-    """``memory.search`` where a per-query ``where`` of False means "no candidates"."""
-    if isinstance(where, list) and any(w is False for w in where):
-        keep = [i for i, w in enumerate(where) if w is not False]
-        seqs = np.full((len(queries), depth), -1, np.int64)
-        scores = np.full((len(queries), depth), -np.inf, np.float32)
-        if keep:
-            r = memory.search([queries[i] for i in keep], k=depth, where=[where[i] for i in keep], backend=backend)
-            seqs[keep], scores[keep] = r.seqs, r.scores
-            return seqs, scores, r
-        return seqs, scores, None
-    r = memory.search(queries, k=depth, where=where, backend=backend)
-    return r.seqs, r.scores, r
-
-
-def _rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
-    """Rows already in their final order, cut at ``depth`` and padded."""
-    width = max([min(depth, n.size) for n in nums] + [1])
-    ids, sc = padded_arrays(len(nums), width)
-    for i, (n, v) in enumerate(zip(nums, scores)):
-        m = min(width, n.size)
-        ids[i, :m], sc[i, :m] = n[:m], v[:m]
-    return SearchResults(ids, sc)
 
 
 def _record_bm25(catalog, snap, queries: list[str], depth: int, where: Any, backend: str):

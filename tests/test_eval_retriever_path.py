@@ -115,7 +115,7 @@ def test_full_selection_covers_the_temporal_weight(spy):
                                 unit="session", backend="numpy",
                                 at=[_at(g)] * len(rows))
         w = [s["alpha"], 1 - s["alpha"]] + ([s["temporal_weight"]] if s["temporal_weight"] > 0 else [])
-        ranked, scores = R.ranked_from_results(ds, r.results(ran, r.fuse_channels(ran, 3, weights=w)), 3)
+        ranked, _ = R.ranked_from_results(ds, r.results(ran, r.fuse_channels(ran, 3, weights=w)), 3)
         np.testing.assert_array_equal(res.run.ranked[rows], ranked)
     assert spy["fuse_channels"] > 0
 

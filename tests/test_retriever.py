@@ -136,7 +136,7 @@ def test_default_record_unit_keeps_bm25_beside_the_temporal_channel():
            {"id": "other", "text": "a film about trains", "session": "s2", "tenant": "u", "time": 41 * day}],
           time_unit="ms")
     r = Retriever(m)
-    assert [c.kind for c in r.channels_for("record")] == ["bm25", "temporal"]
+    assert [c.config.kind for c in r.channels_for("record")] == ["bm25", "temporal"]
     plain = r.search("garden", k=5, where={"tenant": "u"}, backend="numpy", at=42 * day)
     assert plain.hits(0) == m.search("garden", k=5, where={"tenant": "u"}, backend="numpy").hits(0)
     assert plain.meta["ran"].tolist() == [[True, False]] and plain.ids(0) == ["a", "b", "new", "c"]

@@ -35,7 +35,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 
 from ..retrieve import RetrieverConfig, default_config
 from .datasets import EvalDataset, EvalQuery
+from .records import question_times
 from .runner import Run, register_method
 
 __all__ = ["CONFIG_DIR", "config_run", "load_named_config", "named_configs", "question_times", "set_path"]
@@ -121,26 +121,6 @@ def set_path(cfg: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
                 node = node[part]
         else:
             raise ValueError(f"--tune {path}: {part!r} is below a value, not a section")  # noqa: TRY004
-    return out
-
-
-def question_times(ds: EvalDataset, queries: Sequence[EvalQuery]) -> list[int | None]:
-    """When each question is asked, epoch ms (UTC): ``q.date``, else the latest date of its haystack, else None."""
-    idx = ds.doc_index
-    out: list[int | None] = []
-    for q in queries:
-        dt = q.date
-        if dt is None and q.candidates:
-            dates = [ds.doc_dates[idx[d]] for d in q.candidates if d in idx and ds.doc_dates[idx[d]] is not None]
-            hd = [d for d in (q.meta.get("haystack_dates") or []) if d is not None]
-            dates = dates + hd
-            dt = max(dates) if dates else None
-        if dt is None:
-            out.append(None)
-        else:
-            if dt.tzinfo is None:
-                dt = dt.replace(tzinfo=timezone.utc)
-            out.append(round(dt.timestamp() * 1000))
     return out
 
 
@@ -287,7 +267,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
                select_cost: str | None = None, tolerance: float = 0.0, tune_by: str | None = None,
                cv: str = "auto", records: str = "turns") -> Run:
     """Run a configuration; with ``tune``, the cross-validated selection of the module docstring."""
-    from .retriever_methods import _per_query
+    from .retriever_methods import per_query
     from .selection import cv_folds, cv_select
 
     t0 = time.perf_counter()
@@ -323,7 +303,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
         ranked, scores, info = config_search(ds, queries, k, cfg, backend=backend, progress=progress,
                                              records=records)
         runs[st], infos[st] = (ranked, scores), info
-        per[st] = _per_query(ds, queries, ranked, metric)[scored]
+        per[st] = per_query(ds, queries, ranked, metric)[scored]
         if select_cost == "escalated":
             esc = info["decisions"].get("escalated")
             if esc is None:

@@ -29,7 +29,7 @@ from typing import Any
 from ..retrieve import ChannelConfig, RetrieverConfig
 from .config_methods import config_run
 from .datasets import EvalDataset, EvalQuery
-from .retriever_methods import DENSE_MODES, _args, _from_args
+from .retriever_methods import DENSE_MODES, retriever_arguments, retriever_from_args
 from .runner import Run, register_method
 
 __all__ = ["dense_config", "late_config", "rrf_config"]
@@ -69,7 +69,7 @@ def rrf_config(encoder: str | None = None, dense_mode: str = "late", pooling: st
 
 
 @register_method("dense", help="Retriever, one dense channel over sessions encoded whole (early dense)",
-                 add_arguments=_args, from_args=_from_args)
+                 add_arguments=retriever_arguments, from_args=retriever_from_args)
 def dense_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                  progress: bool = False, encoder: str | None = None, **options: Any) -> Run:
     _only("dense", options, ())
@@ -77,7 +77,7 @@ def dense_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backe
 
 
 @register_method("late", help="Retriever, one late channel: turn cosines pooled per session (--pooling, default max)",
-                 add_arguments=_args, from_args=_from_args)
+                 add_arguments=retriever_arguments, from_args=retriever_from_args)
 def late_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                 progress: bool = False, encoder: str | None = None, pooling: str | None = None, pool_k: int = 2,
                 lse_beta: float = 1.0, **options: Any) -> Run:
@@ -88,7 +88,7 @@ def late_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backen
 
 @register_method("rrf", help="Retriever, session BM25 + late dense turns (max) by reciprocal rank fusion (k=60); "
                  "--dense-mode early|bm25_turn for the other second channels",
-                 add_arguments=_args, from_args=_from_args)
+                 add_arguments=retriever_arguments, from_args=retriever_from_args)
 def rrf_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                progress: bool = False, encoder: str | None = None, dense_mode: str | None = None,
                pooling: str | None = None, pool_k: int = 2, lse_beta: float = 1.0, k_rrf: float = 60.0,

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from .datasets import EvalDataset, load_locomo, load_longmemeval
+from .datasets import EvalDataset, EvalQuery, load_locomo, load_longmemeval
 
-__all__ = ["dataset_records", "document_tenants", "locomo_records", "longmemeval_records"]
+__all__ = ["dataset_records", "document_tenants", "locomo_records", "longmemeval_records", "question_times"]
 
 
 def record_time(d: Any) -> Any:
@@ -153,4 +154,24 @@ def longmemeval_records(path: str | os.PathLike | None = None, split: str = "s",
             if j < len(dates) and dates[j] is not None:
                 rec["time"] = record_time(dates[j])
             out.append(rec)
+    return out
+
+
+def question_times(ds: EvalDataset, queries: Sequence[EvalQuery]) -> list[int | None]:
+    """When each question is asked, epoch ms (UTC): ``q.date``, else the latest date of its haystack, else None."""
+    idx = ds.doc_index
+    out: list[int | None] = []
+    for q in queries:
+        dt = q.date
+        if dt is None and q.candidates:
+            dates = [ds.doc_dates[idx[d]] for d in q.candidates if d in idx and ds.doc_dates[idx[d]] is not None]
+            hd = [d for d in (q.meta.get("haystack_dates") or []) if d is not None]
+            dates = dates + hd
+            dt = max(dates) if dates else None
+        if dt is None:
+            out.append(None)
+        else:
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            out.append(round(dt.timestamp() * 1000))
     return out

@@ -249,7 +249,7 @@ def _row_subset(ran: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def _per_query(ds: EvalDataset, queries: Sequence[EvalQuery], ranked: np.ndarray, metric: str) -> np.ndarray:
+def per_query(ds: EvalDataset, queries: Sequence[EvalQuery], ranked: np.ndarray, metric: str) -> np.ndarray:
     from .metrics import compute_metrics
 
     idx = ds.doc_index
@@ -293,7 +293,7 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
     Every ranking is the Retriever's: :meth:`~gpuir.retrieve.Retriever.search_channels`
     once per configuration searched, :meth:`~gpuir.retrieve.Retriever.fuse_channels` per
     weight setting, each question confined to its haystack (:func:`haystack_wheres`) and
-    asked at its own time (:func:`gpuir.eval.config_methods.question_times`).
+    asked at its own time (:func:`gpuir.eval.records.question_times`).
 
     Parameters
     ----------
@@ -319,7 +319,7 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         A progress bar over the settings searched (None: on a terminal only).
     """
     from ..analysis import ANALYZERS
-    from .config_methods import question_times
+    from .records import question_times
     from .stats import leave_one_group_out
 
     t0 = time.perf_counter()
@@ -364,7 +364,7 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
                 t_ran, t_queries = _row_subset(ran, t_rows), [queries[i] for i in t_rows]
             for a in ALPHAS:
                 # the selection needs the top `cut` only; the chosen settings are re-run at depth k below
-                v0 = _per_query(ds, queries, _fused(ds, r, base, cut, _weights(cfg, a)[:len(base["channels"])])[0],
+                v0 = per_query(ds, queries, _fused(ds, r, base, cut, _weights(cfg, a)[:len(base["channels"])])[0],
                                 metric)
                 if grid != "full":
                     per[(*key, a, None)] = v0[scored]
@@ -373,7 +373,7 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
                     v = v0
                     if w > 0 and extra and t_rows.size:
                         v = v0.copy()
-                        v[t_rows] = _per_query(ds, t_queries, _fused(ds, r, t_ran, cut, [a, 1.0 - a, w])[0], metric)
+                        v[t_rows] = per_query(ds, t_queries, _fused(ds, r, t_ran, cut, [a, 1.0 - a, w])[0], metric)
                     per[(*key, a, w)] = v[scored]
         lo = leave_one_group_out(per, groups[scored])
         chosen = dict(lo["chosen"])
@@ -421,7 +421,7 @@ def _floats(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
-def _args(p) -> None:
+def retriever_arguments(p) -> None:
     g = p.add_argument_group("retriever methods (fusion, dense, late, rrf)")
     g.add_argument("--retriever-config", metavar="CONFIG.json", default=None,
                    help="a Retriever configuration (default: the LOCO-selected one, docs/retriever.md)")
@@ -452,7 +452,7 @@ def _args(p) -> None:
     g.add_argument("--k-rrf", type=float, default=60.0, help="RRF constant of --method rrf (default: 60)")
 
 
-def _from_args(a) -> dict[str, Any]:
+def retriever_from_args(a) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if getattr(a, "retriever_config", None):
         out["config"] = a.retriever_config
@@ -526,7 +526,7 @@ def records_for(config: RetrieverConfig, dense_mode: str | None = None) -> str:
 @register_method("fusion", help="Retriever over a memory of turn records: session BM25 + turn BM25 pooled, "
                  "z-score fusion, chosen by leave-one-conversation-out over analyzer x pooling x alpha x temporal "
                  "weight (--alpha 0.75: the first two channels' weights of the default configuration)",
-                 add_arguments=_args, from_args=_from_args)
+                 add_arguments=retriever_arguments, from_args=retriever_from_args)
 def fusion_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                   progress: bool = False, config: Any = None, alpha: Any = None, grid: str | None = None,
                   temporal_weights: Sequence[float] | None = None, **options: Any) -> Run:
@@ -549,4 +549,4 @@ def fusion_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, back
 
 
 __all__ += ["ChannelConfig", "build_retriever", "config_from_options", "fusion_method", "ranked_from_results",
-            "records_for", "session_records"]
+            "records_for", "retriever_arguments", "retriever_from_args", "session_records"]

@@ -1,0 +1,315 @@
+"""Compiled (Numba) search of many segments in one call, and the per-search weight cache.
+
+A store made of segments (:mod:`gpuir.memory`) scores every segment with the
+statistics of the whole live collection. Two things make that as fast as a
+static index's search:
+
+**A weight cache per search statistics** (:func:`fill_weights`). A static index
+reads each posting's weight from a cache made once; a segment searched under a
+store's statistics would compute it per posting (a division and a random read
+of the document's length). The statistics of a store's snapshot do not change
+while it is searched, so the weights of the postings its queries read are
+computed once per (snapshot, segment) -- term by term, on first use, with the
+kernels' own :func:`~gpuir.backends.cpu_kernels.weight` (the same float32
+operations, so the same bits) -- together with each term's exact largest weight,
+each block's largest weight and whether a weight is <= 0 or < 0. A search then
+runs the static path of :mod:`gpuir.backends.cpu_maxscore` on them: the same
+arithmetic read from memory, the same exact bounds. Filling a term never
+rewrites a filled one, so searches reading filled terms may run while another
+thread fills others (fills are serialised by the caller).
+
+**All segments in one call** (:func:`search_segments`). Each query visits the
+segments in the order given (largest first), maps its global term codes to each
+segment's local ids (binary search in the segment's sorted codes), runs the
+pruned search of :func:`gpuir.backends.cpu_maxscore._query` with the k-th best
+score found so far as its ``theta``, and merges the segment's hits into one
+top-k heap ordered by score descending, then sequence number ascending -- the
+memory's tie rule. No Python runs between segments.
+
+A segment is a tuple (see :func:`search_segments`); the store builds the list
+of its snapshot's segments once per snapshot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
+from .cpu_maxscore import _query
+
+
+@njit(**JIT)
+def fill_weights(ix, fp, method, has_w0, blk_off, starts, terms, idfs, w0s, pre, blk_max, ub, zero, neg, filled):
+    """Fill the weight cache for local terms ``terms`` (weights ``idfs``, ``w0s``) not filled yet.
+
+    Parameters
+    ----------
+    ix : (offsets, doc_ids, tfs, dls) of the segment
+    fp, method, has_w0 : the weight parameters (see :mod:`gpuir.backends.cpu_kernels`)
+    blk_off : (V+1,) int64, starts : (NB,) int64 -- the block index (term t's blocks, each block's first posting)
+    terms : (m,) int64 local term ids (-1: skip); idfs, w0s : (m,) float32
+    pre : (P,) float32; blk_max : (NB,) float32; ub : (V,) float64; zero, neg, filled : (V,) bool
+        The cache: a term's entries are written once, then ``filled[t]`` is set.
+
+    Returns
+    -------
+    int: postings whose weight was computed
+    """
+    offsets, doc_ids, tfs, dls = ix
+    nopre = pre[:0]
+    done = 0
+    for j in range(terms.size):
+        t = terms[j]
+        if t < 0 or filled[t]:
+            continue
+        idf = idfs[j]
+        w0 = w0s[j]
+        s, e = offsets[t], offsets[t + 1]
+        mx = np.float32(-np.inf)
+        mn = np.float32(np.inf)
+        for p in range(s, e):
+            w = weight(nopre, tfs, dls, fp, method, has_w0, p, doc_ids[p], idf, w0)
+            pre[p] = w
+            mx = max(mx, w)
+            mn = min(mn, w)
+        for b in range(blk_off[t], blk_off[t + 1]):
+            be = starts[b + 1] if b + 1 < starts.size else e
+            be = min(be, e)
+            m = pre[starts[b]]
+            for p in range(starts[b] + 1, be):
+                m = max(m, pre[p])
+            blk_max[b] = m
+        ub[t] = np.float64(mx) if e > s else 0.0
+        zero[t] = e > s and mn <= 0
+        neg[t] = e > s and mn < 0
+        filled[t] = True
+        done += e - s
+    return done
+
+
+@njit(**JIT)
+def _local_terms(g_sorted, g_order, gids, out):
+    """Local ids of global codes ``gids`` into ``out`` (-1 where absent); the codes' order is kept."""
+    n = g_sorted.size
+    for j in range(gids.size):
+        g = gids[j]
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if g_sorted[mid] < g:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[j] = g_order[lo] if lo < n and g_sorted[lo] == g else -1
+
+
+@njit(**JIT)
+def fill_segments(segs, fp, method, has_w0, gids, idfs, w0s):
+    """:func:`fill_weights` of every segment of ``segs`` for the global term codes ``gids`` (distinct).
+
+    Returns the postings whose weight was computed.
+    """
+    loc = np.empty(gids.size, np.int64)
+    done = 0
+    for s in segs:
+        g_sorted, g_order, ix, bix, cache = s[1], s[2], s[4], s[5], s[8]
+        _local_terms(g_sorted, g_order, gids, loc)
+        done += fill_weights(ix, fp, method, has_w0, bix[0], s[9], loc, idfs, w0s, cache[0], cache[1], cache[2],
+                             cache[3], cache[4], cache[5])
+    return done
+
+
+@njit(**JIT)
+def _worse_seq(sa, qa, sb, qb):
+    """(score sa, seq qa) ranks below (sb, qb): lower score, or equal score and later sequence number."""
+    return sa < sb or (sa == sb and qa > qb)
+
+
+@njit(**JIT)
+def _g_sift_down(hs, hq, hv, hr, size, i):
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            return
+        if c + 1 < size and _worse_seq(hs[c + 1], hq[c + 1], hs[c], hq[c]):
+            c += 1
+        if not _worse_seq(hs[c], hq[c], hs[i], hq[i]):
+            return
+        hs[i], hs[c] = hs[c], hs[i]
+        hq[i], hq[c] = hq[c], hq[i]
+        hv[i], hv[c] = hv[c], hv[i]
+        hr[i], hr[c] = hr[c], hr[i]
+        i = c
+
+
+@njit(**JIT)
+def _g_sift_up(hs, hq, hv, hr, i):
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _worse_seq(hs[i], hq[i], hs[p], hq[p]):
+            return
+        hs[i], hs[p] = hs[p], hs[i]
+        hq[i], hq[p] = hq[p], hq[i]
+        hv[i], hv[p] = hv[p], hv[i]
+        hr[i], hr[p] = hr[p], hr[i]
+        i = p
+
+
+@njit(**JIT)
+def search_segments(segs, fp, method, has_w0, bp, q_off, q_gid, q_mult, q_idf, q_w0, consts, thetas, cached, k,
+                    rows, acc, touched, sdoc, part, mark, out_seq, out_score, out_vi, out_row, counts):
+    """Top-k of the batch rows ``rows`` over every segment of ``segs`` (see the module docstring).
+
+    Parameters
+    ----------
+    segs : typed list of segment tuples ``(vi, g_sorted, g_order, seqs, ix, bix, summ, live, cache, starts)``:
+        vi (int64, the view's position in the snapshot), g_sorted (V,) int64 (the segment's global
+        term codes, ascending), g_order (V,) int64 (the local id of each), seqs (N,) int64,
+        ix and bix as :func:`gpuir.backends.cpu_maxscore.search_pruned` (bix[2], the block maxima,
+        empty: the cache's are used when ``cached``), summ = (maxtf, mindl, mintf, maxdl) (V,) int32,
+        live (N,) bool or (0,), cache = (pre, blk_max, ub, zero, neg, filled) (:func:`fill_weights`),
+        starts (NB,) int64 (each block's first posting)
+    fp : (6,) float32; method : int; has_w0 : bool -- the weight parameters under the search's avgdl
+    bp : (5,) float64 -- bound parameters (:func:`gpuir.backends.cpu_maxscore.bound64`)
+    q_off (B+1,), q_gid, q_mult (T,) int64; q_idf, q_w0 (T,) float32; consts (B,) float32
+        Each row's distinct global term codes (ascending in the terms' string order, hence in every
+        segment's local ids), multiplicities, weights; the rows' constants C.
+    thetas : (B,) float64 -- a known lower bound of the k-th score worth keeping (-inf: none)
+    cached : bool -- read the weights from each segment's cache (filled for every row's terms)
+    k : int; rows : (R,) int64 -- the rows to answer
+    acc, touched, sdoc, part, mark : the workspace of :func:`~gpuir.backends.cpu_maxscore.search_pruned`,
+        sized for the largest segment (zero on entry and on return where it says so)
+    out_seq (B, k) int64, out_score (B, k) float32, out_vi, out_row (B, k) int64 -- pre-filled padding
+    counts : (B, 4) int64 -- postings read, documents touched, survivors, rescored (summed over segments)
+    """
+    qmax = 1
+    for j in range(rows.size):
+        i = rows[j]
+        qmax = max(qmax, q_off[i + 1] - q_off[i])
+    tid = np.empty(qmax, np.int64)
+    tmul = np.empty(qmax, np.int64)
+    mul = np.empty(qmax, np.float32)
+    tidf = np.empty(qmax, np.float32)
+    tw0 = np.empty(qmax, np.float32)
+    tub = np.empty(qmax, np.float64)
+    tzero = np.empty(qmax, np.bool_)
+    order = np.empty(qmax, np.int64)
+    bnd = np.empty(qmax, np.float64)
+    suf = np.empty(qmax + 1, np.float64)
+    contrib = np.empty(qmax, np.float32)
+    loc = np.empty(qmax, np.int64)
+    l_off = np.zeros(2, np.int64)
+    l_term = np.empty(qmax, np.int64)
+    l_mult = np.empty(qmax, np.int64)
+    l_idf = np.empty(qmax, np.float32)
+    l_w0 = np.empty(qmax, np.float32)
+    l_const = np.empty(1, np.float32)
+    ph = np.empty(k, np.float32)
+    pd = np.empty(k, np.int64)
+    hs = np.empty(k, np.float32)
+    hd = np.empty(k, np.int64)
+    gs = np.empty(k, np.float32)
+    gq = np.empty(k, np.int64)
+    gv = np.empty(k, np.int64)
+    gr = np.empty(k, np.int64)
+    cnt = np.zeros(4, np.int64)
+    noallow = np.empty(0, np.int64)
+    nodense = np.empty(0, np.float32)
+    nof32 = np.empty(0, np.float32)
+    nof64 = np.empty(0, np.float64)
+    nobool = np.empty(0, np.bool_)
+    scr = (np.empty(qmax, np.int64), np.empty(qmax, np.int64), np.empty(qmax, np.int64),
+           np.empty(qmax, np.int64), np.empty(qmax, np.float32), np.empty(qmax, np.float32),
+           np.zeros(qmax, np.float32))
+    for j in range(rows.size):
+        i = rows[j]
+        a, b = q_off[i], q_off[i + 1]
+        nq = b - a
+        if nq == 0:
+            continue
+        gids = q_gid[a:b]
+        l_const[0] = consts[i]
+        size = 0  # of the global heap (gs, gq, gv, gr)
+        for s in segs:
+            vi, g_sorted, g_order, seqs, ix, bix0, summ, live, cache = s[0], s[1], s[2], s[3], s[4], s[5], s[6], \
+                s[7], s[8]
+            N = ix[3].size
+            _local_terms(g_sorted, g_order, gids, loc)
+            T = 0
+            neg = False
+            for r in range(nq):
+                t = loc[r]
+                if t >= 0:
+                    l_term[T] = t
+                    l_mult[T] = q_mult[a + r]
+                    l_idf[T] = q_idf[a + r]
+                    l_w0[T] = q_w0[a + r]
+                    if cached:
+                        neg = neg or cache[4][t]
+                    T += 1
+            if T == 0:
+                continue
+            l_off[1] = T
+            qs = (l_off, l_term[:T], l_mult[:T], l_idf[:T], l_w0[:T], l_const)
+            if cached:
+                wt = (cache[0], fp, method, has_w0)
+                bix = (bix0[0], bix0[1], cache[1], bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
+                tb = (cache[2], cache[3], summ[0], summ[1], summ[2], summ[3], neg)
+            else:
+                wt = (nof32, fp, method, has_w0)
+                bix = (bix0[0], bix0[1], nof32, bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
+                tb = (nof64, nobool, summ[0], summ[1], summ[2], summ[3], False)
+            theta = thetas[i]
+            if size == k and np.float64(gs[0]) > theta:
+                theta = np.float64(gs[0])
+            cap = min(k, max(N, 1))
+            for c in range(4):
+                cnt[c] = 0
+            n = -1
+            if not neg:
+                n = _query(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(T), tid, tmul, mul, tidf, tw0,
+                           tub, tzero, order, bnd, suf, contrib, acc[:N], touched[:N], sdoc[:N], part[:N],
+                           mark[:N], ph[:cap], pd[:cap], hs[:cap], hd[:cap], cnt)
+            if n < 0:  # no pruning for this row here (a weight may be < 0)
+                n, read = exhaustive_row(ix, wt, live, qs, 0, noallow, scr, hs[:cap], hd[:cap], nodense)
+                cnt[0] = read
+                cnt[3] = -1
+            for c in range(4):
+                if cnt[c] > 0:
+                    counts[i, c] += cnt[c]
+            for m in range(n):  # into the global heap, by (score, sequence number)
+                sc = hs[m]
+                q = seqs[hd[m]]
+                if size < k:
+                    gs[size] = sc
+                    gq[size] = q
+                    gv[size] = vi
+                    gr[size] = hd[m]
+                    _g_sift_up(gs, gq, gv, gr, size)
+                    size += 1
+                elif _worse_seq(gs[0], gq[0], sc, q):
+                    gs[0] = sc
+                    gq[0] = q
+                    gv[0] = vi
+                    gr[0] = hd[m]
+                    _g_sift_down(gs, gq, gv, gr, size, 0)
+        for m in range(size - 1, -1, -1):  # best first
+            out_score[i, m] = gs[0]
+            out_seq[i, m] = gq[0]
+            out_vi[i, m] = gv[0]
+            out_row[i, m] = gr[0]
+            gs[0] = gs[m]
+            gq[0] = gq[m]
+            gv[0] = gv[m]
+            gr[0] = gr[m]
+            _g_sift_down(gs, gq, gv, gr, m, 0)
+
+
+@njit(**JIT)
+def _slack(T):
+    """The pruning slack of a row of T distinct terms (:meth:`NumbaScorer._slack`)."""
+    return 1e-5 + (T + 2) * 2.0**-23
+
+
+__all__ = ["fill_segments", "fill_weights", "pop_sorted", "search_segments", "sift_down", "sift_up"]

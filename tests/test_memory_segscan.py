@@ -137,7 +137,7 @@ def test_cache_is_per_snapshot_and_filled_once_per_term(monkeypatch):
     second = m.search(q, k=5, backend="numba")
     assert len(fills) == 1 and fills[0] > 0
     third = m.search(q, k=5, backend="numba")
-    assert fills[-1] == 0, "filled terms are never computed again"
+    assert len(fills) == 1, "filled terms are never filled again (the call is skipped)"
     for r in (second, third):
         np.testing.assert_array_equal(r.seqs, first.seqs)
         np.testing.assert_array_equal(r.scores, first.scores)
@@ -147,7 +147,7 @@ def test_cache_is_per_snapshot_and_filled_once_per_term(monkeypatch):
     n = len(fills)
     for _ in range(3):
         assert_same(m.search(q, k=5, backend="numba"), ids, scores, "after a write")
-    assert len(fills) == n + 2 and fills[n] > 0 and fills[n + 1] == 0, "the new snapshot filled its own cache"
+    assert len(fills) == n + 1 and fills[n] > 0, "the new snapshot filled its own cache, once"
 
 
 def test_fill_weights_equal_the_kernels_weights():

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
-from .cpu_maxscore import _query
+from .cpu_maxscore import _query, bound64
 
 
 @njit(**JIT)
@@ -157,9 +157,10 @@ def _g_sift_up(hs, hq, hv, hr, i):
 
 
 @njit(**JIT)
-def search_segments(segs, fp, method, has_w0, bp, q_off, q_gid, q_mult, q_idf, q_w0, consts, thetas, cached, k,
-                    rows, acc, touched, sdoc, part, mark, out_seq, out_score, out_vi, out_row, counts):
-    """Top-k of the batch rows ``rows`` over every segment of ``segs`` (see the module docstring).
+def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i, out_f, counts):
+    """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
+
+    The arguments are packed into few arrays: each one costs the call a conversion.
 
     Parameters
     ----------
@@ -170,19 +171,43 @@ def search_segments(segs, fp, method, has_w0, bp, q_off, q_gid, q_mult, q_idf, q
         empty: the cache's are used when ``cached``), summ = (maxtf, mindl, mintf, maxdl) (V,) int32,
         live (N,) bool or (0,), cache = (pre, blk_max, ub, zero, neg, filled) (:func:`fill_weights`),
         starts (NB,) int64 (each block's first posting)
-    fp : (6,) float32; method : int; has_w0 : bool -- the weight parameters under the search's avgdl
-    bp : (5,) float64 -- bound parameters (:func:`gpuir.backends.cpu_maxscore.bound64`)
-    q_off (B+1,), q_gid, q_mult (T,) int64; q_idf, q_w0 (T,) float32; consts (B,) float32
-        Each row's distinct global term codes (ascending in the terms' string order, hence in every
-        segment's local ids), multiplicities, weights; the rows' constants C.
-    thetas : (B,) float64 -- a known lower bound of the k-th score worth keeping (-inf: none)
+    par : (11 + B,) float64
+        ``fp`` (6 float32 values: 1 - b, b, k1, k1 + 1, delta, float32(avgdl)), ``bp`` (5: k1, b, delta,
+        float32(avgdl), bound slack; :func:`gpuir.backends.cpu_maxscore.bound64`), then each row's
+        theta (a known lower bound of the k-th score worth keeping; -inf: none)
+    method : int; has_w0 : bool -- the BM25 variant
     cached : bool -- read the weights from each segment's cache (filled for every row's terms)
-    k : int; rows : (R,) int64 -- the rows to answer
-    acc, touched, sdoc, part, mark : the workspace of :func:`~gpuir.backends.cpu_maxscore.search_pruned`,
-        sized for the largest segment (zero on entry and on return where it says so)
-    out_seq (B, k) int64, out_score (B, k) float32, out_vi, out_row (B, k) int64 -- pre-filled padding
+    k : int; B : int -- rows in the batch
+    qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct global term codes (T,
+        ascending in the terms' string order, hence in every segment's local ids), then their multiplicities
+    qf : (2T + B,) float32 -- the terms' idf, then their w0, then the rows' constants C
+    r0, r1 : int -- the rows to answer
+    ws : (17 N,) uint8 -- the workspace of :func:`~gpuir.backends.cpu_maxscore.search_pruned` (acc, touched,
+        sdoc, part as 4-byte arrays, then mark) for N documents, N >= the largest segment's; zero on entry
+        and on return
+    out_i : (3, B, k) int64 -- sequence number, view position and row of each hit (pre-filled with -1)
+    out_f : (B, k) float32 -- its score (pre-filled with -inf)
     counts : (B, 4) int64 -- postings read, documents touched, survivors, rescored (summed over segments)
     """
+    fp = par[:6].astype(np.float32)
+    bp = par[6:11]
+    thetas = par[11:]
+    q_off = qi[:B + 1]
+    T_all = q_off[B]
+    q_gid = qi[B + 1:B + 1 + T_all]
+    q_mult = qi[B + 1 + T_all:B + 1 + 2 * T_all]
+    q_idf = qf[:T_all]
+    q_w0 = qf[T_all:2 * T_all]
+    consts = qf[2 * T_all:]
+    Nw = ws.size // 17
+    acc = ws[:4 * Nw].view(np.float32)
+    touched = ws[4 * Nw:8 * Nw].view(np.int32)
+    sdoc = ws[8 * Nw:12 * Nw].view(np.int32)
+    part = ws[12 * Nw:16 * Nw].view(np.float32)
+    mark = ws[16 * Nw:17 * Nw]
+    out_seq, out_vi, out_row = out_i[0], out_i[1], out_i[2]
+    out_score = out_f
+    rows = np.arange(r0, r1)
     qmax = 1
     for j in range(rows.size):
         i = rows[j]
@@ -250,6 +275,23 @@ def search_segments(segs, fp, method, has_w0, bp, q_off, q_gid, q_mult, q_idf, q
                     T += 1
             if T == 0:
                 continue
+            theta = thetas[i]
+            if size == k and np.float64(gs[0]) > theta:
+                theta = np.float64(gs[0])
+            if theta > -np.inf and not neg:  # the segment's best possible score below theta: nothing to read
+                sl = _slack(nq)
+                hi1 = 1.0 + sl
+                top = 0.0
+                for r in range(T):
+                    t = l_term[r]
+                    if cached:
+                        u = cache[2][t]
+                    else:
+                        u = bound64(summ[0][t], summ[1][t], bp, method, has_w0, l_idf[r], l_w0[r])
+                    top += max(u, 0.0) * l_mult[r]
+                c0 = np.float64(consts[i]) if has_w0 else 0.0
+                if (top * hi1 + c0) * hi1 < theta:
+                    continue
             l_off[1] = T
             qs = (l_off, l_term[:T], l_mult[:T], l_idf[:T], l_w0[:T], l_const)
             if cached:
@@ -260,15 +302,12 @@ def search_segments(segs, fp, method, has_w0, bp, q_off, q_gid, q_mult, q_idf, q
                 wt = (nof32, fp, method, has_w0)
                 bix = (bix0[0], bix0[1], nof32, bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
                 tb = (nof64, nobool, summ[0], summ[1], summ[2], summ[3], False)
-            theta = thetas[i]
-            if size == k and np.float64(gs[0]) > theta:
-                theta = np.float64(gs[0])
             cap = min(k, max(N, 1))
             for c in range(4):
                 cnt[c] = 0
             n = -1
             if not neg:
-                n = _query(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(T), tid, tmul, mul, tidf, tw0,
+                n = _query(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(nq), tid, tmul, mul, tidf, tw0,
                            tub, tzero, order, bnd, suf, contrib, acc[:N], touched[:N], sdoc[:N], part[:N],
                            mark[:N], ph[:cap], pd[:cap], hs[:cap], hd[:cap], cnt)
             if n < 0:  # no pruning for this row here (a weight may be < 0)

@@ -77,6 +77,8 @@ class SnapshotLayout:
                          _ro(seg.seqs, np.int64), sc._ix, bix, sc._summ, live, cache, bl[7]))
             self.max_docs = max(self.max_docs, int(sc.index.n_docs))
         self.segs = segs
+        #: Global term codes whose weights are in every one of these segments' caches.
+        self.filled: set[int] = set()
 
 
 def new_cache(scorer) -> tuple[np.ndarray, ...]:
@@ -104,24 +106,23 @@ class SnapshotWeights:
 
 
 _ws_lock = threading.Lock()
-_ws_free: list[tuple[np.ndarray, ...]] = []
+_ws_free: list[np.ndarray] = []
 
 
-def _take_workspace(n: int) -> tuple[np.ndarray, ...]:
-    """A workspace (acc, touched, sdoc, part, mark) with room for ``n`` documents (acc, mark zero)."""
+def _take_workspace(n: int) -> np.ndarray:
+    """A workspace for ``n`` documents: (17 n,) uint8, zero (acc, touched, sdoc, part, mark)."""
     with _ws_lock:
         for i, ws in enumerate(_ws_free):
-            if ws[0].size >= n:
+            if ws.size >= 17 * n:
                 return _ws_free.pop(i)
-    return (np.zeros(n, np.float32), np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32),
-            np.zeros(n, np.uint8))
+    return np.zeros(17 * n, np.uint8)
 
 
-def _give_workspace(ws: tuple[np.ndarray, ...]) -> None:
+def _give_workspace(ws: np.ndarray) -> None:
     with _ws_lock:
         _ws_free.append(ws)
         if len(_ws_free) > 8:  # keep the largest few
-            _ws_free.sort(key=lambda w: -w[0].size)
+            _ws_free.sort(key=lambda w: -w.size)
             del _ws_free[8:]
 
 
@@ -147,60 +148,75 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
                     c = state.caches[vi] = new_cache(sc)
                 caches.append(c)
             layout = state.layouts[view_ids] = SnapshotLayout(snap, order, scorers, caches)
-    lens = np.fromiter((len(j.plan.terms) for j in jobs), np.int64, B)
-    off = np.zeros(B + 1, np.int64)
-    np.cumsum(lens, out=off[1:])
     if B == 1:
         p = jobs[0].plan
-        gid, mult, idf, w0 = p.gids, p.mult, p.idf, p.w0
+        T = len(p.terms)
+        gid = p.gids
+        qi = np.empty(2 + 2 * T, np.int64)
+        qi[0], qi[1] = 0, T
+        qi[2:2 + T] = p.gids
+        qi[2 + T:] = p.mult
+        qf = np.empty(2 * T + 1, np.float32)
+        qf[:T] = p.idf
+        qf[T:2 * T] = p.w0
+        qf[2 * T] = p.const
     else:
-        gid = np.concatenate([j.plan.gids for j in jobs])
-        mult = np.concatenate([j.plan.mult for j in jobs])
-        idf = np.concatenate([j.plan.idf for j in jobs])
-        w0 = np.concatenate([j.plan.w0 for j in jobs])
-    gid = np.ascontiguousarray(gid, np.int64)
-    mult = np.ascontiguousarray(mult, np.int64)
-    idf = np.ascontiguousarray(idf, np.float32)
-    w0 = np.ascontiguousarray(w0, np.float32)
-    consts = np.array([j.plan.const for j in jobs], np.float32)
-    thetas = np.array([j.theta for j in jobs], np.float64)
+        lens = np.fromiter((len(j.plan.terms) for j in jobs), np.int64, B)
+        off = np.zeros(B + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        gid = np.concatenate([j.plan.gids for j in jobs]).astype(np.int64, copy=False)
+        qi = np.concatenate([off, gid, np.concatenate([j.plan.mult for j in jobs])]).astype(np.int64, copy=False)
+        qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
+                             np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
+        T = int(off[-1])
     params = snap.params
     f = np.float32
     k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)
-    fp = np.array([f(1) - b, b, k1, k1 + f(1), delta, avgdl], dtype=np.float32)
-    bp = np.array([params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK], dtype=np.float64)
+    par = np.empty(11 + B, np.float64)
+    par[:6] = (f(1) - b, b, k1, k1 + f(1), delta, avgdl)
+    par[6:11] = (params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK)
+    par[11:] = [j.theta for j in jobs]
     method, has_w0 = int(params.code), bool(has_absent_weight(params))
     cached = not first or B >= BATCH_FILLS
-    if cached and gid.size:
+    if cached and T:
         if B == 1:  # a plan's terms are distinct
-            u, ui, uw = gid, idf, w0
+            new = [g not in layout.filled for g in gid.tolist()]
+            if any(new):
+                sel = np.array(new)
+                u, ui, uw = gid[sel], qf[:T][sel], qf[T:2 * T][sel]
+            else:
+                u = None
         else:
             u, first_at = np.unique(gid, return_index=True)
-            ui, uw = idf[first_at], w0[first_at]
-        with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
-            cpu_segments.fill_segments(layout.segs, fp, method, has_w0, u, ui, uw)
-    out_seq = np.full((B, k), -1, np.int64)
-    out_score = np.full((B, k), -np.inf, np.float32)
-    out_vi = np.full((B, k), -1, np.int64)
-    out_row = np.full((B, k), -1, np.int64)
+            ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
+        if u is not None:
+            with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
+                cpu_segments.fill_segments(layout.segs, par[:6].astype(np.float32), method, has_w0,
+                                           np.ascontiguousarray(u), np.ascontiguousarray(ui),
+                                           np.ascontiguousarray(uw))
+                layout.filled.update(u.tolist())
+    out_i = np.full((3, B, k), -1, np.int64)
+    out_f = np.full((B, k), -np.inf, np.float32)
     counts = np.zeros((B, 4), np.int64)
 
-    def run(rows: np.ndarray) -> None:
+    def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.max_docs)
         try:
-            cpu_segments.search_segments(layout.segs, fp, method, has_w0, bp, off, gid, mult, idf, w0, consts,
-                                         thetas, cached, k, rows, *ws, out_seq, out_score, out_vi, out_row, counts)
+            cpu_segments.search_segments(layout.segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i,
+                                         out_f, counts)
         finally:
             _give_workspace(ws)
 
     n_thr = min(threads, B)
     if n_thr <= 1:
-        run(np.arange(B, dtype=np.int64))
+        run(0, B)
     else:
         size = max(4, -(-B // (n_thr * 8)))
         pool = _shared_pool(threads)
-        for fut in [pool.submit(run, np.arange(s, min(B, s + size), dtype=np.int64)) for s in range(0, B, size)]:
+        for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
             fut.result()
+    out_seq, out_vi, out_row = out_i
+    out_score = out_f
     out = {}
     for i, job in enumerate(jobs):
         m = int(np.count_nonzero(out_seq[i] >= 0))

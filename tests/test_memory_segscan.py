@@ -195,3 +195,59 @@ def test_fill_weights_equal_the_kernels_weights():
         np.testing.assert_array_equal(cache[0][a:b], before[0][a:b])
     for x, y in zip(before[2:], cache[2:]):
         np.testing.assert_array_equal(x[terms], y[terms])
+
+
+def _block_index_reference(csr, bs):
+    """The block index and term summaries computed with NumPy alone (an independent reference)."""
+    offsets = np.asarray(csr.offsets, np.int64)
+    doc_ids, tfs, dls = np.asarray(csr.doc_ids), np.asarray(csr.tfs), np.asarray(csr.doc_lens)
+    N = max(csr.n_docs, 1)
+    lens = np.diff(offsets)
+    V = lens.size
+    nblk = -(-lens // bs)
+    blk_off = np.zeros(V + 1, np.int64)
+    np.cumsum(nblk, out=blk_off[1:])
+    term = np.repeat(np.arange(V, dtype=np.int64), nblk)
+    start = offsets[term] + (np.arange(blk_off[-1], dtype=np.int64) - blk_off[term]) * bs
+    end = np.minimum(start + bs, offsets[term + 1])
+    blk_last = doc_ids[end - 1]
+    blk_maxtf = np.maximum.reduceat(tfs, start) if start.size else np.zeros(0, np.int32)
+    blk_mindl = np.minimum.reduceat(dls[doc_ids], start) if start.size else np.zeros(0, np.int32)
+    shift = np.floor(np.log2(N / np.maximum(nblk, 1))).astype(np.int64).clip(0, 62)
+    cells = ((N - 1) >> shift) + 1
+    dir_off = np.zeros(V + 1, np.int64)
+    np.cumsum(cells, out=dir_off[1:])
+    dterm = np.repeat(np.arange(V, dtype=np.int64), cells)
+    first_doc = (np.arange(dir_off[-1], dtype=np.int64) - dir_off[dterm]) << shift[dterm]
+    blk_dir = np.searchsorted(term * (N + 1) + blk_last, dterm * (N + 1) + first_doc)
+    summ = [np.zeros(V, np.int32) for _ in range(4)]
+    nz = np.flatnonzero(lens > 0)
+    if nz.size:
+        dl = dls[doc_ids]
+        summ[0][nz] = np.maximum.reduceat(tfs, offsets[nz])
+        summ[1][nz] = np.minimum.reduceat(dl, offsets[nz])
+        summ[2][nz] = np.minimum.reduceat(tfs, offsets[nz])
+        summ[3][nz] = np.maximum.reduceat(dl, offsets[nz])
+    return (blk_off, blk_last, blk_maxtf, blk_mindl, dir_off, shift, blk_dir, start), summ
+
+
+@pytest.mark.parametrize("n_docs, vocab", [(1, 3), (50, 5), (3000, 200)])
+def test_compiled_layout_equals_numpy_reference(n_docs, vocab):
+    """The scorer's block index and term summaries, laid out in one compiled pass, equal NumPy's."""
+    from gpuir.backends.cpu_maxscore import BLOCK
+    from gpuir.backends.numba_backend import NumbaScorer
+    from gpuir.bm25 import BM25Params
+    from gpuir.index.build import build_csr
+
+    rng = np.random.default_rng([n_docs, vocab])
+    p = 1.0 / np.arange(1, vocab + 1)
+    words = [f"v{i}" for i in range(vocab)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)), p=p / p.sum())) for _ in range(n_docs)]
+    csr = build_csr(texts, analyzer="default", progress=False)
+    sc = NumbaScorer(csr, BM25Params(), threads=1)
+    blocks, summ = _block_index_reference(csr, BLOCK)
+    assert len(sc._blocks) == len(blocks)
+    for i, (got, want) in enumerate(zip(sc._blocks, blocks)):
+        np.testing.assert_array_equal(got, want, err_msg=f"block array {i}")
+    for name, want in zip(("maxtf", "mindl", "mintf", "maxdl"), summ):
+        np.testing.assert_array_equal(getattr(sc.summaries, name), want, err_msg=name)

@@ -89,6 +89,59 @@ def fill_weights(ix, fp, method, has_w0, blk_off, starts, terms, idfs, w0s, pre,
 
 
 @njit(**JIT)
+def lay_out(offsets, doc_ids, tfs, dls, bs, blk_off, shift, dir_off, summ, blk_last, blk_maxtf, blk_mindl, starts,
+            blk_dir):
+    """A segment's statistics-free layout in one pass over its postings (what a scorer builds once).
+
+    Fills, per term t: ``summ`` = (maxtf, mindl, mintf, maxdl) (V,) int32 (zeros for a term without
+    postings; lengths are the documents' ``dls``); per block of ``bs`` postings (term t's blocks are
+    ``blk_off[t]:blk_off[t+1]``): its first posting ``starts`` (int64), last document ``blk_last``,
+    largest tf ``blk_maxtf`` and smallest length ``blk_mindl`` (int32); and the directory ``blk_dir``
+    (int64): entry ``dir_off[t] + c`` is term t's first block whose last document is >= ``c << shift[t]``
+    (``blk_off[t+1]`` when none is). See :meth:`gpuir.backends.numba_backend.NumbaScorer._block_index`.
+    """
+    maxtf, mindl, mintf, maxdl = summ
+    V = offsets.size - 1
+    for t in range(V):  # one pass over the postings: block and term summaries together
+        s, e = offsets[t], offsets[t + 1]
+        b = blk_off[t]
+        for p0 in range(s, e, bs):
+            p1 = min(p0 + bs, e)
+            starts[b] = p0
+            blk_last[b] = doc_ids[p1 - 1]
+            hi_tf = tfs[p0]
+            lo_tf = hi_tf
+            lo_dl = dls[doc_ids[p0]]
+            hi_dl = lo_dl
+            for p in range(p0 + 1, p1):
+                tf = tfs[p]
+                dl = dls[doc_ids[p]]
+                hi_tf = max(hi_tf, tf)
+                lo_tf = min(lo_tf, tf)
+                lo_dl = min(lo_dl, dl)
+                hi_dl = max(hi_dl, dl)
+            blk_maxtf[b] = hi_tf
+            blk_mindl[b] = lo_dl
+            if p0 == s:
+                maxtf[t], mindl[t], mintf[t], maxdl[t] = hi_tf, lo_dl, lo_tf, hi_dl
+            else:
+                maxtf[t] = max(maxtf[t], hi_tf)
+                mindl[t] = min(mindl[t], lo_dl)
+                mintf[t] = min(mintf[t], lo_tf)
+                maxdl[t] = max(maxdl[t], hi_dl)
+            b += 1
+        b = blk_off[t]
+        be = blk_off[t + 1]
+        sh = shift[t]
+        d0 = dir_off[t]
+        for c in range(dir_off[t + 1] - d0):
+            fd = c << sh
+            while b < be and blk_last[b] < fd:
+                b += 1
+            blk_dir[d0 + c] = b
+
+
+@njit(**JIT)
 def _local_terms(g_sorted, g_order, gids, out):
     """Local ids of global codes ``gids`` into ``out`` (-1 where absent); the codes' order is kept."""
     n = g_sorted.size

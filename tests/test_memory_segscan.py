@@ -251,3 +251,34 @@ def test_compiled_layout_equals_numpy_reference(n_docs, vocab):
         np.testing.assert_array_equal(got, want, err_msg=f"block array {i}")
     for name, want in zip(("maxtf", "mindl", "mintf", "maxdl"), summ):
         np.testing.assert_array_equal(getattr(sc.summaries, name), want, err_msg=name)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("doc_range", "doc_ids out of range"), ("doc_negative", "doc_ids out of range"),
+    ("tf", "a term frequency below 1"), ("order", "postings not strictly increasing within a term"),
+    ("repeat", "postings not strictly increasing within a term")])
+@pytest.mark.parametrize("where", [3, 40, 97])
+def test_check_postings_names_each_fault_wherever_it_lies(fault, message, where, monkeypatch):
+    """The compiled pass finds the first bad posting; the NumPy checks then name it, in any chunk."""
+    from gpuir.memory import segments
+
+    monkeypatch.setattr(segments, "_CHUNK", 16)
+    offsets = np.array([0, 30, 60, 100], np.int64)
+    doc_ids = np.concatenate([np.arange(0, 60, 2), np.arange(1, 31), np.arange(40)]).astype(np.int32)
+    tfs = np.ones(100, np.int32)
+    segments.check_postings(offsets, doc_ids, tfs, 60)  # sound: no error (term boundaries go down)
+    d, t = doc_ids.copy(), tfs.copy()
+    if fault == "doc_range":
+        d[where] = 60
+    elif fault == "doc_negative":
+        d[where] = -1
+    elif fault == "tf":
+        t[where] = 0
+    elif fault == "order":
+        d[where], d[where + 1] = d[where + 1], d[where]
+    else:
+        d[where + 1] = d[where]
+    if fault in ("order", "repeat") and where + 1 in (30, 60):
+        pytest.skip("a term boundary")
+    with pytest.raises(ValueError, match=message):
+        segments.check_postings(offsets, d, t, 60)

@@ -142,6 +142,22 @@ def lay_out(offsets, doc_ids, tfs, dls, bs, blk_off, shift, dir_off, summ, blk_l
 
 
 @njit(**JIT)
+def first_bad_posting(offsets, doc_ids, tfs, n_docs):
+    """The first posting p that breaks a segment's rules -- its document outside [0, n_docs), its tf
+    below 1, or the next posting of its term not at a larger document -- or -1 (one pass, for the
+    check made when a segment's postings are first read: :func:`gpuir.memory.segments.check_postings`)."""
+    V = offsets.size - 1
+    for t in range(V):
+        prev = -1
+        for p in range(offsets[t], offsets[t + 1]):
+            d = doc_ids[p]
+            if d < 0 or d >= n_docs or tfs[p] < 1 or d <= prev:
+                return p
+            prev = d
+    return -1
+
+
+@njit(**JIT)
 def _local_terms(g_sorted, g_order, gids, out):
     """Local ids of global codes ``gids`` into ``out`` (-1 where absent); the codes' order is kept."""
     n = g_sorted.size

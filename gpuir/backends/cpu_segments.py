@@ -303,10 +303,6 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
     pd = np.empty(k, np.int64)
     hs = np.empty(k, np.float32)
     hd = np.empty(k, np.int64)
-    gs = np.empty(k, np.float32)
-    gq = np.empty(k, np.int64)
-    gv = np.empty(k, np.int64)
-    gr = np.empty(k, np.int64)
     cnt = np.zeros(4, np.int64)
     noallow = np.empty(0, np.int64)
     nodense = np.empty(0, np.float32)
@@ -316,20 +312,26 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
     scr = (np.empty(qmax, np.int64), np.empty(qmax, np.int64), np.empty(qmax, np.int64),
            np.empty(qmax, np.int64), np.empty(qmax, np.float32), np.empty(qmax, np.float32),
            np.zeros(qmax, np.float32))
-    for j in range(rows.size):
-        i = rows[j]
-        a, b = q_off[i], q_off[i + 1]
-        nq = b - a
-        if nq == 0:
-            continue
-        gids = q_gid[a:b]
-        l_const[0] = consts[i]
-        size = 0  # of the global heap (gs, gq, gv, gr)
-        for s in segs:
-            vi, g_sorted, g_order, seqs, ix, bix0, summ, live, cache = s[0], s[1], s[2], s[3], s[4], s[5], s[6], \
-                s[7], s[8]
-            N = ix[3].size
-            _local_terms(g_sorted, g_order, gids, loc)
+    R = rows.size
+    gS = np.empty((R, k), np.float32)  # each row's top-k heap over the segments seen so far
+    gQ = np.empty((R, k), np.int64)
+    gV = np.empty((R, k), np.int64)
+    gR = np.empty((R, k), np.int64)
+    sizes = np.zeros(R, np.int64)
+    for s in segs:  # segment by segment (its arrays stay in cache across the rows), rows within
+        vi, g_sorted, g_order, seqs, ix, bix0, summ, live, cache = s[0], s[1], s[2], s[3], s[4], s[5], s[6], \
+            s[7], s[8]
+        N = ix[3].size
+        cap = min(k, max(N, 1))
+        for j in range(R):
+            i = rows[j]
+            a, b = q_off[i], q_off[i + 1]
+            nq = b - a
+            if nq == 0:
+                continue
+            gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
+            size = sizes[j]
+            _local_terms(g_sorted, g_order, q_gid[a:b], loc)
             T = 0
             neg = False
             for r in range(nq):
@@ -362,6 +364,7 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
                 if (top * hi1 + c0) * hi1 < theta:
                     continue
             l_off[1] = T
+            l_const[0] = consts[i]
             qs = (l_off, l_term[:T], l_mult[:T], l_idf[:T], l_w0[:T], l_const)
             if cached:
                 wt = (cache[0], fp, method, has_w0)
@@ -371,7 +374,6 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
                 wt = (nof32, fp, method, has_w0)
                 bix = (bix0[0], bix0[1], nof32, bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
                 tb = (nof64, nobool, summ[0], summ[1], summ[2], summ[3], False)
-            cap = min(k, max(N, 1))
             for c in range(4):
                 cnt[c] = 0
             n = -1
@@ -386,7 +388,7 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
             for c in range(4):
                 if cnt[c] > 0:
                     counts[i, c] += cnt[c]
-            for m in range(n):  # into the global heap, by (score, sequence number)
+            for m in range(n):  # into the row's heap, by (score, sequence number)
                 sc = hs[m]
                 q = seqs[hd[m]]
                 if size < k:
@@ -402,7 +404,11 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
                     gv[0] = vi
                     gr[0] = hd[m]
                     _g_sift_down(gs, gq, gv, gr, size, 0)
-        for m in range(size - 1, -1, -1):  # best first
+            sizes[j] = size
+    for j in range(R):
+        i = rows[j]
+        gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
+        for m in range(sizes[j] - 1, -1, -1):  # best first
             out_score[i, m] = gs[0]
             out_seq[i, m] = gq[0]
             out_vi[i, m] = gv[0]

@@ -121,7 +121,7 @@ def test_cache_is_per_snapshot_and_filled_once_per_term(monkeypatch):
     snapshot whose first search computes weights per posting again, under the new statistics."""
     from gpuir.backends import cpu_segments
 
-    m, model, rng = _grown("lucene", 4, deletes=False)
+    m, model, _ = _grown("lucene", 4, deletes=False)
     fills: list[int] = []
     real = cpu_segments.fill_segments
 

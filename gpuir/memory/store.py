@@ -50,6 +50,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -62,7 +63,7 @@ import numpy as np
 from ..analysis import Analyzer
 from ..backends import resolve_backend
 from ..bm25 import BM25Params
-from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
+from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import listing, persist, updates
 from .builder import SegmentBuilder
 from .columns import Interner
@@ -1318,7 +1319,8 @@ class Memory:
         with contextlib.suppress(Exception):
             if self._lock is not None and self._unsaved:
                 self._warn_unsaved("garbage-collected")
-            self._merger.stop(timeout=0)
+            if not sys.is_finalizing():  # at exit the daemon merge threads may be frozen holding the merger's lock
+                self._merger.stop(timeout=0)
             self._release_lock(discard_unsaved=True)
 
     @property

@@ -21,7 +21,7 @@ thread fills others (fills are serialised by the caller).
 **All segments in one call** (:func:`search_segments`). Each query visits the
 segments in the order given (largest first), maps its global term codes to each
 segment's local ids (binary search in the segment's sorted codes), runs the
-pruned search of :func:`gpuir.backends.cpu_maxscore._query` with the k-th best
+pruned search of :func:`gpuir.backends.cpu_maxscore.query_row` with the k-th best
 score found so far as its ``theta``, and merges the segment's hits into one
 top-k heap ordered by score descending, then sequence number ascending -- the
 memory's tie rule. No Python runs between segments.
@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
-from .cpu_maxscore import _query, bound64
+from .cpu_maxscore import bound64, query_row
 
 
 @njit(**JIT)
@@ -378,7 +378,7 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
                 cnt[c] = 0
             n = -1
             if not neg:
-                n = _query(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(nq), tid, tmul, mul, tidf, tw0,
+                n = query_row(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(nq), tid, tmul, mul, tidf, tw0,
                            tub, tzero, order, bnd, suf, contrib, acc[:N], touched[:N], sdoc[:N], part[:N],
                            mark[:N], ph[:cap], pd[:cap], hs[:cap], hd[:cap], cnt)
             if n < 0:  # no pruning for this row here (a weight may be < 0)

@@ -137,6 +137,11 @@ def _shared_pool(threads: int) -> ThreadPoolExecutor:
         return pool
 
 
+def shared_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's thread pool of ``threads`` workers, for other compiled CPU paths (``gpuir.memory.segscan``)."""
+    return _shared_pool(threads)
+
+
 def _check_threads(threads: int | None) -> int:
     if threads is None:
         return default_threads()

@@ -284,8 +284,9 @@ class SegmentEngine:
 
             sc = scorer_of(view_ids[0])
             if getattr(sc, "_prune", False) and hasattr(sc, "_blocks"):
-                out = _segscan().scan_compiled(snap, view_ids, [j for j in jobs if j.where is None], k, scorer_of,
+                raw = _segscan().scan_compiled(snap, view_ids, [j for j in jobs if j.where is None], k, scorer_of,
                                                threads=sc.threads)
+                out = {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
                 rest = [j for j in jobs if j.where is not None]
                 if rest:
                     out.update(self._scan_each(view_ids, rest, k))

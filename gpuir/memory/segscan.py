@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..backends import cpu_segments
-from ..backends.numba_backend import _shared_pool
+from ..backends.numba_backend import shared_pool
 from ..backends.weights import BOUND_SLACK, has_absent_weight
-from .search import Hits
 from .segments import SegView
 from .snapshot import Snapshot
 
@@ -127,8 +126,11 @@ def _give_workspace(ws: np.ndarray) -> None:
 
 
 def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
-                  threads: int = 1) -> dict[int, tuple[Any, int]]:
-    """Top-k of each job (no ``where``) over the segments ``view_ids``; returns qi -> (Hits, postings read).
+                  threads: int = 1) -> dict[int, tuple[Any, ...]]:
+    """Top-k of each job (no ``where``) over the segments ``view_ids``.
+
+    Returns qi -> (seqs (m,) int64, scores (m,) float32, view positions (m,) int64, rows (m,) int64,
+    postings read), the m <= k hits best first (the caller makes its ``Hits``).
 
     ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
     """
@@ -212,7 +214,7 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         run(0, B)
     else:
         size = max(4, -(-B // (n_thr * 8)))
-        pool = _shared_pool(threads)
+        pool = shared_pool(threads)
         for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
             fut.result()
     out_seq, out_vi, out_row = out_i
@@ -220,6 +222,5 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     out = {}
     for i, job in enumerate(jobs):
         m = int(np.count_nonzero(out_seq[i] >= 0))
-        h = Hits(out_seq[i, :m], out_score[i, :m], out_vi[i, :m], out_row[i, :m]) if m else Hits()
-        out[job.qi] = (h, int(counts[i, 0]))
+        out[job.qi] = (out_seq[i, :m], out_score[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
     return out

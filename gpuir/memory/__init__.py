@@ -14,6 +14,7 @@ from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
 from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
+from .termstats import TermStats
 from .where import WhereError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordError",
     "Snapshot",
+    "TermStats",
     "UnknownIdError",
     "UnsavedWritesWarning",
     "WhereError",

@@ -53,6 +53,7 @@ from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, form
 from .search import MemoryResults, make_engine, plan_queries
 from .segments import SegView, build_segment, merge_segments, segment_arrays, segment_from_arrays
 from .snapshot import Snapshot
+from .termstats import TermStats, check_seqs, query_terms, restate, term_stats
 from .where import compile_wheres
 
 DAY_MS = 86_400_000
@@ -190,14 +191,23 @@ class Memory:
     def __contains__(self, rid: object) -> bool:
         return rid in self._ids
 
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next added record gets (one more than the last one used)."""
+        return self._next_seq
+
     def _check_writable(self) -> None:
         if self._readonly:
             raise ReadOnlyError(f"the memory at {self._path} was opened for reading: open it with "
                                 "Memory.open(path, writer=True) to change it")
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]]) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]], seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Add new records (an iterable of dicts; see :mod:`gpuir.memory.records`).
+
+        ``seqs``: the records' sequence numbers (the tie order), strictly
+        increasing and beyond every number used so far, when a sharded memory
+        numbers them (:mod:`gpuir.memory.termstats`); default: the next ones.
 
         Returns
         -------
@@ -217,14 +227,16 @@ class Memory:
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
-            added, parts = self._append(batch)
+            added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq))
             self._publish(added=added)
             self._unsaved += len(batch)
             self._merge_policy(parts)
             return len(batch)
 
-    def update(self, records: Iterable[Mapping[str, Any]]) -> int:
+    def update(self, records: Iterable[Mapping[str, Any]], seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Replace existing records (matched by id) with new versions; atomic for the batch.
+
+        ``seqs``: as in :meth:`add`.
 
         Raises
         ------
@@ -241,8 +253,9 @@ class Memory:
             unknown = [rid for rid in batch.ids if rid not in self._ids]
             if unknown:
                 raise UnknownIdError(unknown, "update")
+            given = check_seqs(seqs, len(batch), self._next_seq)
             touched = self._remove(batch.ids)
-            added, parts = self._append(batch)
+            added, parts = self._append(batch, given)
             self._publish(added=added, removed=batch.ids)  # removed first, then the new versions
             self._unsaved += len(batch)
             self._merge_policy(touched | parts)
@@ -275,11 +288,15 @@ class Memory:
             self._merge_policy(touched)
             return len(ids)
 
-    def _append(self, batch: RecordBatch) -> tuple[dict[str, int], set]:
-        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched)."""
+    def _append(self, batch: RecordBatch, seqs: np.ndarray | None = None) -> tuple[dict[str, int], set]:
+        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched).
+
+        ``seqs``: checked sequence numbers (:func:`~gpuir.memory.termstats.check_seqs`), default the next ones.
+        """
         n = len(batch)
-        seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-        self._next_seq += n
+        if seqs is None:
+            seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+        self._next_seq = int(seqs[-1]) + 1
         keys = partition_keys(batch.time, self.window_ms, MISSING_TIME)
         groups: dict[Any, list[int]] = {}
         for i, key in enumerate(keys):
@@ -440,7 +457,7 @@ class Memory:
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
-               decay: float = 0.5, snapshot: Snapshot | None = None) -> MemoryResults:
+               decay: float = 0.5, snapshot: Snapshot | None = None, stats: TermStats | None = None) -> MemoryResults:
         """Top-k records of each query, with exact global BM25.
 
         Parameters
@@ -462,6 +479,10 @@ class Memory:
             Budget by covered recency mass: ``K = ceil(log epsilon / log decay)``.
         snapshot : Snapshot, optional
             Search this snapshot instead of the current one.
+        stats : TermStats, optional
+            Score with these statistics (N, total length, df of every query
+            term) instead of the memory's own: this memory is one shard of a
+            larger collection (:mod:`gpuir.memory.termstats`).
 
         Returns
         -------
@@ -492,9 +513,11 @@ class Memory:
                 raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
         name, reason = resolve_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
+        if stats is not None:
+            snap = restate(snap, stats)
         t0 = time.perf_counter()
         wheres = compile_wheres(where, len(queries), snap.dicts)
-        plans = plan_queries(snap, list(queries))
+        plans = plan_queries(snap, list(queries), stats)
         t1 = time.perf_counter()
         out = scan(snap, make_engine(snap, name), plans, wheres, k, mode, budget)
         B = len(queries)
@@ -514,6 +537,13 @@ class Memory:
             "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
         })
         return res
+
+    def term_stats(self, queries: str | Sequence[str]) -> TermStats:
+        """This memory's live N, total length and the df of the queries' analysed terms (a shard's report)."""
+        if isinstance(queries, str):
+            queries = [queries]
+        snap = self._snap
+        return term_stats(snap, query_terms(snap, list(queries)))
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:

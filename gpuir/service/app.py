@@ -324,7 +324,14 @@ class Service:
 
     def open(self) -> None:
         self.keys.refresh()
-        self.store = ServiceStore(self.root, **self.options)
+        from ..cluster.layout import is_sharded
+
+        if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
+            from .sharded import ShardedStore
+
+            self.store = ShardedStore(self.root, **self.options)
+        else:
+            self.store = ServiceStore(self.root, **self.options)
         self.store.on_group = lambda n, s: (self.m_group.observe(n), self.m_fsync.observe(s))
 
     def close(self) -> None:
@@ -349,6 +356,9 @@ class Service:
         from ..retrieve import Retriever
 
         store = self.store
+        if getattr(store, "sharded", False):
+            raise LookupError(f"config {name!r}: retriever configs are not served over a sharded memory (omit config "
+                              "for exact BM25)")
 
         def retriever(tenant: str | None):
             """The retriever of the tenant's search memory (statistics per tenant), or of the shared memory."""

@@ -694,7 +694,9 @@ def run(args, log=print) -> dict[str, Any]:
         log(f"   {len(corpus.texts):,} documents, {len(corpus.queries):,} queries")
         ids_of: dict[str, np.ndarray] = {}
         rows: dict[str, dict] = {}
-        for name in libs:
+        from gpuir.progress import progress_bar
+
+        for name in progress_bar(libs, desc=f"{cname} libraries", unit="lib"):  # on a terminal only
             subset = name == "rank_bm25"
             names = ["gpuir-numba@subset", name] if subset else [name]
             texts = corpus.texts[: args.rank_bm25_docs] if subset else corpus.texts
@@ -813,7 +815,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_docs:
             write_docs(res, args.md, args.png)
         return 0
-    res = run(args, log=lambda s: print(s, flush=True))
+    from tqdm import tqdm
+
+    res = run(args, log=lambda s: tqdm.write(s, file=sys.stdout))  # lines above the progress bar
     args.out.parent.mkdir(parents=True, exist_ok=True)
     res["config"] = {key: (str(v) if isinstance(v, Path) else v) for key, v in res["config"].items()}
     args.out.write_text(json.dumps(res, indent=2) + "\n", "utf-8")

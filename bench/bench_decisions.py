@@ -51,6 +51,7 @@ from gpuir.eval.compare import paired_metrics_for, paired_rows
 from gpuir.eval.config_methods import has_cascade, load_named_config, named_configs, question_times, set_path
 from gpuir.eval.latency import measure_latency
 from gpuir.eval.selection import cv_folds, cv_select
+from gpuir.progress import progress_bar, show_progress
 
 #: Values swept for tuned numbers, per configuration: path -> values.
 SWEEPS: dict[str, dict[str, list[Any]]] = {
@@ -450,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--machine", default=None, help="name in the output file (default: cpu<cores> or the GPU)")
     ap.add_argument("--out", default=None, help="JSON (default: bench/results/decisions_<machine>.json)")
     ap.add_argument("--plot", default=str(REPO / "docs/img/decisions_pareto.png"), help="(default: %(default)s)")
-    ap.add_argument("--progress", action="store_true", help="progress bars (default: off)")
+    ap.add_argument("--progress", action="store_true", default=None, help="progress bars (default: on a terminal)")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     ap.add_argument("--no-route-table", dest="route_table", action="store_false",
                     help="skip the cross-validated route table (default: chosen from the runs made)")
     ap.add_argument("--no-latency", action="store_true", help="quality only, no timing (default: time every run)")
@@ -462,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", metavar="DECISIONS.json", default=None,
                     help="only print the results tables of a results file as Markdown (default: run the benchmark)")
     args = ap.parse_args(argv)
+    args.progress = show_progress(args.progress)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return 0
@@ -485,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         results_of: dict[Any, Any] = {}
         heldout_of: dict[str, Any] = {}
         order = ["current_best"] + [n for n in names if n != "current_best"]
-        for name in order:
+        for name in progress_bar(order, desc=f"{dname} configurations", unit="config", enabled=args.progress):
             if name != "current_best" and name not in names:
                 continue
             try:

@@ -238,32 +238,34 @@ def main(argv=None) -> int:
                     runners[f"bm25s-{b_backend}"] = (lambda ts, k, qs=None, r=r: r(qs, k), lambda: None)
                 except Exception as e:  # noqa: BLE001
                     print(f"bm25s-{b_backend} skipped: {e}", file=sys.stderr)
-        for k in args.k:
-            for B in args.batch_sizes:
-                qb = batch_of(queries, B)
-                tb = batch_of(terms_all, B)
-                df = np.diff(index.csr.offsets)
-                floor = 8 * sum(int(df[np.unique(t)].sum()) for t in tb) / (bw * 1e9)
-                med, res = median_time(lambda gpu=gpu, tb=tb, k=k: gpu.search(tb, k), args.repeats, args.warmup,
-                                       cp.cuda.Device().synchronize)
-                results.append({"corpus": corpus, "n_docs": N, "system": "gpuir-cupy", "k": k, "batch": B,
-                                "median_s": med, "qps": B / med, "phases": res.meta["timings"],
-                                "floor_s": floor, "fraction_of_floor": floor / med})
-                for name, (run, sync) in runners.items():
-                    if name != "torch-sparse" and B > args.cpu_max_batch:
-                        continue
-                    if name.startswith("bm25s"):
-                        fn = (lambda run=run, qb=qb, k=k: run(None, k, qs=qb))
-                    else:
-                        fn = (lambda run=run, tb=tb, k=k: run(tb, k))
-                    try:
-                        med, _ = median_time(fn, args.repeats, args.warmup, sync)
-                    except Exception as e:  # noqa: BLE001 - e.g. torch OOM on a 5M x 4096 buffer
-                        results.append({"corpus": corpus, "system": name, "k": k, "batch": B, "error": str(e)})
-                        continue
-                    results.append({"corpus": corpus, "n_docs": N, "system": name, "k": k, "batch": B,
-                                    "median_s": med, "qps": B / med})
-                print(json.dumps(results[-1]), file=sys.stderr)
+        from gpuir.progress import progress_bar
+
+        for k, B in progress_bar([(k, B) for k in args.k for B in args.batch_sizes], desc=f"{corpus} k x batch",
+                                 unit="case"):  # on a terminal only
+            qb = batch_of(queries, B)
+            tb = batch_of(terms_all, B)
+            df = np.diff(index.csr.offsets)
+            floor = 8 * sum(int(df[np.unique(t)].sum()) for t in tb) / (bw * 1e9)
+            med, res = median_time(lambda gpu=gpu, tb=tb, k=k: gpu.search(tb, k), args.repeats, args.warmup,
+                                   cp.cuda.Device().synchronize)
+            results.append({"corpus": corpus, "n_docs": N, "system": "gpuir-cupy", "k": k, "batch": B,
+                            "median_s": med, "qps": B / med, "phases": res.meta["timings"],
+                            "floor_s": floor, "fraction_of_floor": floor / med})
+            for name, (run, sync) in runners.items():
+                if name != "torch-sparse" and B > args.cpu_max_batch:
+                    continue
+                if name.startswith("bm25s"):
+                    fn = (lambda run=run, qb=qb, k=k: run(None, k, qs=qb))
+                else:
+                    fn = (lambda run=run, tb=tb, k=k: run(tb, k))
+                try:
+                    med, _ = median_time(fn, args.repeats, args.warmup, sync)
+                except Exception as e:  # noqa: BLE001 - e.g. torch OOM on a 5M x 4096 buffer
+                    results.append({"corpus": corpus, "system": name, "k": k, "batch": B, "error": str(e)})
+                    continue
+                results.append({"corpus": corpus, "n_docs": N, "system": name, "k": k, "batch": B,
+                                "median_s": med, "qps": B / med})
+            print(json.dumps(results[-1]), file=sys.stderr)
         if args.bm25s_cupy_python:
             cmd = [args.bm25s_cupy_python, "-c", "import bm25s, cupy; print('ok')"]
             r = subprocess.run(cmd, capture_output=True, text=True, check=False)

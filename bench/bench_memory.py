@@ -160,7 +160,7 @@ def check_fresh(mem: Memory, g, n: int, queries: list[str], k: int) -> dict[str,
     want_ids = [[fresh.ids[d] for d in row if d >= 0] for row in want.ids]
     out = {"records": n, "queries": len(queries), "fresh_build_s": round(t_build, 2)}
     for mode in ("exhaustive", "newest"):
-        got = mem.search(queries, k=k, mode=mode)
+        got = mem.search(queries, k=k, mode=mode, ties="oldest")  # the scan's exactness: the fresh index's tie rule
         same_ids = all(got.ids(i) == want_ids[i] for i in range(len(queries)))
         out[f"identical_{mode}"] = bool(same_ids and np.array_equal(got.scores, want.scores))
     del fresh
@@ -192,7 +192,7 @@ def compare_modes(mem: Memory, g, queries_idx: np.ndarray, k: int, budgets: list
     for name, opt in modes:
         lat, post, parts, ids, scores = [], [], [], [], []
         for i, q in enumerate(qs):
-            kw = {"mode": opt.get("mode", name)}
+            kw = {"mode": opt.get("mode", name), "ties": "oldest"}  # compared with exhaustive: the same tie rule
             if "max_partitions" in opt:
                 kw["max_partitions"] = opt["max_partitions"]
             if opt.get("eps"):
@@ -261,7 +261,7 @@ def run(args, log=print) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     reader.start()
-    bar = tqdm(total=args.records, unit="rec", desc="grow", mininterval=2, disable=args.no_progress)
+    bar = tqdm(total=args.records, unit="rec", desc="grow", mininterval=2, disable=True if args.no_progress else None)
     n = 0
     try:
         while n < args.records:

@@ -204,7 +204,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
     server = ServerProcess(root, ["--batch-window-ms", str(args.batch_window_ms), "--max-batch", str(args.max_batch),
                                   "--checkpoint-every", str(args.checkpoint_every)]).start()
     out: dict[str, Any] = {}
-    bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=args.no_progress)
+    bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=True if args.no_progress else None)
     tls = ssl.create_default_context()  # unused on http://, but httpx builds one per client unless given
     if args.connections:
         run.gate = asyncio.Semaphore(args.connections)

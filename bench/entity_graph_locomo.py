@@ -85,7 +85,7 @@ def main() -> None:
     query_s = {v: 0.0 for v in VARIANTS}
     graph_sizes = {}
     queries = [q for q in ds.queries if q.scored]
-    for conv, crecs in tqdm(sorted(by_conv.items()), desc="conversations"):
+    for conv, crecs in tqdm(sorted(by_conv.items()), desc="conversations", disable=None):
         seq_of = {r["id"]: i for i, r in enumerate(crecs)}
         seqs = np.arange(len(crecs), dtype=np.int64)
         texts = [r["text"] for r in crecs]

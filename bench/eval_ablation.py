@@ -31,7 +31,9 @@ PANELS = {"locomo": ("LoCoMo sessions", ["hit@1", "hit@5", "mrr"]),
 def run(name: str, backend: str) -> None:
     t0 = time.perf_counter()
     ds = load_locomo() if name == "locomo" else load_longmemeval(split="s")
-    out = ablation(ds, backend=backend, n_boot=2000)
+    from gpuir.progress import show_progress
+
+    out = ablation(ds, backend=backend, n_boot=2000, progress=show_progress())
     out["seconds"] = time.perf_counter() - t0
     save_json(out, RESULTS / f"eval_ablation_{name}.json")
     print(f"{name}: {len(out['rows'])} settings in {out['seconds']:.0f}s", file=sys.stderr)

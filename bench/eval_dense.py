@@ -247,8 +247,13 @@ def main():
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--early", action="store_true")
     p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--progress", action="store_true")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="progress bars (default: on a terminal)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = p.parse_args()
+    from gpuir.progress import show_progress
+
+    a.progress = show_progress(a.progress)
     if a.out is None:
         a.out = str(REPO / "bench" / "results" / ("dense_locomo.json" if a.dataset == "locomo" else "dense_longmemeval.json"))
     (locomo if a.dataset == "locomo" else lme)(a)

@@ -105,7 +105,7 @@ def measure(items, name: str):
     all_in = any_in = with_gold = tail_in = 0
     tail_ms = TAIL_DAYS * 86_400_000
     frac = []
-    for it in tqdm(items, desc=name, mininterval=2):
+    for it in tqdm(items, desc=name, mininterval=2, disable=None):
         a = to_ms(it["anchor"])
         t0 = time.perf_counter()
         w = parse_time_window(it["text"], a, it["sessions"])

@@ -22,7 +22,9 @@ from . import __version__
 from .analysis import ANALYZERS
 from .backends import BACKENDS
 from .bm25 import METHODS
+from .cli_common import ArgumentParser, cli_logging, verbosity
 from .jsonl import InputError, read_jsonl
+from .progress import progress_bar
 
 #: Modules that add sub-commands through ``register(subparsers)``.
 SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
@@ -101,7 +103,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
             trec_field(q, "query id")
     k = min(args.k, idx.n_docs)  # a huge -k allocates nothing k-sized
     out = sys.stdout
-    for start in range(0, len(texts), 1024):
+    batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    for start in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = idx.search(texts[start : start + 1024], k=k, backend=args.backend)
         rows = [(qids[start + i], res.hits(i, idx.ids)) for i in range(len(res))]
         for qid, hits in rows:
@@ -183,8 +186,10 @@ _BACKEND_HELP = ("scorer: auto (the GPU when usable, else the compiled CPU score
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuir", description="GPU-accelerated BM25 retrieval for agent memory. "
-                                "Exit status: 0 success, 2 bad input or a missing extra, 1 internal error.")
+    p = ArgumentParser(prog="gpuir", top=True,
+                       description="GPU-accelerated BM25 retrieval for agent memory. Exit status: 0 success, "
+                                   "2 bad input or a missing extra, 1 internal error. -v (before or after the "
+                                   "command) logs what gpuir does on stderr, -vv more.")
     p.add_argument("--version", action="version", version=f"gpuir {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -287,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_sharded(args.memory_dir):  # described by gpuir.cluster (the memory package never imports it)
             from .cluster.cli import cmd_info as func
     try:
-        return int(func(args) or 0)
+        with cli_logging(verbosity(args), prog=f"gpuir {args.command}"):
+            return int(func(args) or 0)
     except ImportError as e:
         msg = missing_extra_message(e)
         if msg is None:

@@ -9,6 +9,7 @@ segments with the whole memory's statistics.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
 from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
 from .results import SearchResults, empty_results
+
+log = logging.getLogger(__name__)  # gpuir.engine
 
 
 def _checked_ids(ids: Iterable[str]) -> Iterator[str]:
@@ -105,7 +108,10 @@ class BM25Index:
         params = BM25Params(method=method, k1=k1, b=b, delta=delta)
         if ids is not None:
             ids = _checked_ids(ids)
+        t0 = time.perf_counter()
         csr = build_csr(texts, analyzer, ids=ids, chunk_size=chunk_size, progress=progress)
+        log.info("built an index of %d documents, %d terms, %d postings in %.2f s", csr.n_docs, csr.n_terms,
+                 csr.n_postings, time.perf_counter() - t0)
         return cls(csr, params)
 
     def with_params(self, **changes: Any) -> BM25Index:
@@ -188,7 +194,8 @@ class BM25Index:
         SearchResults
             ids (B, min(k, max(N, 1))) int64 document numbers (map with ``self.ids``; -1 pads a
             row with fewer matches), scores of the same shape, float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
-            say what ran and why.
+            say what ran and why; ``hits(i)`` gives query ``i``'s ``(user id, score)`` pairs
+            (``doc_ids`` is ``self.ids``).
         """
         if isinstance(queries, str):
             queries = [queries]
@@ -211,6 +218,9 @@ class BM25Index:
             res = self.scorer(name).search(terms, k, allow)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
+        res.doc_ids = self.ids
+        log.debug("searched %d queries (k=%d) on %s in %.4f s: %s", len(queries), k, name,
+                  time.perf_counter() - t0, reason)
         return res
 
     # -- persistence -----------------------------------------------------------------
@@ -230,6 +240,7 @@ class BM25Index:
             or the file system refused a write; the previous index is intact.
         """
         save_index(self.csr, path, extra={"bm25": self.params.to_dict()}, lock_timeout=lock_timeout)
+        log.info("saved the index (%d documents) to %s", self.n_docs, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True, verify: bool = True) -> BM25Index:
@@ -248,6 +259,7 @@ class BM25Index:
             params = BM25Params.from_dict(manifest.get("bm25", {}))
         except (ValueError, TypeError) as e:
             raise IndexFormatError(f"{path}: the manifest's bm25 parameters are invalid ({e}); rebuild the index") from None
+        log.info("loaded the index at %s: %d documents (mmap=%s, verify=%s)", path, csr.n_docs, mmap, verify)
         try:
             return cls(csr, params)
         except (ValueError, TypeError) as e:

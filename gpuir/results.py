@@ -24,6 +24,10 @@ class SearchResults:
         descending score, ties broken by ascending document number.
     meta : dict
         How the results were made: ``backend`` and the reason it was chosen, timings.
+    doc_ids : sequence of str, optional
+        The user's id of each document number (``BM25Index.search`` sets it to
+        ``index.ids``): :meth:`hits` then returns these ids. None: hits carry
+        document numbers.
 
     Unpacks as ``ids, scores = results``.
     """
@@ -31,6 +35,7 @@ class SearchResults:
     ids: np.ndarray
     scores: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
+    doc_ids: Sequence[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.ids.shape != self.scores.shape or self.ids.ndim != 2:
@@ -64,9 +69,12 @@ class SearchResults:
         i : int
             Query row.
         doc_ids : sequence of str, optional
-            The user's document ids, indexed by document number; when given, hits
-            carry these instead of document numbers.
+            The user's document ids, indexed by document number. Default: the
+            results' own ``doc_ids`` (set by ``BM25Index.search``); without
+            either, hits carry document numbers.
         """
+        if doc_ids is None:
+            doc_ids = self.doc_ids
         row_ids, row_scores = self.ids[i], self.scores[i]
         keep = row_ids >= 0
         out = []

@@ -83,6 +83,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .memory.records import format_time
+
 __all__ = [
     "ROLES",
     "SyntheticMemory",
@@ -238,7 +240,7 @@ class SyntheticMemory:
         """Record ``i`` in the memory record model (:mod:`gpuir.memory.records`).
 
         Fields: id, text, session (``"s<n>"``), role, agent (``"agent<n>"``),
-        tenant (``"tenant<agent % n_tenants>"``), time (epoch milliseconds),
+        tenant (``"tenant<agent % n_tenants>"``), time (an ISO 8601 UTC string, to the millisecond),
         importance, type (``"event"``) and metadata (``{"turn": position in the session}``).
         """
         return _record(self.ids[i], self.texts[i], int(self.sessions[i]), int(self.roles[i]), int(self.agents[i]),
@@ -259,7 +261,7 @@ def _record(rid: str, text: str, session: int, role: int, agent: int, t: float, 
             n_tenants: int) -> dict:
     return {
         "id": rid, "text": text, "session": f"s{session}", "role": ROLES[role], "agent": f"agent{agent}",
-        "tenant": f"tenant{agent % n_tenants}", "time": round(t * 1000.0), "importance": imp,
+        "tenant": f"tenant{agent % n_tenants}", "time": format_time(round(t * 1000.0)), "importance": imp,
         "type": "event", "metadata": {"turn": turn},
     }
 

@@ -26,12 +26,24 @@ def ms(t) -> int | None:
     """A record's time in epoch ms, computed independently of gpuir."""
     if t is None:
         return None
-    if isinstance(t, int):
+    if isinstance(t, int):  # a record read back from a snapshot (the canonical form)
         return t
     dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return round(dt.timestamp() * 1000)
+
+
+def iso_out(t: int) -> str:
+    """How a memory gives a time back: ISO 8601 UTC, milliseconds only when not zero (computed here)."""
+    dt = datetime.fromtimestamp(t // 1000, tz=timezone.utc).replace(microsecond=(t % 1000) * 1000)
+    return dt.isoformat(timespec="milliseconds" if t % 1000 else "seconds")
+
+
+def iso(t: int) -> str:
+    """Epoch ms as an ISO 8601 string with milliseconds (as a caller would send it)."""
+    dt = datetime.fromtimestamp(t // 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{t % 1000:03d}Z"
 
 
 def random_record(rng: np.random.Generator, rid: str) -> dict:
@@ -49,11 +61,11 @@ def random_record(rng: np.random.Generator, rid: str) -> dict:
         rec["agent"] = f"agent{int(rng.integers(0, 3))}"
     if rng.random() < 0.85:
         t = T0 + int(rng.integers(0, 12 * DAY))
-        if rng.random() < 0.3:  # an ISO-8601 string of the same instant (whole seconds)
+        if rng.random() < 0.3:  # whole seconds, without the milliseconds
             t -= t % 1000
             rec["time"] = datetime.fromtimestamp(t / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         else:
-            rec["time"] = t
+            rec["time"] = iso(t)
     if rng.random() < 0.6:
         rec["importance"] = float(np.round(rng.random(), 2))
     if rng.random() < 0.4:
@@ -83,9 +95,9 @@ def random_where(rng: np.random.Generator, timed: bool = True) -> dict:
         w["role"] = {"in": [str(x) for x in rng.choice(ROLES, size=2, replace=False)]}
     if timed and rng.random() < 0.3:
         lo = T0 + int(rng.integers(0, 8)) * DAY
-        w["time"] = {"gte": lo, "lt": lo + int(rng.integers(1, 5)) * DAY}
+        w["time"] = {"gte": iso(lo), "lt": iso(lo + int(rng.integers(1, 5)) * DAY)}
     elif timed and rng.random() < 0.15:
-        w["time"] = {"lte": T0 + int(rng.integers(0, 12)) * DAY}  # records without a time never match
+        w["time"] = {"lte": iso(T0 + int(rng.integers(0, 12)) * DAY)}  # records without a time never match
     elif timed and rng.random() < 0.05:
         w["time"] = None  # only records without a time
     if rng.random() < 0.2:
@@ -200,8 +212,24 @@ class Model:
                                           **self.params)
         return self._fresh
 
-    def search(self, queries, k, where=None, allowed_ids=None):
-        """(ids list per query, scores (B, k) float32) from a fresh index."""
+    def search(self, queries, k, where=None, allowed_ids=None, ties="oldest"):
+        """(ids list per query, scores (B, k) float32) from a fresh index.
+
+        ``ties="newest"``: equal scores newest first (later time first, records without a time after the
+        timed ones, then later add order), from every match of the fresh index re-sorted here.
+        """
+        if ties == "newest":
+            n = max(1, len(self.live))
+            ids, scores = self.search(queries, n, where, allowed_ids)
+            pos = {rid: i for i, rid in enumerate(self.live)}
+            out_ids, out_sc = [], np.full((len(queries), k), -np.inf, np.float32)
+            for i, row in enumerate(ids):
+                t = [ms(self.live[r].get("time")) for r in row]
+                order = sorted(range(len(row)), key=lambda j: (-float(scores[i, j]), t[j] is None,
+                                                               -(t[j] or 0), -pos[row[j]]))[:k]
+                out_ids.append([row[j] for j in order])
+                out_sc[i, : len(order)] = scores[i, order]
+            return out_ids, out_sc
         idx = self.fresh()
         B = len(queries)
         if idx is None:

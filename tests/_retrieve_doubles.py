@@ -27,8 +27,10 @@ class TimeWindow:
     end_ms: int
     expression: str
 
-    def where(self) -> dict:
-        return {"time": {"gte": self.start_ms, "lt": self.end_ms}}
+    def where(self) -> dict:  # as the real TimeWindow: ISO 8601 bounds
+        from gpuir.memory import format_time
+
+        return {"time": {"gte": format_time(self.start_ms), "lt": format_time(self.end_ms)}}
 
 
 CALLS: dict[str, list] = {"parse": [], "enrich": [], "add": [], "remove": []}

@@ -148,7 +148,7 @@ def test_mcp_tools_in_memory(memory):
     async def go():
         async with Client(build_server(memory)) as c:
             names = sorted(t.name for t in (await c.list_tools()).tools)
-            assert names == ["forget", "recall", "remember"]
+            assert names == ["browse", "forget", "recall", "remember", "revise"]
             r = await c.call_tool("remember", {"text": "Rex is afraid of thunder", "id": "r5",
                                                "session": "s3", "metadata": {"speaker": "Mel"}})
             assert not r.is_error and r.structured_content == {"added": 1, "id": "r5"}
@@ -169,6 +169,51 @@ def test_mcp_tools_in_memory(memory):
 
     anyio.run(go)
     assert memory.get(["r5"], missing_ok=True) == [None]
+
+
+def test_mcp_revise_and_browse_keep_fields_and_the_tenant():
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp import Client
+
+    from gpuir.adapters.mcp_server import build_server
+
+    m = Memory()
+    m.add([{"id": "a1", "text": "Rex likes the park", "tenant": "ann", "session": "s1", "time": "2024-01-01",
+            "metadata": {"speaker": "Ann", "mood": "happy"}},
+           {"id": "b1", "text": "Bob's note", "tenant": "bob", "time": "2024-02-01"}])
+
+    async def go():
+        async with Client(build_server(m, tenant="ann")) as c:
+            r = await c.call_tool("revise", {"id": "a1", "text": "Rex loves the park", "metadata": {"mood": None}})
+            assert not r.is_error and r.structured_content == {"updated": 1, "id": "a1"}
+            r = await c.call_tool("revise", {"id": "b1", "text": "not yours"})
+            assert r.is_error, "another tenant's record cannot be revised"
+            r = await c.call_tool("remember", {"text": "a later note", "id": "a2", "time": "2024-03-01"})
+            r = await c.call_tool("browse", {"limit": 1})
+            page = r.structured_content
+            assert [x["id"] for x in page["records"]] == ["a2"] and page["cursor"]
+            r = await c.call_tool("browse", {"limit": 5, "where": {"tenant": "bob"}})
+            assert [x["id"] for x in r.structured_content["records"]] == ["a2", "a1"], "the tenant is forced"
+            r = await c.call_tool("browse", {"limit": 5, "cursor": page["cursor"]})
+            assert [x["id"] for x in r.structured_content["records"]] == ["a1"]
+
+    anyio.run(go)
+    assert m.get(["a1"])[0] == {"id": "a1", "text": "Rex loves the park", "session": "s1", "tenant": "ann",
+                                "time": "2024-01-01T00:00:00+00:00", "metadata": {"speaker": "Ann"}}
+    assert m.get(["b1"])[0]["text"] == "Bob's note"
+
+
+def test_local_backend_update_list_count(tmp_path, memory):
+    memory.save(tmp_path / "m")
+    b = as_backend(memory)
+    assert b.update([{"id": "r1", "metadata": {"mood": "calm"}}]) == 1
+    assert Memory.open(tmp_path / "m", writer=False).get(["r1"])[0]["metadata"] == {"speaker": "Caroline",
+                                                                                   "mood": "calm"}
+    page = b.list(where={"session": "s2"}, limit=1)
+    assert [r["id"] for r in page.records] == ["r3"] and page.cursor is not None
+    assert b.count({"session": "s2"}) == 2
+    memory.close()
 
 
 @pytest.mark.slow

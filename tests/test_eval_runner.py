@@ -146,7 +146,7 @@ def test_cli_locomo_under_a_minute(tmp_path, data_dir, capsys):
 
 
 def test_cli_longmemeval_oracle(tmp_path, data_dir, capsys):
-    rc = _cli(["eval", "longmemeval", "--split", "oracle", "--n-boot", "200",
+    rc = _cli(["eval", "longmemeval", "--method", "bm25", "--split", "oracle", "--n-boot", "200",
                "--data", str(data_dir / "longmemeval" / "longmemeval_oracle.json.gz"),
                "--analyzer", "porter", "--k1", "0.9", "--b", "0.4", "--out", str(tmp_path / "o.json")])
     assert rc == 0

@@ -26,17 +26,21 @@ def test_records_round_trip_every_field_and_time_form():
         {"id": "a3", "text": "naive time", "time": "2023-05-08 13:56:00"},
         {"id": "a4", "text": "a datetime", "time": datetime(2023, 5, 8, 15, 56, tzinfo=timezone.utc)},
         {"id": "a5", "text": "a date", "time": date(2023, 5, 8)},
-        {"id": "a6", "text": "epoch ms", "time": 1683554160000, "importance": 2},
+        {"id": "a6", "text": "an offset and milliseconds", "time": "2023-05-08T15:56:00.250+02:00", "importance": 2},
     ]
     assert m.add(recs) == 6 and len(m) == 6 and m.len() == 6
     got = m.get(["a1", "a2", "a3", "a4", "a5", "a6"])
-    t = 1683554160000  # 2023-05-08T13:56:00Z
+    t = "2023-05-08T13:56:00+00:00"  # times come back as ISO 8601 UTC, whatever form they were given in
     assert got[0] == {**REC, "time": t}
     assert got[1] == {"id": "a2", "text": "only text"}  # absent fields stay absent
-    assert got[2]["time"] == t and got[3]["time"] == t + 7_200_000 and got[5]["time"] == t
-    assert got[4]["time"] == t - (13 * 3600 + 56 * 60) * 1000
-    assert got[5]["importance"] == 2.0
-    assert format_time(t) == "2023-05-08T13:56:00+00:00"
+    assert got[2]["time"] == t and got[3]["time"] == "2023-05-08T15:56:00+00:00"
+    assert got[4]["time"] == "2023-05-08T00:00:00+00:00"
+    assert got[5]["time"] == "2023-05-08T13:56:00.250+00:00" and got[5]["importance"] == 2.0
+    assert format_time(1683554160000) == t
+    # every time read back is the same instant: adding the returned records elsewhere stores the same times
+    m2 = Memory()
+    m2.add(got)
+    assert m2.get([r["id"] for r in got]) == got
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -48,9 +52,13 @@ def test_records_round_trip_every_field_and_time_form():
     ({"id": "b", "text": 5}, "record 1 (id 'b'): 'text' must be a string, got int"),
     ({"id": "b", "text": "x", "role": "bot"}, "role 'bot' is not one of user, assistant, tool, system"),
     ({"id": "b", "text": "x", "tenant": 3}, "'tenant' must be a string, got int 3"),
-    ({"id": "b", "text": "x", "time": 1.7e9}, "give integer epoch milliseconds"),
-    ({"id": "b", "text": "x", "time": "yesterday"}, "is not an ISO-8601 date or time"),
-    ({"id": "b", "text": "x", "time": True}, "got bool"),
+    ({"id": "b", "text": "x", "time": 1.7e9}, "is the bare number 1700000000.0: give its unit"),
+    ({"id": "b", "text": "x", "time": 1715176560}, "is the bare number 1715176560: give its unit"),
+    ({"id": "b", "text": "x", "time": datetime(2024, 5, 8, 13, 56)}, "is a naive datetime"),
+    ({"id": "b", "text": "x", "time": "yesterday"}, "is not an ISO 8601 date or time"),
+    ({"id": "b", "text": "x", "time": True}, "got True"),
+    ({"id": "b", "text": "x", "expires_at": 5}, "'expires_at' is the bare number 5"),
+    ({"id": "b", "text": "x", "metadata": {"\u0000expires_at": 1}}, "is reserved"),
     ({"id": "b", "text": "x", "importance": "high"}, "'importance' must be a number, got str"),
     ({"id": "b", "text": "x", "importance": float("nan")}, "must be a finite number"),
     ({"id": "b", "text": "x", "metadata": ["a"]}, "'metadata' must be a JSON object (dict), got list"),
@@ -103,7 +111,7 @@ def test_hits_carry_id_score_text_and_fields():
     assert len(h) == 1 and list(h[0]) == ["id", "score", "text", "session", "role", "agent", "tenant", "time",
                                           "importance", "type", "metadata"]
     assert h[0]["id"] == "a1" and h[0]["score"] == float(res.scores[0, 0]) > 0
-    assert h[0]["metadata"] == REC["metadata"] and h[0]["time"] == 1683554160000
+    assert h[0]["metadata"] == REC["metadata"] and h[0]["time"] == "2023-05-08T13:56:00+00:00"
     assert res.hits(1) == [] and res.seqs[1].tolist() == [-1, -1, -1]
     assert np.isneginf(res.scores[1]).all()
 
@@ -126,17 +134,28 @@ def test_bad_search_arguments():
 
 @pytest.mark.parametrize("where, message", [
     ({"speaker": "Ann"}, "unknown field 'speaker'"),
-    ({"text": "group"}, "'text' cannot be filtered"),
+    ({"text": None}, "every record has an text; null never matches"),
     ({"role": {"like": "u"}}, "unknown operator 'like'"),
     ({"role": ["user"]}, 'for membership write {"in": [...]}'),
     ({"role": {"gte": "a"}}, "role takes equality and membership only"),
     ({"role": "bot"}, "role 'bot' is not one of"),
-    ({"id": {"lt": "b"}}, "id takes equality and membership only"),
-    ({"time": {"gte": "last week"}}, "not an ISO-8601"),
+    ({"id": {"exists": False}}, "every record has an id"),
+    ({"time": {"gte": "last week"}}, "not an ISO 8601"),
+    ({"time": {"gte": 1715176560}}, "is the bare number 1715176560: give its unit"),
+    ({"time": {"contains": "2024"}}, "'contains' applies to strings and lists"),
+    ({"importance": {"contains": 1}}, "'contains' applies to strings and lists"),
+    ({"metadata.a": {"exists": "yes"}}, '"exists" takes true or false'),
+    ({"$or": {"role": "user"}}, "$or takes a non-empty list of filters"),
+    ({"$or": []}, "$or takes a non-empty list of filters"),
+    ({"$not": [{"role": "user"}]}, "$not takes one filter"),
+    ({"$xor": [{"role": "user"}]}, "unknown logical operator '$xor'"),
+    ({"$and": [{}]}, "is an empty filter"),
+    ({"metadata.a": {"eq": 1, "$eq": 2}}, "operator 'eq' given twice"),
     ({"importance": {"gt": "high"}}, "importance values are finite numbers"),
     ({"session": 3}, "session values are strings"),
     ({"metadata": "x"}, "takes a non-empty dict"),
-    ({"metadata.": 1}, "needs a key after the dot"),
+    ({"metadata.": 1}, "needs a key after each dot"),
+    ({"metadata.a..b": 1}, "needs a key after each dot"),
     ({"metadata.turn": {"gt": True}}, "a range needs a number or a string"),
     ({"metadata.tags": ["a"]}, "a list is ambiguous"),
     ({"role": {}}, "an empty condition"),
@@ -176,7 +195,7 @@ def test_tenant_isolation_against_wheres_that_try_to_widen():
         {"tenant": "acme", "metadata.tenant": "acme"},
         {"tenant": "acme", "agent": {"in": ["acme", "agent0", "agent1", "agent2"]}},
         {"tenant": "acme", "session": "acme"},
-        {"tenant": "acme", "role": {"in": ["user", "assistant", "tool", "system"]}, "time": {"gte": 0}},
+        {"tenant": "acme", "role": {"in": ["user", "assistant", "tool", "system"]}, "time": {"gte": "1970-01-01"}},
         {"tenant": {"eq": "acme"}, "metadata": {"speaker": {"in": ["Ann", "Bob", "Cy"]}}},
     ]
     queries = [random_query(rng) for _ in range(40)]
@@ -264,13 +283,13 @@ def test_numba_and_numpy_engines_equal_the_fresh_index_bit_for_bit(method, monke
             ids, scores = model.search(qs, k, where=ws)
             for backend in ("numpy", "numba", "auto"):
                 for mode in ("exhaustive", "newest"):
-                    res = m.search(qs, k=k, where=ws, backend=backend, mode=mode)
+                    res = m.search(qs, k=k, where=ws, backend=backend, mode=mode, ties="oldest")
                     assert_same(res, ids, scores, f"{method} {backend} {mode} k={k}")
             # the contract's entry (term ids + the snapshot's CollectionStats) gives the same
             with monkeypatch.context() as mp:
                 mp.setattr(SegmentEngine, "use_weighted", False)
                 for backend in ("numpy", "numba"):
-                    res = m.search(qs, k=k, where=ws, backend=backend, mode="newest")
+                    res = m.search(qs, k=k, where=ws, backend=backend, mode="newest", ties="oldest")
                     assert_same(res, ids, scores, f"{method} {backend} search(stats=) k={k}")
 
 

@@ -56,7 +56,7 @@ def test_add_creates_with_settings_and_search_returns_records(mem_dir, tmp_path,
     assert line["query_id"] == "0" and [h["id"] for h in line["hits"]] == ["c1", "j1"]
     top = line["hits"][0]
     assert top["text"] == RECORDS[0]["text"] and top["tenant"] == "conv-26" and top["role"] == "user"
-    assert top["metadata"] == {"speaker": "Caroline"} and top["time"] == 1683554160000
+    assert top["metadata"] == {"speaker": "Caroline"} and top["time"] == "2023-05-08T13:56:00+00:00"
     fresh = BM25Index.build([r["text"] for r in RECORDS], ids=[r["id"] for r in RECORDS], analyzer="porter",
                             method="bm25l", k1=1.4, b=0.6)
     want = fresh.search("support group", k=5)
@@ -97,7 +97,7 @@ def test_add_again_delete_and_info(mem_dir, tmp_path, capsys):
     (['{"id": "x1", "text": "ok"}', '{"id": "x2", "text": 5}'], "line 2 (id 'x2'): 'text' must be a string, got int"),
     (['{"id": "x1", "text": "ok"}', "{not json"], "line 2: invalid JSON"),
     (['["a", "list"]'], "line 1: expected a JSON object"),
-    (['{"id": "x1", "text": "ok", "time": "soon"}'], "line 1 (id 'x1'): 'time' 'soon' is not an ISO-8601"),
+    (['{"id": "x1", "text": "ok", "time": "soon"}'], "line 1 (id 'x1'): 'time' 'soon' is not an ISO 8601"),
     (['{"id": "x1", "text": "ok", "role": "bot"}'], "role 'bot' is not one of"),
     (['{"id": "x1", "text": "ok"}', '{"id": "x1", "text": "again"}'], "line 2 (id 'x1'): id 'x1' occurs twice"),
     (['{"id": "c1", "text": "exists"}'], "line 1 (id 'c1'): the id already exists"),

@@ -40,7 +40,7 @@ def test_eight_readers_one_writer(backend, other):
                 w = random_where(rng) if rng.random() < 0.5 else None
                 mode = str(rng.choice(["exhaustive", "newest"]))
                 k = int(rng.choice([1, 5, 20]))
-                res = m.search(qs, k=k, where=w, mode=mode, backend=backend)
+                res = m.search(qs, k=k, where=w, mode=mode, backend=backend, ties="oldest")
                 with lock:
                     seen.append((qs, w, mode, k, res))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
@@ -59,7 +59,7 @@ def test_eight_readers_one_writer(backend, other):
                     m.delete(list(rng.choice(live, size=3, replace=False)))
                 if step % 5 == 0:
                     ids = [x for x in rng.choice(live, size=2, replace=False) if x in m]
-                    m.update([random_record(rng, x) for x in ids])
+                    m.replace([random_record(rng, x) for x in ids])
                 if step % 17 == 0:
                     m.merge()
         except BaseException as e:  # noqa: BLE001
@@ -79,7 +79,7 @@ def test_eight_readers_one_writer(backend, other):
     versions = {res.snapshot.version for *_, res in seen}
     assert len(seen) > 50 and len(versions) > 10, "readers searched while the writer changed the memory"
     for qs, wh, mode, k, res in seen:  # each result equals a serial search on its own snapshot (other engine)
-        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot, backend=other)
+        again = m.search(qs, k=k, where=wh, mode=mode, snapshot=res.snapshot, backend=other, ties="oldest")
         np.testing.assert_array_equal(res.seqs, again.seqs)
         np.testing.assert_array_equal(res.scores, again.scores)
     # and the serial result on a snapshot is what a fresh index over its live records returns

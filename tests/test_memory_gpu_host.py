@@ -50,7 +50,7 @@ def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
             model.delete(dead)
             ids, scores = model.search(qs, 10, where=ws)
             for mode in ("exhaustive", "newest"):
-                res = m.search(qs, k=10, where=ws, backend="cupy", mode=mode)
+                res = m.search(qs, k=10, where=ws, backend="cupy", mode=mode, ties="oldest")
                 assert res.meta["backend"] == "cupy"
                 same(res, ids, scores, f"{method} step {step} {mode}")
             for v in m.snapshot().views:

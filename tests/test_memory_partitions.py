@@ -3,6 +3,8 @@ returns exactly the exhaustive results while reading fewer postings; a time rang
 partitions it overlaps; the budget stays exact inside its partitions; and everything equals a fresh
 index over the same records."""
 
+from datetime import datetime
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,11 @@ from gpuir.synthetic import generate, iter_records
 
 N = 30_000
 WEEK = 7 * 86_400_000
+
+
+def _ms(iso: str) -> int:
+    """A hit's ISO 8601 time as epoch ms (the standard library's reading)."""
+    return round(datetime.fromisoformat(iso).timestamp() * 1000)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +58,7 @@ def test_exhaustive_equals_a_fresh_index(synth):
 def test_newest_first_is_exact_and_reads_no_more(synth, where, k):
     g, m = synth
     ex = m.search(g.queries, k=k, where=where, mode="exhaustive")
-    nf = m.search(g.queries, k=k, where=where, mode="newest")
+    nf = m.search(g.queries, k=k, where=where, mode="newest", ties="oldest")  # the scan alone: identical
     np.testing.assert_array_equal(nf.seqs, ex.seqs)
     np.testing.assert_array_equal(nf.scores, ex.scores)
     # Both scans hand each segment the k-th score found so far (theta): the exhaustive one goes
@@ -76,24 +83,24 @@ def test_time_range_reads_only_overlapping_partitions(synth):
     assert overlapping in (2, 3)
     assert res.meta["partitions_scanned"].max() <= overlapping
     for i in range(len(g.queries)):
-        assert all(h["time"] >= lo for h in res.hits(i))
+        assert all(_ms(h["time"]) >= lo for h in res.hits(i))
 
 
 def test_budget_is_exact_inside_its_partitions(synth):
     g, m = synth
     K = 4
     ex = m.search(g.queries, k=10, mode="exhaustive")
-    bu = m.search(g.queries, k=10, mode="budgeted", max_partitions=K)
+    bu = m.search(g.queries, k=10, mode="budgeted", max_partitions=K, ties="oldest")
     keys = [k for k, _ in m.snapshot().partitions][:K]
     newest = set(keys)
     inside = 0
     for i in range(len(g.queries)):
         hits = ex.hits(i)
-        if hits and all((h["time"] // WEEK) in newest for h in hits):
+        if hits and all((_ms(h["time"]) // WEEK) in newest for h in hits):
             inside += 1
             assert bu.ids(i) == ex.ids(i)
             np.testing.assert_array_equal(bu.scores[i], ex.scores[i])
-        assert all((h["time"] // WEEK) in newest for h in bu.hits(i))
+        assert all((_ms(h["time"]) // WEEK) in newest for h in bu.hits(i))
     assert inside > 0 and (bu.meta["partitions_scanned"] <= K).all()
     e = m.search(g.queries[:5], k=10, mode="budgeted", epsilon=0.1, decay=0.5)
     assert e.meta["max_partitions"] == 4

@@ -5,7 +5,7 @@ in every partition-scan mode. Seeded random generator: failures replay exactly."
 
 import numpy as np
 import pytest
-from _memory_oracle import DAY, Model, assert_same, ms, random_query, random_record, random_where
+from _memory_oracle import DAY, Model, assert_same, iso_out, ms, random_query, random_record, random_where
 
 from gpuir import Memory
 from gpuir.bm25 import METHODS
@@ -32,13 +32,18 @@ def _check(m: Memory, model: Model, rng, step: str, days, backend: str) -> None:
     wheres = [None, random_where(rng), [random_where(rng) if rng.random() < 0.7 else None for _ in queries]]
     for w in wheres:
         ids, scores = model.search(queries, k, where=w)
-        for mode in ("exhaustive", "newest"):
-            assert_same(m.search(queries, k=k, where=w, backend=backend, mode=mode), ids, scores,
+        for mode in ("exhaustive", "newest"):  # the same scan: identical under the same tie rule
+            assert_same(m.search(queries, k=k, where=w, backend=backend, mode=mode, ties="oldest"), ids, scores,
                         f"{step} mode={mode} k={k} where={w}")
+        ids, scores = model.search(queries, k, where=w, ties="newest")  # mode "newest": ties newest first
+        for mode in ("newest", "exhaustive"):
+            assert_same(m.search(queries, k=k, where=w, backend="numpy", mode=mode,
+                                 ties=None if mode == "newest" else "newest"), ids, scores,
+                        f"{step} mode={mode} ties=newest k={k} where={w}")
     # budgeted: exact over the K newest partitions (statistics stay global)
     K = int(rng.integers(1, 4))
     w = random_where(rng, timed=False)
-    ids, scores = model.search(queries, k, where=w, allowed_ids=_partition_ids(model, K, days))
+    ids, scores = model.search(queries, k, where=w, allowed_ids=_partition_ids(model, K, days), ties="newest")
     assert_same(m.search(queries, k=k, where=w, mode="budgeted", max_partitions=K, backend=backend), ids, scores,
                 f"{step} budgeted K={K} where={w}")
 
@@ -72,7 +77,7 @@ def test_interleavings_equal_fresh_build(method, backend, tmp_path):
         elif op == "update" and live:
             ids = list(rng.choice(live, size=min(len(live), int(rng.integers(1, 4))), replace=False))
             recs = [random_record(rng, i) for i in ids]
-            assert m.update(recs) == len(recs)
+            assert m.replace(recs) == len(recs)
             model.update(recs)
         elif op == "merge":
             m.merge()
@@ -84,9 +89,9 @@ def test_interleavings_equal_fresh_build(method, backend, tmp_path):
             saved = True
         _check(m, model, rng, f"step {step} ({op})", days, backend)
     assert saved or N_STEPS < 10
-    # every record reads back as given (times as epoch ms)
+    # every record reads back as given (times as ISO 8601 UTC strings of the same millisecond)
     got = m.get(list(model.live))
     for rec, back in zip(model.live.values(), got):
-        want = {k: (ms(v) if k == "time" else v) for k, v in rec.items()}
+        want = {k: (iso_out(ms(v)) if k == "time" else v) for k, v in rec.items()}
         assert back == want
     m.close(discard_unsaved=True)  # the writes since the last save_open step are not kept

@@ -69,7 +69,7 @@ def test_save_writes_only_what_changed(tmp_path):
     dels = list(d.glob("del-*.npy"))
     assert len(dels) == 1 and np.load(dels[0]).size == 1
     assert {p.name: p.stat().st_mtime_ns for p in d.glob("seg-*.npz")} == seg_files
-    m.add([{"id": "n1", "text": "brand new words", "time": 1_700_000_000_000}])
+    m.add([{"id": "n1", "text": "brand new words", "time": "2023-11-14T22:13:20Z"}])
     m.save(d)
     new = {p.name for p in d.glob("seg-*.npz")} - set(seg_files)
     assert len(new) == 1, "one new segment file for the new record"
@@ -176,7 +176,7 @@ def test_crash_at_any_write_step_keeps_the_last_commit(tmp_path, monkeypatch, fa
     m.save(d)
     before = _state(d)
     m.delete(["r1", "r2", "r90"])
-    m.add([{"id": "n1", "text": "w0 w1 fresh", "time": 1_700_000_000_000}, {"id": "n2", "text": "untimed w9"}])
+    m.add([{"id": "n1", "text": "w0 w1 fresh", "time": "2023-11-14T22:13:20Z"}, {"id": "n2", "text": "untimed w9"}])
     calls = {"n": 0}
     real_write, real_replace = persist._write_atomic, os.replace
 

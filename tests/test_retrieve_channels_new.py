@@ -39,7 +39,7 @@ def records(rows=ROWS):
 
 def memory(rows=ROWS) -> Memory:
     m = Memory()
-    m.add(records(rows))
+    m.add(records(rows), time_unit="ms")
     return m
 
 
@@ -162,7 +162,7 @@ def test_temporal_channel_window_bm25_first_then_newest(calls):
     res = r.search(["what did Caroline do last week", "tell me about Biscuit"], k=10, where={"tenant": "x"},
                    at=T0, backend="numpy")
     window = {"tenant": "x", "time": {"gte": T0 - 7 * DAY, "lt": T0}}
-    bm = m.search("what did Caroline do last week", k=10, where=window, backend="numpy")
+    bm = m.search("what did Caroline do last week", k=10, where=window, backend="numpy", time_unit="ms")
     assert sorted(bm.ids(0)) == ["a3", "a5"]  # the records of the window with a query term
     assert res.ids(0) == bm.ids(0) + ["a6", "a4"]  # then the rest of the window, newest first
     np.testing.assert_allclose(res.scores[0, :4], list(bm.scores[0, :2]) + [0.0, 0.0], rtol=1e-6)
@@ -223,7 +223,7 @@ def test_entity_graph_updated_incrementally_and_saved(calls, tmp_path):
     seq = r.catalog.seq_of
     assert calls["add"] == [sorted(seq.values())] and calls["remove"] == []
     m.add([{"id": "n1", "text": "Caroline: Jon and I went kayaking", "tenant": "x", "session": "s4",
-            "time": T0 - DAY}])
+            "time": T0 - DAY}], time_unit="ms")
     assert "n1" in r.search("Jon kayaking", k=10, where={"tenant": "x"}).ids(0)
     assert calls["add"][1:] == [[seq["n1"]]]  # only the new record was added
     gone = seq["a3"]

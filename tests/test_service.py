@@ -51,6 +51,9 @@ def test_openapi_lists_exactly_the_routes(server):
         ("/v1/tenants/{tenant}/records", "POST"), ("/v1/tenants/{tenant}/search", "POST"),
         ("/v1/tenants/{tenant}/records/{id}", "GET"), ("/v1/tenants/{tenant}/records/{id}", "DELETE"),
         ("/healthz", "GET"), ("/metrics", "GET"),
+        ("/v1/tenants/{tenant}/records", "GET"), ("/v1/tenants/{tenant}/count", "GET"),
+        ("/v1/tenants/{tenant}/records/{id}", "PATCH"), ("/v1/tenants/{tenant}/records/{id}", "PUT"),
+        ("/v1/tenants/{tenant}/records/{id}/history", "GET"), ("/v1/tenants/{tenant}/export", "GET"),
     }
     assert httpx.get(srv.url + "/docs").status_code == 404
 
@@ -163,10 +166,10 @@ def test_read_your_writes_sync(server):
     a = _client(server, "alice")
     for i in range(15):
         word = f"ryw{i}token"
-        assert a.add([{"id": f"ryw-{i}", "text": f"note {word}", "time": 1_700_000_000_000 + i}]) == 1
+        assert a.add([{"id": f"ryw-{i}", "text": f"note {word}", "time": 1_700_000_000_000 + i}], time_unit="ms") == 1
         hits = a.search([word], k=3)[0]
         assert [h["id"] for h in hits] == [f"ryw-{i}"]
-        assert hits[0]["time"] == 1_700_000_000_000 + i
+        assert hits[0]["time"] == (f"2023-11-14T22:13:20.{i:03d}+00:00" if i else "2023-11-14T22:13:20+00:00")
         assert a.get(f"ryw-{i}")["text"] == f"note {word}"
 
 

@@ -250,9 +250,9 @@ def test_replay_joins_consecutive_adds_and_keeps_deletes_in_place(tmp_path, monk
     calls = []
     real = Memory.add
 
-    def add(self, records):
+    def add(self, records, time_unit=None):
         calls.append(len(records))
-        return real(self, records)
+        return real(self, records, time_unit=time_unit)
 
     monkeypatch.setattr(Memory, "add", add)
     s2 = ServiceStore(root)

@@ -5,7 +5,12 @@ Each adapter wraps a **memory backend**: anything with
 * ``search(queries, k=10, where=None) -> list[list[dict]]`` -- per query, hits
   best first, each a dict with ``"id"``, ``"score"``, ``"text"`` and the
   record's other fields (``session``, ``time``, ``metadata``, ...);
-* ``add(records) -> int`` and ``delete(ids) -> int``.
+* ``add(records) -> int`` and ``delete(ids) -> int``;
+
+and, where the backend has them (a local memory and the service client do),
+``update(records) -> int`` (each an ``id`` and the fields to change, merged as
+:meth:`gpuir.Memory.update` merges), ``list(where=None, limit=100,
+cursor=None) -> Page`` and ``count(where=None) -> int``.
 
 :func:`as_backend` gives that interface to a local :class:`gpuir.Memory` or
 :class:`gpuir.Retriever`; the service client
@@ -75,6 +80,16 @@ class _LocalBackend:
 
     def delete(self, ids: Iterable[str]) -> int:
         return self._saved(self.memory.delete(list(ids), missing_ok=True))
+
+    def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False) -> int:
+        return self._saved(self.memory.update(list(records), replace=replace))
+
+    def list(self, where: Any = None, limit: int = 100, cursor: str | None = None, order_by: str = "seq",
+             descending: bool = False) -> Any:
+        return self.memory.list(where=where, order_by=order_by, descending=descending, limit=limit, cursor=cursor)
+
+    def count(self, where: Any = None) -> int:
+        return self.memory.count(where=where)
 
 
 def as_backend(obj: Any, autosave: bool = True) -> MemoryBackend:

@@ -19,13 +19,25 @@ Tools
     The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``.
 ``forget(ids)``
     Delete records by id; returns ``{"deleted": n}`` (unknown ids are skipped).
+``revise(id, text=None, session=None, role=None, time=None, importance=None, metadata=None)``
+    Change a record, keeping the fields not given (metadata merged key by key, a null value removes
+    a key); returns ``{"updated": 1, "id": ...}``.
+``browse(where=None, limit=20, cursor=None, newest_first=True)``
+    A page of records (newest first by default): ``{"records": [...], "cursor": ...}`` (pass the
+    cursor back for the next page; null on the last).
+
+Errors: a call the memory refuses (a bad record, an id that already exists, a
+bad ``where``, a full disk, the service's 4xx/5xx) comes back to the agent as a
+tool error carrying the memory's message (``is_error`` with the text), logged
+at INFO without a traceback; only an unexpected failure (a bug) keeps MCP's
+generic "Error executing tool" and logs its traceback.
 
 Needs ``pip install 'gpuir[mcp]'`` (the official ``mcp`` package, 2.x).
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import sys
 import uuid
 from pathlib import Path
@@ -34,6 +46,33 @@ from typing import Any
 from . import as_backend, require
 
 __all__ = ["build_server", "main", "open_memory"]
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the call was refused (their message is for the agent), not a bug."""
+    errs: list[type[BaseException]] = [ValueError, TypeError, LookupError, OSError]
+    try:
+        from ..service.client import ServiceError  # the service extra may be absent
+
+        errs.append(ServiceError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _carry_errors(fn, tool_error: type[Exception]):
+    """``fn`` with a refused call re-raised as MCP's ``ToolError``, whose message reaches the agent."""
+    expected = _expected_errors()
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except expected as e:
+            msg = " ".join(str(e).split()) or type(e).__name__
+            raise tool_error(msg) from None
+
+    return wrapped
 
 
 def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = None) -> Any:
@@ -49,14 +88,19 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
         every recall is filtered to it (a hard boundary, see ``gpuir.memory.where``).
     """
     mcp_server = require("mcp.server.mcpserver", "mcp")
+    tool_error = require("mcp.server.mcpserver.exceptions", "mcp").ToolError
     mem = as_backend(backend)
+
+    def tool():
+        return lambda fn: server.tool()(_carry_errors(fn, tool_error))
+
     server = mcp_server.MCPServer(
         name,
         instructions="Long-term memory: remember stores a note, recall finds the most relevant ones, "
                      "forget deletes notes by id.",
     )
 
-    @server.tool()
+    @tool()
     def remember(text: str, id: str | None = None, session: str | None = None, role: str | None = None,
                  time: str | None = None, importance: float | None = None,
                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -68,17 +112,44 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                 rec[key] = v
         return {"added": int(mem.add([rec])), "id": rec["id"]}
 
-    @server.tool()
+    @tool()
     def recall(query: str, k: int = 5, where: dict[str, Any] | None = None) -> dict[str, Any]:
         """The k memory records most relevant to the query, best first, optionally filtered by where."""
         if tenant is not None:
             where = {**(where or {}), "tenant": tenant}
         return {"hits": mem.search([query], k=k, where=where)[0]}
 
-    @server.tool()
+    @tool()
     def forget(ids: list[str]) -> dict[str, Any]:
         """Delete memory records by id; unknown ids are skipped."""
         return {"deleted": int(mem.delete(list(ids)))}
+
+    if callable(getattr(mem, "update", None)):
+        @server.tool()
+        def revise(id: str, text: str | None = None, session: str | None = None, role: str | None = None,
+                   time: str | None = None, importance: float | None = None,
+                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+            """Change a memory record, keeping the fields not given (metadata is merged key by key)."""
+            rec: dict[str, Any] = {"id": id}
+            for key, v in (("text", text), ("session", session), ("role", role), ("time", time),
+                           ("importance", importance), ("metadata", metadata)):
+                if v is not None:
+                    rec[key] = v
+            if tenant is not None:
+                got = mem.list(where={"tenant": tenant, "id": id}, limit=1).records
+                if not got:
+                    raise ValueError(f"no record {id!r} in tenant {tenant!r}")
+            return {"updated": int(mem.update([rec])), "id": id}
+
+    if callable(getattr(mem, "list", None)):
+        @server.tool()
+        def browse(where: dict[str, Any] | None = None, limit: int = 20, cursor: str | None = None,
+                   newest_first: bool = True) -> dict[str, Any]:
+            """A page of memory records (newest first by default), optionally filtered by where."""
+            if tenant is not None:
+                where = {**(where or {}), "tenant": tenant}
+            page = mem.list(where=where, limit=limit, cursor=cursor, order_by="time", descending=newest_first)
+            return {"records": page.records, "cursor": page.cursor}
 
     return server
 
@@ -97,8 +168,10 @@ def open_memory(path: str | Path) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpuir.adapters.mcp_server MEMORY_DIR``: serve the memory over MCP on stdio."""
-    ap = argparse.ArgumentParser(prog="python -m gpuir.adapters.mcp_server",
-                                 description="Serve a gpuir memory over MCP (stdio) with remember/recall/forget.")
+    from ..cli_common import ArgumentParser, cli_logging, verbosity
+
+    ap = ArgumentParser(prog="python -m gpuir.adapters.mcp_server", top=True,
+                        description="Serve a gpuir memory over MCP (stdio) with remember/recall/forget.")
     ap.add_argument("memory_dir", metavar="MEMORY_DIR", help="memory directory (created when new or empty)")
     ap.add_argument("--config", default=None, help="a Retriever configuration JSON (default: plain BM25)")
     ap.add_argument("--tenant", default=None, help="confine the server to this tenant (default: none)")
@@ -116,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuir mcp server: {e}", file=sys.stderr)
         return 2
     try:
-        build_server(backend, name=args.name, tenant=args.tenant).run("stdio")
+        with cli_logging(verbosity(args), prog="gpuir mcp server"):
+            build_server(backend, name=args.name, tenant=args.tenant).run("stdio")
     finally:
         mem.close()
     return 0

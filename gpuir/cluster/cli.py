@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..memory import Memory
-from ..service.wal import WALCorruptError, read_segment, segments
+from ..wal import WALCorruptError, read_segment, segments
 from . import layout
 
 
@@ -54,8 +55,43 @@ def describe(path: str | Path) -> dict[str, Any]:
             "log_records": sum(s["log_records"] for s in shards), "shard_list": shards, **m["memory"]}
 
 
+def running(path: str | Path, address: str | None = None) -> dict[str, Any]:
+    """:meth:`ShardedMemory.info <gpuir.cluster.ShardedMemory.info>` of the memory at ``path``, its shards
+    started on Ray for the purpose (and stopped again)."""
+    from .sharded import ShardedMemory
+
+    with ShardedMemory.open(path, address=address) as sm:
+        return sm.info()
+
+
+def _print_running(info: dict[str, Any]) -> None:
+    print(f"sharded memory {info['path']} ({info['shards']} shards, route {info['route']}, {info['device']}; "
+          f"Ray: {info['ray']['nodes']} node(s))")
+    print(f"  records     {info['records']:,}, coordinator pid {info['coordinator']['pid']}")
+    print("  shard      records  node          pid  device    backend  segments  path")
+    for s in info["shard_list"]:
+        node = (s["node"] or "-")[:12]
+        print(f"  {s['shard']:>5}  {s['records']:>11,}  {node:<12}  {s['pid']:>5}  {s['device']:<8}  "
+              f"{s['backend']:<7}  {s['segments']:>8,}  {s['path']}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print :func:`describe` (``--json``: as JSON)."""
+    """Print :func:`describe` (``--start``: :func:`running`; ``--json``: as JSON)."""
+    if getattr(args, "start", False):
+        from ..index.dirlock import StoreLockedError
+
+        try:
+            info = running(args.memory_dir, getattr(args, "ray_address", None))
+        except StoreLockedError as e:
+            print(f"gpuir memory info: {e}: the memory is open elsewhere (a running gpuir serve shows its shards "
+                  "at /healthz with an operator key); leave --start out to read the shards from disk",
+                  file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(info, indent=1, default=str))
+        else:
+            _print_running(info)
+        return 0
     info = describe(args.memory_dir)
     if args.json:
         print(json.dumps(info, indent=1))

@@ -6,7 +6,7 @@ Layout of ``PATH``::
     .gpuir.lock            the coordinator's writer lock (one ShardedMemory per directory)
     sharded.json           the manifest: shards, route, the memory settings (written once, checksummed)
     shard-00000/           shard 0: a memory directory (gpuir.memory.persist) and its
-                           write-ahead log (service-wal-*.log, gpuir.service.wal)
+                           write-ahead log (service-wal-*.log, gpuir.wal)
     shard-00001/ ...
 
 The manifest never changes after :meth:`ShardedMemory.create

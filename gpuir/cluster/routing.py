@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
-from ..memory.where import Where
+from ..memory.where import And, Cond, Or, Where
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -33,19 +34,35 @@ def owners(ids: Sequence[str], tenants: Sequence[str | None] | None, route: str,
     return [shard_of(i, shards) for i in ids]
 
 
+def _ids_of(node: Any) -> set[str] | None:
+    """The ids a filter node confines matches to (None: any id)."""
+    if isinstance(node, Cond):
+        if node.field == "id" and node.op == "eq" and isinstance(node.value, str):
+            return {node.value}
+        if node.field == "id" and node.op == "in":
+            return {v for v in node.value if isinstance(v, str)}
+        return None
+    if isinstance(node, And):  # every child must hold: each that names ids narrows the set
+        out: set[str] | None = None
+        for c in node.children:
+            got = _ids_of(c)
+            if got is not None:
+                out = got if out is None else out & got
+        return out
+    if isinstance(node, Or):  # some child holds: confined only when every child names ids
+        parts = [_ids_of(c) for c in node.children]
+        if parts and all(p is not None for p in parts):
+            return set().union(*parts)  # type: ignore[arg-type]
+        return None
+    return None  # Not, or anything else: no confinement
+
+
 def where_ids(w: Where | None) -> set[str] | None:
-    """The ids a compiled ``where`` confines a search to (its ``id`` equality or membership), or None."""
+    """The ids a compiled ``where`` confines a search to (``id`` equality or membership, under
+    ``$and``/``$or``), or None."""
     if w is None:
         return None
-    out: set[str] | None = None
-    for c in w.conds:
-        if c.field != "id":
-            continue
-        for op in ("eq", "in"):  # conditions AND: each narrows the set
-            if op in c.ops:
-                vals = {v for v in c.ops[op] if isinstance(v, str)}
-                out = vals if out is None else out & vals
-    return out
+    return _ids_of(w.root)
 
 
 def search_targets(w: Where | None, route: str, shards: int) -> list[int]:

@@ -24,8 +24,8 @@ def require_ray():
     """The ``ray`` module, or ImportError naming the extra to install."""
     try:
         import ray
-    except ImportError:
-        raise ImportError(f"ShardedMemory needs Ray: {EXTRA}") from None
+    except ImportError as e:
+        raise ImportError(f"{e}: ShardedMemory needs Ray: {EXTRA}") from None
     return ray
 
 

@@ -5,11 +5,12 @@
 tests drive it directly too.
 
 **Writes** arrive as encoded log payloads (JSON bytes, made and checked by the
-coordinator): ``{"op": "add" | "update", "wid", "batch": columns, "seqs"}`` or
-``{"op": "delete", "wid", "ids"}``. A write is validated against the memory
-(an added id that exists, an updated or deleted id that does not: an error
-value, nothing logged), appended to the shard's log with ``fsync``
-(:class:`gpuir.service.wal.WriteAheadLog`, the service's log, unchanged),
+coordinator): ``{"op": "add" | "update" | "upsert", "wid", "batch": columns,
+"seqs"}`` (an update's or upsert's batch holds whole new versions, merged by
+the coordinator) or ``{"op": "delete", "wid", "ids"}``. A write is validated
+against the memory (an added id that exists, an updated or deleted id that
+does not: an error value, nothing logged), appended to the shard's log with ``fsync``
+(:class:`gpuir.wal.WriteAheadLog`, the service's log, unchanged),
 applied to the memory, and only then answered: the answer is the
 acknowledgement, so every acknowledged write is on disk. The answer carries the
 write's change to the shard's statistics (N, total length, df of the terms
@@ -30,7 +31,7 @@ included) comes back with every acknowledged write.
 
 **Checkpoints** (every ``checkpoint_every`` logged records, on :meth:`save`, on
 :meth:`close`): the memory is saved and the log folded, exactly as the service
-does it (:mod:`gpuir.service.wal`).
+does it (:mod:`gpuir.wal`).
 
 **Searches** take the global statistics (:class:`~gpuir.memory.termstats.TermStats`)
 and run on the memory's current snapshot, any number at once
@@ -56,7 +57,7 @@ from ..memory import Memory, persist
 from ..memory.records import STRING_FIELDS, RecordBatch
 from ..memory.snapshot import Snapshot
 from ..memory.termstats import TermStats
-from ..service.wal import WriteAheadLog, encode_payload
+from ..wal import WriteAheadLog, encode_payload
 
 log = logging.getLogger("gpuir.cluster.shard")
 
@@ -98,7 +99,7 @@ def concat_batches(batches: list[RecordBatch]) -> RecordBatch:
 def write_payload(op: str, wid: int, *, batch: RecordBatch | None = None, seqs: np.ndarray | None = None,
                   ids: list[str] | None = None, missing_ok: bool = False) -> bytes:
     """The log payload of one shard write (raises ValueError when a record cannot be logged)."""
-    if op in ("add", "update"):
+    if op in ("add", "update", "upsert"):
         assert batch is not None and seqs is not None
         body = {"op": op, "wid": int(wid), "batch": batch_columns(batch), "seqs": [int(s) for s in seqs]}
     elif op == "delete":
@@ -235,6 +236,8 @@ class ShardServer:
             flush()
             if kind == "update":
                 mem.update(batch_from_columns(op["batch"]), seqs=op["seqs"])
+            elif kind == "upsert":
+                mem.upsert(batch_from_columns(op["batch"]), seqs=op["seqs"])
             elif kind == "delete":
                 mem.delete(op["ids"], missing_ok=True)
             else:
@@ -262,7 +265,7 @@ class ShardServer:
                 return {"replayed": True}
             mem = self.memory
             kind = op["op"]
-            if kind in ("add", "update"):
+            if kind in ("add", "update", "upsert"):
                 batch = batch_from_columns(op["batch"])
                 seqs = np.asarray(op["seqs"], dtype=np.int64)
                 if kind == "add":
@@ -270,7 +273,7 @@ class ShardServer:
                     if clash:
                         msg = f"{len(clash)} id(s) already exist, e.g. {clash[0]!r}: use update() to replace records"
                         return {"error": ("exists", msg, clash)}
-                else:
+                elif kind == "update":
                     unknown = [rid for rid in batch.ids if rid not in mem]
                     if unknown:
                         return {"error": ("unknown", "update", unknown)}
@@ -298,6 +301,8 @@ class ShardServer:
                     mem.add(batch, seqs=seqs)
                 elif kind == "update":
                     mem.update(batch, seqs=seqs)
+                elif kind == "upsert":
+                    mem.upsert(batch, seqs=seqs)
                 elif ids:
                     mem.delete(ids)
             except BaseException as e:  # validated above, so an internal failure: stop writing
@@ -361,6 +366,7 @@ class ShardServer:
                 "next_seq": self.memory.next_seq, "last_wid": self.last_wid}
             if with_ids:
                 out["ids"] = [rid for v in snap.views for rid in v.seg.ids.take(v.live_rows()).tolist()]
+                out["seqs"] = [int(q) for v in snap.views for q in v.seg.seqs[v.live_rows()].tolist()]
             return out
 
     def has(self, ids: list[str]) -> list[bool]:
@@ -381,19 +387,73 @@ class ShardServer:
         """The records with these ids (None where unknown)."""
         return self.memory.get(ids, missing_ok=True)
 
+    def stored(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """id -> the record as stored (canonical: times in epoch ms) of the ids live here (for merging updates)."""
+        mem = self.memory
+        live = [rid for rid in ids if rid in mem]
+        return dict(zip(*mem.stored(live)))
+
+    def expired(self) -> list[str]:
+        """Ids of the live records here whose ``expires_at`` has passed (the coordinator deletes them)."""
+        from ..memory.expiry import expired_rows, now_ms
+
+        snap, now = self.memory.snapshot(), now_ms()
+        out: list[str] = []
+        for v in snap.views:
+            rows = expired_rows(v, now)
+            if rows.size:
+                out.extend(v.seg.ids.take(rows).tolist())
+        return out
+
+    def history(self, rid: str) -> list[dict[str, Any]]:
+        """The earlier versions of a record held here, oldest first."""
+        return self.memory.history(rid)
+
+    def list(self, *args: Any) -> Any:
+        """``Memory.list`` of this shard's memory."""
+        return self.memory.list(*args)
+
+    def export(self, where: Any, history: bool, time_unit: str | None) -> tuple[int, bytes]:
+        """``Memory.export`` of this shard's memory: (records written, the file's bytes)."""
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix="gpuir-shard-export-", suffix=".jsonl")
+        os.close(fd)
+        try:
+            n = self.memory.export(tmp, where=where, history=history, time_unit=time_unit)
+            return n, Path(tmp).read_bytes()
+        finally:
+            os.unlink(tmp)
+
+    def count(self, where: Any, time_unit: str | None) -> int:
+        """``Memory.count`` of this shard's memory."""
+        return self.memory.count(where, time_unit)
+
     def search(self, queries: list[str], k: int, wheres: list[Any], mode: str, budgets: list[int | None],
-               stats: TermStats, backend: str = "auto") -> list[tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]]:
-        """Each query's top k here under the global ``stats``: (seqs (m,) int64, scores (m,) float32, hits)."""
+               stats: TermStats, backend: str = "auto", ties: str = "oldest", min_score: float | None = None,
+               time_unit: str | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]]:
+        """Each query's top k here under the global ``stats`` and the tie rule ``ties``.
+
+        Returns
+        -------
+        list of (seqs (m,) int64, scores (m,) float32, times (m,) int64 epoch ms (MISSING_TIME when untimed),
+        hits), host arrays, best first.
+        """
         out: list[Any] = [None] * len(queries)
         groups: dict[int | None, list[int]] = {}
         for i, b in enumerate(budgets):
             groups.setdefault(b, []).append(i)
         for b, idx in groups.items():
             res = self.memory.search([queries[i] for i in idx], k=k, where=[wheres[i] for i in idx],
-                                     backend=backend, mode=mode, max_partitions=b, stats=stats)
+                                     backend=backend, mode=mode, max_partitions=b, stats=stats, ties=ties,
+                                     min_score=min_score, time_unit=time_unit)
+            snap = res.snapshot
             for j, i in enumerate(idx):
-                ok = res.seqs[j] >= 0
-                out[i] = (res.seqs[j][ok], res.scores[j][ok], res.hits(j))
+                ok = np.flatnonzero(res.seqs[j] >= 0)
+                times = np.fromiter((snap.views[v].seg.time[r] for v, r in zip(res.vidx[j][ok].tolist(),
+                                                                              res.rows[j][ok].tolist())),
+                                    dtype=np.int64, count=ok.size)
+                out[i] = (res.seqs[j][ok], res.scores[j][ok], times, res.hits(j))
         return out
 
     def term_stats(self, queries: list[str]) -> TermStats:

@@ -58,11 +58,14 @@ from typing import Any
 import numpy as np
 
 from ..index.dirlock import WriterLock, check_path, claim_dir
-from ..memory import Memory, RecordError, UnknownIdError
+from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory.hitorder import HIT_ORDERS, check_min_score, resolve_ties
+from ..memory.intake import canonical_records, fold_expiry, to_batch
 from ..memory.partitions import MODES, budget_partitions
-from ..memory.records import RecordBatch, normalize_records
+from ..memory.records import MISSING_TIME, RecordBatch, normalize_records
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
+from ..memory.timeutil import check_time_unit
 from ..memory.where import compile_wheres
 from ..topk import topk_order
 from . import layout, runtime
@@ -319,6 +322,7 @@ class ShardedMemory:
                 self._take_sync(s, sy)
             self._next_seq = max([sy["next_seq"] for sy in syncs.values()], default=0)
             self._next_wid = max([sy["last_wid"] for sy in syncs.values()], default=0) + 1
+            self._drop_stale_copies(syncs)
             log.info("sharded memory %s: %d shards (%s, route %s), %d records", root, S, self.device, self.route,
                      len(self))
             return self
@@ -329,6 +333,31 @@ class ShardedMemory:
             if started:
                 runtime.require_ray().shutdown()
             raise
+
+    def _drop_stale_copies(self, syncs: dict[int, dict[str, Any]]) -> None:
+        """Delete the older copy of a record found on two shards (a tenant move cut short by a crash)."""
+        if self._owner is None:
+            return
+        best: dict[str, tuple[int, int]] = {}
+        stale: dict[int, list[str]] = {}
+        for s, sy in syncs.items():
+            for rid, q in zip(sy.get("ids", ()), sy.get("seqs", ())):
+                if rid in best:
+                    q0, s0 = best[rid]
+                    loser = s if q < q0 else s0
+                    stale.setdefault(loser, []).append(rid)
+                    if q > q0:
+                        best[rid] = (q, s)
+                else:
+                    best[rid] = (q, s)
+        if not stale:
+            return
+        log.warning("sharded memory %s: %d record(s) found on two shards (a tenant move cut short); "
+                    "deleting the older copies", self._path, sum(len(g) for g in stale.values()))
+        wid = self._wid()
+        self._write({s: write_payload("delete", wid, ids=g) for s, g in stale.items()})
+        for rid, (_, s) in best.items():
+            self._owner[rid] = s
 
     def _take_sync(self, s: int, sy: dict[str, Any]) -> None:
         self._stats.replace(s, sy)
@@ -471,7 +500,7 @@ class ShardedMemory:
         return {rid: s for s, g in groups.items() for rid, ok in zip(g, got[s]) if ok}
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None) -> int:
         """Add new records (see :meth:`Memory.add <gpuir.memory.Memory.add>`); atomic for the batch.
 
         Returns once every owning shard has logged (``fsync``) and applied them.
@@ -483,7 +512,7 @@ class ShardedMemory:
         ShardUnavailableError
             An owning shard did not come back (the message says where the write is durable).
         """
-        batch = records if isinstance(records, RecordBatch) else normalize_records(records)
+        batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
         n = len(batch)
         if not n:
             return 0
@@ -522,52 +551,94 @@ class ShardedMemory:
                 raise RecordError(f"a record cannot be written to the log: {e}") from None
         return parts
 
-    def update(self, records: Iterable[Mapping[str, Any]] | RecordBatch) -> int:
-        """Replace existing records with new versions (see :meth:`Memory.update <gpuir.memory.Memory.update>`).
+    def update(self, records: Iterable[Mapping[str, Any]] | RecordBatch, replace: bool = False,
+               time_unit: str | None = None) -> int:
+        """Change existing records, keeping what the records given do not name (see :meth:`Memory.update
+        <gpuir.memory.Memory.update>` and :mod:`gpuir.memory.updates`); atomic.
 
-        Each new version takes the newest place in the add order. With
-        ``route="tenant"``, a record whose tenant changes moves to its new
-        tenant's shard (deleted from one shard, added to the other).
+        The coordinator reads the stored versions from their shards, merges the
+        records given into them, and writes the changed ones as whole new versions
+        (each takes the newest place in the add order; a record left as it was is
+        not written). With ``route="tenant"``, a record whose tenant changes moves
+        to its new tenant's shard (deleted from one shard, added to the other; its
+        history stays behind and is dropped).
+
+        Returns
+        -------
+        int: the number of records given.
 
         Raises
         ------
         RecordError, UnknownIdError
-            A malformed record; an id naming no record (nothing is changed).
+            A malformed record or merged result; an id naming no record (nothing is changed).
         """
-        batch = records if isinstance(records, RecordBatch) else normalize_records(records)
-        n = len(batch)
-        if not n:
+        return self._put(records, replace, time_unit, "update")
+
+    def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
+        """Replace existing records (matched by id) by the records given, whole (see :meth:`update`)."""
+        return self._put(records, True, time_unit, "replace")
+
+    def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False, time_unit: str | None = None) -> int:
+        """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others."""
+        return self._put(records, replace, time_unit, "upsert")
+
+    def _put(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+        if isinstance(records, RecordBatch):  # validated columns: whole records
+            records = [records.record(i) for i in range(len(records))]
+            replace, time_unit = True, "ms"
+        patches = canonical_records(records, time_unit)
+        ids = updates.check_ids(patches, what)
+        if not ids:
             return 0
         with self._rw.writing():
             self._check_open()
+            have = self._present(ids)
+            if what != "upsert":
+                unknown = [rid for rid in ids if rid not in have]
+                if unknown:
+                    raise UnknownIdError(unknown, what)
+            groups_old: dict[int, list[str]] = {}
+            for rid, s in have.items():
+                groups_old.setdefault(s, []).append(rid)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups_old.items()},
+                               "read for update")
+            current = {rid: rec for s in got for rid, rec in got[s].items()}
+            new, labels, replaced, _ = updates.plan(patches, current, replace)
+            if not new:
+                return len(ids)
+            batch = normalize_records(fold_expiry(new), labels=labels)
+            n = len(batch)
             own = self._owners_of_batch(batch)
             groups: dict[int, list[int]] = {}
             for i, s in enumerate(own):
                 groups.setdefault(s, []).append(i)
-            moved: dict[int, list[str]] = {}  # shard -> ids to delete there first (route "tenant", a tenant changed)
-            if self._owner is not None or len(groups) > 1:
-                have = self._present(list(batch.ids))
-                unknown = [rid for rid in batch.ids if rid not in have]
-                if unknown:
-                    raise UnknownIdError(unknown, "update")
-                if any(have[rid] != s_new for rid, s_new in zip(batch.ids, own)):
-                    # a record changes shard: the batch becomes a delete of every old version, then an add of
-                    # every new one (what update means: the new versions take the newest places in the add order)
-                    for rid in batch.ids:
-                        moved.setdefault(have[rid], []).append(rid)
+            was = {rid: have[rid] for rid in replaced}
+            moved: dict[int, list[str]] = {}  # old shard -> ids whose tenant moved them (route "tenant")
+            for rid, s_new in zip(batch.ids, own):
+                if rid in was and was[rid] != s_new:
+                    moved.setdefault(was[rid], []).append(rid)
             seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-            if moved:
-                wid = self._wid()
-                self._write({s: write_payload("delete", wid, ids=ids) for s, ids in moved.items()})
-                parts = self._encode("add", batch, seqs, groups)
-            else:
-                parts = self._encode("update", batch, seqs, groups)
+            # a moved record is added on its new shard (an upsert there) before its old version is deleted:
+            # a crash between the two leaves both versions, never neither; the next open keeps the newer
+            parts = self._encode("upsert" if moved or what == "upsert" else "update", batch, seqs, groups)
             self._next_seq += n
             self._write(parts)
+            if moved:
+                wid = self._wid()
+                self._write({s: write_payload("delete", wid, ids=g) for s, g in moved.items()})
             if self._owner is not None:
                 for rid, s in zip(batch.ids, own):
                     self._owner[rid] = s
-            return n
+            return len(ids)
+
+    def purge_expired(self) -> int:
+        """Delete, on every shard, the records whose ``expires_at`` has passed; returns how many."""
+        with self._rw.reading():
+            self._check_open()
+            ids = self._gather({s: (lambda s=s: self._actors[s].expired.remote()) for s in range(self.n_shards)},
+                               "purge")
+        dead = [rid for g in ids.values() for rid in g]
+        return self.delete(dead, missing_ok=True) if dead else 0
 
     def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
         """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
@@ -648,6 +719,62 @@ class ShardedMemory:
                                "tenants")
         return {t for names in got.values() for t in names}
 
+    def history(self, id: str) -> list[dict[str, Any]]:
+        """A record's earlier versions, oldest first (see :meth:`Memory.history <gpuir.memory.Memory.history>`)."""
+        with self._rw.reading():
+            self._check_open()
+            s = self._owner_of_id(id)
+            if s is None:
+                return []
+            return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+
+    def _one_shard(self, where: Any, time_unit: str | None, what: str) -> int:
+        w = compile_wheres(where, 1, {}, time_unit)[0]
+        targets = search_targets(w, self.route, self.n_shards)
+        if len(targets) != 1:
+            raise ValueError(f"{what} on a sharded memory reads one shard: give a where naming one tenant "
+                             "(route 'tenant') or ids on one shard (route 'id')")
+        return targets[0]
+
+    def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
+             cursor: str | None = None, time_unit: str | None = None) -> Any:
+        """A page of records (see :meth:`Memory.list <gpuir.memory.Memory.list>`) from the one shard that
+        ``where`` confines them to (a tenant with ``route="tenant"``); else ValueError."""
+        with self._rw.reading():
+            self._check_open()
+            s = self._one_shard(where, time_unit, "listing")
+            return self._gather({s: lambda: self._actors[s].list.remote(where, order_by, descending, limit, cursor,
+                                                                        time_unit)}, "list")[s]
+
+    def export(self, path: str | os.PathLike, where: Any = None, history: bool = True,
+               time_unit: str | None = None) -> int:
+        """Write the records passing ``where`` to a JSON-lines file (:meth:`Memory.export
+        <gpuir.memory.Memory.export>`'s format), from the one shard ``where`` confines them to; else ValueError.
+
+        Returns
+        -------
+        int: the number of records written.
+        """
+        with self._rw.reading():
+            self._check_open()
+            s = self._one_shard(where, time_unit, "an export")
+            n, data = self._gather({s: lambda: self._actors[s].export.remote(where, history, time_unit)}, "export")[s]
+        out = Path(path)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+        return n
+
+    def count(self, where: Any = None, time_unit: str | None = None) -> int:
+        """How many live records pass ``where`` (summed over the shards that can hold them)."""
+        with self._rw.reading():
+            self._check_open()
+            w = compile_wheres(where, 1, {}, time_unit)[0]
+            targets = search_targets(w, self.route, self.n_shards)
+            got = self._gather({s: (lambda s=s: self._actors[s].count.remote(where, time_unit)) for s in targets},
+                               "count")
+        return sum(got.values())
+
     def __contains__(self, rid: object) -> bool:
         if not isinstance(rid, str):
             return False
@@ -685,11 +812,16 @@ class ShardedMemory:
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
-               decay: float = 0.5) -> ShardedResults:
+               decay: float = 0.5, min_score: float | None = None, ties: str | None = None,
+               order_by: str = "score", time_unit: str | None = None) -> ShardedResults:
         """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
 
         Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
         (``backend`` is each shard's engine: "auto" is CuPy on a GPU shard, else numba).
+        Each asked shard returns its top k under the tie rule (:mod:`gpuir.memory.hitorder`)
+        with each hit's time; the coordinator merges them under the same rule, so
+        the k kept are the one memory's k (``ties="newest"`` included), then
+        orders them by time when ``order_by="time"``.
 
         Raises
         ------
@@ -709,6 +841,11 @@ class ShardedMemory:
         k = int(k)
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+        ties = resolve_ties(ties, mode)
+        min_score = check_min_score(min_score)
+        if order_by not in HIT_ORDERS:
+            raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in HIT_ORDERS)}, got {order_by!r}")
+        check_time_unit(time_unit)
         budget = None
         if mode == "budgeted":
             if max_partitions is not None:
@@ -720,7 +857,7 @@ class ShardedMemory:
             else:
                 raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
         B = len(queries)
-        wheres = compile_wheres(where, B, {})  # checked here: a malformed where fails before any shard is asked
+        wheres = compile_wheres(where, B, {}, time_unit)  # checked here: a malformed where fails before any shard is asked
         raw = [None] * B if where is None else ([where] * B if isinstance(where, Mapping) else list(where))
         an = thread_analyzer(self._config["analyzer"])
         qterms = [sorted(set(an(q))) for q in queries]
@@ -761,7 +898,8 @@ class ShardedMemory:
                 self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
                 self.exchange["search_calls"] += 1
                 calls[s] = (lambda s=s, qis=qis, ts=ts: self._actors[s].search.remote(
-                    [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend))
+                    [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
+                    min_score, time_unit))
             t2 = time.perf_counter()
             got = self._gather(calls, "search")
         t3 = time.perf_counter()
@@ -779,13 +917,20 @@ class ShardedMemory:
                 continue
             sq = np.concatenate([p[0] for p in ps])
             sc = np.concatenate([p[1] for p in ps]).astype(np.float32, copy=False)
-            hs = [h for p in ps for h in p[2]]
-            order = topk_order(sq, sc, k)
+            tm = np.concatenate([p[2] for p in ps])
+            hs = [h for p in ps for h in p[3]]
+            untimed = tm == MISSING_TIME
+            if ties == "newest":  # score desc, timed before untimed, time desc, sequence desc (gpuir.memory.hitorder)
+                order = np.lexsort((-sq, -np.where(untimed, 0, tm), untimed, -sc.astype(np.float64)))[:k]
+            else:
+                order = topk_order(sq, sc, k)
+            if order_by == "time":  # the k chosen, oldest first, untimed last, then add order
+                order = order[np.lexsort((sq[order], np.where(untimed, 0, tm)[order], untimed[order]))]
             m = order.size
             seqs[qi, :m], scores[qi, :m] = sq[order], sc[order]
             hits.append([hs[j] for j in order.tolist()])
         return ShardedResults(seqs, scores, hits, {
-            "shards_asked": targets_of, "mode": mode, "max_partitions": budget,
+            "shards_asked": targets_of, "mode": mode, "max_partitions": budget, "ties": ties,
             "timings": {"plan_s": t2 - t0, "shards_s": t3 - t2, "merge_s": time.perf_counter() - t3,
                         "analyze_s": t1 - t0}})
 

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -34,6 +35,8 @@ from .._compat import optional_import
 from ..backends import torch_device
 
 __all__ = ["Encoder", "cache_dir", "default_model_path", "known_prefixes"]
+
+log = logging.getLogger(__name__)  # gpuir.dense.encoder
 
 
 def default_model_path() -> Path:
@@ -194,6 +197,7 @@ class Encoder:
             optional_import("torch", "dense")  # names the extra when torch is missing
             device = self._device or torch_device("auto")
             local = Path(self.model_name).expanduser()
+            log.info("loading encoder %s on %s", self.model_name, device)
             with _offline(not self._allow_download):
                 try:
                     self._model = st.SentenceTransformer(

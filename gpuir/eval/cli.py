@@ -49,9 +49,10 @@ def _common(p: argparse.ArgumentParser, data_help: str) -> None:
     from .tables import FORMATS
 
     p.add_argument("--data", metavar="PATH", default=None, help=data_help)
-    p.add_argument("--method", default="bm25", choices=sorted(runner.EVAL_METHODS), metavar="METHOD",
-                   help="retrieval method, listed below (default: %(default)s); 'default' runs the shipped default "
-                        "configuration, 'config' a named one (--config)")
+    p.add_argument("--method", default=None, choices=sorted(runner.EVAL_METHODS), metavar="METHOD",
+                   help="retrieval method, listed below (default: 'default', the shipped default configuration "
+                        "that gpuir.Retriever runs, on LoCoMo and LongMemEval; 'bm25' on BEIR, whose documents "
+                        "are not sessions); 'config' runs a named configuration (--config)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="BM25 scoring device (default: %(default)s: cupy when a GPU is usable, else the "
                         "compiled CPU scorer or numpy)")
@@ -225,8 +226,34 @@ def header_lines(res: runner.EvalResult, args: argparse.Namespace, options: dict
     return out
 
 
+#: The bm25 options (runner.bm25_arguments) and their defaults: given to a method that does not take
+#: them (default, config, fusion, dense, ...), they would be ignored.
+_BM25_OPTIONS = {"analyzer": "default", "bm25_variant": "lucene", "k1": 1.2, "b": 0.75, "delta": 0.5}
+
+
+def default_method(dataset: str) -> str:
+    """The method of ``gpuir eval DATASET`` without ``--method``: the shipped default configuration
+    (what ``gpuir.Retriever`` runs), except on BEIR, whose documents are not sessions of turns (bm25)."""
+    return "bm25" if dataset == "beir" else "default"
+
+
+def _resolve_method(args: argparse.Namespace) -> None:
+    """Fill in ``args.method``; refuse bm25 options given to another method (they would be ignored)."""
+    given = args.method is not None
+    if not given:
+        args.method = default_method(args.dataset)
+    if runner.get_method(args.method).add_arguments is not runner.bm25_arguments:
+        changed = [k for k, v in _BM25_OPTIONS.items() if getattr(args, k, v) != v]
+        if changed:
+            opts = ", ".join(f"--{k.replace('_', '-')}" for k in changed)
+            why = "" if given else f" (without --method, {args.dataset} runs {args.method!r}, the shipped configuration)"
+            raise EvalInputError(f"{opts} set BM25 parameters of the bm25 methods (bm25, memory, ...), not "
+                                 f"{args.method!r}'s{why}: add --method bm25")
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
+    _resolve_method(args)
     spec = runner.get_method(args.method)
     options: dict[str, Any] = spec.from_args(args) if spec.from_args else {}
     _check_extras(args, options)
@@ -439,7 +466,7 @@ def _run_guarded(func):
 DESCRIPTION = """\
 Evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
 
-  gpuir eval locomo      [--data FILE] [--unit session|turn] [--method bm25|default|config|...]
+  gpuir eval locomo      [--data FILE] [--unit session|turn] [--method default|bm25|config|...]
   gpuir eval longmemeval [--data FILE] [--split s|oracle] [--roles user|all]
   gpuir eval beir        --data DIR [--split test]
   gpuir eval compare     A.json B.json [--metric hit@1]     paired bootstrap of two reports
@@ -447,8 +474,9 @@ Evaluate retrieval on LoCoMo, LongMemEval or a BEIR-format collection.
 
 Every evaluation prints a table (overall and per category or question type, each
 cell: mean [95% interval]) and can write the JSON report (--out), the TREC run
-(--run) and the qrels (--qrels). --method default runs the shipped default
-configuration; --method config --config NAME runs a named one (gpuir/data/configs).
+(--run) and the qrels (--qrels). Without --method, LoCoMo and LongMemEval run the
+shipped default configuration (--method default, what gpuir.Retriever runs) and BEIR
+runs bm25; --method config --config NAME runs a named one (gpuir/data/configs).
 Bad input and a missing optional extra exit with status 2 and say what to fix.
 """
 
@@ -551,11 +579,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m gpuir.eval.cli locomo ...``)."""
-    p = argparse.ArgumentParser(prog="gpuir")
+    from ..cli_common import ArgumentParser, cli_logging, verbosity
+
+    p = ArgumentParser(prog="gpuir", top=True)
     sub = p.add_subparsers(dest="command")
     register(sub)
     args = p.parse_args(["eval", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args) or 0)
+    with cli_logging(verbosity(args), prog="gpuir eval"):
+        return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

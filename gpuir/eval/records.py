@@ -22,11 +22,20 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timezone
 from typing import Any
 
 from .datasets import EvalDataset, load_locomo, load_longmemeval
 
 __all__ = ["dataset_records", "document_tenants", "locomo_records", "longmemeval_records"]
+
+
+def record_time(d: Any) -> Any:
+    """A dataset's date as a record's time: the datasets' dates are UTC wall times, parsed naive; a
+    memory refuses naive datetimes (they are usually local time), so the UTC zone is attached here."""
+    if isinstance(d, datetime) and d.tzinfo is None:
+        return d.replace(tzinfo=timezone.utc)
+    return d
 
 
 def document_tenants(ds: EvalDataset) -> list[str | None]:
@@ -63,7 +72,7 @@ def dataset_records(ds: EvalDataset) -> list[dict[str, Any]]:
         elif ds.name.startswith("longmemeval"):
             rec["session"] = did
         if ds.doc_dates[i] is not None:
-            rec["time"] = ds.doc_dates[i]
+            rec["time"] = record_time(ds.doc_dates[i])
         out.append(rec)
     return out
 
@@ -142,6 +151,6 @@ def longmemeval_records(path: str | os.PathLike | None = None, split: str = "s",
             rec: dict[str, Any] = {"id": f"{q.qid}/{sid}", "text": ds.doc_texts[idx[sid]], "tenant": q.qid,
                                    "session": sid, "metadata": {"question_id": q.qid, "session_id": sid}}
             if j < len(dates) and dates[j] is not None:
-                rec["time"] = dates[j]
+                rec["time"] = record_time(dates[j])
             out.append(rec)
     return out

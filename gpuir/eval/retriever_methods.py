@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory
+from ..progress import progress_bar
 from ..results import padded_arrays
 from ..retrieve import ChannelConfig, Retriever, RetrieverConfig, default_config
 from .datasets import EvalDataset, EvalQuery, load_locomo
-from .records import dataset_records, document_tenants
+from .records import dataset_records, document_tenants, record_time
 from .runner import Run, register_method
 
 __all__ = ["haystack_wheres", "loco_folds", "retriever_run", "session_turn_records"]
@@ -66,7 +67,7 @@ def session_turn_records(ds: EvalDataset) -> list[dict[str, Any]]:
             if tenant is not None:
                 rec["tenant"] = tenant
             if date is not None:
-                rec["time"] = date
+                rec["time"] = record_time(date)
             out.append(rec)
     return out
 
@@ -195,7 +196,7 @@ def _with(config: RetrieverConfig, analyzer: Any, pooling: tuple[str, int, float
 
 def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: RetrieverConfig, *,
                   alpha: Any = "loco", backend: str = "auto", metric: str | None = None,
-                  grid: str = "alpha") -> Run:
+                  grid: str = "alpha", progress: bool | None = False) -> Run:
     """Rank ``ds``'s sessions for ``queries`` with a Retriever configuration.
 
     Parameters
@@ -212,6 +213,8 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         second channel's pooling (:data:`POOLING_GRID`) x alpha -- the selection
         that chose the default configuration, so its held-out figure is the
         honest one for it.
+    progress : bool or None
+        A progress bar over the settings searched (None: on a terminal only).
     """
     from ..analysis import ANALYZERS
     from .stats import leave_one_group_out
@@ -239,7 +242,8 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
         groups = loco_folds(queries)
         runs, per = {}, {}
         ran = None
-        for key, cfg in configs.items():
+        for key, cfg in progress_bar(configs.items(), total=len(configs), desc="fusion settings", unit="setting",
+                                     enabled=progress):
             r = build_retriever(ds, cfg)
             ran = r.search_channels(texts, where=wheres, unit="session", backend=backend)
             for a in ALPHAS:
@@ -341,7 +345,7 @@ def fusion_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, back
         alpha = "loco"
     if grid is None:
         grid = "full" if ds.name == "locomo" and config is None and not options else "alpha"
-    return retriever_run(ds, queries, k, cfg, alpha=alpha, backend=backend, grid=grid)
+    return retriever_run(ds, queries, k, cfg, alpha=alpha, backend=backend, grid=grid, progress=progress)
 
 
 __all__ += ["ChannelConfig", "build_retriever", "config_from_options", "fusion_method"]

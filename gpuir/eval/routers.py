@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             emb[name], enc_info = _encode(texts, a.device)
 
     n_fits = sum(len(v[3]) * ((len(methods) - 1) + (1 if k == "locomo" else 0)) for k, v in loaded.items())
-    bar = tqdm(total=n_fits, desc="router CV", unit="fit", file=sys.stderr, disable=a.no_progress)
+    bar = tqdm(total=n_fits, desc="router CV", unit="fit", file=sys.stderr, disable=True if a.no_progress else None)
     for name, (ds, texts, gold, folds, groups, protocol) in loaded.items():
         labels = [t for t in QUERY_TYPES if t in set(gold)]
         prov = {"dataset": ds.name, "source": os.path.basename(ds.source), "protocol": protocol}

@@ -17,6 +17,7 @@ never an index of its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import re
@@ -33,6 +34,8 @@ from ..results import padded_arrays
 from .datasets import EvalDataset, EvalQuery
 from .metrics import METRICS, compute_metrics
 from .stats import bootstrap_ci, bootstrap_table
+
+log = logging.getLogger(__name__)  # gpuir.eval.runner
 
 # --------------------------------------------------------------------------- method registry
 
@@ -172,6 +175,10 @@ def _bm25_args(p) -> None:
     g.add_argument("--k1", type=float, default=1.2, help="default: %(default)s")
     g.add_argument("--b", type=float, default=0.75, help="default: %(default)s")
     g.add_argument("--delta", type=float, default=0.5, help="bm25l / bm25+ only; default: %(default)s")
+
+
+#: The options of the BM25 methods (bm25, memory, ...), for ``add_arguments``.
+bm25_arguments = _bm25_args
 
 
 def _bm25_from_args(a) -> dict[str, Any]:
@@ -528,8 +535,10 @@ def evaluate(
         raise ValueError(f"cutoffs must be positive integers, got {cutoffs}")
     queries = list(ds.queries)
     t0 = time.perf_counter()
+    log.info("running method %s on %s: %d questions over %d %ss", method, ds.name, len(queries), ds.n_docs, ds.unit)
     run = spec.fn(ds, queries, int(k), backend=backend, progress=progress, **options)
     t_method = time.perf_counter() - t0
+    log.info("method %s ran in %.1f s", method, t_method)
     B, width = run.ranked.shape if run.ranked.ndim == 2 else (None, None)
     if B == len(queries) and width is not None and width < int(k) and run.scores.shape == run.ranked.shape:
         # a search clamps k to the collection (BM25Index.search): pad the run to k columns here

@@ -25,17 +25,15 @@ from itertools import chain
 import numpy as np
 
 from ..analysis import Analyzer
+from ..progress import progress_bar
 from .csr import CSRIndex
 
 DEFAULT_CHUNK_SIZE = 20_000
 
 
 def _progress(total: int | None, progress: bool | None, desc: str):
-    from tqdm.auto import tqdm
-
-    # progress=None: show on a terminal only (tqdm's disable=None).
-    disable = None if progress is None else (not progress)
-    return tqdm(total=total, desc=desc, unit="doc", disable=disable, mininterval=0.5)
+    # progress=None: show on a terminal only
+    return progress_bar(total=total, desc=desc, unit="doc", enabled=progress, dynamic_ncols=False)
 
 
 def _chunk_triples(

@@ -2,12 +2,18 @@
 
 ``Memory`` (:mod:`gpuir.memory.store`) over immutable CSR segments
 (:mod:`~gpuir.memory.segments`) with tombstones, time partitions and
-newest-first search (:mod:`~gpuir.memory.partitions`), ``where`` filters with a
-hard tenant boundary (:mod:`~gpuir.memory.where`), snapshots for concurrent
-readers (:mod:`~gpuir.memory.snapshot`), and checksummed, incrementally saved
-directories (:mod:`~gpuir.memory.persist`). See ``docs/memory.md``.
+newest-first search (:mod:`~gpuir.memory.partitions`), the ``where`` filter
+language with a hard tenant boundary (:mod:`~gpuir.memory.where`), updates that
+merge and a bounded history (:mod:`~gpuir.memory.updates`,
+:mod:`~gpuir.memory.history`), listing with stable cursors and exact export
+(:mod:`~gpuir.memory.listing`, :mod:`~gpuir.memory.export`), times parsed once
+(:mod:`~gpuir.memory.timeutil`), expiry (:mod:`~gpuir.memory.expiry`),
+snapshots for concurrent readers (:mod:`~gpuir.memory.snapshot`), and
+checksummed, incrementally saved directories (:mod:`~gpuir.memory.persist`).
+See ``docs/memory.md`` and ``docs/api.md``.
 """
 
+from .listing import Page
 from .partitions import MODES, budget_partitions, fit_decay
 from .persist import MemoryFormatError
 from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
@@ -15,6 +21,7 @@ from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
 from .termstats import TermStats
+from .timeutil import parse_time
 from .where import WhereError
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "Memory",
     "MemoryFormatError",
     "MemoryResults",
+    "Page",
     "ReadOnlyError",
     "RecordError",
     "Snapshot",
@@ -34,5 +42,6 @@ __all__ = [
     "budget_partitions",
     "fit_decay",
     "format_time",
+    "parse_time",
     "to_epoch_ms",
 ]

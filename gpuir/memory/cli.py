@@ -10,6 +10,7 @@
                                    [--mode exhaustive|newest|budgeted] [--max-partitions K]
                                    [--config CONFIG.json] [--unit record|session]
     gpuir memory info MEMORY_DIR [--json]
+    gpuir memory get|list|count|update|history|export|import ...   (gpuir.memory.cli_records)
 
 ``add`` creates the memory when the directory is missing or empty (the analyzer
 and BM25 options apply then only), and adds every record of the file or none:
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,22 @@ from typing import Any
 from ..backends import BACKENDS
 from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
+from ..progress import progress_bar, show_progress
 from .persist import CURRENT, check_not_orphaned
 
 BATCH = 10_000
+
+log = logging.getLogger(__name__)  # gpuir.memory.cli
+
+
+def _count_lines(path: Path) -> int:
+    """Lines of a file (the progress bar's total), read in binary blocks."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
 
 _DESCRIPTION = """\
 An agent memory in a directory: add, delete and search records; describe it.
@@ -50,6 +65,13 @@ An agent memory in a directory: add, delete and search records; describe it.
   gpuir memory delete MEMORY_DIR --ids IDS.txt
   gpuir memory search MEMORY_DIR --query TEXT [-k 10] [--where JSON] [--config CONFIG.json] [--unit session]
   gpuir memory info MEMORY_DIR [--json]
+  gpuir memory get MEMORY_DIR ID...                 records by id (JSON lines)
+  gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time] [--limit N] [--cursor C | --all]
+  gpuir memory count MEMORY_DIR [--where JSON]
+  gpuir memory update MEMORY_DIR PATCHES.jsonl [--replace | --upsert]
+  gpuir memory history MEMORY_DIR ID
+  gpuir memory export MEMORY_DIR OUT.jsonl [--where JSON]
+  gpuir memory import MEMORY_DIR IN.jsonl [--replace]
 
 Search hits (jsonl) carry id, score, text and the record's fields; trec writes
 'qid Q0 id rank score gpuir-memory'. With --unit session the hits are
@@ -85,7 +107,7 @@ def _open_or_create(args: argparse.Namespace):
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from .records import normalize_records
+    from .intake import to_batch
 
     path = Path(args.records)
     if not path.is_file():
@@ -95,20 +117,24 @@ def _cmd_add(args: argparse.Namespace) -> int:
         total = 0
         recs: list[dict] = []
         labels: list[str] = []
+        bar = progress_bar(total=_count_lines(path) if show_progress() else None, desc="add", unit="rec")
 
         def flush():
             nonlocal total
             if recs:
-                total += mem.add(normalize_records(recs, labels=labels))
+                total += mem.add(to_batch(recs, args.time_unit, labels=labels))
+                bar.update(len(recs))
                 recs.clear()
                 labels.clear()
 
-        for lineno, obj in read_jsonl(path, {}):
-            recs.append(obj)
-            labels.append(f"{path}, line {lineno}")
-            if len(recs) >= BATCH:
-                flush()
-        flush()
+        with bar:
+            for lineno, obj in read_jsonl(path, {}):
+                recs.append(obj)
+                labels.append(f"{path}, line {lineno}")
+                if len(recs) >= BATCH:
+                    flush()
+            flush()
+        log.info("added %d records; saving %s", total, args.memory_dir)
         mem.save(args.memory_dir, lock_timeout=args.lock_timeout)
         print(f"added {total} records -> {args.memory_dir} ({len(mem)} records, "
               f"{len(mem.snapshot().views)} segments{', created' if created else ''})", file=sys.stderr)
@@ -205,7 +231,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
             return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)
 
         opts = {}
-    for s in range(0, len(texts), 1024):
+    batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    for s in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
         for i in range(len(res)):
             qid = qids[s + i]
@@ -221,6 +248,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .store import Memory
 
+    if args.start:
+        print(f"gpuir memory info: --start applies to a sharded memory (made by ShardedMemory.create); "
+              f"{args.memory_dir} is not one: leave --start out", file=sys.stderr)
+        return 2
     info = Memory.open(args.memory_dir, writer=False).info()
     if args.json:
         print(json.dumps(info, indent=1))
@@ -273,6 +304,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     help="BM25 delta, bm25l and bm25+ only, on creation only (default: 0.5)")
     pa.add_argument("--partition-days", type=float, default=None,
                     help="width of the time partitions in days, 0 turns them off, on creation only (default: 7)")
+    pa.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
+                    help="unit of times given as bare numbers (default: none; a bare number is an error: give ISO "
+                         "8601 strings, or name the unit)")
     lock_timeout(pa)
     pa.set_defaults(func=_cmd_add)
 
@@ -322,5 +356,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                     "terms and BM25 parameters.")
     pi.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
     pi.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
+    pi.add_argument("--start", action="store_true",
+                    help="a sharded memory only: start its shards on Ray and show each one's node, process and "
+                         "device (the memory must not be open elsewhere; default: read the shards from disk)")
+    pi.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                    help="with --start: the Ray cluster to join ('auto' or HOST:PORT; default: a local runtime "
+                         "on loopback)")
     pi.set_defaults(func=_cmd_info)
+
+    from .cli_records import register_records
+
+    register_records(sub, lock_timeout)
     return pm

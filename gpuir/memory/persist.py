@@ -9,6 +9,7 @@ Layout of ``MEMORY_DIR``::
                                size, its deletions file; the manifest's own sha256 over the rest
     seg-<uid>.npz              one immutable segment (np.savez, uncompressed; never rewritten)
     del-<uid>-<gen>.npy        the deleted rows of a segment (int64, ascending), as of save <gen>
+    history-<gen>.jsonl        records' earlier versions (gpuir.memory.history), as of save <gen>
 
 **Incremental.** A save writes the segments not yet on disk and a deletions file
 for each segment whose deletions changed since the last save; everything else
@@ -57,7 +58,7 @@ from ..index.files import fsync_dir, sha256_file
 FORMAT = "gpuir-memory"
 FORMAT_VERSION = 1
 CURRENT = "CURRENT"
-_OWNED = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|manifest-\d{8}\.json|\.tmp-.*)$")
+_OWNED = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|history-\d{8}\.jsonl|manifest-\d{8}\.json|\.tmp-.*)$")
 
 
 class MemoryFormatError(ValueError):
@@ -68,7 +69,7 @@ class MemoryFormatError(ValueError):
 FILE_MODE = 0o600
 #: Mode of a memory directory gpuir creates or claims (owner only), whatever the umask.
 DIR_MODE = 0o700
-_STATE = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|manifest-\d{8}\.json)$")
+_STATE = re.compile(r"^(seg-\d{8}\.npz|del-\d{8}-\d{8}\.npy|history-\d{8}\.jsonl|manifest-\d{8}\.json)$")
 
 
 def open_private(path: Path):
@@ -272,6 +273,8 @@ def collect_garbage(root: Path, keep: set[str]) -> list[str]:
 def manifest_files(manifest: dict[str, Any]) -> set[str]:
     """Every file a manifest references (segments, deletions)."""
     out = set()
+    if manifest.get("history"):  # records' earlier versions (gpuir.memory.history)
+        out.add(manifest["history"]["file"])
     for s in manifest.get("segments", []):
         out.add(s["file"])
         if s.get("deletes"):

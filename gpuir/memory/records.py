@@ -12,19 +12,22 @@ role         "user", "assistant",   dictionary code, int32
              "tool" or "system"
 agent        str                    dictionary code, int32
 tenant       str                    dictionary code, int32
-time         int epoch ms, ISO-8601 int64 epoch milliseconds (UTC); missing = int64 min
-             string, datetime, date
+time         ISO-8601 string, aware int64 epoch milliseconds (UTC); missing = int64 min
+             datetime, date, or a
+             number with time_unit
 importance   int or float, finite   float64 (NaN = missing)
 type         str (event, fact, ...) dictionary code, int32
 metadata     JSON object            compact JSON text, UTF-8 offsets + bytes
+expires_at   a time, as ``time``    in the metadata JSON under :data:`EXPIRES_KEY`
 ===========  =====================  ==================================================
 
-Times: a number is an integer count of milliseconds since the Unix epoch (a
-float is refused: seconds passed by mistake would otherwise be silently read as
-milliseconds); strings are parsed with :meth:`datetime.fromisoformat` (ISO 8601,
-a trailing ``Z`` accepted); a naive time (no offset) is UTC. Records come back
-(:meth:`~gpuir.memory.Memory.get`, search hits) with ``time`` in epoch
-milliseconds; :func:`format_time` gives ISO 8601.
+Times enter through :mod:`gpuir.memory.timeutil` and :mod:`gpuir.memory.intake`
+(a bare number needs its unit; a naive datetime is refused), which hand this
+module the canonical form: ``time`` and ``expires_at`` as int epoch
+milliseconds, ``expires_at`` folded into the metadata. :func:`normalize_records`
+takes that form (an int time is epoch ms here); :func:`make_record` gives it
+back (the memory's internal reads). Callers get records with times as ISO 8601
+strings (:func:`~gpuir.memory.timeutil.public_record`, :func:`format_time`).
 
 Metadata holds JSON values: objects nested at most :data:`MAX_METADATA_DEPTH`
 levels (the metadata object is level 1), integers of at most 64 bits (a
@@ -48,6 +51,10 @@ import numpy as np
 #: Every field a record may have, in output order.
 FIELDS: tuple[str, ...] = ("id", "text", "session", "role", "agent", "tenant", "time", "importance", "type",
                            "metadata")
+#: Every field a record may carry: :data:`FIELDS` and ``expires_at`` (see :mod:`gpuir.memory.expiry`), in output order.
+RECORD_FIELDS: tuple[str, ...] = FIELDS + ("expires_at",)
+#: The metadata key under which a record's ``expires_at`` (int epoch ms) is stored (no user key can be it).
+EXPIRES_KEY = "\u0000expires_at"
 #: Fields stored as dictionary-encoded strings.
 STRING_FIELDS: tuple[str, ...] = ("session", "role", "agent", "tenant", "type")
 #: The allowed roles.
@@ -226,9 +233,13 @@ def make_record(
     if not math.isnan(importance):
         out["importance"] = float(importance)
     if meta:
-        out["metadata"] = json.loads(meta)
-    # output order: FIELDS
-    return {f: out[f] for f in FIELDS if f in out}
+        obj = json.loads(meta)
+        if EXPIRES_KEY in obj:  # expires_at is kept beside the metadata (gpuir.memory.expiry)
+            out["expires_at"] = obj.pop(EXPIRES_KEY)
+        if obj:
+            out["metadata"] = obj
+    # output order: RECORD_FIELDS
+    return {f: out[f] for f in RECORD_FIELDS if f in out}
 
 
 def _name(where: str, rec: Any) -> str:

@@ -376,10 +376,13 @@ class MemoryResults:
         return [views[v].seg.ids[r] for v, r in zip(self.vidx[i][ok].tolist(), self.rows[i][ok].tolist())]
 
     def hits(self, i: int) -> list[dict[str, Any]]:
-        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields."""
+        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields
+        (``time`` and ``expires_at`` as ISO 8601 strings)."""
+        from .timeutil import public_record
+
         ok = self.seqs[i] >= 0
         out = []
         for v, r, s in zip(self.vidx[i][ok].tolist(), self.rows[i][ok].tolist(), self.scores[i][ok].tolist()):
-            rec = self.snapshot.record(v, r)
+            rec = public_record(self.snapshot.record(v, r))
             out.append({"id": rec.pop("id"), "score": float(s), **rec})
         return out

@@ -21,9 +21,16 @@ threads, and never wait for the writer.
 Unknown ids: :meth:`Memory.delete` and :meth:`Memory.get` raise
 :class:`UnknownIdError` naming them (nothing is deleted) unless
 ``missing_ok=True`` (then unknown ids are skipped, or returned as None by get).
-:meth:`Memory.update` requires every id to exist; :meth:`Memory.add` refuses ids
-that exist (use update). An update re-adds the record: it takes the place of
-the newest record in the add order, as a delete followed by an add would.
+:meth:`Memory.update` requires every id to exist and merges the fields given
+into the stored record (:mod:`gpuir.memory.updates`); :meth:`Memory.add`
+refuses ids that exist (use update, or upsert). An update re-adds the record:
+it takes the place of the newest record in the add order, as a delete followed
+by an add would. The versions an update replaces are kept in a bounded history
+(:mod:`gpuir.memory.history`). Records past their ``expires_at`` are hidden at
+once and purged by the next write (:mod:`gpuir.memory.expiry`). Listing and
+counting: :mod:`gpuir.memory.listing`; export and import:
+:mod:`gpuir.memory.export`. Times in: :mod:`gpuir.memory.timeutil` (a bare
+number needs ``time_unit``); times out: ISO 8601 strings.
 """
 
 from __future__ import annotations
@@ -45,8 +52,13 @@ from ..analysis import Analyzer
 from ..backends import resolve_backend
 from ..bm25 import BM25Params
 from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
-from . import persist
+from . import listing, persist, updates
 from .columns import Interner
+from .expiry import cutoff, expired_rows, has_expiry, now_ms
+from .export import read_export, write_export
+from .history import History
+from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
+from .intake import canonical_records, fold_expiry, to_batch
 from .partitions import MODES, budget_partitions, partition_keys, scan
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
@@ -54,6 +66,7 @@ from .search import MemoryResults, make_engine, plan_queries
 from .segments import SegView, build_segment, merge_segments, segment_arrays, segment_from_arrays
 from .snapshot import Snapshot
 from .termstats import TermStats, check_seqs, query_terms, restate, term_stats
+from .timeutil import check_time_unit, public_record
 from .where import compile_wheres
 
 DAY_MS = 86_400_000
@@ -94,6 +107,8 @@ class Memory:
         Segments of one size tier that trigger a merge (>= 2).
     merge_min : int
         Live records up to which a segment is in the smallest tier (>= 1).
+    history_limit : int
+        Earlier versions kept per record (>= 0; see :mod:`gpuir.memory.history`).
 
     Examples
     --------
@@ -108,7 +123,7 @@ class Memory:
 
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
-                 merge_min: int = 1024):
+                 merge_min: int = 1024, history_limit: int = 10):
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -148,6 +163,8 @@ class Memory:
         self._saved_views: dict[int, SegView] = {}  # uid -> the view whose deletions are on disk
         self._prev_files: set[str] = set()
         self._unsaved = 0  # records added, updated or deleted since the last save or open
+        self._history = History(history_limit)
+        self._expiring = False  # some record was given an expires_at (saved in the manifest; never reset)
         self._snap = self._snapshot(self._df[:0].copy())
 
     # ------------------------------------------------------------------ state
@@ -155,12 +172,15 @@ class Memory:
         """The settings fixed at creation (saved in the manifest)."""
         return {"analyzer": self.analyzer_config, "bm25": self.params.to_dict(),
                 "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
-                "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min}
+                "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
+                "history_limit": self._history.limit}
 
     def _snapshot(self, df: np.ndarray) -> Snapshot:
         self._version += 1
-        return Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
+        snap = Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
                         self.analyzer_config, self.window_ms, self._terms, self._dicts)
+        snap.expiring = self._expiring  # no expires_at ever given: searches never look for expired rows
+        return snap
 
     def _publish(self, added: Mapping[str, int] | None = None, removed: Iterable[str] = (),
                  stats_changed: bool = True) -> None:
@@ -202,12 +222,20 @@ class Memory:
                                 "Memory.open(path, writer=True) to change it")
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]], seqs: Sequence[int] | np.ndarray | None = None) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None,
+            seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Add new records (an iterable of dicts; see :mod:`gpuir.memory.records`).
 
-        ``seqs``: the records' sequence numbers (the tie order), strictly
-        increasing and beyond every number used so far, when a sharded memory
-        numbers them (:mod:`gpuir.memory.termstats`); default: the next ones.
+        Parameters
+        ----------
+        records : iterable of dict
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of times given as bare numbers (a bare number without it is
+            an error; see :mod:`gpuir.memory.timeutil`).
+        seqs : sequence of int, optional
+            The records' sequence numbers (the tie order), strictly increasing and
+            beyond every number used so far, when a sharded memory numbers them
+            (:mod:`gpuir.memory.termstats`); default: the next ones.
 
         Returns
         -------
@@ -220,9 +248,11 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
+            batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
             if not len(batch):
                 return 0
+            self._purge_expired()
+            self._note_expiry(batch)
             clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
@@ -233,36 +263,132 @@ class Memory:
             self._merge_policy(parts)
             return len(batch)
 
-    def update(self, records: Iterable[Mapping[str, Any]], seqs: Sequence[int] | np.ndarray | None = None) -> int:
-        """Replace existing records (matched by id) with new versions; atomic for the batch.
+    def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+        """Change existing records (matched by id), keeping what the records given do not name; atomic.
 
-        ``seqs``: as in :meth:`add`.
+        Each record given is an ``id`` and the fields to change: fields given
+        replace the stored ones, a field given as None is removed, ``metadata``
+        merges key by key (a key given as None is removed), everything else is
+        kept (:mod:`gpuir.memory.updates`). ``replace=True`` replaces whole
+        records instead (as :meth:`replace`). The versions replaced are kept in
+        the record's history (:meth:`history`). ``seqs``: the sequence numbers
+        of the records given, as in :meth:`add` (a record left as it was uses none).
+
+        Returns
+        -------
+        int: the number of records given (a record left as it was counts too).
 
         Raises
         ------
         RecordError
-            A malformed record.
+            A malformed record or merged result (nothing is changed).
         UnknownIdError
             An id that names no record (nothing is changed).
         """
+        return self._put(records, replace, time_unit, "update", seqs)
+
+    def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
+        """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
+        return self._put(records, True, time_unit, "replace")
+
+    def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
+               time_unit: str | None = None) -> int:
+        """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
+
+        Returns
+        -------
+        int: the number of records given.
+        """
+        return self._put(records, replace, time_unit, "upsert")
+
+    def _put(self, records: Any, replace: bool, time_unit: str | None, what: str,
+             seqs: Sequence[int] | np.ndarray | None = None) -> int:
         with self._write_lock:
             self._check_writable()
-            batch = records if isinstance(records, RecordBatch) else normalize_records(records)
-            if not len(batch):
+            if isinstance(records, RecordBatch):  # validated columns: whole records
+                records = [records.record(i) for i in range(len(records))]
+                replace, time_unit = True, "ms"
+            patches = canonical_records(records, time_unit)
+            ids = updates.check_ids(patches, what)
+            if not ids:
                 return 0
-            unknown = [rid for rid in batch.ids if rid not in self._ids]
-            if unknown:
-                raise UnknownIdError(unknown, "update")
-            given = check_seqs(seqs, len(batch), self._next_seq)
-            touched = self._remove(batch.ids)
+            given = check_seqs(seqs, len(ids), self._next_seq)
+            self._purge_expired()
+            if what != "upsert":
+                unknown = [rid for rid in ids if rid not in self._ids]
+                if unknown:
+                    raise UnknownIdError(unknown, what)
+            current = dict(zip(*self.stored([rid for rid in ids if rid in self._ids])))
+            new, labels, replaced, old = updates.plan(patches, current, replace)
+            if not new:
+                return len(ids)
+            batch = normalize_records(fold_expiry(new), labels=labels)
+            self._note_expiry(batch)
+            touched = self._remove(replaced) if replaced else set()
+            if given is not None and len(new) < len(ids):  # the records left as they were use no number
+                seq_of = dict(zip(ids, given.tolist()))
+                given = np.asarray([seq_of[r["id"]] for r in new], dtype=np.int64)
             added, parts = self._append(batch, given)
-            self._publish(added=added, removed=batch.ids)  # removed first, then the new versions
-            self._unsaved += len(batch)
+            self._publish(added=added, removed=replaced)  # removed first, then the new versions
+            for rid, version in old:
+                self._history.push(rid, version)
+            self._unsaved += len(new)
             self._merge_policy(touched | parts)
-            return len(batch)
+            return len(ids)
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
+    def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """(ids, their records as stored) of live ids: the canonical form of :mod:`gpuir.memory.intake`
+        (``time`` and ``expires_at`` as int epoch ms), read from the current snapshot; for writers that
+        merge (the service). Raises KeyError for an id that is not live."""
+        with self._commit_lock:
+            snap = self._snap
+            seqs = [self._ids[i] for i in ids]
+        if not ids:
+            return [], []
+        where: dict[int, tuple[int, int]] = {}
+        for vi, rows in self._locate(snap.views, np.asarray(sorted(seqs), dtype=np.int64)):
+            for r in rows.tolist():
+                where[int(snap.views[vi].seg.seqs[r])] = (vi, r)
+        return ids, [snap.record(*where[q]) for q in seqs]
+
+    def purge_expired(self) -> int:
+        """Delete every record whose ``expires_at`` has passed (every write does it first); returns how many."""
+        with self._write_lock:
+            self._check_writable()
+            return self._purge_expired()
+
+    def _note_expiry(self, batch: RecordBatch) -> None:
+        if not self._expiring and has_expiry(batch.metadata):
+            self._expiring = True
+
+    def _purge_expired(self) -> int:
+        if not self._expiring:
+            return 0
+        now = now_ms()
+        dead: list[str] = []
+        for v in self._views:
+            rows = expired_rows(v, now)
+            if rows.size:
+                dead.extend(v.seg.ids.take(rows).tolist())
+        if not dead:
+            return 0
+        touched = self._remove(dead)
+        self._publish(removed=dead)
+        self._history.drop(dead)
+        self._unsaved += len(dead)
+        log.info("purged %d expired record(s)", len(dead))
+        self._merge_policy(touched)
+        return len(dead)
+
+    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
         """Delete records by id (tombstones, purged by later merges).
+
+        Parameters
+        ----------
+        keep_history : bool
+            Keep the records' histories, with the deleted version as their last
+            entry (default: a deleted record's history goes with it).
 
         Returns
         -------
@@ -276,12 +402,18 @@ class Memory:
         with self._write_lock:
             self._check_writable()
             ids = _id_list(ids, "delete")
+            self._purge_expired()
             unknown = [rid for rid in ids if rid not in self._ids]
             if unknown and not missing_ok:
                 raise UnknownIdError(unknown, "delete")
             ids = list(dict.fromkeys(rid for rid in ids if rid in self._ids))
             if not ids:
                 return 0
+            if keep_history:
+                for rid, version in zip(*self.stored(ids)):
+                    self._history.push(rid, version)
+            else:
+                self._history.drop(ids)
             touched = self._remove(ids)
             self._publish(removed=ids)
             self._unsaved += len(ids)
@@ -419,6 +551,7 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
+            self._purge_expired()
             keys = list(dict.fromkeys(v.seg.partition for v in self._views))
             if partition != "all":
                 keys = [k for k in keys if k == partition]
@@ -432,7 +565,9 @@ class Memory:
 
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
-        """The records with these ids, in the order given (time as epoch milliseconds).
+        """The records with these ids, in the order given (``time`` and ``expires_at`` as ISO 8601 strings).
+
+        A record past its ``expires_at`` is unknown.
 
         Raises
         ------
@@ -443,9 +578,6 @@ class Memory:
         with self._commit_lock:
             snap = self._snap
             seq_of = [self._ids.get(i) for i in ids]
-        unknown = [i for i, s in zip(ids, seq_of) if s is None]
-        if unknown and not missing_ok:
-            raise UnknownIdError(unknown, "get")
         known = sorted({s for s in seq_of if s is not None})
         where: dict[int, tuple[int, int]] = {}
         if known:
@@ -453,11 +585,138 @@ class Memory:
             for vi, rows in self._locate(snap.views, arr):
                 for r in rows.tolist():
                     where[int(snap.views[vi].seg.seqs[r])] = (vi, r)
-        return [None if s is None else snap.record(*where[s]) for s in seq_of]
+        recs = [None if s is None else snap.record(*where[s]) for s in seq_of]
+        now = now_ms()
+        recs = [None if r is None or r.get("expires_at", now + 1) <= now else r for r in recs]
+        unknown = [i for i, r in zip(ids, recs) if r is None]
+        if unknown and not missing_ok:
+            raise UnknownIdError(unknown, "get")
+        return [None if r is None else public_record(r) for r in recs]
+
+    def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
+             cursor: str | None = None, time_unit: str | None = None) -> listing.Page:
+        """A page of the records passing ``where``, in a stable order, with a cursor for the next page.
+
+        Parameters
+        ----------
+        where : dict or None
+            A filter (:mod:`gpuir.memory.where`); a tenant there is a hard boundary.
+        order_by : {"seq", "time"}
+            Add order, or time (records without a time last); see :mod:`gpuir.memory.listing`.
+        descending : bool
+            Newest (or latest-added) first.
+        limit : int
+            Records per page.
+        cursor : str, optional
+            ``page.cursor`` of the previous page (bound to this where, order_by and descending).
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of bare numbers given as times in ``where``.
+
+        Returns
+        -------
+        Page
+            ``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (None on the last page).
+        """
+        snap = self._snap
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        fp = listing.fingerprint(where, order_by, descending, time_unit)
+        return listing.list_page(snap, w, fp, order_by, descending, limit, cursor)
+
+    def count(self, where: Any = None, time_unit: str | None = None) -> int:
+        """The number of records passing ``where`` (expired records excluded)."""
+        snap = self._snap
+        return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0])
+
+    def history(self, id: str) -> list[dict[str, Any]]:
+        """The earlier versions of record ``id``, oldest first, as record dicts ([] when none; see
+        :mod:`gpuir.memory.history`). The current version is :meth:`get`'s."""
+        if not isinstance(id, str):
+            raise TypeError(f"history: the id must be a string, got {type(id).__name__}")
+        return self._history.get(id)
+
+    def export(self, path: str | os.PathLike, where: Any = None, vectors: Any = None, history: bool = True,
+               time_unit: str | None = None) -> int:
+        """Write the records (those passing ``where``; all by default) to a JSON-lines file, exactly.
+
+        Parameters
+        ----------
+        path : the file (written atomically)
+        where : dict, optional
+            Export only these records (and only their histories).
+        vectors : mapping id -> array, or an embedding store (``row_of``, ``vecs``), optional
+            Written as each record's ``"vector"``.
+        history : bool
+            Write the records' histories too.
+
+        Returns
+        -------
+        int: the number of records written. See :mod:`gpuir.memory.export` for the format.
+        """
+        snap = self._snap
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        seqs, _, vis, rows = listing._matches(snap, w)
+        order = np.argsort(seqs, kind="stable")
+        recs = [public_record(snap.record(int(vis[i]), int(rows[i]))) for i in order.tolist()]
+        hist = []
+        if history:
+            names = self._history.ids() if where is None else [r["id"] for r in recs if r["id"] in self._history]
+            hist = [(rid, self._history.get(rid)) for rid in names]
+        return write_export(path, {"config": self.config()}, recs, hist, vectors)
+
+    def import_(self, path: str | os.PathLike, vectors: dict | None = None, replace: bool = False,
+                check_config: bool = True) -> int:
+        """Add the records of an export file (:meth:`export`), all or none, and their histories.
+
+        Parameters
+        ----------
+        vectors : dict, optional
+            Filled with id -> ndarray (dim,), float32 of the records that carry a vector.
+        replace : bool
+            Records whose ids exist replace them (default: an existing id is an error, nothing is added).
+        check_config : bool
+            Refuse a file exported from a memory with another analyzer or BM25 settings (whose scores differ).
+
+        Returns
+        -------
+        int: the number of records imported.
+        """
+        header, recs, labels, vecs, hists = read_export(path)
+        if check_config:
+            have, got = self.config(), header.get("config") or {}
+            diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
+            if diff:
+                raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
+                                 f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
+                                 f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
+                                 "differently. Import into Memory.from_export(path), or pass check_config=False")
+        canon = canonical_records(recs, None, labels=labels)
+        with self._write_lock:
+            n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(
+                to_batch(canon, "ms", labels=labels))
+            for rid, versions in hists:
+                self._history.restore(rid, canonical_records(versions, None))
+        if vectors is not None:
+            vectors.update(vecs)
+        return n
+
+    @classmethod
+    def from_export(cls, path: str | os.PathLike, vectors: dict | None = None) -> Memory:
+        """A new memory with the settings of an export file, holding its records (see :meth:`import_`)."""
+        header = read_export(path)[0]
+        cfg = header.get("config") or {}
+        bm = cfg.get("bm25", {})
+        mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"), k1=bm.get("k1", 1.2),
+                  b=bm.get("b", 0.75), delta=bm.get("delta", 0.5), partition_days=cfg.get("partition_days", 7.0),
+                  merge_factor=cfg.get("merge_factor", 8), merge_min=cfg.get("merge_min", 1024),
+                  history_limit=cfg.get("history_limit", 10))
+        mem.import_(path, vectors=vectors)
+        return mem
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
-               decay: float = 0.5, snapshot: Snapshot | None = None, stats: TermStats | None = None) -> MemoryResults:
+               decay: float = 0.5, snapshot: Snapshot | None = None, min_score: float | None = None,
+               ties: str | None = None, order_by: str = "score", time_unit: str | None = None,
+               stats: TermStats | None = None) -> MemoryResults:
         """Top-k records of each query, with exact global BM25.
 
         Parameters
@@ -479,6 +738,15 @@ class Memory:
             Budget by covered recency mass: ``K = ceil(log epsilon / log decay)``.
         snapshot : Snapshot, optional
             Search this snapshot instead of the current one.
+        min_score : float, optional
+            Drop hits scoring below it (see :mod:`gpuir.memory.hitorder`).
+        ties : {"oldest", "newest"}, optional
+            Order of equal scores: add order ("oldest", the default of "exhaustive"), or
+            newest first by time, then add order ("newest", the default of "newest" and "budgeted").
+        order_by : {"score", "time"}
+            Return the top k by score ("score"), or the same k in time order ("time").
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of bare numbers given as times in ``where``.
         stats : TermStats, optional
             Score with these statistics (N, total length, df of every query
             term) instead of the memory's own: this memory is one shard of a
@@ -487,7 +755,7 @@ class Memory:
         Returns
         -------
         MemoryResults
-            ``hits(i)`` gives dicts with id, score, text and the record's fields.
+            ``hits(i)`` gives dicts with id, score, text and the record's fields (times in ISO 8601).
         """
         if isinstance(queries, str):
             queries = [queries]
@@ -501,6 +769,11 @@ class Memory:
         k = int(k)
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+        ties = resolve_ties(ties, mode)
+        min_score = check_min_score(min_score)
+        if order_by not in HIT_ORDERS:
+            raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in HIT_ORDERS)}, got {order_by!r}")
+        check_time_unit(time_unit)
         budget = None
         if mode == "budgeted":
             if max_partitions is not None:
@@ -516,10 +789,20 @@ class Memory:
         if stats is not None:
             snap = restate(snap, stats)
         t0 = time.perf_counter()
-        wheres = compile_wheres(where, len(queries), snap.dicts)
+        wheres = compile_wheres(where, len(queries), snap.dicts, time_unit, cutoff(snap))
         plans = plan_queries(snap, list(queries), stats)
         t1 = time.perf_counter()
-        out = scan(snap, make_engine(snap, name), plans, wheres, k, mode, budget)
+        engine = make_engine(snap, name)
+        out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
+        if ties == "newest" or min_score is not None or order_by == "time":  # at the edge (gpuir.memory.hitorder)
+            edged = []
+            for i, (h, r, p) in enumerate(out):
+                if ties == "newest":
+                    h = newest_ties(h, k, snap, lambda n, i=i: scan(snap, engine, [plans[i]], [wheres[i]], n, mode,
+                                                                        budget)[0][0])
+                h = threshold(h, min_score)
+                edged.append((by_time(h, snap) if order_by == "time" else h, r, p))
+            out = edged
         B = len(queries)
         seqs = np.full((B, k), -1, dtype=np.int64)
         scores = np.full((B, k), -np.inf, dtype=np.float32)
@@ -533,7 +816,7 @@ class Memory:
             "backend": name, "backend_reason": reason, "mode": mode, "max_partitions": budget,
             "postings_read": np.array([r for _, r, _ in out], dtype=np.int64),
             "partitions_scanned": np.array([p for _, _, p in out], dtype=np.int64),
-            "partitions": len(snap.partitions), "snapshot_version": snap.version,
+            "partitions": len(snap.partitions), "snapshot_version": snap.version, "ties": ties,
             "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
         })
         return res
@@ -660,7 +943,8 @@ class Memory:
                 entries.append(e)
                 saved_views[seg.uid] = v
             manifest = {"generation": gen, "config": self.config(), "next_seq": self._next_seq,
-                        "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries}
+                        "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries,
+                        "history": self._history.save(root, gen), "expiring": self._expiring}
             name = persist.commit(root, manifest)
             self._gen = gen
             self._unsaved = 0
@@ -751,7 +1035,7 @@ class Memory:
             mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"),
                       k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
-                      merge_min=cfg.get("merge_min", 1024))
+                      merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10))
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)
@@ -780,6 +1064,8 @@ class Memory:
             mem._saved_views[seg.uid] = v
         if len(mem._ids) != mem._n:
             raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique)")
+        mem._history.load(root, manifest.get("history"), verify)
+        mem._expiring = bool(manifest.get("expiring", False))  # older memories had no expires_at
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])

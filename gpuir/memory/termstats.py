@@ -114,8 +114,11 @@ def restate(snap: Snapshot, stats: TermStats) -> Snapshot:
         ok = (codes >= 0) & (codes < G)
         vals = np.fromiter((stats.df[t] for t in terms), dtype=np.int64, count=len(terms))
         df[codes[ok]] = vals[ok]
-    return Snapshot(snap.version, snap.views, stats.n_docs, stats.total_len, df, snap.params, snap.analyzer_config,
-                    snap.window_ms, snap.terms, snap.dicts)
+    out = Snapshot(snap.version, snap.views, stats.n_docs, stats.total_len, df, snap.params, snap.analyzer_config,
+                   snap.window_ms, snap.terms, snap.dicts)
+    if hasattr(snap, "expiring"):  # no expires_at ever given: the search need not look for expired rows
+        out.expiring = snap.expiring
+    return out
 
 
 def check_seqs(seqs: object, n: int, next_seq: int) -> np.ndarray | None:

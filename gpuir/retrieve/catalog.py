@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory
+from ..memory.expiry import cutoff
 from ..memory.records import MISSING_TIME
 from ..memory.where import compile_wheres
 
@@ -163,7 +164,7 @@ class Catalog:
                 if self.records is not self.memory:
                     copies.append(rec if self._enrich_fn is None else {**rec, "text": self._enrich_fn(rec["text"])})
             if copies:
-                self.records.add(copies)
+                self.records.add(copies, time_unit="ms")  # read back from the memory: times in epoch ms
                 end = self._index_next + len(copies)
                 if end > self._mem_seq_of_index.size:
                     grown = np.full(max(end, 2 * self._mem_seq_of_index.size), -1, dtype=np.int64)
@@ -236,10 +237,11 @@ class Catalog:
             per = [where] * n_queries
         out: list[np.ndarray | None] = []
         cache: dict[str, np.ndarray | None] = {}  # one mask per distinct filter (e.g. per tenant)
+        expire = cutoff(snap)  # records past their expires_at are hidden from every channel
         for raw in per:
             key = json.dumps(raw, sort_keys=True, default=repr)
             if key not in cache:
-                w = compile_wheres(raw, 1, snap.dicts)[0]
+                w = compile_wheres(raw, 1, snap.dicts, expire=expire)[0]
                 if w is None:
                     cache[key] = None
                 else:

@@ -176,9 +176,32 @@ def entity_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str]
     return _sorted_rows(nums, vals, ch.depth)
 
 
+def drop_below(res: SearchResults, min_score: float | None) -> SearchResults:
+    """``res`` without the candidates scoring below ``min_score`` (each row keeps its order, padded at the end)."""
+    if min_score is None:
+        return res
+    ok = (res.ids >= 0) & (res.scores.astype(np.float64) >= min_score)
+    if ok[res.ids >= 0].all():
+        return res
+    ids, sc = padded_arrays(res.ids.shape[0], res.ids.shape[1])
+    for i in range(res.ids.shape[0]):
+        keep = np.flatnonzero(ok[i])
+        ids[i, : keep.size], sc[i, : keep.size] = res.ids[i, keep], res.scores[i, keep]
+    return SearchResults(ids, sc)
+
+
 def run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
                 qvecs: np.ndarray | None = None, embeddings: Any = None, *, windows: list[Any] | None = None,
                 graph: Any = None, applies: np.ndarray | None = None) -> tuple[SearchResults, Any]:
+    """Run one channel, then drop its candidates below ``ch.min_score`` (see :func:`_run_channel`)."""
+    res, extra = _run_channel(ch, catalog, snap, queries, where, backend, qvecs, embeddings, windows=windows,
+                              graph=graph, applies=applies)
+    return drop_below(res, ch.min_score), extra
+
+
+def _run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
+                 qvecs: np.ndarray | None = None, embeddings: Any = None, *, windows: list[Any] | None = None,
+                 graph: Any = None, applies: np.ndarray | None = None) -> tuple[SearchResults, Any]:
     """Run one channel.
 
     Parameters

@@ -65,6 +65,8 @@ class ChannelConfig:
         Records averaged by ``topk`` pooling.
     lse_beta : float
         Temperature of ``lse`` pooling: ``(1/beta) log sum exp(beta s)``.
+    min_score : float or None
+        Candidates the channel scores below it are dropped before fusion (None: none).
     """
 
     kind: str
@@ -73,6 +75,7 @@ class ChannelConfig:
     pooling: str = "max"
     pool_k: int = 2
     lse_beta: float = 1.0
+    min_score: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CHANNELS:
@@ -88,6 +91,9 @@ class ChannelConfig:
             raise ValueError(f"channel {self.kind}: pool_k must be a positive integer, got {self.pool_k!r}")
         if not (isinstance(self.lse_beta, (int, float)) and self.lse_beta > 0 and math.isfinite(self.lse_beta)):
             raise ValueError(f"channel {self.kind}: lse_beta must be a positive number, got {self.lse_beta!r}")
+        if self.min_score is not None and (isinstance(self.min_score, bool) or not isinstance(
+                self.min_score, (int, float)) or not math.isfinite(self.min_score)):
+            raise ValueError(f"channel {self.kind}: min_score must be a finite number or None, got {self.min_score!r}")
 
     @property
     def unit(self) -> str:

@@ -8,12 +8,16 @@ the store when records are added.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)  # gpuir.retrieve.embeddings
 
 __all__ = ["EmbeddingStore"]
 
@@ -53,7 +57,10 @@ class EmbeddingStore:
         todo = [(i, t) for i, t in zip(ids, texts) if i not in self.row_of]
         if not todo:
             return 0
+        log.info("encoding %d records", len(todo))
+        t0 = time.perf_counter()
         v = np.asarray(self.encoder.encode_passages([t for _, t in todo]), dtype=np.float32)
+        log.info("encoded %d records in %.1f s", len(todo), time.perf_counter() - t0)
         if v.ndim != 2 or v.shape[0] != len(todo):
             raise ValueError(f"encoder returned shape {v.shape} for {len(todo)} passages")
         start = 0 if self.vecs is None else self.vecs.shape[0]

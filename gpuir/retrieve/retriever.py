@@ -15,6 +15,7 @@ channels).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -35,6 +36,8 @@ from .embeddings import EmbeddingStore
 from .fanout import run_jobs, stage_names
 from .optimiser import applies, fuse_ran
 from .wheres import row_where
+
+log = logging.getLogger(__name__)  # gpuir.retrieve.retriever
 
 __all__ = ["UNITS", "Retriever", "RetrieverResults"]
 
@@ -418,6 +421,8 @@ class Retriever:
         else:
             res = self._search_core(queries, int(k), where, unit, backend, anchors)
         res.meta["timings"]["total"] = time.perf_counter() - t0
+        log.debug("searched %d queries (k=%d, unit=%s) in %.4f s: %s", len(queries), k, unit,
+                  res.meta["timings"]["total"], {s: round(v, 4) for s, v in res.meta["timings"].items()})
         if res.meta.get("config") is None:
             res.meta["config"] = self.to_config()
         return res

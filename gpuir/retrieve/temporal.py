@@ -113,8 +113,10 @@ class TimeWindow:
             raise ValueError(f"TimeWindow needs start_ms < end_ms, got [{self.start_ms}, {self.end_ms})")
 
     def where(self) -> dict:
-        """The window as a :mod:`gpuir.memory.where` filter: ``{"time": {"gte": start_ms, "lt": end_ms}}``."""
-        return {"time": {"gte": self.start_ms, "lt": self.end_ms}}
+        """The window as a :mod:`gpuir.memory.where` filter: ``{"time": {"gte": START, "lt": END}}`` (ISO 8601)."""
+        from ..memory.timeutil import format_time
+
+        return {"time": {"gte": format_time(self.start_ms), "lt": format_time(self.end_ms)}}
 
     @property
     def start(self) -> datetime:

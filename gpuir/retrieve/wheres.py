@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory.records import to_epoch_ms
+from ..memory.records import RecordError
+from ..memory.timeutil import format_time, parse_time
 from ..memory.where import WhereError
 
 __all__ = ["and_where", "row_where", "rows_where"]
@@ -34,18 +35,26 @@ def _ops(v: Any) -> dict[str, Any]:
     return dict(v) if isinstance(v, dict) else {"eq": v}
 
 
+def _ms(x: Any) -> int:
+    try:
+        return parse_time(x, "where time")
+    except RecordError as e:
+        raise WhereError(str(e)) from None
+
+
 def _and_time(a: Any, b: Any) -> dict[str, Any]:
-    """AND of two time conditions (operators merged; the tighter bound of the same operator kept)."""
-    out = {k: (to_epoch_ms(x, "where time") if k in _LOWER + _UPPER else x) for k, x in _ops(a).items()}
+    """AND of two time conditions (operators merged; the tighter bound of the same operator kept; bounds
+    written as ISO 8601 strings)."""
+    out = {k: (_ms(x) if k in _LOWER + _UPPER else x) for k, x in _ops(a).items()}
     for k, x in _ops(b).items():
         if k in _LOWER + _UPPER:
-            x = to_epoch_ms(x, "where time")
+            x = _ms(x)
             if k in out:
                 x = max(out[k], x) if k in _LOWER else min(out[k], x)
         elif k in out and out[k] != x:
             raise WhereError(f"cannot combine time conditions {a!r} and {b!r}")
         out[k] = x
-    return out
+    return {k: (format_time(x) if k in _LOWER + _UPPER else x) for k, x in out.items()}
 
 
 def _ids(v: Any) -> set[str]:

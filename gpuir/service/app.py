@@ -10,6 +10,9 @@ Routes (the OpenAPI schema is served at ``/openapi.json``)::
     GET    /healthz                            {"status": "ok"}; counts only with an operator key
     GET    /metrics                            Prometheus text format (operator key)
 
+and the routes of :mod:`gpuir.service.records_api`: list (cursors), count,
+update (PATCH merges, PUT replaces), history and export of a tenant's records.
+
 Every ``/v1`` route needs ``Authorization: Bearer KEY`` with a key of the path's
 tenant: no key or an unknown one is 401, a key of another tenant 403. The key
 is checked before the body is read. The tenant is forced onto every added
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..memory import RecordError, WhereError
+from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
 from .body import BodyError, parse_body
 from .keys import OPERATOR, KeyFileError, KeyStore, parse_key
@@ -116,7 +120,10 @@ class Record(BaseModel):
     role: Literal["user", "assistant", "tool", "system"] | None = None
     agent: str | None = None
     tenant: str | None = Field(None, description="optional; must equal the path's tenant")
-    time: int | str | None = Field(None, description="epoch milliseconds or ISO 8601")
+    time: int | float | str | None = Field(
+        None, description="ISO 8601, or a number with the request's time_unit")
+    expires_at: int | float | str | None = Field(
+        None, description="when the record expires (hidden, then purged): ISO 8601, or a number with time_unit")
     importance: float | None = Field(None, description="a number (not a boolean)")
     type: str | None = None
     metadata: dict[str, Any] | None = None
@@ -125,6 +132,8 @@ class Record(BaseModel):
 class AddRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     records: list[Record] = Field(min_length=1, max_length=10_000)
+    time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
+        None, description="unit of times sent as bare numbers (without it a bare number is refused)")
 
 
 class AddResponse(BaseModel):
@@ -139,6 +148,9 @@ class SearchRequest(BaseModel):
         None, description="a filter for every query, or one per query (see gpuir.memory.where); the tenant is forced")
     config: str | None = Field(None, description="a retriever configuration saved as <MEMORY_DIR>.configs/NAME.json; "
                                                  "default: exact BM25 (Memory.search)")
+    min_score: float | None = Field(None, description="drop hits scoring below it")
+    time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
+        None, description="unit of times given as bare numbers in where")
 
 
 class Hits(BaseModel):
@@ -488,7 +500,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             return _detail_422(e.detail)
         recs = [r.model_dump(exclude_none=True) for r in body.records]
         try:
-            fut = svc.store.add(tenant, recs)
+            fut = svc.store.add(tenant, recs, time_unit=body.time_unit)
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
         except RecordError as e:
@@ -522,6 +534,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                                              f"{lim.max_query_terms:,} per request: split the request",
                                 "limit_exceeded")
         try:
+            if body.time_unit is not None:  # bare-number times in where, read in their unit once, here
+                body.where = with_time_unit(body.where, body.time_unit)
             if isinstance(body.where, list):
                 if len(body.where) != B:
                     return _field_error(["where"], f"{len(body.where)} filters for {B} queries: give one per "
@@ -531,6 +545,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                 wheres = [_force_tenant(body.where, tenant, ["where"])] * B
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
+        except (WhereError, RecordError) as e:
+            return _field_error(["where"], str(e))
         if body.config is None:
             key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
@@ -550,6 +566,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             for h in row:
                 if not math.isfinite(h["score"]):
                     raise HTTPException(500, "internal error: a non-finite score")
+        if body.min_score is not None:
+            rows = [[h for h in row if h["score"] >= body.min_score] for row in rows]
         # written here, not by a JSONResponse: the size is checked, and every hit is not re-validated
         data = json.dumps({"results": [{"hits": row} for row in rows]}, ensure_ascii=False,
                           separators=(",", ":")).encode("utf-8")
@@ -586,15 +604,23 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         if not operator(request, required=False):
             return {"status": "ok"}
         st = svc.store
-        return {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
-                "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
-                "replayed_operations": st.replayed}
+        out = {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
+               "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
+               "replayed_operations": st.replayed}
+        if getattr(st, "sharded", False):  # each shard's records, node, process and device
+            info = await asyncio.to_thread(st.memory.info)
+            out["shards"] = [{k: s[k] for k in ("shard", "records", "node", "pid", "device", "backend")}
+                             for s in info["shard_list"]]
+        return out
 
     @app.get("/metrics", summary="Prometheus metrics (text format; operator key)", response_class=Response)
     async def metrics(request: Request):
         operator(request)
         return Response(prom.generate_latest(svc.registry), media_type=prom.CONTENT_TYPE_LATEST)
 
+    from .records_api import records_router
+
+    app.include_router(records_router(svc, authorize))
     app.add_middleware(Measure, service=svc)
     app.add_middleware(BodyLimit, limit=int(max_body_bytes))
     return app

@@ -38,6 +38,7 @@ import threading
 from collections.abc import Sequence
 
 from ..backends import BACKENDS
+from ..cli_common import ArgumentParser, cli_logging, lower_cli_log_level, verbosity
 from ..jsonl import InputError
 
 EXTRA = "pip install 'gpuir[service]'"
@@ -104,14 +105,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _log_to_stderr(level: str) -> None:
-    """gpuir's own log lines (logger ``gpuir``) to standard error, at least warnings."""
-    logger = logging.getLogger("gpuir")
-    if not any(getattr(h, "_gpuir_serve", False) for h in logger.handlers):
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("gpuir serve: %(levelname)s: %(message)s"))
-        h._gpuir_serve = True  # type: ignore[attr-defined]
-        logger.addHandler(h)
-    logger.setLevel(min(logging.WARNING, getattr(logging, level.upper(), logging.WARNING)))
+    """gpuir's own log lines (logger ``gpuir``, on stderr by the command line) down to ``--log-level`` too."""
+    lower_cli_log_level(min(logging.WARNING, getattr(logging, level.upper(), logging.WARNING)))
 
 
 def _server_class(uvicorn):
@@ -271,13 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gpuir.service``: the two commands alone, with gpuir's exit statuses."""
     from ..index.storage import IndexFormatError
 
-    p = argparse.ArgumentParser(prog="gpuir", description="The gpuir memory service.")
+    p = ArgumentParser(prog="gpuir", top=True, description="The gpuir memory service.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     add_parsers(sub)
     args = p.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with cli_logging(verbosity(args), prog=f"gpuir {args.command}"):
+            return int(args.func(args) or 0)
     except (InputError, IndexFormatError, ValueError, TypeError) as e:
         print(f"gpuir {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -9,11 +9,19 @@
 The tenant is read from the key (``gpuir.TENANT.SECRET``) unless given. Every
 method raises :class:`ServiceError` (with ``.status`` and the server's
 ``.detail``) for an HTTP error reply.
+
+Beyond add, search, get and delete: ``update`` (PATCH: fields merged, metadata
+key by key; ``replace=True``: PUT), ``upsert``, ``list`` (a
+:class:`~gpuir.memory.listing.Page` with a cursor) and ``iter_records`` (every
+page), ``count``, ``history`` and ``export`` (to a file, the exact format of
+:mod:`gpuir.memory.export`), as :class:`gpuir.Memory` has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+import os
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -22,6 +30,7 @@ try:
 except ImportError as e:  # pragma: no cover
     raise ImportError("the memory service client needs httpx: pip install 'gpuir[service]'") from e
 
+from ..memory.listing import Page
 from .keys import tenant_of_key
 
 #: Connection limits of a client's own pool: an agent calls its memory every few seconds, so an idle
@@ -54,15 +63,42 @@ def _records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for r in records]
 
 
-def _search_body(queries, k, where, config) -> dict[str, Any]:
+def _search_body(queries, k, where, config, min_score=None, time_unit=None) -> dict[str, Any]:
     if isinstance(queries, str):
         queries = [queries]
     body: dict[str, Any] = {"queries": list(queries), "k": int(k)}
-    if where is not None:
-        body["where"] = where
-    if config is not None:
-        body["config"] = config
+    for key, v in (("where", where), ("config", config), ("min_score", min_score), ("time_unit", time_unit)):
+        if v is not None:
+            body[key] = v
     return body
+
+
+def _add_body(records, time_unit) -> dict[str, Any]:
+    body: dict[str, Any] = {"records": _records(records)}
+    if time_unit is not None:
+        body["time_unit"] = time_unit
+    return body
+
+
+def _list_params(where, order_by, descending, limit, cursor, time_unit) -> dict[str, Any]:
+    params: dict[str, Any] = {"order_by": order_by, "descending": "true" if descending else "false",
+                              "limit": int(limit)}
+    for key, v in (("where", None if where is None else json.dumps(where)), ("cursor", cursor),
+                   ("time_unit", time_unit)):
+        if v is not None:
+            params[key] = v
+    return params
+
+
+def _patch(rec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise ValueError(f"each record needs its 'id' (a non-empty string), got {rid!r}")
+    return rid, {k: v for k, v in rec.items() if k != "id"}
+
+
+def _unit(time_unit: str | None) -> dict[str, str]:
+    return {} if time_unit is None else {"time_unit": time_unit}
 
 
 class _Base:
@@ -75,6 +111,10 @@ class _Base:
 
     def _rec(self, rid: str) -> str:
         return f"{self._prefix}/records/{quote(rid, safe='')}"
+
+    @staticmethod
+    def _page(out: dict[str, Any]) -> Page:
+        return Page(out["records"], out.get("cursor"))
 
 
 class MemoryClient(_Base):
@@ -92,15 +132,76 @@ class MemoryClient(_Base):
         super().__init__(base_url, key, tenant)
         self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout, limits=LIMITS)
 
-    def add(self, records: Iterable[Mapping[str, Any]]) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Add records (dicts as ``gpuir memory add`` takes them); returns the count, once durable."""
-        return int(_check(self._http.post(f"{self._prefix}/records", json={"records": _records(records)}))["added"])
+        return int(_check(self._http.post(f"{self._prefix}/records", json=_add_body(records, time_unit)))["added"])
 
-    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None,
-               config: str | None = None) -> list[list[dict[str, Any]]]:
+    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
+               min_score: float | None = None, time_unit: str | None = None) -> list[list[dict[str, Any]]]:
         """One list of hits per query (dicts with ``id``, ``score``, ``text`` and the record's fields)."""
-        out = _check(self._http.post(f"{self._prefix}/search", json=_search_body(queries, k, where, config)))
+        body = _search_body(queries, k, where, config, min_score, time_unit)
+        out = _check(self._http.post(f"{self._prefix}/search", json=body))
         return [r["hits"] for r in out["results"]]
+
+    def update(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
+               time_unit: str | None = None) -> int:
+        """Change records (each an ``id`` and the fields to change; PATCH merges, ``replace=True`` PUTs whole
+        records); returns how many, once durable. An unknown id raises ServiceError 404."""
+        n = 0
+        for rec in _records(records):
+            rid, body = _patch(rec)
+            method = self._http.put if replace else self._http.patch
+            n += int(_check(method(self._rec(rid), json=body, params=_unit(time_unit)))["updated"])
+        return n
+
+    def upsert(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
+               time_unit: str | None = None) -> int:
+        """Update the records that exist (merging, or replacing with ``replace``) and create the others."""
+        n = 0
+        for rec in _records(records):
+            rid, body = _patch(rec)
+            r = None if replace else self._http.patch(self._rec(rid), json=body, params=_unit(time_unit))
+            if r is None or r.status_code == 404:
+                r = self._http.put(self._rec(rid), json=body, params=_unit(time_unit))
+            n += int(_check(r)["updated"])
+        return n
+
+    def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
+             cursor: str | None = None, time_unit: str | None = None) -> Page:
+        """One page of the tenant's records (``page.records``, ``page.cursor``: None on the last page)."""
+        params = _list_params(where, order_by, descending, limit, cursor, time_unit)
+        return self._page(_check(self._http.get(f"{self._prefix}/records", params=params)))
+
+    def iter_records(self, where: Any = None, order_by: str = "seq", descending: bool = False,
+                     page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every record passing ``where``, page after page."""
+        cursor = None
+        while True:
+            page = self.list(where, order_by, descending, page_size, cursor)
+            yield from page.records
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    def count(self, where: Any = None, time_unit: str | None = None) -> int:
+        """The number of the tenant's records passing ``where``."""
+        params = {**_unit(time_unit), **({} if where is None else {"where": json.dumps(where)})}
+        return int(_check(self._http.get(f"{self._prefix}/count", params=params))["count"])
+
+    def history(self, id: str) -> list[dict[str, Any]]:
+        """The record's earlier versions, oldest first."""
+        return _check(self._http.get(self._rec(id) + "/history"))["versions"]
+
+    def export(self, path: str | os.PathLike) -> int:
+        """Write the tenant's records to ``path`` (JSON lines, :mod:`gpuir.memory.export`); returns the count."""
+        with self._http.stream("GET", f"{self._prefix}/export") as r:
+            if r.status_code >= 400:
+                r.read()
+                _check(r)
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in r.iter_lines())
+        with open(path, encoding="utf-8") as f:
+            return int(json.loads(f.readline())["records"])
 
     def get(self, id: str) -> dict[str, Any] | None:
         """The record, or None when the tenant has no record with this id."""
@@ -149,16 +250,64 @@ class AsyncMemoryClient(_Base):
     def _url(self, path: str) -> str:
         return self.base_url + path
 
-    async def add(self, records: Iterable[Mapping[str, Any]]) -> int:
-        r = await self._http.post(self._url(f"{self._prefix}/records"), json={"records": _records(records)},
+    async def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
+        r = await self._http.post(self._url(f"{self._prefix}/records"), json=_add_body(records, time_unit),
                                   headers=self._headers)
         return int(_check(r)["added"])
 
-    async def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None,
-                     config: str | None = None) -> list[list[dict[str, Any]]]:
-        r = await self._http.post(self._url(f"{self._prefix}/search"), json=_search_body(queries, k, where, config),
-                                  headers=self._headers)
+    async def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
+                     min_score: float | None = None, time_unit: str | None = None) -> list[list[dict[str, Any]]]:
+        body = _search_body(queries, k, where, config, min_score, time_unit)
+        r = await self._http.post(self._url(f"{self._prefix}/search"), json=body, headers=self._headers)
         return [x["hits"] for x in _check(r)["results"]]
+
+    async def update(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
+                     time_unit: str | None = None) -> int:
+        n = 0
+        for rec in _records(records):
+            rid, body = _patch(rec)
+            method = self._http.put if replace else self._http.patch
+            r = await method(self._url(self._rec(rid)), json=body, params=_unit(time_unit), headers=self._headers)
+            n += int(_check(r)["updated"])
+        return n
+
+    async def upsert(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
+                     time_unit: str | None = None) -> int:
+        n = 0
+        for rec in _records(records):
+            rid, body = _patch(rec)
+            url, params = self._url(self._rec(rid)), _unit(time_unit)
+            r = None if replace else await self._http.patch(url, json=body, params=params, headers=self._headers)
+            if r is None or r.status_code == 404:
+                r = await self._http.put(url, json=body, params=params, headers=self._headers)
+            n += int(_check(r)["updated"])
+        return n
+
+    async def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
+                   cursor: str | None = None, time_unit: str | None = None) -> Page:
+        params = _list_params(where, order_by, descending, limit, cursor, time_unit)
+        r = await self._http.get(self._url(f"{self._prefix}/records"), params=params, headers=self._headers)
+        return self._page(_check(r))
+
+    async def iter_records(self, where: Any = None, order_by: str = "seq", descending: bool = False,
+                           page_size: int = 1000) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.list(where, order_by, descending, page_size, cursor)
+            for rec in page.records:
+                yield rec
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+    async def count(self, where: Any = None, time_unit: str | None = None) -> int:
+        params = {**_unit(time_unit), **({} if where is None else {"where": json.dumps(where)})}
+        r = await self._http.get(self._url(f"{self._prefix}/count"), params=params, headers=self._headers)
+        return int(_check(r)["count"])
+
+    async def history(self, id: str) -> list[dict[str, Any]]:
+        r = await self._http.get(self._url(self._rec(id) + "/history"), headers=self._headers)
+        return _check(r)["versions"]
 
     async def get(self, id: str) -> dict[str, Any] | None:
         r = await self._http.get(self._url(self._rec(id)), headers=self._headers)

@@ -31,10 +31,11 @@ from typing import Any
 
 from ..cluster import ShardedMemory, ShardUnavailableError
 from ..index.dirlock import check_path
-from ..memory import RecordError
+from ..memory import RecordError, UnknownIdError
 from .store import (
     SEP,
     ConflictError,
+    NotFoundError,
     ServiceStore,
     StoreFailedError,
     WriteFailedError,
@@ -174,6 +175,59 @@ class ShardedStore(ServiceStore):
         for op, n in done:
             if not op.future.done():
                 op.future.set_result(n)
+
+    def _commit_in_order(self, group: list[_Op]) -> None:
+        """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
+        try:
+            self.memory.purge_expired()  # an expired id is free again; its record is hidden already
+        except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
+            log.warning("purging expired records failed: %s: %s", type(e).__name__, e)
+        run: list[_Op] = []
+        for op in group:
+            if op.kind != "update":
+                run.append(op)
+                continue
+            if run:
+                self._commit(run)
+                run = []
+            self._commit_update(op)
+        if run:
+            self._commit(run)
+
+    def _commit_update(self, op: _Op) -> None:
+        """One update (PATCH/PUT): merged by the coordinator from the stored versions, durable on the owning
+        shard before the answer (:meth:`ShardedMemory.update <gpuir.cluster.ShardedMemory.update>`)."""
+        mem: ShardedMemory = self.memory
+        if self.failed is not None:
+            op.future.set_exception(StoreFailedError(self.failed))
+            return
+        replace = bool(op.options.get("replace"))
+        try:
+            if op.options.get("upsert"):
+                n = mem.upsert(op.records, replace=replace, time_unit="ms")
+            else:
+                n = mem.update(op.records, replace=replace, time_unit="ms")
+        except UnknownIdError as e:
+            shown = ", ".join(repr(m.split(SEP, 1)[1]) for m in e.ids[:5])
+            op.future.set_exception(NotFoundError(f"no record {shown} in tenant {op.tenant!r}"))
+            return
+        except RecordError as e:
+            op.future.set_exception(RecordError(str(e).replace(f"'{op.tenant}{SEP}", "'")))
+            return
+        except (ShardUnavailableError, OSError) as e:
+            op.future.set_exception(WriteFailedError(f"the sharded memory could not store this request "
+                                                     f"({type(e).__name__}: {e})"))
+            return
+        self.wal.ops += n
+        op.future.set_result(n)
+
+    def reader(self, tenant: str, where: dict[str, Any] | None) -> tuple[Any, Any, bool]:
+        """(the sharded memory, ``where`` with internal ids and the tenant, ids internal): a tenant's
+        records are on one shard (``route="tenant"``), which lists and counts them."""
+        from .store import check_tenant
+
+        check_tenant(tenant)
+        return self.memory, pooled_where(where, tenant), True
 
     def checkpoint(self) -> None:
         """Fold every shard's log into its memory."""

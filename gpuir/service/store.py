@@ -47,10 +47,11 @@ import numpy as np
 
 from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
+from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
+from ..wal import WriteAheadLog, encode_payload, segments
 from .validate import check_ids, check_record
-from .wal import WriteAheadLog, encode_payload, segments
 
 log = logging.getLogger("gpuir.service.store")
 
@@ -99,7 +100,7 @@ def _warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
     for the lazy imports and compiled kernels (seconds)."""
     m = Memory(partition_days=None)
-    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": 0}])
+    m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": "1970-01-01"}])
     m.search(["warm engine"], k=1, where={"tenant": "w"})
 
 
@@ -142,26 +143,41 @@ def tenant_batch(batch: RecordBatch, tenant: str) -> RecordBatch:
 def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
     """A tenant's ``where`` for the shared memory: conditions on ``id`` name the internal ids ``TENANT/ID``.
 
-    Only strings are prefixed (``{"id": x}``, ``{"id": {"eq": x}}``, ``{"id": {"in": [...]}}``);
-    anything else is left for :mod:`gpuir.memory.where` to refuse.
+    Strings compared with an id are prefixed, in every clause (``$and``, ``$or``,
+    ``$not`` included): ``eq``, ``ne``, ``in``, ``nin`` and the ranges (a common
+    prefix keeps the order of strings). ``contains`` on ``id`` is refused (a
+    substring could match the prefix); anything else is left for
+    :mod:`gpuir.memory.where` to refuse.
     """
-    if not where or "id" not in where:
+    if not isinstance(where, dict) or not where:
         return where
     pre = (lambda x: internal_id(tenant, x) if isinstance(x, str) else x)
-    v = where["id"]
-    if isinstance(v, dict):
-        v = {op: ([pre(x) for x in val] if op == "in" and isinstance(val, list) else pre(val))
-             for op, val in v.items()}
-    else:
-        v = pre(v)
-    return {**where, "id": v}
+    out: dict[str, Any] = {}
+    for k, v in where.items():
+        if k in ("$and", "$or") and isinstance(v, list):
+            out[k] = [pooled_where(w, tenant) for w in v]
+        elif k == "$not":
+            out[k] = pooled_where(v, tenant)
+        elif k == "id" and isinstance(v, dict):
+            if "contains" in v or "$contains" in v:
+                from ..memory.where import WhereError
+
+                raise WhereError("where['id']: 'contains' on ids is not available with pooled statistics "
+                                 "(`gpuir serve --statistics pooled`); use eq, in or a range")
+            out[k] = {op: ([pre(x) for x in val] if isinstance(val, list) else pre(val)) for op, val in v.items()}
+        elif k == "id":
+            out[k] = pre(v)
+        else:
+            out[k] = v
+    return out
 
 
 class _Op:
-    __slots__ = ("batch", "future", "ids", "kind", "payload", "records", "tenant")
+    __slots__ = ("batch", "future", "ids", "kind", "options", "payload", "records", "tenant")
 
-    def __init__(self, kind: str, tenant: str, records=None, ids=None):
+    def __init__(self, kind: str, tenant: str, records=None, ids=None, options=None):
         self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
+        self.options = options or {}
         self.batch = None
         self.payload: bytes | None = None  # the log frame's JSON, encoded at the door
         self.future: cf.Future = cf.Future()
@@ -255,7 +271,8 @@ class ServiceStore:
         cfg = self.memory.config()
         bm = cfg["bm25"]
         m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
-                   partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"])
+                   partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],
+                   history_limit=0)  # histories live in the shared memory (one copy)
         m.window_ms = self.memory.window_ms  # the same time partitions as the shared memory
         return m
 
@@ -280,7 +297,7 @@ class ServiceStore:
             rec["id"] = rid[len(tenant) + 1:]
             by_tenant.setdefault(tenant, []).append(rec)
         for tenant, recs in by_tenant.items():
-            self._tenant_memory(tenant).add(recs)
+            self._tenant_memory(tenant).add(recs, time_unit="ms")  # read back: times are epoch ms
         if by_tenant:
             log.info("built %d tenant search memories (%d records) in %.2f s", len(by_tenant), len(snap),
                      time.perf_counter() - t0)
@@ -297,21 +314,30 @@ class ServiceStore:
                 self._replay_salvaged(op)
             return len(ops)
         run: list[dict[str, Any]] = []  # consecutive logged adds, replayed as one Memory.add
+        in_run: set[str] = set()
         for op in ops:
             if op.get("op") == "add":
+                ids = [r.get("id") for r in op["records"]]
+                if in_run.intersection(ids):  # an id added again (its record expired meanwhile): in order
+                    self.memory.add(run, time_unit="ms")
+                    run, in_run = [], set()
                 run.extend(op["records"])
+                in_run.update(ids)
             else:
                 if run:
-                    self.memory.add(run)
-                    run = []
+                    self.memory.add(run, time_unit="ms")
+                    run, in_run = [], set()
                 self._replay(op)
         if run:
-            self.memory.add(run)
+            self.memory.add(run, time_unit="ms")
         return len(ops)
 
     def _replay(self, op: dict[str, Any]) -> None:
+        # logged times are epoch ms (canonical since updates; before, as clients sent them: ms or ISO)
         if op.get("op") == "add":
-            self.memory.add(op["records"])
+            self.memory.add(op["records"], time_unit="ms")
+        elif op.get("op") == "put":  # whole new versions, computed when the update was logged
+            self.memory.upsert(op["records"], replace=True, time_unit="ms")
         elif op.get("op") == "delete":
             self.memory.delete(op["ids"], missing_ok=True)
         else:
@@ -324,14 +350,14 @@ class ServiceStore:
                 if len(recs) < len(op.get("records", [])):
                     log.warning("salvage: %d record(s) of a logged add already exist; kept the existing ones",
                                 len(op["records"]) - len(recs))
-                self.memory.add(recs)
+                self.memory.add(recs, time_unit="ms")
             else:
                 self._replay(op)
         except (RecordError, MemoryFormatError, TypeError, KeyError) as e:
             log.warning("salvage: skipped a logged %r operation that cannot be applied: %s", op.get("op"), e)
 
     # ------------------------------------------------------------------ writes
-    def add(self, tenant: str, records: Sequence[dict[str, Any]]) -> cf.Future:
+    def add(self, tenant: str, records: Sequence[dict[str, Any]], time_unit: str | None = None) -> cf.Future:
         """Queue an add for ``tenant``; the future gives the count once durable and applied.
 
         The records' ids are the tenant's; each record's ``tenant`` is set to
@@ -355,8 +381,9 @@ class ServiceStore:
                 raise RecordError(f"records[{i}].id: a non-empty string is required")
             check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
-        try:
-            batch = normalize_records(recs)
+        try:  # times become epoch ms once, here: the log holds them so (replayed with time_unit="ms")
+            recs = canonical_records(recs, time_unit)
+            batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
         op = _Op("add", tenant, records=recs)
@@ -373,6 +400,18 @@ class ServiceStore:
         check_ids(list(ids))
         op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
         return self._submit(op)
+
+    def update(self, tenant: str, patches: Sequence[dict[str, Any]], replace: bool = False, upsert: bool = False,
+               time_unit: str | None = None) -> cf.Future:
+        """Queue an update of the tenant's records (:meth:`gpuir.Memory.update` semantics: fields merged,
+        metadata key by key; ``replace`` replaces whole records; ``upsert`` adds unknown ids); the future
+        gives the number of records, once durable. Unknown ids (without ``upsert``) fail it with
+        :class:`NotFoundError`; a merged record that is malformed, with ``RecordError``."""
+        from .updates import check_patches
+
+        check_tenant(tenant)
+        recs = check_patches(tenant, patches, time_unit)
+        return self._submit(_Op("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))
 
     def _submit(self, op: _Op) -> cf.Future:
         if self._closed:
@@ -404,12 +443,32 @@ class ServiceStore:
                     stop = True
                     break
                 group.append(nxt)
-            self._commit(group)
+            self._commit_in_order(group)
             if self.wal.ops >= self.checkpoint_every or (
                     self.wal.ops and time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds):
                 self._checkpoint_safely()
             if stop:
                 return
+
+    def _commit_in_order(self, group: list[_Op]) -> None:
+        """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
+        from .updates import commit_update
+
+        try:
+            self.memory.purge_expired()  # an expired id is free again; its record is hidden already
+        except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
+            log.warning("purging expired records failed: %s: %s", type(e).__name__, e)
+        run: list[_Op] = []
+        for op in group:
+            if op.kind != "update":
+                run.append(op)
+                continue
+            if run:
+                self._commit(run)
+                run = []
+            commit_update(self, op)
+        if run:
+            self._commit(run)
 
     def _commit(self, group: list[_Op]) -> None:
         """Validate, log (one fsync), apply, acknowledge a group of operations."""
@@ -527,6 +586,14 @@ class ServiceStore:
             return None if m is None else m.get([rid], missing_ok=True)[0]
         rec = self.memory.get([internal_id(tenant, rid)], missing_ok=True)[0]
         return None if rec is None else external_hit(rec)
+
+    def reader(self, tenant: str, where: dict[str, Any] | None) -> tuple[Memory, Any, bool]:
+        """(memory, where, ids internal) for reading a tenant's records (list, count): its search memory
+        (its own ids) with statistics per tenant, else the shared memory with ``where`` made internal."""
+        check_tenant(tenant)
+        if self.statistics == "tenant":
+            return self.tenants.get(tenant) or self._empty, where, False
+        return self.memory, pooled_where(where, tenant), True
 
     def tenant_count(self) -> int:
         """Tenants holding at least one live record."""

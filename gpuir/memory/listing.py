@@ -1,0 +1,169 @@
+"""Listing what a memory holds: pages of records in a stable order, with cursors; counts.
+
+:meth:`Memory.list <gpuir.memory.Memory.list>` returns a :class:`Page`:
+``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (an
+opaque string for the next page, ``None`` on the last one). Orders:
+
+``"seq"``
+    the add order (an update moves a record to the end, as it does for ties);
+``"time"``
+    by ``time`` (then add order); records without a time come after the timed
+    ones in either direction.
+
+``descending=True`` reverses the order (newest first). **Cursors are stable**:
+a cursor holds the sort key of the last record returned (not a position), so
+records added or deleted while paging never shift a page, nothing is returned
+twice because of them, and a record added after the cursor's position appears
+on a later page (keyset pagination). A cursor is bound to its filter and order:
+passing it with another ``where``, ``order_by`` or ``descending`` is an error.
+Expired records are never listed or counted.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .records import MISSING_TIME
+from .snapshot import Snapshot
+from .timeutil import public_record
+from .where import Where
+
+__all__ = ["ORDERS", "Page", "count", "fingerprint", "list_page"]
+
+#: Orders of :meth:`Memory.list`.
+ORDERS = ("seq", "time")
+
+
+@dataclass
+class Page:
+    """One page of a listing.
+
+    Attributes
+    ----------
+    records : list of dict
+        Record dicts (``time``, ``expires_at`` in ISO 8601), in the listing's order.
+    cursor : str or None
+        Pass as ``cursor=`` for the next page; None on the last page.
+    """
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    cursor: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+
+def fingerprint(where: Any, order_by: str, descending: bool, time_unit: str | None) -> str:
+    """What a cursor is bound to: the filter (canonical JSON), order and direction."""
+    raw = json.dumps([where, order_by, bool(descending), time_unit], sort_keys=True, default=repr)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
+
+
+def _encode(fp: str, key: list[int]) -> str:
+    raw = json.dumps({"v": 1, "f": fp, "k": key}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(cursor: Any, fp: str, width: int) -> list[int]:
+    if not isinstance(cursor, str) or not cursor:
+        raise ValueError(f"cursor must be the string a previous page gave (page.cursor), got {cursor!r}")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        obj = json.loads(raw)
+        key = obj["k"]
+        ok = obj.get("v") == 1 and isinstance(key, list) and len(key) == width and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in key)
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise ValueError("cursor is not one a page of this memory gave: pass page.cursor as it was returned")
+    if obj.get("f") != fp:
+        raise ValueError("cursor belongs to a listing with another where, order_by or descending: a cursor "
+                         "continues the listing that returned it (start again without a cursor)")
+    return key
+
+
+def _matches(snap: Snapshot, where: Where | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64."""
+    seqs, times, vis, rows = [], [], [], []
+    for vi, v in enumerate(snap.views):
+        r = v.live_rows() if where is None else np.flatnonzero(where.mask(v, snap.dicts)).astype(np.int64)
+        if r.size:
+            seqs.append(v.seg.seqs[r])
+            times.append(v.seg.time[r])
+            vis.append(np.full(r.size, vi, np.int64))
+            rows.append(r)
+    if not seqs:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    return tuple(np.concatenate(x).astype(np.int64, copy=False) for x in (seqs, times, vis, rows))  # type: ignore
+
+
+def _keys(seqs: np.ndarray, times: np.ndarray, order_by: str, descending: bool) -> list[np.ndarray]:
+    """Sort-key columns, most significant first (ascending order of the listing)."""
+    sgn = -1 if descending else 1
+    if order_by == "seq":
+        return [sgn * seqs]
+    missing = times == MISSING_TIME
+    t = np.where(missing, 0, times)
+    return [missing.astype(np.int64), sgn * t, sgn * seqs]
+
+
+def count(snap: Snapshot, where: Where | None) -> int:
+    """Live (and unexpired) records passing ``where``."""
+    if where is None:
+        return snap.n_docs
+    return int(sum(int(np.count_nonzero(where.mask(v, snap.dicts))) for v in snap.views))
+
+
+def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq", descending: bool = False,
+              limit: int = 100, cursor: str | None = None) -> Page:
+    """One page of the records passing ``where`` (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        An unknown order, a limit that is not a positive integer, a foreign or damaged cursor.
+    RuntimeError
+        Defence in depth: a listing confined to a tenant met another tenant's record.
+    """
+    if order_by not in ORDERS:
+        raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in ORDERS)}, got {order_by!r}")
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    width = 1 if order_by == "seq" else 3
+    after = None if cursor is None else _decode(cursor, fp, width)
+    seqs, times, vis, rows = _matches(snap, where)
+    keys = _keys(seqs, times, order_by, descending)
+    if after is not None and seqs.size:
+        gt = np.zeros(seqs.size, dtype=bool)
+        eq = np.ones(seqs.size, dtype=bool)
+        for col, k in zip(keys, after):
+            gt |= eq & (col > k)
+            eq &= col == k
+        keys = [c[gt] for c in keys]
+        vis, rows = vis[gt], rows[gt]
+    order = np.lexsort(tuple(reversed(keys))) if keys[0].size else np.zeros(0, np.int64)
+    take = order[: int(limit)]
+    tenant = where.tenant if where is not None else None
+    want = snap.dicts["tenant"].lookup(tenant) if tenant is not None else None
+    recs = []
+    for vi, r in zip(vis[take].tolist(), rows[take].tolist()):
+        if want is not None and int(snap.views[vi].seg.codes["tenant"][r]) != want:
+            raise RuntimeError(f"internal error: a listing confined to tenant {tenant!r} found another tenant's "
+                               "record; refusing to return it")
+        recs.append(public_record(snap.record(vi, r)))
+    nxt = None
+    if order.size > take.size:
+        last = int(take[-1])
+        nxt = _encode(fp, [int(c[last]) for c in keys])
+    return Page(recs, nxt)

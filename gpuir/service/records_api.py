@@ -1,0 +1,210 @@
+"""Routes to see and change a tenant's records: list (with cursors), count, update, replace, history, export.
+
+::
+
+    GET    /v1/tenants/{tenant}/records?where=JSON&order_by=seq|time&descending=false&limit=100&cursor=C
+                                        -> {"records": [...], "cursor": "..." | null}
+    GET    /v1/tenants/{tenant}/count?where=JSON            -> {"count": n}
+    PATCH  /v1/tenants/{tenant}/records/{id}   {fields}     -> {"updated": 1, "record": {...}}  (merge; durable)
+    PUT    /v1/tenants/{tenant}/records/{id}   {record}     -> {"updated": 1, "record": {...}}  (replace or create)
+    GET    /v1/tenants/{tenant}/records/{id}/history        -> {"versions": [...]}  (oldest first)
+    GET    /v1/tenants/{tenant}/export                      -> JSON lines (gpuir.memory.export's format)
+
+The tenant is forced into every ``where`` (one naming another tenant is 403) and
+onto every record; ids are the tenant's own. ``PATCH`` merges the fields given
+into the stored record (``null`` removes a field or a metadata key; metadata
+merges key by key; :mod:`gpuir.memory.updates`); ``PUT`` replaces the record
+(creating it when new). Both are durable on reply, as adds are
+(:mod:`gpuir.service.updates`). ``time_unit`` (query parameter) gives the unit
+of times sent as bare numbers. Cursors are bound to their filter and order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..memory import RecordError, WhereError
+from .store import SEP, ConflictError, NotFoundError, StoreFailedError, TenantError, WriteFailedError, external_hit
+
+TimeUnit = Literal["s", "ms", "us", "ns"]
+
+
+class RecordFields(BaseModel):
+    """Fields of a record (all optional: PATCH changes the fields given; null removes one); strict JSON
+    (:mod:`gpuir.service.body`), read after the key check."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = Field(None, description="optional; must equal the path's id")
+    text: str | None = None
+    session: str | None = None
+    role: Literal["user", "assistant", "tool", "system"] | None = None
+    agent: str | None = None
+    tenant: str | None = Field(None, description="optional; must equal the path's tenant")
+    time: int | float | str | None = Field(
+        None, description="ISO 8601, or a number with the time_unit query parameter")
+    expires_at: int | float | str | None = Field(
+        None, description="when the record expires (hidden, then purged); ISO 8601 or a number with time_unit")
+    importance: float | None = None
+    type: str | None = None
+    metadata: dict[str, Any] | None = Field(None, description="PATCH: merged key by key (null removes a key)")
+
+
+def _error(loc: list[Any], msg: str) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": loc, "msg": msg, "type": "value_error"}]}, status_code=422)
+
+
+def _where_param(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        w = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"where is not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(w, dict):
+        raise ValueError('where must be a JSON object of conditions, e.g. {"role": "user"}')  # noqa: TRY004 - a 422
+    return w
+
+
+def _external_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """An export line with the tenant prefix removed from every id."""
+    if "history" in obj:
+        obj["history"] = obj["history"].split(SEP, 1)[-1]
+        obj["versions"] = [external_hit(v) for v in obj["versions"]]
+    elif "format" not in obj:
+        external_hit(obj)
+    return obj
+
+
+def records_router(svc: Any, authorize: Any) -> APIRouter:
+    """The routes of this module over the service ``svc``, each behind ``authorize`` (the tenant's key)."""
+    from .app import _body, _detail_422, _force_tenant, _openapi_body, _write_failed
+    from .body import BodyError
+
+    r = APIRouter()
+
+    def tenant_where(where_text: str | None, tenant: str) -> dict[str, Any]:
+        try:
+            w = _where_param(where_text)
+        except ValueError as e:
+            raise HTTPException(422, [{"loc": ["query", "where"], "msg": str(e), "type": "value_error"}]) from None
+        try:
+            return _force_tenant(w, tenant, ["where"])
+        except TenantError as e:
+            raise HTTPException(403, str(e)) from None
+
+    @r.get("/v1/tenants/{tenant}/records", summary="List the tenant's records, a page at a time")
+    async def list_records(tenant: str = Depends(authorize), where: str | None = Query(
+            None, description="a filter as JSON (docs/memory.md, Filters); the tenant is forced"),
+            order_by: Literal["seq", "time"] = "seq", descending: bool = False,
+            limit: int = Query(100, ge=1, le=1000), cursor: str | None = None, time_unit: TimeUnit | None = None):
+        w = tenant_where(where, tenant)
+        try:
+            mem, w, internal = svc.store.reader(tenant, w)
+            page = await asyncio.to_thread(mem.list, w, order_by, descending, limit, cursor, time_unit)
+        except (WhereError, RecordError) as e:
+            return _error(["query", "where"], str(e))
+        except ValueError as e:  # a foreign or damaged cursor
+            return _error(["query", "cursor"], str(e))
+        recs = [external_hit(x) for x in page.records] if internal else page.records
+        return JSONResponse({"records": recs, "cursor": page.cursor})
+
+    @r.get("/v1/tenants/{tenant}/count", summary="Count the tenant's records passing a filter")
+    async def count_records(tenant: str = Depends(authorize), where: str | None = None,
+                            time_unit: TimeUnit | None = None):
+        w = tenant_where(where, tenant)
+        try:
+            mem, w, _ = svc.store.reader(tenant, w)
+            n = await asyncio.to_thread(mem.count, w, time_unit)
+        except (WhereError, RecordError) as e:
+            return _error(["query", "where"], str(e))
+        return {"count": n}
+
+    async def _put(tenant: str, rid: str, body: RecordFields, replace: bool, time_unit: str | None):
+        fields = body.model_dump(exclude_unset=True)
+        if fields.get("id", rid) != rid:
+            return _error(["body", "id"], f"the body's id {fields['id']!r} differs from the path's {rid!r}")
+        fields["id"] = rid
+        if replace:
+            fields = {k: v for k, v in fields.items() if v is not None}
+        try:
+            fut = svc.store.update(tenant, [fields], replace=replace, upsert=replace, time_unit=time_unit)
+        except TenantError as e:
+            raise HTTPException(403, str(e)) from None
+        except RecordError as e:
+            return _error(["body"], str(e))
+        except StoreFailedError as e:
+            raise _write_failed(e) from None
+        try:
+            n = await asyncio.wrap_future(fut)
+        except NotFoundError as e:
+            raise HTTPException(404, str(e).strip("'\"")) from None
+        except RecordError as e:
+            return _error(["body"], str(e))
+        except ConflictError as e:  # pragma: no cover - updates never conflict
+            raise HTTPException(409, str(e)) from None
+        except (WriteFailedError, StoreFailedError) as e:
+            raise _write_failed(e) from None
+        rec = await asyncio.to_thread(svc.store.get, tenant, rid)
+        return {"updated": n, "record": rec}
+
+    @r.patch("/v1/tenants/{tenant}/records/{id}", summary="Change fields of a record, keeping the others (durable)",
+             openapi_extra=_openapi_body(RecordFields))
+    async def patch_record(id: str, request: Request, tenant: str = Depends(authorize),
+                           time_unit: TimeUnit | None = None):
+        try:
+            body = await _body(request, RecordFields)
+        except BodyError as e:
+            return _detail_422(e.detail)
+        return await _put(tenant, id, body, False, time_unit)
+
+    @r.put("/v1/tenants/{tenant}/records/{id}", summary="Replace a record, or create it (durable)",
+           openapi_extra=_openapi_body(RecordFields))
+    async def put_record(id: str, request: Request, tenant: str = Depends(authorize),
+                         time_unit: TimeUnit | None = None):
+        try:
+            body = await _body(request, RecordFields)
+        except BodyError as e:
+            return _detail_422(e.detail)
+        if body.text is None:
+            return _error(["body", "text"], "PUT replaces the whole record: give its text (PATCH changes some "
+                                            "fields and keeps the others)")
+        return await _put(tenant, id, body, True, time_unit)
+
+    @r.get("/v1/tenants/{tenant}/records/{id}/history", summary="A record's earlier versions, oldest first")
+    async def record_history(id: str, tenant: str = Depends(authorize)):
+        from .store import internal_id
+
+        versions = await asyncio.to_thread(svc.store.memory.history, internal_id(tenant, id))
+        return {"versions": [external_hit(v) for v in versions]}
+
+    @r.get("/v1/tenants/{tenant}/export", summary="Every record of the tenant as JSON lines (exact)")
+    async def export_records(tenant: str = Depends(authorize)):
+        fd, tmp = tempfile.mkstemp(prefix="gpuir-export-", suffix=".jsonl")
+        os.close(fd)
+        try:
+            await asyncio.to_thread(svc.store.memory.export, tmp, {"tenant": tenant})
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+        def lines():
+            try:
+                with open(tmp, encoding="utf-8") as f:
+                    for line in f:
+                        yield json.dumps(_external_record(json.loads(line)), ensure_ascii=False,
+                                         separators=(",", ":")) + "\n"
+            finally:
+                os.unlink(tmp)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson",
+                                 headers={"Content-Disposition": f'attachment; filename="{tenant}.jsonl"'})
+
+    return r

@@ -1,0 +1,117 @@
+"""Updates in the service: checked at the door, merged and logged by the writer, replayed exactly.
+
+An update (``PATCH`` merges, ``PUT`` replaces; :mod:`gpuir.memory.updates`)
+reads the stored record, so the writer thread commits it alone, in its place in
+the queue (after the writes queued before it): it merges each patch into the
+stored version, checks the result, logs the **whole new versions** as one
+``{"op": "put", "records": [...]}`` frame (one fsync), applies them with
+:meth:`Memory.upsert(..., replace=True) <gpuir.Memory.upsert>`, and only then
+acknowledges. Replay applies the logged versions as they are, so a replayed
+update gives the same records (and the same history) whatever the merge rules.
+A patch that changes nothing is acknowledged without a log frame.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..memory import updates as memory_updates
+from ..memory.intake import canonical_records, fold_expiry
+from ..memory.records import RecordError, normalize_records
+from ..wal import encode_payload
+from .validate import check_record
+
+__all__ = ["check_patches", "commit_update"]
+
+
+def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str | None) -> list[dict[str, Any]]:
+    """The patches of a request, checked and in the log's form (internal ids, times as epoch ms).
+
+    Raises
+    ------
+    TenantError
+        A patch naming another tenant (or removing the tenant).
+    RecordError
+        A malformed patch (named by its position and id).
+    """
+    from .store import SEP, TenantError, internal_id
+
+    out = []
+    for i, p in enumerate(patches):
+        if not isinstance(p, dict):
+            raise RecordError(f"records[{i}] is a {type(p).__name__}; each record must be a dict")
+        rid = p.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise RecordError(f"records[{i}].id: a non-empty string is required")
+        if "tenant" in p and p["tenant"] != tenant:
+            raise TenantError(f"records[{i}].tenant is {p['tenant']!r}, but the request is for tenant {tenant!r}: "
+                              "a key may write only its own tenant (and cannot remove it)")
+        check_record(p, i)
+        out.append({**p, "id": internal_id(tenant, rid), "tenant": tenant})
+    try:
+        out = canonical_records(out, time_unit)
+        memory_updates.check_ids(out, "update")
+    except RecordError as e:
+        raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
+    return out
+
+
+def commit_update(store: Any, op: Any) -> None:
+    """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread)."""
+    from .store import SEP, NotFoundError, StoreFailedError, WriteFailedError, _os_reason, log
+
+    mem = store.memory
+    if store.failed is not None:
+        op.future.set_exception(StoreFailedError(store.failed))
+        return
+    recs = op.records
+    ids = [r["id"] for r in recs]
+    try:
+        if not op.options.get("upsert"):
+            missing = [rid for rid in ids if rid not in mem]
+            if missing:
+                shown = ", ".join(repr(m.split(SEP, 1)[1]) for m in missing[:5])
+                raise NotFoundError(f"no record {shown} in tenant {op.tenant!r}")
+        current = dict(zip(*mem.stored([rid for rid in ids if rid in mem])))
+        new, labels, _, _ = memory_updates.plan(recs, current, bool(op.options.get("replace")))
+        for i, r in enumerate(new):
+            r["tenant"] = op.tenant  # a replace keeps the tenant boundary
+            check_record(r, i)
+        normalize_records(fold_expiry(new), labels=labels)  # the merged versions are records
+    except RecordError as e:
+        op.future.set_exception(RecordError(str(e).replace(f"'{op.tenant}{SEP}", "'")))
+        return
+    except NotFoundError as e:
+        op.future.set_exception(e)
+        return
+    if not new:
+        op.future.set_result(len(ids))
+        return
+    t0 = time.perf_counter()
+    try:
+        mark = store.wal.append_payloads([encode_payload({"op": "put", "records": new})], len(new))
+    except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing stored
+        op.future.set_exception(WriteFailedError(
+            f"the write-ahead log could not be written ({_os_reason(e)}): nothing of this request was stored; "
+            "retry once the server has disk space again", getattr(e, "errno", None)))
+        return
+    if store.on_group is not None:
+        store.on_group(1, time.perf_counter() - t0)
+    try:
+        mem.upsert(new, replace=True, time_unit="ms")
+        if store.statistics == "tenant":  # then the tenant's search memory (its own ids), as adds do
+            cut = len(op.tenant) + len(SEP)
+            store._tenant_memory(op.tenant).upsert([{**r, "id": r["id"][cut:]} for r in new], replace=True,
+                                                   time_unit="ms")
+    except BaseException as e:  # checked above, so an internal failure: stop writing
+        store.wal.rollback(mark, len(new))
+        store.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: {e}); "
+                        "restart it (the log holds every acknowledged write)")
+        log.error("%s", store.failed)
+        op.future.set_exception(StoreFailedError(store.failed))
+        if not isinstance(e, Exception):
+            raise
+        return
+    op.future.set_result(len(ids))

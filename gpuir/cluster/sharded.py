@@ -592,17 +592,19 @@ class ShardedMemory:
             return 0
         with self._rw.writing():
             self._check_open()
-            have = self._present(ids)
+            groups_old: dict[int, list[str]] = {}  # where each id can live: its owner (tenant map or id hash)
+            for rid in ids:
+                s_old = self._owner_of_id(rid)
+                if s_old is not None:
+                    groups_old.setdefault(s_old, []).append(rid)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups_old.items()},
+                               "read for update")
+            current = {rid: rec for s in got for rid, rec in got[s].items()}
+            have = {rid: s for s in got for rid in got[s]}
             if what != "upsert":
                 unknown = [rid for rid in ids if rid not in have]
                 if unknown:
                     raise UnknownIdError(unknown, what)
-            groups_old: dict[int, list[str]] = {}
-            for rid, s in have.items():
-                groups_old.setdefault(s, []).append(rid)
-            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups_old.items()},
-                               "read for update")
-            current = {rid: rec for s in got for rid, rec in got[s].items()}
             new, labels, replaced, _ = updates.plan(patches, current, replace)
             if not new:
                 return len(ids)

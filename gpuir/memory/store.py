@@ -293,14 +293,16 @@ class Memory:
         return self._put(records, True, time_unit, "replace")
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
+
+        ``seqs``: the sequence numbers of the records given, as in :meth:`update`.
 
         Returns
         -------
         int: the number of records given.
         """
-        return self._put(records, replace, time_unit, "upsert")
+        return self._put(records, replace, time_unit, "upsert", seqs)
 
     def _put(self, records: Any, replace: bool, time_unit: str | None, what: str,
              seqs: Sequence[int] | np.ndarray | None = None) -> int:

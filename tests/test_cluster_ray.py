@@ -5,10 +5,14 @@ bit for bit, on the LoCoMo turns; SIGKILLed shards lose no acknowledged write; a
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 # read by Ray when it is imported: set before the import below, so this process's runtime stays on loopback
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -88,8 +92,16 @@ def test_runtime_is_loopback_only(rt):
             assert ip.is_loopback, (c, psutil.Process(c.pid).name())
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("route", ["tenant", "id"])
+# every variant, each route with lucene and with two or three others (the pairs, not the product: CI has 2 cores)
+PAIRS = [("lucene", "tenant"), ("lucene", "id"), ("robertson", "id"), ("atire", "tenant"), ("bm25l", "id"),
+         ("bm25+", "tenant")]
+
+
+def test_the_pairs_cover_every_variant_and_route():
+    assert {m for m, _ in PAIRS} == set(METHODS) and {r for _, r in PAIRS} == {"tenant", "id"}
+
+
+@pytest.mark.parametrize(("method", "route"), PAIRS)
 def test_every_search_equals_one_memory(rt, tmp_path, records, questions, method, route):
     queries, convs = questions
     # 4-week partitions: fewer segments to search on two busy cores (the equality holds for any settings)
@@ -117,11 +129,25 @@ def test_every_search_equals_one_memory(rt, tmp_path, records, questions, method
                     tenant=r["tenant"] if j % 2 else "conv-26") for j, r in enumerate(records[5::13])
                if r["id"] not in gone]
         assert sm.update(ups) == one.update(ups)
+        # partial updates merge into the stored records (one unchanged: not re-written), and whole replaces
+        patches = [{"id": ups[1]["id"], "metadata": {"mood": "calm"}}, {"id": ups[2]["id"], "text": "a new text"},
+                   {"id": ups[3]["id"], "session": ups[3].get("session")}]
+        assert sm.update(patches) == one.update(patches) == 3
+        whole = [{"id": ups[4]["id"], "text": "painting by the lake", "tenant": "conv-30"}]
+        assert sm.replace(whole) == one.replace(whole)
         assert len(sm) == len(one)
         assert_same(one, sm, queries, where=[{"tenant": c} for c in convs])
         assert_same(one, sm, queries, k=25)
-        some = [r["id"] for r in records[1::250]] + [ups[0]["id"]]
+        assert_same(one, sm, queries[few], mode="newest", where=[{"tenant": c} for c in convs][few])
+        assert_same(one, sm, queries, ties="newest", min_score=2.0)
+        assert_same(one, sm, queries, k=5, order_by="time", where={"time": {"gte": "2023-03-01"}})
+        some = [r["id"] for r in records[1::250]] + [u["id"] for u in ups[:5]]
         assert sm.get(some, missing_ok=True) == one.get(some, missing_ok=True)
+        def stayed(rid):  # every version of the record on one shard
+            return route == "id" or len({shard_of(v["tenant"], 2) for v in one.history(rid) + one.get([rid])}) == 1
+
+        kept = next(u["id"] for u in ups[1:] if one.history(u["id"]) and stayed(u["id"]))
+        assert sm.history(kept) == one.history(kept)  # a record that did not change shard keeps its history
     finally:
         sm.close()
 
@@ -244,10 +270,10 @@ def test_open_in_a_new_runtime(rt, tmp_path, records, questions, saved):
     path = tmp_path / "sm"
     sm = ShardedMemory.create(path, shards=2, route="tenant", method="bm25+")
     one = Memory(method="bm25+")
-    for i in range(0, 4000, 1000):
-        sm.add(records[i:i + 1000])
-        one.add(records[i:i + 1000])
-    dels = [r["id"] for r in records[:4000:11]]
+    for i in range(0, 2500, 500):
+        sm.add(records[i:i + 500])
+        one.add(records[i:i + 500])
+    dels = [r["id"] for r in records[:2500:11]]
     sm.delete(dels)
     one.delete(dels)
     if saved:
@@ -263,12 +289,32 @@ def test_open_in_a_new_runtime(rt, tmp_path, records, questions, saved):
         assert (replayed == 0) if saved else replayed > 0
         assert_same(one, sm2, queries, where=[{"tenant": c} for c in convs])
         assert_same(one, sm2, queries)
-        sm2.add(records[4000:4500])
-        one.add(records[4000:4500])
+        sm2.add(records[2500:3000])
+        one.add(records[2500:3000])
         assert_same(one, sm2, queries)
     finally:
         sm2.close()
     assert not ray.is_initialized()  # the runtime it started is stopped by close
+
+
+def test_a_tenant_move_cut_short_keeps_the_newer_copy(rt, tmp_path):
+    from gpuir.cluster.shard import write_payload
+    from gpuir.memory.intake import to_batch
+
+    path = tmp_path / "sm"
+    sm = ShardedMemory.create(path, shards=2, route="tenant")
+    assert shard_of("alice", 2) == 1 and shard_of("bob", 2) == 0
+    sm.add([{"id": "x", "text": "the old version", "tenant": "alice"}, {"id": "y", "text": "other", "tenant": "bob"}])
+    # the first half of moving x to bob: its new version upserted on bob's shard; the crash comes before the delete
+    seqs = np.asarray([sm._next_seq], dtype=np.int64)
+    sm._next_seq += 1
+    batch = to_batch([{"id": "x", "text": "the new version", "tenant": "bob"}])
+    sm._write({0: write_payload("upsert", sm._wid(), batch=batch, seqs=seqs)})
+    sm.close()
+    with ShardedMemory.open(path) as sm2:
+        assert len(sm2) == 2 and sm2.get(["x"])[0]["text"] == "the new version"
+        assert [s["records"] for s in sm2.info()["shard_list"]] == [2, 0]
+        assert sm2.search("version", k=5).ids(0) == ["x"]
 
 
 def test_serve_a_sharded_memory(rt, tmp_path, records):
@@ -283,12 +329,13 @@ def test_serve_a_sharded_memory(rt, tmp_path, records):
     ShardedMemory.create(root, shards=2, route="tenant").close()
     ks = KeyStore(root)
     keys = {t: ks.add(t) for t in ("alice", "bob")}
+    operator = ks.add_operator()
     with pytest.raises(RuntimeError, match="--statistics pooled"):
         ServerProcess(root).start(timeout=180)  # statistics per tenant: refused, exit 2, saying why
     srv = ServerProcess(root, ["--statistics", "pooled"]).start(timeout=180)
     try:
         a, b = MemoryClient(srv.url, keys["alice"]), MemoryClient(srv.url, keys["bob"])
-        conv = [dict(id=r["id"].split(":", 1)[1], text=r["text"]) for r in records if r["tenant"] == "conv-26"]
+        conv = [{"id": r["id"].split(":", 1)[1], "text": r["text"]} for r in records if r["tenant"] == "conv-26"]
         assert a.add(conv[:300]) == 300
         assert b.add(conv[300:400]) == 100
         with pytest.raises(ServiceError) as e:
@@ -299,6 +346,30 @@ def test_serve_a_sharded_memory(rt, tmp_path, records):
         assert a.get(conv[1]["id"])["text"] == conv[1]["text"]
         assert a.delete([conv[1]["id"]]) == 1 and a.get(conv[1]["id"]) is None
         assert b.get(conv[2]["id"]) is None  # tenants are walls for reads
+        # PATCH merges (metadata kept), PUT replaces; history, list and count read the tenant's shard
+        assert a.update({"id": conv[3]["id"], "metadata": {"mood": "calm"}}) == 1
+        assert a.update({"id": conv[3]["id"], "session": "S9"}) == 1
+        got = a.get(conv[3]["id"])
+        assert got["metadata"] == {"mood": "calm"} and got["session"] == "S9" and got["text"] == conv[3]["text"]
+        assert [v.get("session") for v in a.history(conv[3]["id"])] == [None, None]
+        with pytest.raises(ServiceError) as e:
+            a.update({"id": "no-such-record", "text": "x"})
+        assert e.value.status == 404
+        assert a.count() == 299 and b.count() == 100
+        assert len(a.list(limit=1000).records) == 299
+        health = MemoryClient(srv.url, operator).health()
+        assert shard_of("alice", 2) == 1 and shard_of("bob", 2) == 0
+        assert [s["records"] for s in health["shards"]] == [100, 299]
+        assert all(s["pid"] and s["node"] and s["device"] == "cpu" for s in health["shards"])
     finally:
         assert srv.stop() == 0, srv.output()[-3000:]
     assert main(["memory", "info", str(root), "--json"]) == 0
+    repo = str(Path(__file__).resolve().parent.parent)  # this checkout's gpuir, in a process of its own
+    out = subprocess.run([sys.executable, "-m", "gpuir", "memory", "info", str(root), "--start", "--json"],
+                         check=False, capture_output=True, text=True, timeout=300, cwd=repo,
+                         env={**os.environ, "PYTHONPATH": repo})
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads(out.stdout)
+    assert info["records"] == 399 and len(info["shard_list"]) == 2
+    for s in info["shard_list"]:
+        assert s["node"] and s["pid"] > 0 and s["device"] == "cpu" and s["records"] >= 0

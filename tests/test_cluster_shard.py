@@ -324,3 +324,49 @@ def test_memory_info_of_a_sharded_directory_needs_no_ray(tmp_path, capsys):
     assert [s["records_saved"] for s in info["shard_list"]] == [15, 0]
     assert main(["memory", "info", str(root)]) == 0
     assert "2 shards, route id" in capsys.readouterr().out
+
+
+def test_where_ids_under_or_and_not():
+    from gpuir.cluster.routing import where_ids
+
+    def ids(w):
+        return where_ids(compile_where(w, {}))
+
+    assert ids({"id": "a"}) == {"a"}
+    assert ids({"$and": [{"id": {"in": ["a", "b"]}}, {"id": "b"}]}) == {"b"}
+    assert ids({"$or": [{"id": "a"}, {"id": "c"}]}) == {"a", "c"}
+    # an id under $or beside another field, or under $not, confines nothing: every shard must be asked
+    assert ids({"$or": [{"id": "a"}, {"session": "s1"}]}) is None
+    assert ids({"$not": {"id": "a"}}) is None
+    assert search_targets(compile_where({"$or": [{"id": "a"}, {"session": "s"}]}, {}), "id", 8) == list(range(8))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO}, check=False)
+
+
+def test_the_cluster_imports_only_downward():
+    r = _python("import sys\nimport gpuir.cluster, gpuir.cluster.sharded, gpuir.cluster.shard, gpuir.cluster.cli\n"
+                "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('gpuir.')}))\n"
+                "print('ray' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    layers, ray_loaded = r.stdout.splitlines()
+    assert "service" not in layers and "eval" not in layers, layers  # the library never imports the service
+    assert ray_loaded == "False"  # Ray is imported only when a sharded memory starts
+
+
+def test_without_ray_the_extra_is_named_and_the_ray_tests_skip(tmp_path):
+    # `import ray` fails in these processes, as where the extra is not installed
+    block = "import sys\nsys.modules['ray'] = None\n"
+    r = _python(block + "from gpuir import ShardedMemory\n"
+                f"ShardedMemory.create({str(tmp_path / 'sm')!r}, shards=2)\n")
+    assert r.returncode == 1 and "pip install 'gpuir[ray]'" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "sm").exists()  # nothing created
+    r = _python(block + "import pytest\nsys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', "
+                "'tests/test_cluster_ray.py']))")
+    assert r.returncode in (0, 5), r.stdout[-2000:]  # 5: the module skipped whole, so no test was collected
+    assert "1 skipped" in r.stdout and "the ray extra is not installed" in r.stdout, r.stdout[-2000:]

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Memory benchmark: grow an agent memory while a reader searches it, then compare the
-time-partition scan modes.
+time-partition scan modes; and (``--corpus longmemeval``) grow it from real turns on one core
+against the static index built over the same texts.
 
-Workload: :func:`gpuir.synthetic.generate` (records in time order, queries 80/20
-recency-biased, gold known).
+Workload ``synthetic`` (default): :func:`gpuir.synthetic.generate` (records in time order,
+queries 80/20 recency-biased, gold known).
 
 1. **Growth.** The main thread adds the records in batches of ``--batch``
    (1,000) to an empty :class:`gpuir.Memory` (7-day partitions), while a reader
@@ -24,8 +25,29 @@ recency-biased, gold known).
    exhaustive ones; the budgeted modes' recall@10 against exhaustive search and
    everyone's recall_any@10 against the generator's gold.
 
+4. **Open** (``--open-probe``, on by default): the grown memory is saved (after its background
+   merges finish) and opened in a fresh process: ``Memory.open`` time, the first search, and the
+   resident memory after open (current and peak, and above the process's baseline after imports).
+
+The harness freezes its own data (``gc.freeze()`` after generating or loading the texts), so the
+garbage collector's full passes -- whose cost grows with every reference a Python container holds --
+time only what the memory holds.
+
+Workload ``longmemeval`` (``--corpus longmemeval``; the data from ``GPUIR_DATA``, see
+``gpuir.datapath``): every haystack turn of LongMemEval-S, de-duplicated by text (189,256),
+with ids ``t<i>``, no time (one partition), added to an empty :class:`gpuir.Memory` in batches
+of ``--batch`` (1,000), and, in the same process, :meth:`gpuir.BM25Index.build` over the same
+texts (same analyzer and BM25 parameters), ``--reps`` times each, alternating: growth records/s
+against the build's (wall clock and CPU time of the process, merges included: the growth ends
+when the background merges are done), every ``add`` call's duration (the longest is the writer's
+longest pause); then the 499 questions, top-10, through both (one at a time: p50/p99; as one
+batch: queries/s; bm25s-numba beside them when installed), whether their top-10 (ids and float32
+scores) are identical for every question; and the open probe (step 4). ``--one-core`` pins the
+process (and the probe) to CPU 0 and every thread pool to one thread (set before NumPy loads).
+
 Usage::
 
+    python bench/bench_memory.py --corpus longmemeval --one-core   # LongMemEval-S turns, one core (minutes)
     python bench/bench_memory.py                                   # 1M records (about 10-15 min on 2 cores)
     python bench/bench_memory.py --records 5000000 --checkpoints 10000,100000,1000000,5000000 \\
         --compare-at 1000000,5000000                                # the full issue-9 run (elsewhere)
@@ -38,14 +60,24 @@ Writes ``bench/results/bench_memory_<host>.json`` (``--out``) and renders the
 
 from __future__ import annotations
 
+import os
+import sys
+
+if "--one-core" in sys.argv:  # every thread pool at one thread: must happen before NumPy / numba load
+    for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ[_v] = "1"
+
 import argparse
 import datetime as _dt
 import gc
 import json
-import os
 import platform
+import resource
+import shutil
 import socket
-import sys
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -92,7 +124,271 @@ def machine() -> dict[str, Any]:
     return {"host": socket.gethostname(), "cpu_model": cpu, "logical_cores": os.cpu_count(),
             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": np.__version__, "gpuir": __version__,
-            "loadavg_start": os.getloadavg()}
+            "loadavg_start": os.getloadavg(),
+            "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "thread_env": {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS",
+                                                          "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+            "note": "a shared 2-core VM: other jobs ran at the same time (see the load averages); timings are "
+                    "noisy, CPU times less so"}
+
+
+# --------------------------------------------------------------------------- open probe
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM; ru_maxrss can carry the parent's from before exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def probe_open(path: str, query: str, warm_imports: bool = False) -> dict[str, Any]:
+    """In this (fresh) process: Memory.open, then the first search with its hits; times and memory.
+
+    ``warm_imports``: first do the search engine's once-per-process work -- resolve the backend (imports:
+    numba, the CUDA probe) and search a tiny in-memory ``Memory`` (the compiled kernels loaded from numba's
+    cache) -- as a long-running process has already done, so that only this memory's work is timed: the
+    open, then the first search (which lays out each segment's scorer, once per segment and process).
+    """
+    import psutil
+
+    from gpuir.backends import resolve_backend
+
+    resolve_s = None
+    if warm_imports:
+        t = time.perf_counter()
+        resolve_backend("auto")
+        tiny = Memory(partition_days=None)
+        tiny.add([{"id": "a", "text": "warm up the engine"}, {"id": "b", "text": "the kernels load once"}])
+        tiny.search(["warm kernels", "engine"], k=2).hits(0)
+        tiny.close()
+        resolve_s = time.perf_counter() - t
+    proc = psutil.Process()
+    base = proc.memory_info().rss
+    t0 = time.perf_counter()
+    m = Memory.open(path, writer=False)
+    t1 = time.perf_counter()
+    rss_open = proc.memory_info().rss
+    peak_open = _peak_rss_bytes()
+    res = m.search(query, k=10)
+    hits = res.hits(0)
+    t2 = time.perf_counter()
+    rss_search = proc.memory_info().rss
+    snap = m.snapshot()
+    loaded = sum(1 for v in snap.views if "csr" in v.seg.loaded)
+    return {"warm_imports": warm_imports, "resolve_backend_s": resolve_s,
+            "open_s": t1 - t0, "first_search_s": t2 - t1, "open_and_first_search_s": t2 - t0,
+            "hits": len(hits), "records": len(m), "segments": len(snap.views),
+            "segments_whose_postings_were_read": loaded,
+            "rss_baseline_mb": base / 2**20, "rss_after_open_mb": rss_open / 2**20,
+            "rss_after_open_above_baseline_mb": (rss_open - base) / 2**20,
+            "peak_rss_through_open_mb": peak_open / 2**20, "rss_after_first_search_mb": rss_search / 2**20,
+            "backend": res.meta.get("backend")}
+
+
+def run_probe(path: Path, query: str, repeats: int, log) -> dict[str, Any]:
+    """:func:`probe_open` in fresh processes, ``repeats`` times each with and without the backend's one-time
+    imports done first (the page cache is warm: the files were just written)."""
+    files = [p for p in path.iterdir() if p.is_file()]
+    out: dict[str, Any] = {"directory_bytes": sum(p.stat().st_size for p in files),
+                           "page_cache": "warm (the files were just written; not dropped)"}
+    for warm in (False, True):
+        runs = []
+        for _ in range(repeats):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-open", str(path), "--probe-query", query]
+            if warm:
+                cmd.append("--probe-warm-imports")
+            if "--one-core" in sys.argv:
+                cmd.append("--one-core")
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"open probe failed: {proc.stderr[-2000:]}")
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        d: dict[str, Any] = {"repeats": runs}
+        for key in ("open_s", "first_search_s", "open_and_first_search_s", "rss_after_open_mb",
+                    "rss_after_open_above_baseline_mb", "peak_rss_through_open_mb", "rss_after_first_search_mb"):
+            d[key + "_median"] = float(np.median([r[key] for r in runs]))
+        if warm:
+            d["resolve_backend_s_median"] = float(np.median([r["resolve_backend_s"] for r in runs]))
+        out["warm_imports" if warm else "cold_imports"] = d
+        log(f"  open probe ({repeats} fresh processes, the engine's once-per-process work "
+            f"{'done first' if warm else 'included'}): "
+            f"open {d['open_s_median']:.3f} s, + first search {d['open_and_first_search_s_median']:.3f} s; RSS after "
+            f"open {d['rss_after_open_mb_median']:.0f} MB ({d['rss_after_open_above_baseline_mb_median']:.0f} MB above "
+            f"the baseline), peak {d['peak_rss_through_open_mb_median']:.0f} MB; directory "
+            f"{out['directory_bytes'] / 2**20:.0f} MB")
+    return out
+
+
+def save_for_probe(mem: Memory, log) -> Path:
+    t0 = time.perf_counter()
+    mem.wait_merges()
+    t1 = time.perf_counter()
+    d = Path(tempfile.mkdtemp(prefix="bench_memory_")) / "mem"
+    mem.save(d)
+    mem.close()
+    log(f"  waited {t1 - t0:.2f} s for the background merges, saved in {time.perf_counter() - t1:.2f} s -> {d}")
+    return d
+
+
+# --------------------------------------------------------------------------- LongMemEval-S, one core
+
+
+def _lme_corpus():
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_cpu  # the one loader of the LongMemEval-S turns (de-duplicated by text)
+
+    return bench_cpu.load_longmemeval()
+
+
+def _records(texts: list[str]) -> list[dict[str, str]]:
+    return [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+
+
+def _grow(recs: list[dict[str, str]], batch: int) -> tuple[Memory, dict[str, Any]]:
+    mem = Memory(partition_days=7.0)
+    lat, segs, cpu_lat = [], [], []
+    c0, w0 = time.process_time(), time.perf_counter()
+    for a in range(0, len(recs), batch):
+        t, tc = time.perf_counter(), time.thread_time()
+        mem.add(recs[a: a + batch])
+        lat.append(time.perf_counter() - t)
+        cpu_lat.append(time.thread_time() - tc)
+        segs.append(len(mem.snapshot().views))
+    w_adds = time.perf_counter() - w0
+    mem.wait_merges()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    n = len(recs)
+    return mem, {"records": n, "wall_s": wall, "cpu_s": cpu, "adds_wall_s": w_adds,
+                 "records_per_s_wall": n / wall, "records_per_s_cpu": n / cpu,
+                 "add_call_max_s": max(lat), "add_call_p99_s": pct(lat, 99), "add_call_p50_s": pct(lat, 50),
+                 "add_call_writer_cpu_max_s": max(cpu_lat), "add_call_writer_cpu_p50_s": pct(cpu_lat, 50),
+                 "slowest_add_call": int(np.argmax(lat)), "slowest_add_call_writer_cpu_s": cpu_lat[int(np.argmax(lat))],
+                 "add_calls": len(lat), "segments_max": max(segs), "segments_end": len(mem.snapshot().views),
+                 "merges": len(mem.merge_log), "merge_s_total": float(sum(x for _, x in mem.merge_log)),
+                 "merge_s_max": float(max((x for _, x in mem.merge_log), default=0.0)),
+                 "merge_status": mem.merge_status()}
+
+
+def _search_times(fn, queries: list[str], repeats: int = 1) -> dict[str, Any]:
+    lat = []
+    for _ in range(repeats):
+        for q in queries:
+            t = time.perf_counter()
+            fn([q])
+            lat.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    fn(queries)
+    tb = time.perf_counter() - t
+    return {"one_p50_ms": pct(lat, 50) * 1e3, "one_p99_ms": pct(lat, 99) * 1e3,
+            "batch_qps": len(queries) / tb, "queries": len(queries)}
+
+
+def run_lme(args, log=print) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    res: dict[str, Any] = {
+        "benchmark": "bench_memory", "corpus": "longmemeval",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "out": os.path.relpath(args.out, REPO) if args.out.is_absolute() else str(args.out),
+        "config": {"batch": args.batch, "reps": args.reps, "k": args.k, "one_core": args.one_core},
+    }
+    corpus = _lme_corpus()
+    texts, questions = corpus.texts, corpus.queries
+    recs = _records(texts)
+    gc.collect()
+    gc.freeze()  # the harness's texts and record dicts out of the collector's full passes (see run())
+    res["corpus_info"] = corpus.info
+    log(f"LongMemEval-S: {len(texts):,} turns, {len(questions)} questions")
+    # untimed warm-up: imports, numba's cached kernels, the analyzer
+    BM25Index.build(texts[:2000], progress=False).search(questions[:5], k=10)
+    _grow(recs[:3000], args.batch)[0].close()
+    builds, grows = [], []
+    mem = idx = None
+    for rep in range(args.reps):
+        gc.collect()
+        c0, w0 = time.process_time(), time.perf_counter()
+        idx = BM25Index.build(texts, progress=False)
+        b = {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
+        b["records_per_s_wall"], b["records_per_s_cpu"] = len(texts) / b["wall_s"], len(texts) / b["cpu_s"]
+        builds.append(b)
+        if mem is not None:
+            mem.close()
+        mem = None
+        gc.collect()
+        mem, g = _grow(recs, args.batch)
+        grows.append(g)
+        log(f"  rep {rep}: static build {b['records_per_s_wall']:,.0f} rec/s (CPU {b['records_per_s_cpu']:,.0f}); "
+            f"growth {g['records_per_s_wall']:,.0f} rec/s (CPU {g['records_per_s_cpu']:,.0f}), longest add "
+            f"{g['add_call_max_s']:.3f} s, {g['merges']} merges, segments at most {g['segments_max']}")
+    best_b = max(b["records_per_s_cpu"] for b in builds)
+    best_g = max(g["records_per_s_cpu"] for g in grows)
+    res["build"], res["growth"] = builds, grows
+    res["growth_vs_build"] = {
+        "cpu_best_of_reps": best_g / best_b,
+        "wall_best_of_reps": max(g["records_per_s_wall"] for g in grows) / max(b["records_per_s_wall"] for b in builds),
+        "per_rep_cpu": [g["records_per_s_cpu"] / b["records_per_s_cpu"] for b, g in zip(builds, grows)],
+        "per_rep_wall": [g["records_per_s_wall"] / b["records_per_s_wall"] for b, g in zip(builds, grows)],
+    }
+    res["add_call_max_s"] = max(g["add_call_max_s"] for g in grows)
+    log(f"  growth / build: CPU {res['growth_vs_build']['cpu_best_of_reps']:.2f}, wall "
+        f"{res['growth_vs_build']['wall_best_of_reps']:.2f} (best of {args.reps}); longest add {res['add_call_max_s']:.3f} s")
+    # the questions through both
+    assert mem is not None and idx is not None
+    got = mem.search(questions, k=args.k)
+    want = idx.search(questions, k=args.k)
+    same_ids = all(got.ids(i) == [f"t{idx.ids[d]}" for d in want.ids[i] if d >= 0] for i in range(len(questions)))
+    res["top10_identical"] = {"questions": len(questions), "ids": bool(same_ids),
+                              "scores": bool(np.array_equal(got.scores, want.scores)),
+                              "memory_backend": got.meta["backend"], "static_backend": want.meta.get("backend")}
+    log(f"  top-{args.k} identical for all {len(questions)} questions: {res['top10_identical']}")
+    search = {"memory": _search_times(lambda q: mem.search(q, k=args.k), questions),
+              "static": _search_times(lambda q: idx.search(q, k=args.k), questions)}
+    search["memory"]["backend"] = got.meta["backend"]
+    search["static"]["backend"] = want.meta.get("backend")
+    try:
+        sys.path.insert(0, str(REPO / "bench"))
+        import bench_cpu
+
+        lib = bench_cpu.Bm25sLib("numba")
+        lib.build(texts)
+        lib.search(questions[:5], args.k)
+        search["bm25s-numba"] = _search_times(lambda q: lib.search(q, args.k), questions)
+        search["bm25s-numba"]["note"] = "bm25s's own tokenizer (stopwords en, Snowball English); same k1, b"
+        lib.close()
+    except ImportError as e:
+        search["bm25s-numba"] = {"skipped": f"{type(e).__name__}: {e}"}
+    res["search"] = search
+    idx = None  # (the static index is not needed any more)
+    for name, r in search.items():
+        if "one_p50_ms" in r:
+            log(f"  {name:12s} one question p50 {r['one_p50_ms']:.2f} ms, p99 {r['one_p99_ms']:.2f} ms; "
+                f"{r['queries']} as one batch {r['batch_qps']:,.0f} q/s")
+    if args.open_probe:
+        d = save_for_probe(mem, log)
+        try:
+            res["open"] = run_probe(d, questions[0], args.probe_repeats, log)
+            # the same memory compacted into one segment per partition: what the number of segments costs
+            one = Memory.open(d)
+            one.merge()
+            one.search(questions[:5], k=args.k)
+            search["memory, merged"] = _search_times(lambda q: one.search(q, k=args.k), questions)
+            search["memory, merged"]["backend"] = got.meta["backend"]
+            search["memory, merged"]["segments"] = len(one.snapshot().views)
+            r = search["memory, merged"]
+            log(f"  {'merged':12s} one question p50 {r['one_p50_ms']:.2f} ms, p99 {r['one_p99_ms']:.2f} ms; "
+                f"{r['queries']} as one batch {r['batch_qps']:,.0f} q/s ({r['segments']} segment(s))")
+            one.close(discard_unsaved=True)
+        finally:
+            shutil.rmtree(d.parent, ignore_errors=True)
+    search["memory"]["segments"] = res["growth"][-1]["segments_end"]
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    res["total_s"] = time.perf_counter() - t_start
+    return res
 
 
 def pct(xs: Sequence[float], q: float) -> float | None:
@@ -249,6 +545,14 @@ def run(args, log=print) -> dict[str, Any]:
     t0 = time.perf_counter()
     g = generate(args.records, n_queries=args.queries, seed=args.seed)
     res["generate_s"] = time.perf_counter() - t0
+    # the harness's own data (millions of texts) out of the garbage collector's full passes: they are
+    # not the memory's, and would otherwise add their traversal to every pause measured here
+    gc.collect()
+    gc.freeze()
+    warm = Memory(partition_days=args.partition_days)  # untimed: imports, numba's cached kernels
+    warm.add(g.records(0, min(500, args.records)))
+    warm.search(g.queries[:3], k=args.k)
+    warm.close()
     mem = Memory(partition_days=args.partition_days)
     reader = Reader(mem, g.queries, args.k, args.reader_mode, args.seed + 1)
     checkpoints = sorted(set(args.checkpoints) | set(args.compare_at))
@@ -263,6 +567,9 @@ def run(args, log=print) -> dict[str, Any]:
     reader.start()
     bar = tqdm(total=args.records, unit="rec", desc="grow", mininterval=2, disable=True if args.no_progress else None)
     n = 0
+    seg_max = 0
+    paused = 0.0  # seconds spent in checkpoints (not growth)
+    w_start = time.perf_counter()
     try:
         while n < args.records:
             b = min(args.batch, args.records - n)
@@ -270,11 +577,13 @@ def run(args, log=print) -> dict[str, Any]:
             t0 = time.perf_counter()
             mem.add(recs)
             adds.append((n, b, time.perf_counter() - t0))
+            seg_max = max(seg_max, len(mem.snapshot().views))
             n += b
             bar.update(b)
             if n % max(args.batch, args.records // 50) == 0 or n == args.records:
                 rss.append((n, rss_mb()))
             if checkpoints and n >= checkpoints[0]:
+                t_cp = time.perf_counter()
                 cp = checkpoints.pop(0)
                 reader.hold()
                 bar.clear()
@@ -290,6 +599,8 @@ def run(args, log=print) -> dict[str, Any]:
                                                         args.epsilon, log))
                 rss.append((n, rss_mb()))
                 reader.release()
+                paused += time.perf_counter() - t_cp
+        grow_wall = time.perf_counter() - w_start - paused
     finally:
         reader.stop.set()
         reader.join(timeout=60)
@@ -317,6 +628,8 @@ def run(args, log=print) -> dict[str, Any]:
     total_add = sum(dt for _, _, dt in adds)
     res["growth"] = {
         "records": n, "batches": len(adds), "total_add_s": total_add, "adds_per_s": n / total_add,
+        "adds_per_s_wall": n / grow_wall, "segments_max": seg_max, "background_merges": True,
+        "merge_status": mem.merge_status(),
         "buckets": growth, "merges": len(mem.merge_log),
         "merge_s_total": float(sum(s for _, s in mem.merge_log)),
         "merge_pause_max_s": float(max((s for _, s in mem.merge_log), default=0.0)),
@@ -329,6 +642,12 @@ def run(args, log=print) -> dict[str, Any]:
         "rss_mb": rss, "segments_end": len(mem.snapshot().views), "partitions_end": len(mem.snapshot().partitions),
         "reader_curve": _curve(reader.samples),
     }
+    if args.open_probe:
+        d = save_for_probe(mem, log)
+        try:
+            res["open"] = run_probe(d, g.queries[0], args.probe_repeats, log)
+        finally:
+            shutil.rmtree(d.parent, ignore_errors=True)
     res["machine"]["loadavg_end"] = os.getloadavg()
     res["total_s"] = time.perf_counter() - t_start
     return res
@@ -376,11 +695,21 @@ def render_markdown(res: dict[str, Any], img_rel: str | None = "img/bench_memory
                  f"(top-{c['k']}, mode `{c['reader_mode']}`, random recency-biased queries): "
                  f"**{gr['adds_per_s']:,.0f} adds/s** overall; search p50 **{_f(gr['search_p50_ms'], 2)} ms**, "
                  f"p99 **{_f(gr['search_p99_ms'], 2)} ms** over {gr['searches']:,} searches. "
-                 f"{gr['merges']} merges took {gr['merge_s_total']:.1f} s in all; the longest pause "
-                 f"{gr['merge_pause_max_s']:.2f} s; slowest `add` call {gr['add_call_max_ms'] / 1e3:.2f} s "
-                 f"(p99 {gr['add_call_p99_ms']:.0f} ms). Peak RSS {max(r for _, r in gr['rss_mb']):,.0f} MB; "
+                 + (f"{gr['merges']} merges ran in background threads ({gr['merge_s_total']:.1f} s of wall "
+                    f"time in all, the longest {gr['merge_pause_max_s']:.2f} s); the writer's longest pause, "
+                    f"its slowest `add` call, {gr['add_call_max_ms'] / 1e3:.2f} s (p99 {gr['add_call_p99_ms']:.0f} ms); "
+                    f"{gr['adds_per_s_wall']:,.0f} records/s in wall-clock time with the merges beside it; "
+                    f"at most {gr['segments_max']} segments. "
+                    if gr.get("background_merges") else
+                    f"{gr['merges']} merges took {gr['merge_s_total']:.1f} s in all; the longest pause "
+                    f"{gr['merge_pause_max_s']:.2f} s; slowest `add` call {gr['add_call_max_ms'] / 1e3:.2f} s "
+                    f"(p99 {gr['add_call_p99_ms']:.0f} ms). ")
+                 + f"Peak RSS {max(r for _, r in gr['rss_mb']):,.0f} MB; "
                  f"{gr['segments_end']} segments in {gr['partitions_end']} partitions at the end.")
     lines.append("")
+    if res.get("open"):
+        lines.append(_open_line(res["open"]))
+        lines.append("")
     lines.append("| store size | records added | adds/s | add call p50 (ms) | slowest add (ms) | searches | "
                  "search p50 (ms) | search p99 (ms) |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -426,9 +755,75 @@ def render_markdown(res: dict[str, Any], img_rel: str | None = "img/bench_memory
     return "\n".join(lines)
 
 
+def _open_line(o: dict[str, Any]) -> str:
+    c, w = o["cold_imports"], o["warm_imports"]
+    return (f"**Open** (saved after the merges, opened in {len(c['repeats'])} fresh processes per row, warm page "
+            f"cache; medians): `Memory.open` {w['open_s_median']:.3f} s, open + first search (with its hits) "
+            f"**{w['open_and_first_search_s_median']:.3f} s** once the search engine's once-per-process work is done "
+            f"(resolving the backend and loading its compiled kernels: {w['resolve_backend_s_median']:.3f} s, done "
+            f"first on a tiny memory), {c['open_and_first_search_s_median']:.3f} s when the first search does it; "
+            f"the first search lays out the scorer of every segment it reads (once per segment and process); "
+            f"resident memory after "
+            f"open **{w['rss_after_open_mb_median']:,.0f} MB** ({w['rss_after_open_above_baseline_mb_median']:,.0f} MB "
+            f"above the process before it; peak through open {w['peak_rss_through_open_mb_median']:,.0f} MB), "
+            f"{w['rss_after_first_search_mb_median']:,.0f} MB after the first search; the directory holds "
+            f"{o['directory_bytes'] / 2**20:,.0f} MB.")
+
+
+def render_lme_markdown(res: dict[str, Any], section: str = "lme") -> str:
+    m = res["machine"]
+    gv = res["growth_vs_build"]
+    lines = [marks(section)[0], "## Memory on LongMemEval-S turns: growth, open, search (one core)", ""]
+    lines.append(f"Measured {res['date']} on {m['cpu_model']} ({m['logical_cores']} logical cores, "
+                 f"{m['memory_gb']} GB; host `{m['host']}`, a shared VM: other jobs ran at the same time), "
+                 f"pinned to CPU {m.get('cpu_affinity')} with every thread pool at 1; Python {m['python']}, "
+                 f"NumPy {m['numpy']}, gpuir {m['gpuir']}. 1-minute load average {m['loadavg_start'][0]:.1f} at "
+                 f"the start, {m['loadavg_end'][0]:.1f} at the end.")
+    lines.append("")
+    lines.append(f"Command: `python bench/{res['command']}`. Raw figures: `{res.get('out', 'bench/results/')}`.")
+    lines.append("")
+    n = res["growth"][0]["records"]
+    lines.append(f"{n:,} turns (de-duplicated by text) added in batches of {res['config']['batch']:,} to an empty "
+                 f"`Memory`, against `BM25Index.build` over the same texts in the same process, {res['config']['reps']} "
+                 f"times each, alternating. Growth includes its background merges (it ends when they are done); "
+                 f"CPU time is the process's (every thread), wall time the clock's.")
+    lines.append("")
+    lines.append("| rep | build rec/s (wall) | build rec/s (CPU) | growth rec/s (wall) | growth rec/s (CPU) | "
+                 "growth / build (CPU) | longest add (s) | add p99 (ms) | merges | segments (max) |")
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, (b, g) in enumerate(zip(res["build"], res["growth"])):
+        lines.append(f"| {i} | {b['records_per_s_wall']:,.0f} | {b['records_per_s_cpu']:,.0f} | "
+                     f"{g['records_per_s_wall']:,.0f} | {g['records_per_s_cpu']:,.0f} | "
+                     f"{g['records_per_s_cpu'] / b['records_per_s_cpu']:.2f} | {g['add_call_max_s']:.3f} | "
+                     f"{g['add_call_p99_s'] * 1e3:.0f} | {g['merges']} | {g['segments_max']} |")
+    lines.append("")
+    lines.append(f"Growth / build, best of the reps: **{gv['cpu_best_of_reps']:.2f}** (CPU time), "
+                 f"{gv['wall_best_of_reps']:.2f} (wall). Longest `add` call over all reps: "
+                 f"**{res['add_call_max_s']:.3f} s**.")
+    lines.append("")
+    t = res["top10_identical"]
+    lines.append(f"Top-{res['config']['k']} of the memory and of the static index identical for all "
+                 f"{t['questions']} questions: ids {t['ids']}, float32 scores {t['scores']} (memory backend "
+                 f"`{t['memory_backend']}`, static `{t['static_backend']}`).")
+    lines.append("")
+    lines.append("| engine | backend | segments | one question p50 (ms) | p99 (ms) | 499 as one batch (q/s) |")
+    lines.append("|---|---|---:|---:|---:|---:|")
+    for name, r in res["search"].items():
+        if "one_p50_ms" in r:
+            lines.append(f"| {name} | {r.get('backend', 'numba')} | {r.get('segments', 1)} | {r['one_p50_ms']:.2f} | "
+                         f"{r['one_p99_ms']:.2f} | {r['batch_qps']:,.0f} |")
+    lines.append("")
+    if res.get("open"):
+        lines.append(_open_line(res["open"]))
+        lines.append("")
+    lines.append(marks(section)[1])
+    return "\n".join(lines)
+
+
 def write_markdown(res: dict[str, Any], path: Path, img_rel: str | None, section: str = "main") -> None:
     """Replace (or append) this run's section of ``path``; other sections stay."""
-    body = render_markdown(res, img_rel, section)
+    body = render_lme_markdown(res, section) if res.get("corpus") == "longmemeval" else \
+        render_markdown(res, img_rel, section)
     begin, end = marks(section)
     text = path.read_text("utf-8") if path.exists() else "# Benchmarks\n\n"
     if begin in text and end in text:
@@ -493,6 +888,18 @@ def _ints(s: str) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default="synthetic", choices=("synthetic", "longmemeval"),
+                   help="synthetic growth while searching (default), or the LongMemEval-S turns against the "
+                        "static build")
+    p.add_argument("--one-core", action="store_true",
+                   help="pin the process (and the open probe) to CPU 0, every thread pool at one thread")
+    p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")
+    p.add_argument("--no-open-probe", dest="open_probe", action="store_false",
+                   help="skip saving the grown memory and opening it in fresh processes")
+    p.add_argument("--probe-repeats", type=int, default=3, help="fresh processes for the open probe (default 3)")
+    p.add_argument("--probe-open", default=None, help=argparse.SUPPRESS)  # internal: the probe process
+    p.add_argument("--probe-query", default="", help=argparse.SUPPRESS)
+    p.add_argument("--probe-warm-imports", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--records", type=int, default=1_000_000, help="final size (default 1,000,000)")
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--queries", type=int, default=2000)
@@ -523,25 +930,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.checkpoints = [c for c in a.checkpoints if c <= a.records]
     a.compare_at = [c for c in a.compare_at if c <= a.records]
     if a.out is None:
-        a.out = REPO / "bench" / "results" / f"bench_memory_{socket.gethostname()}.json"
+        tag = "_lme" if a.corpus == "longmemeval" else ""
+        a.out = REPO / "bench" / "results" / f"bench_memory{tag}_{socket.gethostname()}.json"
+    if a.corpus == "longmemeval" and a.section == "main":
+        a.section = "lme"
     return a
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.one_core and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})
+    if args.probe_open is not None:
+        print(json.dumps(probe_open(args.probe_open, args.probe_query, args.probe_warm_imports)))
+        return 0
     if args.render_only is not None:
         res = json.loads(args.render_only.read_text())
     else:
-        res = run(args)
+        res = run_lme(args) if args.corpus == "longmemeval" else run(args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=1) + "\n")
         print(f"-> {args.out}")
+    lme = res.get("corpus") == "longmemeval"
     if not args.no_docs:
         img_rel = os.path.relpath(args.png, args.md.parent)
-        plot(res, args.png)
+        if not lme:
+            plot(res, args.png)
         write_markdown(res, args.md, img_rel, args.section)
-        print(f"-> {args.md}, {args.png}")
-    print(render_markdown(res, None, args.section))
+        print(f"-> {args.md}" + ("" if lme else f", {args.png}"))
+    print(render_lme_markdown(res, args.section) if lme else render_markdown(res, None, args.section))
+    if lme:
+        t = res["top10_identical"]
+        return 0 if t["ids"] and t["scores"] else 1
     return 0 if not res["reader_errors"] and all(c["identical_exhaustive"] and c["identical_newest"]
                                                   for c in res["checks"]) else 1
 

@@ -90,6 +90,7 @@ class Parts:
             for m in self.mems[1:]:
                 stats = stats + m.term_stats(queries)
         res = [m.search(queries, k=k, where=where, backend="numpy", stats=stats, **kw) for m in self.mems]
+        k = min(k, max(sum(len(m) for m in self.mems), 1))  # one memory's results are min(k, N) wide
         seqs = np.full((len(queries), k), -1, np.int64)
         scores = np.full((len(queries), k), -np.inf, np.float32)
         for i in range(len(queries)):

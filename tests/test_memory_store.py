@@ -16,6 +16,7 @@ from _memory_oracle import Model, assert_same, random_query, random_record, rand
 from gpuir import Memory
 from gpuir.index.dirlock import NotAGpuirDirError, StoreLockedError
 from gpuir.memory import MemoryFormatError, ReadOnlyError, persist
+from gpuir.memory.segfile import members_info
 
 TESTS = Path(__file__).resolve().parent
 
@@ -98,17 +99,37 @@ def test_garbage_collection_keeps_the_previous_commit(tmp_path):
     m.close()
 
 
+def _flip(path: Path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def test_damaged_segment_is_named(tmp_path):
     m, _ = _filled()
     d = tmp_path / "mem"
     m.save(d)
     m.close()
     seg = min(d.glob("seg-*.npz"))
-    raw = bytearray(seg.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    seg.write_bytes(bytes(raw))
+    good = seg.read_bytes()
+    info = members_info(seg)
+    # a flipped byte in the postings (read on first use): open maps the file; the first search that
+    # reads them fails, naming the file, before any result is computed from them
+    _flip(seg, info["doc_ids"]["data_offset"] + 5)
+    r = Memory.open(d, writer=False)
+    with pytest.raises(MemoryFormatError, match=f"{seg.name}: damaged segment file .*doc_ids.*CRC-32 mismatch"):
+        r.search([" ".join(f"w{i}" for i in range(40))], k=5)
     with pytest.raises(MemoryFormatError, match=f"{seg.name}: damaged file \\(checksum mismatch\\)"):
+        r.verify()  # full verification (gpuir memory verify) reads every byte
+    with pytest.raises(MemoryFormatError, match=f"{seg.name}: damaged file \\(checksum mismatch\\)"):
+        Memory.open(d, verify="full")
+    # a flipped byte in a column read at open: open fails, naming the file
+    seg.write_bytes(good)
+    _flip(seg, info["seqs"]["data_offset"] + 3)
+    with pytest.raises(MemoryFormatError, match=f"{seg.name}: damaged segment file .*seqs.*CRC-32 mismatch"):
         Memory.open(d)
+    seg.write_bytes(good)
+    raw = bytearray(good)
     seg.write_bytes(bytes(raw[:100]))
     with pytest.raises(MemoryFormatError, match=f"{seg.name}: damaged file \\(size 100 bytes"):
         Memory.open(d, verify=False)

@@ -869,6 +869,7 @@ class ShardedMemory:
         with self._rw.reading():
             self._check_open()
             st = self._stats
+            k = min(k, max(st.n_docs, 1))  # results are min(k, N) wide, as one Memory's
             gdf, per = st.lookup(allterms)
             gkeys = None
             if budget is not None:

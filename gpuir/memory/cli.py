@@ -11,6 +11,7 @@
                                    [--config CONFIG.json] [--unit record|session]
     gpuir memory info MEMORY_DIR [--json]
     gpuir memory get|list|count|update|history|export|import ...   (gpuir.memory.cli_records)
+    gpuir memory verify MEMORY_DIR [--json]
 
 ``add`` creates the memory when the directory is missing or empty (the analyzer
 and BM25 options apply then only), and adds every record of the file or none:
@@ -27,6 +28,13 @@ else the default configuration).
 
 Exit status: 0 success; 2 bad input (the message names what to fix: file and
 line, unknown ids, a second writer, a damaged file); 1 internal error.
+
+``verify`` reads every byte of the memory's committed files: each file's size
+and sha256 (from the manifest), every array of every segment file against its
+CRC-32, every deletions file (what ``Memory.open`` checks only as the data is
+first used; see docs/guarantees.md). ``add`` and ``delete`` wait for the
+background merges they start before committing, so the directory holds the
+merged segments.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ An agent memory in a directory: add, delete and search records; describe it.
   gpuir memory history MEMORY_DIR ID
   gpuir memory export MEMORY_DIR OUT.jsonl [--where JSON]
   gpuir memory import MEMORY_DIR IN.jsonl [--replace]
+  gpuir memory verify MEMORY_DIR [--json]      (reads every byte: checksums of every file and array)
 
 Search hits (jsonl) carry id, score, text and the record's fields; trec writes
 'qid Q0 id rank score gpuir-memory'. With --unit session the hits are
@@ -134,6 +143,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
                 if len(recs) >= BATCH:
                     flush()
             flush()
+        mem.wait_merges()  # a one-shot command: commit the merged segments, not merges abandoned at close
         log.info("added %d records; saving %s", total, args.memory_dir)
         mem.save(args.memory_dir, lock_timeout=args.lock_timeout)
         print(f"added {total} records -> {args.memory_dir} ({len(mem)} records, "
@@ -161,6 +171,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             shown = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
             raise InputError(f"{p}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {shown}; nothing was "
                              "deleted (--missing-ok skips unknown ids)") from None
+        mem.wait_merges()
         mem.save()
         print(f"deleted {n} records from {args.memory_dir} ({len(mem)} left)", file=sys.stderr)
     finally:
@@ -272,6 +283,21 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ..index.dirlock import check_path
+    from .persist import verify_dir
+
+    root = check_path(args.memory_dir)
+    info = verify_dir(root)  # a damaged or missing file: MemoryFormatError naming it (exit 2)
+    info["path"] = str(root)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(f"memory {root} (generation {info['generation']}): intact -- {info['files']} files, "
+              f"{info['bytes']:,} bytes, {info['segments']} segments, {info['records']:,} rows checked")
+    return 0
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``gpuir memory`` and its sub-commands to the ``gpuir`` parser's subparsers."""
     from ..analysis import ANALYZERS
@@ -367,4 +393,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     from .cli_records import register_records
 
     register_records(sub, lock_timeout)
+
+    pv = sub.add_parser("verify", help="check every byte of a memory's files (checksums)",
+                        description="Check a memory completely: the manifest, every file's size and sha256, every "
+                                    "array of every segment file against its CRC-32, every deletions file. "
+                                    "Reads every byte once; exit 2 naming the first damaged or missing file.")
+    pv.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
+    pv.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
+    pv.set_defaults(func=_cmd_verify)
     return pm

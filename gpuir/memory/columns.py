@@ -18,7 +18,7 @@ pyarrow would add a ~100 MB dependency for string arrays alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import pairwise
+from itertools import pairwise, repeat
 
 import numpy as np
 
@@ -41,6 +41,18 @@ class StrArray(Sequence):
 
     @classmethod
     def from_list(cls, strings: Iterable[str]) -> StrArray:
+        if isinstance(strings, list) and strings:
+            joined = "".join(strings)  # (a non-str raises TypeError, as encode would)
+            if joined.isascii():  # one byte per character: offsets from the lengths
+                lens = np.fromiter(map(len, strings), dtype=np.int64, count=len(strings))
+                data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).copy()
+            else:
+                enc = list(map(str.encode, strings))  # UTF-8
+                lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+                data = np.frombuffer(b"".join(enc), dtype=np.uint8).copy()
+            offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            return cls(offsets, data)
         enc = [s.encode("utf-8") for s in strings]
         offsets = np.zeros(len(enc) + 1, dtype=np.int64)
         if enc:
@@ -61,7 +73,15 @@ class StrArray(Sequence):
         return self.data[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8")
 
     def tolist(self) -> list[str]:
-        raw = self.data.tobytes()
+        n = len(self)
+        if n == 0:
+            return []
+        data = np.asarray(self.data)
+        if n > 16 and not bool((data == 0).any()):
+            # one decode and one split, in C: a NUL byte between the strings (none holds one)
+            sep = np.insert(data, np.asarray(self.offsets[1:-1], dtype=np.int64), 0)
+            return sep.tobytes().decode("utf-8").split("\0")
+        raw = data.tobytes()
         off = self.offsets.tolist()
         return [raw[a:b].decode("utf-8") for a, b in pairwise(off)]
 
@@ -72,6 +92,19 @@ class StrArray(Sequence):
         lens = self.offsets[rows + 1] - starts
         off = np.zeros(rows.size + 1, dtype=np.int64)
         np.cumsum(lens, out=off[1:])
+        # runs of consecutive rows are copied as byte slices (merges take long runs; a byte index per
+        # byte would cost 8x the text)
+        brk = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1 if rows.size else np.zeros(0, np.int64)
+        if brk.size * 8 < rows.size:
+            first = np.concatenate([[0], brk]) if rows.size else np.zeros(0, np.int64)
+            last = np.concatenate([brk, [rows.size]]) if rows.size else np.zeros(0, np.int64)
+            data = np.empty(int(off[-1]), dtype=np.uint8)
+            src_a = self.offsets[rows[first]].tolist()
+            src_b = self.offsets[rows[last - 1] + 1].tolist()
+            dst = off[first].tolist()
+            for a, b, d in zip(src_a, src_b, dst):
+                data[d: d + b - a] = self.data[a:b]
+            return StrArray(off, data)
         src = np.repeat(starts - off[:-1], lens) + np.arange(int(off[-1]), dtype=np.int64)
         return StrArray(off, self.data[src])
 
@@ -86,6 +119,47 @@ class StrArray(Sequence):
     @property
     def nbytes(self) -> int:
         return int(self.offsets.nbytes + self.data.nbytes)
+
+
+class TermStrings(Sequence):
+    """The strings of some codes of an :class:`Interner`, in the codes' order: a read-only view.
+
+    A segment's vocabulary as this view instead of a list of its own keeps no
+    Python reference per term per segment (the garbage collector's full passes
+    visit every reference a list holds).
+
+    Parameters
+    ----------
+    codes : ndarray (V,), int64, host
+    values : the interner's ``values`` list (append-only; shared)
+    """
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: list[str]):
+        self.codes = codes
+        self.values = values
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return list(map(self.values.__getitem__, self.codes[i].tolist()))
+        return self.values[int(self.codes[i])]
+
+    def __iter__(self):
+        return map(self.values.__getitem__, self.codes.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TermStrings({len(self)} terms)"
 
 
 class Interner:
@@ -125,9 +199,37 @@ class Interner:
         -------
         ndarray, shape (len(values),), ``dtype``, host
         """
-        code = self.code
-        uniq = {v: (-1 if v is None else code(v)) for v in dict.fromkeys(values)}  # each distinct value once
-        return np.fromiter(map(uniq.__getitem__, values), dtype=dtype, count=len(values))
+        index = self.index
+        new = [v for v in dict.fromkeys(values) if v is not None and v not in index]  # each distinct value once
+        if new:
+            start = len(self.values)
+            self.values.extend(new)  # values first: a reader that sees a code finds its value
+            index.update(zip(new, range(start, start + len(new))))
+        return np.fromiter(map(index.get, values, repeat(-1)), dtype=dtype, count=len(values))
+
+    def codes_distinct(self, values: list[str]) -> np.ndarray:
+        """Codes of ``values`` -- distinct strings, no None (a sorted vocabulary) -- adding new ones (writer
+        only): one lookup each, the new ones added in bulk.
+
+        Returns
+        -------
+        ndarray, shape (len(values),), int64, host
+        """
+        index = self.index
+        n = len(values)
+        if not index:
+            self.values.extend(values)
+            index.update(zip(values, range(n)))
+            return np.arange(n, dtype=np.int64)
+        codes = np.fromiter(map(index.get, values, repeat(-1)), dtype=np.int64, count=n)
+        miss = np.flatnonzero(codes < 0)
+        if miss.size:
+            new = [values[i] for i in miss.tolist()]
+            start = len(self.values)
+            self.values.extend(new)  # values first: a reader that sees a code finds its value
+            index.update(zip(new, range(start, start + len(new))))
+            codes[miss] = np.arange(start, start + len(new), dtype=np.int64)
+        return codes
 
     def lookup(self, value: str) -> int:
         """The code of ``value``, or -1 when it was never added."""

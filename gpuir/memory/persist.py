@@ -7,7 +7,8 @@ Layout of ``MEMORY_DIR``::
     CURRENT                    one line: the name of the committed manifest
     manifest-<gen>.json        configuration, counters, every segment with its file's sha256 and
                                size, its deletions file; the manifest's own sha256 over the rest
-    seg-<uid>.npz              one immutable segment (np.savez, uncompressed; never rewritten)
+    seg-<uid>.npz              one immutable segment (an uncompressed .npz whose arrays are aligned so
+                               that they can be memory-mapped: gpuir.memory.segfile; never rewritten)
     del-<uid>-<gen>.npy        the deleted rows of a segment (int64, ascending), as of save <gen>
     history-<gen>.jsonl        records' earlier versions (gpuir.memory.history), as of save <gen>
 
@@ -25,9 +26,15 @@ read ``CURRENT`` just before the commit can still load). Only files whose names
 follow these patterns are ever removed, and only inside a directory carrying
 gpuir's marker.
 
-**Checked.** Loading verifies the manifest's checksum, then each file's size
-and sha256 before reading it; a damaged or missing file raises
-:class:`MemoryFormatError` naming it.
+**Checked.** Opening verifies the manifest's checksum and each file's size and
+structure (the zip directory and every array header of a segment file) and
+the sha256 of each segment file's layout (every byte outside its arrays' data),
+reads the deletions files whole (checked against their sha256), and maps the
+segment files; each array of a segment file is checked against its CRC-32 the
+first time it is read (:mod:`gpuir.memory.segfile`), before any search sees it.
+``verify="full"`` (and :func:`verify_dir`, behind ``gpuir memory verify``) also
+checks every file's sha256, reading every byte. A damaged or missing file
+raises :class:`MemoryFormatError` naming it.
 
 **Never silently empty.** A directory holding a memory's segments or manifests
 without ``CURRENT`` is damaged, not absent: :func:`read_manifest` and
@@ -54,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..index.files import fsync_dir, sha256_file
+from .segfile import MappedNpz, SegmentFileError, layout_digest, write_npz
 
 FORMAT = "gpuir-memory"
 FORMAT_VERSION = 1
@@ -148,8 +156,11 @@ def segment_name(uid: int) -> str:
 
 
 def write_segment(root: Path, uid: int, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Write one segment file; returns its manifest entry (file, sha256, bytes)."""
-    return _write_atomic(root, segment_name(uid), lambda f: np.savez(f, **arrays))
+    """Write one segment file (mappable, see :func:`gpuir.memory.segfile.write_npz`); returns its manifest
+    entry (file, sha256, bytes)."""
+    entry = _write_atomic(root, segment_name(uid), lambda f: write_npz(f, arrays))
+    entry["layout_sha256"] = layout_digest(root / entry["file"])
+    return entry
 
 
 def write_deletes(root: Path, uid: int, gen: int, rows: np.ndarray) -> dict[str, Any]:
@@ -242,6 +253,70 @@ def read_segment_arrays(root: Path, entry: dict[str, Any], verify: bool = True) 
             return {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
         raise MemoryFormatError(f"{p}: damaged segment file ({type(e).__name__}: {e})") from None
+
+
+def open_segment(root: Path, entry: dict[str, Any], verify: bool | str = True) -> MappedNpz:
+    """Map one segment file (checked against its manifest entry's size; ``verify="full"``: and sha256).
+
+    With ``verify`` true, each array is checked against its CRC-32 when first read.
+
+    Raises
+    ------
+    FileNotFoundError
+        The file is missing (the caller decides: a writer may have committed meanwhile).
+    MemoryFormatError
+        A damaged file, named.
+    """
+    p = _check_file(root, entry, verify == "full")
+    try:
+        mz = MappedNpz(p, check=bool(verify))
+    except SegmentFileError as e:
+        raise MemoryFormatError(f"{p}: damaged segment file ({e})") from None
+    except OSError as e:
+        raise MemoryFormatError(f"{p}: cannot map the segment file ({e})") from None
+    want = entry.get("layout_sha256")  # absent for files written before mapping (checked by verify="full")
+    if verify and want is not None and mz.layout_sha256 != want:
+        raise MemoryFormatError(f"{p}: damaged segment file (its zip layout does not match its checksum)")
+    return mz
+
+
+def verify_dir(root: Path, analyzer: dict | None = None) -> dict[str, Any]:
+    """Check a memory directory's committed state completely: the manifest, every file's size and sha256,
+    every segment file's structure and every array's CRC-32, every deletions file. Reads every byte.
+
+    Returns
+    -------
+    dict: ``generation``, ``files`` checked, ``bytes`` read, ``segments``, ``records`` (rows in segments).
+
+    Raises
+    ------
+    MemoryFormatError
+        The first damaged or missing file, named.
+    """
+    name, manifest = read_manifest(root)
+    files = nbytes = records = 0
+    for e in manifest.get("segments", []):
+        try:
+            p = _check_file(root, e, True)
+            mz = MappedNpz(p, check=True)
+            for member in mz.names:
+                mz.verify(member)
+        except FileNotFoundError as err:
+            raise MemoryFormatError(f"{err.filename}: missing (named by {root / name})") from None
+        except SegmentFileError as err:
+            raise MemoryFormatError(f"{root / e['file']}: damaged segment file ({err})") from None
+        files += 1
+        nbytes += int(e["bytes"])
+        records += int(e.get("n_docs", 0))
+        if e.get("deletes"):
+            try:
+                read_deletes(root, e["deletes"], int(e.get("n_docs", 0)) or 2**62, True)
+            except FileNotFoundError as err:
+                raise MemoryFormatError(f"{err.filename}: missing (named by {root / name})") from None
+            files += 1
+            nbytes += int(e["deletes"]["bytes"])
+    return {"generation": int(manifest["generation"]), "manifest": name, "files": files, "bytes": nbytes,
+            "segments": len(manifest.get("segments", [])), "records": records}
 
 
 def read_deletes(root: Path, entry: dict[str, Any], n_docs: int, verify: bool = True) -> np.ndarray:

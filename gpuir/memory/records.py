@@ -275,91 +275,108 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                           f"{type(records).__name__}")
     ids: list[str] = []
     texts: list[str] = []
-    strings: dict[str, list[str | None]] = {f: [] for f in STRING_FIELDS}
-    times: list[int] = []
-    imps: list[float] = []
-    metas: list[str] = []
+    # optional fields, kept sparse while validating (most records carry few): (position, value)
+    opt_strings: dict[str, list[tuple[int, str]]] = {f: [] for f in STRING_FIELDS}
+    opt_times: list[tuple[int, int]] = []
+    opt_imps: list[tuple[int, float]] = []
+    opt_metas: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
-    known = set(FIELDS)
+    known = frozenset(FIELDS)
     str_fields = STRING_FIELDS
     roles = frozenset(ROLES)
+
+    def who(j: int, rec: Any) -> str:  # only for an error message
+        where = labels[j] if labels is not None else f"record {start + j}"
+        return where if not isinstance(rec, Mapping) else _name(where, rec)
+
     for j, rec in enumerate(records):
-
-        def who(j=j, rec=rec) -> str:  # built only for an error message
-            where = labels[j] if labels is not None else f"record {start + j}"
-            return where if not isinstance(rec, Mapping) else _name(where, rec)
-
-        if not isinstance(rec, Mapping):
-            raise RecordError(f"{who()} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
+        if rec.__class__ is not dict and not isinstance(rec, Mapping):
+            raise RecordError(f"{who(j, rec)} is a {type(rec).__name__}; each record must be a dict (a JSON object)")
         if not known.issuperset(rec.keys()):
             unknown = [k for k in rec if k not in known]
             raise RecordError(
-                f"{who()}: unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)} "
+                f"{who(j, rec)}: unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)} "
                 "(put anything else in 'metadata')"
             )
         rid = rec.get("id")
-        if not isinstance(rid, str) or not rid:
+        if not rid or (rid.__class__ is not str and not isinstance(rid, str)):
             got = "missing" if rid is None else f"{type(rid).__name__} {rid!r}"
-            raise RecordError(f"{who()}: 'id' must be a non-empty string, got {got}")
+            raise RecordError(f"{who(j, rec)}: 'id' must be a non-empty string, got {got}")
         if rid in seen:
             first = labels[seen[rid]] if labels is not None else f"record {seen[rid] + start}"
-            raise RecordError(f"{who()}: id {rid!r} occurs twice in this batch (also {first})")
+            raise RecordError(f"{who(j, rec)}: id {rid!r} occurs twice in this batch (also {first})")
         seen[rid] = j
         text = rec.get("text")
         if not isinstance(text, str):
             got = "missing" if text is None else type(text).__name__
-            raise RecordError(f"{who()}: 'text' must be a string, got {got}")
-        for f in str_fields:
-            v = rec.get(f)
-            if v is not None and not isinstance(v, str):
-                raise RecordError(f"{who()}: {f!r} must be a string, got {type(v).__name__} {v!r}")
-            strings[f].append(v)
-        role = rec.get("role")
-        if role is not None and role not in roles:
-            raise RecordError(f"{who()}: role {role!r} is not one of {', '.join(ROLES)}")
-        t = rec.get("time")
-        if t is None:
-            times.append(MISSING_TIME)
-        elif t.__class__ is int and MISSING_TIME < t <= _INT64_MAX:
-            times.append(t)
-        else:
-            try:
-                times.append(to_epoch_ms(t, "'time'"))
-            except RecordError as e:
-                raise RecordError(f"{who()}: {e}") from None
-        imp = rec.get("importance")
-        if imp is None:
-            imps.append(math.nan)
-        elif isinstance(imp, bool) or not isinstance(imp, (int, float, np.integer, np.floating)):
-            raise RecordError(f"{who()}: 'importance' must be a number, got {type(imp).__name__} {imp!r}")
-        elif not math.isfinite(float(imp)):
-            raise RecordError(f"{who()}: 'importance' must be a finite number, got {imp!r}")
-        else:
-            imps.append(float(imp))
-        meta = rec.get("metadata")
-        if meta is None:
-            metas.append("")
-        elif not isinstance(meta, Mapping):
-            raise RecordError(f"{who()}: 'metadata' must be a JSON object (dict), got {type(meta).__name__}")
-        else:
-            bad = check_metadata(meta) if meta else None
-            if bad:
-                raise RecordError(f"{who()}: {bad}")
-            try:
-                metas.append(metadata_json(meta) if meta else "")
-            except (TypeError, ValueError) as e:
-                bad = [k for k in meta if not isinstance(k, str)]
+            raise RecordError(f"{who(j, rec)}: 'text' must be a string, got {got}")
+        if len(rec) > 2 or "id" not in rec or "text" not in rec:  # optional fields present
+            for f in str_fields:
+                v = rec.get(f)
+                if v is not None:
+                    if not isinstance(v, str):
+                        raise RecordError(f"{who(j, rec)}: {f!r} must be a string, got {type(v).__name__} {v!r}")
+                    opt_strings[f].append((j, v))
+            role = rec.get("role")
+            if role is not None and role not in roles:
+                raise RecordError(f"{who(j, rec)}: role {role!r} is not one of {', '.join(ROLES)}")
+            t = rec.get("time")
+            if t is not None:
+                if t.__class__ is int and MISSING_TIME < t <= _INT64_MAX:
+                    opt_times.append((j, t))
+                else:
+                    try:
+                        opt_times.append((j, to_epoch_ms(t, "'time'")))
+                    except RecordError as e:
+                        raise RecordError(f"{who(j, rec)}: {e}") from None
+            imp = rec.get("importance")
+            if imp is not None:
+                if isinstance(imp, bool) or not isinstance(imp, (int, float, np.integer, np.floating)):
+                    raise RecordError(f"{who(j, rec)}: 'importance' must be a number, got {type(imp).__name__} {imp!r}")
+                if not math.isfinite(float(imp)):
+                    raise RecordError(f"{who(j, rec)}: 'importance' must be a finite number, got {imp!r}")
+                opt_imps.append((j, float(imp)))
+            meta = rec.get("metadata")
+            if meta is not None:
+                if not isinstance(meta, Mapping):
+                    raise RecordError(f"{who(j, rec)}: 'metadata' must be a JSON object (dict), got "
+                                      f"{type(meta).__name__}")
+                bad = check_metadata(meta) if meta else None
                 if bad:
-                    raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} "
-                                      f"{bad[0]!r}") from None
-                raise RecordError(f"{who()}: 'metadata' is not JSON-serialisable ({e})") from None
-            if not all(isinstance(k, str) for k in meta):
-                bad = [k for k in meta if not isinstance(k, str)]
-                raise RecordError(f"{who()}: metadata keys must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
+                    raise RecordError(f"{who(j, rec)}: {bad}")
+                try:
+                    mj = metadata_json(meta) if meta else ""
+                except (TypeError, ValueError) as e:
+                    bad = [k for k in meta if not isinstance(k, str)]
+                    if bad:
+                        raise RecordError(f"{who(j, rec)}: metadata keys must be strings, got "
+                                          f"{type(bad[0]).__name__} {bad[0]!r}") from None
+                    raise RecordError(f"{who(j, rec)}: 'metadata' is not JSON-serialisable ({e})") from None
+                if not all(isinstance(k, str) for k in meta):
+                    bad = [k for k in meta if not isinstance(k, str)]
+                    raise RecordError(f"{who(j, rec)}: metadata keys must be strings, got {type(bad[0]).__name__} "
+                                      f"{bad[0]!r}")
+                if mj:
+                    opt_metas.append((j, mj))
         ids.append(rid)
         texts.append(text)
+    n = len(ids)
+    strings: dict[str, list[str | None]] = {}
+    for f in STRING_FIELDS:
+        col: list[str | None] = [None] * n
+        for i, v in opt_strings[f]:
+            col[i] = v
+        strings[f] = col
+    times = np.full(n, MISSING_TIME, dtype=np.int64)
+    if opt_times:
+        times[[i for i, _ in opt_times]] = [t for _, t in opt_times]
+    imps = np.full(n, math.nan, dtype=np.float64)
+    if opt_imps:
+        imps[[i for i, _ in opt_imps]] = [x for _, x in opt_imps]
+    metas = [""] * n
+    for i, mj in opt_metas:
+        metas[i] = mj
     return RecordBatch(
-        ids=ids, texts=texts, strings=strings,
-        time=np.asarray(times, dtype=np.int64), importance=np.asarray(imps, dtype=np.float64), metadata=metas,
+        ids=ids, texts=texts, strings=strings, time=times, importance=imps, metadata=metas,
         labels=None if labels is None else list(labels),
     )

@@ -1,8 +1,9 @@
 """`Snapshot`: one consistent, immutable state of a memory, as every search sees it.
 
 The writer never changes a published snapshot: it builds the next one (new
-segment views, a copy of the document frequencies) and publishes it with one
-attribute assignment. A search takes the current snapshot once, at its start,
+segment views, a :class:`~gpuir.memory.docfreq.DfTable` of the document
+frequencies that shares everything unchanged with the previous one) and
+publishes it with one attribute assignment. A search takes the current snapshot once, at its start,
 and reads only that object, so it sees one state from beginning to end while
 the writer adds, deletes and merges.
 
@@ -16,11 +17,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
-
 from ..analysis import Analyzer
 from ..bm25 import BM25Params
 from .columns import Interner
+from .docfreq import DfTable
 from .segments import SegView
 
 
@@ -40,9 +40,10 @@ class Snapshot:
         N, the number of live records.
     total_len : int
         Sum of the live records' document lengths (tokens).
-    df : ndarray, shape (G,), int64, host
+    df : DfTable, shape (G,), int64, host
         Live document frequency of each global term code (0 for terms whose
         records were all deleted, and the memory's later terms are beyond G).
+        Indexed like an ndarray (``df[gids]``); ``np.asarray(df)`` is the dense array.
     params : BM25Params
     analyzer_config : dict
     window_ms : int or None
@@ -53,7 +54,7 @@ class Snapshot:
         String-field dictionaries (shared, append-only).
     """
 
-    def __init__(self, version: int, views: tuple[SegView, ...], n_docs: int, total_len: int, df: np.ndarray,
+    def __init__(self, version: int, views: tuple[SegView, ...], n_docs: int, total_len: int, df: DfTable,
                  params: BM25Params, analyzer_config: dict, window_ms: int | None, terms: Interner,
                  dicts: dict[str, Interner]):
         self.version = version

@@ -4,8 +4,8 @@ The writer (one thread at a time; one process at a time per directory) turns
 every ``add`` into new immutable segments (one per time partition touched),
 ``delete`` into new live masks (tombstones), ``update`` into both; keeps the
 global statistics (N, df, total length) of the live records; and publishes a
-new :class:`~gpuir.memory.snapshot.Snapshot`. A tiered policy then merges
-segments of one partition: when a partition holds ``merge_factor`` segments
+new :class:`~gpuir.memory.snapshot.Snapshot`. A tiered policy then chooses
+merges inside each partition: when a partition holds ``merge_factor`` segments
 of one size tier (tier 0 up to ``merge_min`` live records, tier j up to
 ``merge_min * merge_factor**j``), they become one; a segment with more than
 a third of its rows deleted is rewritten alone. When records arrive in a newer
@@ -14,6 +14,17 @@ agent's memory mostly grows at its newest end, so old partitions then hold one
 segment each; late records for an old partition start new small segments,
 merged by the tiers). :meth:`Memory.merge` compacts on demand. Merges purge
 tombstones and never change a search result.
+
+Merges run off the writer's path (:mod:`gpuir.memory.merger`): the policy hands
+them to background threads and the writer returns. A merge reads immutable
+segments outside every lock, then commits under the writer's lock in a moment:
+records deleted or updated while it ran are tombstoned in the merged segment
+(so no delete is lost), and it is published as a new snapshot (searches keep
+the snapshot they started with). It reaches the directory only through the
+next :meth:`Memory.save` (the normal atomic commit), so a crash during a merge
+loses nothing. ``background_merges=False`` runs merges inside the writer's
+call instead (deterministic); :meth:`Memory.wait_merges` waits for the
+background ones; :meth:`Memory.close` stops them.
 
 Searches run on the snapshot current when they start, from any number of
 threads, and never wait for the writer.
@@ -53,19 +64,24 @@ from ..backends import resolve_backend
 from ..bm25 import BM25Params
 from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import listing, persist, updates
+from .builder import SegmentBuilder
 from .columns import Interner
+from .docfreq import DfLog
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
 from .history import History
 from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
+from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
+from .merger import MergeCancelled, Merger, MergeTask
 from .partitions import MODES, budget_partitions, partition_keys, scan
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
-from .segments import SegView, build_segment, merge_segments, segment_arrays, segment_from_arrays
+from .segments import SegView, merge_segments, segment_arrays, segment_from_file
 from .snapshot import Snapshot
 from .termstats import TermStats, check_seqs, query_terms, restate, term_stats
+from .termorder import TermOrder
 from .timeutil import check_time_unit, public_record
 from .where import compile_wheres
 
@@ -109,6 +125,9 @@ class Memory:
         Live records up to which a segment is in the smallest tier (>= 1).
     history_limit : int
         Earlier versions kept per record (>= 0; see :mod:`gpuir.memory.history`).
+    background_merges : bool
+        Merge in background threads (default): no ``add`` waits for a merge.
+        False: merges run inside the writer's call that triggers them.
 
     Examples
     --------
@@ -123,7 +142,7 @@ class Memory:
 
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
-                 merge_min: int = 1024, history_limit: int = 10):
+                 merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True):
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -142,19 +161,29 @@ class Memory:
         self.merge_min = merge_min
         self._terms = Interner()
         self._dicts = {f: Interner() for f in STRING_FIELDS}
-        self._df = np.zeros(1024, dtype=np.int64)
+        self._dflog = DfLog()  # live document frequencies: the writer's dense array, a table per snapshot
+        self._order = TermOrder(self._terms)  # string order of the terms as ranks (sorting without strings)
+        self._builder = SegmentBuilder(self._analyzer, self._terms, self._order)
         self._n = 0
         self._total_len = 0
-        self._ids: dict[str, int] = {}  # live id -> sequence number
+        self._ids = IdMap(self._resolve_ids)  # live id -> sequence number (no Python object per loaded record)
         self._next_seq = 0
         self._next_uid = 0
-        self._views: list[SegView] = []
+        self._views: dict[int, SegView] = {}  # uid -> view, every live segment
+        self._parts: dict[Any, dict[int, None]] = {}  # partition key -> uids of its segments
+        self._newest: int | None = None  # the newest timed partition key
         self._sealed: set = set()  # partitions compacted once they stopped being the newest
+        self._seal_checked: int | None = None  # the newest key the seal check last ran for
+        self._merging: set[int] = set()  # uids of segments in a queued or running merge
+        self._merge_skip: set[int] = set()  # uids whose merge failed: not chosen again automatically
+        self._merge_paused = 0
         self._version = 0
         self._write_lock = threading.RLock()
         self._commit_lock = threading.Lock()
-        #: (records merged, seconds) of every merge, for benchmarks.
+        #: (records merged, seconds) of every merge, for benchmarks (background merges do not pause the writer).
         self.merge_log: list[tuple[int, float]] = []
+        self._merger = Merger(self._run_merge, small_limit=self.merge_min * self.merge_factor ** 2,
+                              background=bool(background_merges))
         self._path: Path | None = None
         self._lock: WriterLock | None = None
         self._readonly = False
@@ -165,7 +194,7 @@ class Memory:
         self._unsaved = 0  # records added, updated or deleted since the last save or open
         self._history = History(history_limit)
         self._expiring = False  # some record was given an expires_at (saved in the manifest; never reset)
-        self._snap = self._snapshot(self._df[:0].copy())
+        self._snap = self._snapshot()
 
     # ------------------------------------------------------------------ state
     def config(self) -> dict[str, Any]:
@@ -175,22 +204,31 @@ class Memory:
                 "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
                 "history_limit": self._history.limit}
 
-    def _snapshot(self, df: np.ndarray) -> Snapshot:
+    def _snapshot(self) -> Snapshot:
         self._version += 1
-        snap = Snapshot(self._version, tuple(self._views), self._n, self._total_len, df, self.params,
+        df = self._dflog.publish(len(self._terms))  # O(terms changed), never a copy of every df
+        snap = Snapshot(self._version, tuple(self._views.values()), self._n, self._total_len, df, self.params,
                         self.analyzer_config, self.window_ms, self._terms, self._dicts)
         snap.expiring = self._expiring  # no expires_at ever given: searches never look for expired rows
         return snap
 
-    def _publish(self, added: Mapping[str, int] | None = None, removed: Iterable[str] = (),
-                 stats_changed: bool = True) -> None:
-        df = self._df[: len(self._terms)].copy() if stats_changed else self._snap.df
-        snap = self._snapshot(df)
+    def _publish(self, added: Mapping[str, int] | None = None,
+                 removed: tuple[Sequence[str], Sequence[int]] | None = None) -> None:
+        snap = self._snapshot()
         with self._commit_lock:
-            for rid in removed:
-                self._ids.pop(rid, None)
-            self._ids.update(added or {})
+            if removed is not None:
+                self._ids.remove(*removed)
+            if added:
+                self._ids.update(added)
             self._snap = snap
+
+    def _resolve_ids(self, seqs: np.ndarray, views=None) -> dict[int, str]:
+        """The id of each live record among ``seqs`` (sorted) in ``views`` (default: the current snapshot's)."""
+        views = self._snap.views if views is None else views
+        out: dict[int, str] = {}
+        for v, rows in self._locate(views, seqs):
+            out.update(zip(v.seg.seqs[rows].tolist(), v.seg.ids.take(rows).tolist()))
+        return out
 
     def snapshot(self) -> Snapshot:
         """The current snapshot (what a search starting now sees)."""
@@ -209,7 +247,10 @@ class Memory:
                 f"{self.params}, path={str(self._path) if self._path else None})")
 
     def __contains__(self, rid: object) -> bool:
-        return rid in self._ids
+        if not isinstance(rid, str):
+            return False
+        with self._commit_lock:
+            return self._ids.get(rid) is not None
 
     @property
     def next_seq(self) -> int:
@@ -253,7 +294,7 @@ class Memory:
                 return 0
             self._purge_expired()
             self._note_expiry(batch)
-            clash = [i for i, rid in enumerate(batch.ids) if rid in self._ids]
+            clash = [i for i, s in enumerate(self._ids.get_many(batch.ids)) if s is not None]
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
@@ -286,11 +327,11 @@ class Memory:
         UnknownIdError
             An id that names no record (nothing is changed).
         """
-        return self._put(records, replace, time_unit, "update", seqs)
+        return self._write(records, replace, time_unit, "update", seqs)
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
-        return self._put(records, True, time_unit, "replace")
+        return self._write(records, True, time_unit, "replace")
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
                time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
@@ -302,10 +343,10 @@ class Memory:
         -------
         int: the number of records given.
         """
-        return self._put(records, replace, time_unit, "upsert", seqs)
+        return self._write(records, replace, time_unit, "upsert", seqs)
 
-    def _put(self, records: Any, replace: bool, time_unit: str | None, what: str,
-             seqs: Sequence[int] | np.ndarray | None = None) -> int:
+    def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
+               seqs: Sequence[int] | np.ndarray | None = None) -> int:
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records
@@ -317,22 +358,24 @@ class Memory:
                 return 0
             given = check_seqs(seqs, len(ids), self._next_seq)
             self._purge_expired()
+            seq_of = dict(zip(ids, self._ids.get_many(ids)))
             if what != "upsert":
-                unknown = [rid for rid in ids if rid not in self._ids]
+                unknown = [rid for rid in ids if seq_of[rid] is None]
                 if unknown:
                     raise UnknownIdError(unknown, what)
-            current = dict(zip(*self.stored([rid for rid in ids if rid in self._ids])))
+            current = dict(zip(*self.stored([rid for rid in ids if seq_of[rid] is not None])))
             new, labels, replaced, old = updates.plan(patches, current, replace)
             if not new:
                 return len(ids)
             batch = normalize_records(fold_expiry(new), labels=labels)
             self._note_expiry(batch)
-            touched = self._remove(replaced) if replaced else set()
+            rseqs = [seq_of[rid] for rid in replaced]
+            touched = self._remove(rseqs) if replaced else set()
             if given is not None and len(new) < len(ids):  # the records left as they were use no number
-                seq_of = dict(zip(ids, given.tolist()))
-                given = np.asarray([seq_of[r["id"]] for r in new], dtype=np.int64)
+                given_of = dict(zip(ids, given.tolist()))
+                given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
             added, parts = self._append(batch, given)
-            self._publish(added=added, removed=replaced)  # removed first, then the new versions
+            self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
             for rid, version in old:
                 self._history.push(rid, version)
             self._unsaved += len(new)
@@ -345,13 +388,17 @@ class Memory:
         merge (the service). Raises KeyError for an id that is not live."""
         with self._commit_lock:
             snap = self._snap
-            seqs = [self._ids[i] for i in ids]
+            seqs = self._ids.get_many(ids, snap.views)
         if not ids:
             return [], []
+        missing = [rid for rid, s in zip(ids, seqs) if s is None]
+        if missing:
+            raise KeyError(missing[0])
         where: dict[int, tuple[int, int]] = {}
-        for vi, rows in self._locate(snap.views, np.asarray(sorted(seqs), dtype=np.int64)):
+        pos_of = {id(v): i for i, v in enumerate(snap.views)}
+        for v, rows in self._locate(snap.views, np.asarray(sorted(seqs), dtype=np.int64)):
             for r in rows.tolist():
-                where[int(snap.views[vi].seg.seqs[r])] = (vi, r)
+                where[int(v.seg.seqs[r])] = (pos_of[id(v)], r)
         return ids, [snap.record(*where[q]) for q in seqs]
 
     def purge_expired(self) -> int:
@@ -369,14 +416,16 @@ class Memory:
             return 0
         now = now_ms()
         dead: list[str] = []
-        for v in self._views:
+        dead_seqs: list[int] = []
+        for v in self._views.values():
             rows = expired_rows(v, now)
             if rows.size:
                 dead.extend(v.seg.ids.take(rows).tolist())
+                dead_seqs.extend(v.seg.seqs[rows].tolist())
         if not dead:
             return 0
-        touched = self._remove(dead)
-        self._publish(removed=dead)
+        touched = self._remove(dead_seqs)
+        self._publish(removed=(dead, dead_seqs))
         self._history.drop(dead)
         self._unsaved += len(dead)
         log.info("purged %d expired record(s)", len(dead))
@@ -403,12 +452,14 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            ids = _id_list(ids, "delete")
+            ids = list(dict.fromkeys(_id_list(ids, "delete")))
             self._purge_expired()
-            unknown = [rid for rid in ids if rid not in self._ids]
+            seq_of = self._ids.get_many(ids)
+            unknown = [rid for rid, s in zip(ids, seq_of) if s is None]
             if unknown and not missing_ok:
                 raise UnknownIdError(unknown, "delete")
-            ids = list(dict.fromkeys(rid for rid in ids if rid in self._ids))
+            seqs = [s for s in seq_of if s is not None]
+            ids = [rid for rid, s in zip(ids, seq_of) if s is not None]
             if not ids:
                 return 0
             if keep_history:
@@ -416,8 +467,8 @@ class Memory:
                     self._history.push(rid, version)
             else:
                 self._history.drop(ids)
-            touched = self._remove(ids)
-            self._publish(removed=ids)
+            touched = self._remove(seqs)
+            self._publish(removed=(ids, seqs))
             self._unsaved += len(ids)
             self._merge_policy(touched)
             return len(ids)
@@ -437,26 +488,37 @@ class Memory:
             groups.setdefault(key, []).append(i)
         for key, rows in groups.items():
             r = np.asarray(rows, dtype=np.int64)
-            seg = build_segment(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
-                                self._analyzer, self._terms, self._dicts)
+            seg = self._builder.build(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
+                                      self._dicts)
             self._next_uid += 1
-            self._grow_df(len(self._terms))
-            self._df[seg.l2g] += np.diff(seg.csr.offsets)
+            self._dflog.add(seg.l2g, seg.df, unique=True)
             self._n += seg.n_docs
-            self._total_len += int(seg.csr.doc_lens.sum(dtype=np.int64))
-            self._views.append(SegView(seg))
+            self._total_len += seg.length
+            self._put(SegView(seg))
+            if key is not None and self.window_ms is not None and (self._newest is None or key > self._newest):
+                self._newest = key
         return dict(zip(batch.ids, seqs.tolist())), set(groups)
 
-    def _grow_df(self, size: int) -> None:
-        if size > self._df.size:
-            new = np.zeros(max(size, 2 * self._df.size), dtype=np.int64)
-            new[: self._df.size] = self._df
-            self._df = new
+    def _put(self, view: SegView) -> None:
+        """Add a segment's view to the writer's state (no publish)."""
+        uid = view.seg.uid
+        self._views[uid] = view
+        self._parts.setdefault(view.seg.partition, {})[uid] = None
 
-    def _locate(self, views: Sequence[SegView], seqs: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """(view position, rows) of the records with sequence numbers ``seqs`` (sorted) in ``views``."""
+    def _drop(self, uid: int) -> None:
+        """Remove a segment from the writer's state (no publish)."""
+        v = self._views.pop(uid, None)
+        if v is not None:
+            members = self._parts.get(v.seg.partition)
+            if members is not None:
+                members.pop(uid, None)
+                if not members:
+                    del self._parts[v.seg.partition]
+
+    def _locate(self, views: Iterable[SegView], seqs: np.ndarray) -> list[tuple[SegView, np.ndarray]]:
+        """(view, live rows) of the records with sequence numbers ``seqs`` (sorted) in ``views``."""
         out = []
-        for vi, v in enumerate(views):
+        for v in views:
             s = v.seg.seqs
             if not s.size or seqs[-1] < s[0] or seqs[0] > s[-1]:
                 continue
@@ -467,31 +529,29 @@ class Memory:
                 if v.live is not None:
                     rows = rows[v.live[rows]]
                 if rows.size:
-                    out.append((vi, rows))
+                    out.append((v, rows))
         return out
 
-    def _remove(self, ids: list[str]) -> set:
-        """Tombstone live records (no publish); returns the partitions touched."""
-        seqs = np.sort(np.fromiter((self._ids[i] for i in ids), dtype=np.int64, count=len(ids)))
+    def _remove(self, seq_list: Sequence[int]) -> set:
+        """Tombstone the live records with these sequence numbers (no publish); returns the partitions touched."""
+        seqs = np.sort(np.asarray(seq_list, dtype=np.int64))
         touched = set()
-        drop = []
-        for vi, rows in self._locate(self._views, seqs):
-            v = self._views[vi]
+        for v, rows in self._locate(list(self._views.values()), seqs):
             seg = v.seg
             live = np.ones(seg.n_docs, dtype=bool) if v.live is None else v.live.copy()
             live[rows] = False
+            texts = seg.texts
             for r in rows.tolist():  # global statistics: the deleted records' distinct terms and lengths
-                g = self._terms.lookup_many(sorted(set(self._analyzer(seg.texts[r]))))
-                self._df[g] -= 1
+                g = self._terms.lookup_many(sorted(set(self._analyzer(texts[r]))))
+                self._dflog.add(g, -1)
             self._n -= int(rows.size)
             self._total_len -= int(seg.csr.doc_lens[rows].sum(dtype=np.int64))
             nv = SegView(seg, live)
             if nv.n_live == 0:
-                drop.append(vi)
-            self._views[vi] = nv
+                self._drop(seg.uid)
+            else:
+                self._views[seg.uid] = nv
             touched.add(seg.partition)
-        for vi in sorted(drop, reverse=True):
-            del self._views[vi]
         return touched
 
     # ------------------------------------------------------------------ merges
@@ -501,51 +561,138 @@ class Memory:
         return math.ceil(math.log(n / self.merge_min, self.merge_factor) - 1e-9)
 
     def _merge_policy(self, partitions: set) -> None:
-        """Tiered merging inside each partition of ``partitions`` (see the module docstring)."""
-        for key in partitions:
-            while True:
-                members = [i for i, v in enumerate(self._views) if v.seg.partition == key]
-                tiers: dict[int, list[int]] = {}
-                for i in members:
-                    tiers.setdefault(self._tier(self._views[i].n_live), []).append(i)
-                group = next((g for t, g in sorted(tiers.items()) if len(g) >= self.merge_factor), None)
-                if group is None:
-                    group = next(([i] for i in members
-                                  if 3 * (self._views[i].seg.n_docs - self._views[i].n_live) > self._views[i].seg.n_docs),
-                                 None)
-                if group is None:
-                    break
-                self._merge_views(group, key)
-        self._seal()
+        """Choose merges in each partition of ``partitions`` (see the module docstring); nobody waits.
 
-    def _seal(self) -> None:
-        """Compact, once, each time partition that stopped being the newest (see the module docstring)."""
-        timed = [v.seg.partition for v in self._views if v.seg.partition is not None]
-        if self.window_ms is None or not timed:
+        Looks only at the segments of those partitions (and, when a newer
+        partition appeared, at each older one once).
+        """
+        if self._merge_paused:
             return
-        newest = max(timed)
-        for key in sorted(set(timed)):
-            if key >= newest or key in self._sealed:
-                continue
-            self._sealed.add(key)
-            pos = [i for i, v in enumerate(self._views) if v.seg.partition == key]
-            if len(pos) > 1 or self._views[pos[0]].live is not None:
-                self._merge_views(pos, key)
+        for key in partitions:
+            self._plan(key)
+        if self._newest is not None and self._newest != self._seal_checked:
+            self._seal_checked = self._newest
+            for key in [k for k in self._parts if k is not None and k < self._newest and k not in self._sealed]:
+                self._plan(key)
 
-    def _merge_views(self, positions: list[int], key) -> None:
-        t0 = time.perf_counter()
-        views = [self._views[i] for i in positions]
-        seg = merge_segments(views, self._next_uid, key, self._terms)
+    def _plan(self, key: Any) -> None:
+        members = self._parts.get(key)
+        if not members:
+            return
+        idle = [self._views[u] for u in members if u not in self._merging and u not in self._merge_skip]
+        if (key is not None and self.window_ms is not None and self._newest is not None and key < self._newest
+                and key not in self._sealed):
+            # compact, once, a partition that stopped being the newest (when none of it is being merged)
+            if len(idle) == len(members):
+                if len(idle) > 1 or idle[0].live is not None:
+                    self._schedule(key, idle, "seal")
+                self._sealed.add(key)
+            return
+        tiers: dict[int, list[SegView]] = {}
+        for v in idle:
+            tiers.setdefault(self._tier(v.n_live), []).append(v)
+        chosen: set[int] = set()
+        for t in sorted(tiers):
+            group = tiers[t]
+            while len(group) >= self.merge_factor:
+                take, group = group[: self.merge_factor], group[self.merge_factor:]
+                self._schedule(key, take, "tier")
+                chosen.update(v.seg.uid for v in take)
+        for v in idle:  # a segment with more than a third of its rows deleted is rewritten alone
+            if v.seg.uid not in chosen and 3 * (v.seg.n_docs - v.n_live) > v.seg.n_docs:
+                self._schedule(key, [v], "purge")
+
+    def _schedule(self, key: Any, views: list[SegView], reason: str) -> None:
+        self._order.update()  # every input's terms ranked before a merge thread reads the ranks
+        task = MergeTask(key, list(views), self._next_uid, reason)
         self._next_uid += 1
-        first = min(positions)
-        keep = [v for i, v in enumerate(self._views) if i not in set(positions)]
-        keep.insert(sum(1 for i in range(first) if i not in set(positions)), SegView(seg))
-        self._views = keep
-        self._publish(stats_changed=False)
-        self.merge_log.append((seg.n_docs, time.perf_counter() - t0))
+        self._merging.update(task.uids)
+        self._merger.submit(task)
+
+    def _run_merge(self, task: MergeTask) -> None:
+        """One merge (a background thread, or the writer inline): merge outside every lock, then commit."""
+        hook = self._merger.hook
+        if hook is not None:
+            hook("start", task)
+        t0 = time.perf_counter()
+        try:
+            order = self._order
+            rank = order.rank if order.ready else None  # (ready read first: it is set after the ranks)
+            seg = merge_segments(task.views, task.uid, task.key, self._terms, check=task.check, rank=rank)
+        except MergeCancelled:
+            self._merging.difference_update(task.uids)
+            raise
+        dt = time.perf_counter() - t0
+        if hook is not None:
+            hook("merged", task)
+        # the commit: wait for the writer's lock, unless the merger is stopped meanwhile (close() may be
+        # waiting for this thread while holding the lock)
+        while not self._write_lock.acquire(timeout=0.05):
+            if task.cancelled:
+                break
+        else:
+            try:
+                if not task.cancelled:
+                    self._commit_merge(task, seg)
+                    self.merge_log.append((seg.n_docs, dt))
+                    self._merge_policy({task.key})  # the merged segment may complete a group of the next tier
+                    return
+            finally:
+                self._write_lock.release()
+        self._merging.difference_update(task.uids)  # abandoned: the inputs stay as they are
+
+    def _commit_merge(self, task: MergeTask, seg) -> None:
+        """Replace the task's inputs by ``seg`` and publish (caller holds the write lock).
+
+        Rows deleted (or replaced by an update) since the task was chosen are
+        tombstoned in ``seg``: the merge read the inputs as they were then.
+        """
+        live = None
+        for old in task.views:
+            cur = self._views.get(old.seg.uid)
+            if cur is old:
+                continue
+            was = np.ones(old.seg.n_docs, bool) if old.live is None else old.live
+            now = np.zeros(old.seg.n_docs, bool) if cur is None else (
+                np.ones(old.seg.n_docs, bool) if cur.live is None else cur.live)
+            dead = np.flatnonzero(was & ~now)
+            if dead.size:
+                if live is None:
+                    live = np.ones(seg.n_docs, dtype=bool)
+                live[np.searchsorted(seg.seqs, old.seg.seqs[dead])] = False
+        for uid in task.uids:
+            self._drop(uid)
+            self._merging.discard(uid)
+        nv = SegView(seg, live)
+        if nv.n_live:
+            self._put(nv)
+        self._publish()
+
+    def _merge_failed(self, task: MergeTask) -> None:
+        """A merge raised (logged by the merger): its segments stay, and are not chosen again automatically."""
+        with self._write_lock:
+            self._merging.difference_update(task.uids)
+            self._merge_skip.update(task.uids)
+
+    def wait_merges(self, timeout: float | None = None) -> bool:
+        """Wait until no background merge is queued or running (a merge may schedule the next).
+
+        Returns
+        -------
+        bool: False when ``timeout`` seconds passed first.
+        """
+        return self._merger.drain(timeout)
+
+    def merge_status(self) -> dict[str, Any]:
+        """Background merges: queued or running, threads, done, failed (with messages)."""
+        m = self._merger
+        return {"pending": m.pending(), "threads": m.threads, "done": m.done, "failed": m.failed,
+                "errors": list(m.errors[-10:]), "background": m.background}
 
     def merge(self, partition: Any = "all") -> int:
         """Merge on demand: each partition (or the one named) into one segment, tombstones purged.
+
+        Waits for the background merges first (and holds back new ones meanwhile).
 
         Returns
         -------
@@ -554,16 +701,31 @@ class Memory:
         with self._write_lock:
             self._check_writable()
             self._purge_expired()
-            keys = list(dict.fromkeys(v.seg.partition for v in self._views))
-            if partition != "all":
-                keys = [k for k in keys if k == partition]
-            done = 0
-            for key in keys:
-                pos = [i for i, v in enumerate(self._views) if v.seg.partition == key]
-                if len(pos) > 1 or (pos and self._views[pos[0]].live is not None):
-                    self._merge_views(pos, key)
-                    done += 1
-            return done
+            self._merge_paused += 1
+        try:
+            self._merger.drain()
+            with self._write_lock:
+                keys = list(self._parts)
+                if partition != "all":
+                    keys = [k for k in keys if k == partition]
+                done = 0
+                for key in keys:
+                    views = [self._views[u] for u in self._parts.get(key, ())]
+                    if len(views) > 1 or (views and views[0].live is not None):
+                        t0 = time.perf_counter()
+                        task = MergeTask(key, views, self._next_uid, "explicit")
+                        self._next_uid += 1
+                        self._order.update()
+                        rank = self._order.rank if self._order.ready else None
+                        seg = merge_segments(views, task.uid, key, self._terms, rank=rank)
+                        self._commit_merge(task, seg)
+                        self.merge_log.append((seg.n_docs, time.perf_counter() - t0))
+                        done += 1
+                self._merge_skip.clear()
+                return done
+        finally:
+            with self._write_lock:
+                self._merge_paused -= 1
 
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
@@ -579,14 +741,16 @@ class Memory:
         ids = _id_list(ids, "get")
         with self._commit_lock:
             snap = self._snap
-            seq_of = [self._ids.get(i) for i in ids]
+            seq_of = self._ids.get_many(ids, snap.views)
         known = sorted({s for s in seq_of if s is not None})
         where: dict[int, tuple[int, int]] = {}
         if known:
             arr = np.asarray(known, dtype=np.int64)
-            for vi, rows in self._locate(snap.views, arr):
+            pos_of = {id(v): i for i, v in enumerate(snap.views)}
+            for v, rows in self._locate(snap.views, arr):
+                vi = pos_of[id(v)]
                 for r in rows.tolist():
-                    where[int(snap.views[vi].seg.seqs[r])] = (vi, r)
+                    where[int(v.seg.seqs[r])] = (vi, r)
         recs = [None if s is None else snap.record(*where[s]) for s in seq_of]
         now = now_ms()
         recs = [None if r is None or r.get("expires_at", now + 1) <= now else r for r in recs]
@@ -795,6 +959,7 @@ class Memory:
         plans = plan_queries(snap, list(queries), stats)
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
+        k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
         out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
         if ties == "newest" or min_score is not None or order_by == "time":  # at the edge (gpuir.memory.hitorder)
             edged = []
@@ -870,7 +1035,7 @@ class Memory:
             "time_span": None if tmin is None else {"min": format_time(tmin), "max": format_time(tmax),
                                                     "min_ms": tmin, "max_ms": tmax},
             "terms": int(np.count_nonzero(snap.df)),
-            "postings": sum(v.seg.csr.n_postings for v in snap.views),
+            "postings": sum(int(v.seg.df.sum()) for v in snap.views),
             "avgdl": snap.avgdl,
             "generation": self._gen,
             **self.config(),
@@ -936,7 +1101,8 @@ class Memory:
                 e = self._saved.get(seg.uid)
                 if e is None:
                     e = persist.write_segment(root, seg.uid, segment_arrays(seg, self._dicts))
-                    e = {"uid": seg.uid, "partition": seg.partition, "n_docs": seg.n_docs, **e, "deletes": None}
+                    e = {"uid": seg.uid, "partition": seg.partition, "n_docs": seg.n_docs, **e, "deletes": None,
+                         "length": seg.length, "time_min": seg.time_min, "time_max": seg.time_max}
                 e = dict(e)
                 if v.live is None:
                     e["deletes"] = None
@@ -972,16 +1138,23 @@ class Memory:
         except BaseException:
             lock.__exit__(None, None, None)
             raise
-        self.close(discard_unsaved=True)  # the writes are not dropped: this save writes them
+        self._release_lock()  # (not close(): the merges go on; the writes are not dropped: this save writes them)
         self._lock = lock
         self._path = root
         self._gen = 0
         self._saved, self._saved_views, self._prev_files = {}, {}, set()
 
     @classmethod
-    def open(cls, path: str | os.PathLike, writer: bool = True, verify: bool = True,
-             lock_timeout: float = 10.0) -> Memory:
-        """Load a memory directory.
+    def open(cls, path: str | os.PathLike, writer: bool = True, verify: bool | str = True,
+             lock_timeout: float = 10.0, background_merges: bool = True) -> Memory:
+        """Open a memory directory by mapping its segment files.
+
+        Only the manifests and the small columns are read at once (each
+        segment's vocabulary, term offsets, sequence numbers and ids, the
+        string fields' dictionaries, the deletions); the postings, lengths,
+        texts, metadata and other columns are memory-mapped and read when a
+        search or a read first needs them (see :mod:`gpuir.memory.segfile`), so
+        the process grows with what it touches.
 
         Parameters
         ----------
@@ -990,10 +1163,17 @@ class Memory:
             Take the directory's writer lock (held until :meth:`close`) so that
             this memory may change and save it. False opens it for reading only
             (any number of readers, while a writer works).
-        verify : bool
-            Check every file's sha256 (reads every byte once).
+        verify : True, "full" or False
+            True (default): check every file's size and structure now, and each
+            part of a segment file's CRC-32 the first time it is read (a damaged
+            part raises :class:`MemoryFormatError` naming the file, before its
+            data is used). "full": also check every file's sha256 now (reads
+            every byte once; what ``gpuir memory verify`` does). False: sizes
+            and structure only.
         lock_timeout : float
             Seconds to wait for another writer.
+        background_merges : bool
+            See :class:`Memory`.
 
         Raises
         ------
@@ -1002,6 +1182,8 @@ class Memory:
         StoreLockedError
             ``writer`` and another writer holds the lock.
         """
+        if verify not in (True, False, "full", "lazy"):
+            raise ValueError(f"verify must be True, 'full' or False, got {verify!r}")
         root = check_path(path)
         if writer and root.is_dir() and not is_claimed(root):
             persist.read_manifest(root)  # the right error: not a memory
@@ -1014,7 +1196,7 @@ class Memory:
             for attempt in range(5):
                 name, manifest = persist.read_manifest(root)
                 try:
-                    mem = cls._load(root, manifest, verify)
+                    mem = cls._load(root, manifest, verify, background_merges)
                     break
                 except FileNotFoundError as e:  # a writer committed and cleaned up meanwhile: reload
                     if persist.read_manifest(root)[0] == name or attempt == 4:
@@ -1030,68 +1212,115 @@ class Memory:
         return mem
 
     @classmethod
-    def _load(cls, root: Path, manifest: dict[str, Any], verify: bool) -> Memory:
+    def _load(cls, root: Path, manifest: dict[str, Any], verify: bool | str, background_merges: bool) -> Memory:
         cfg = manifest.get("config", {})
         bm = cfg.get("bm25", {})
         try:
             mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"),
                       k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
-                      merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10))
+                      merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
+                      background_merges=background_merges)
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)
         for e in manifest.get("segments", []):
-            arrs = persist.read_segment_arrays(root, e, verify)
+            src = persist.open_segment(root, e, verify)
+            path = root / e["file"]
+
+            def damaged(err, path=path):
+                return MemoryFormatError(f"{path}: damaged segment file ({err})")
+
+            tr = (e["time_min"], e["time_max"]) if "time_min" in e and "time_max" in e else None
             try:
-                seg = segment_from_arrays(arrs, int(e["uid"]), e["partition"], mem.analyzer_config,
-                                          mem._terms, mem._dicts)
-            except (ValueError, IndexError) as err:
-                raise MemoryFormatError(f"{root / e['file']}: damaged segment ({err})") from None
+                seg = segment_from_file(src, int(e["uid"]), e["partition"], mem.analyzer_config, mem._terms,
+                                        mem._dicts, length=e.get("length"), time_range=tr, error=damaged)
+            except (ValueError, IndexError, KeyError) as err:
+                raise damaged(err) from None
+            if seg.n_docs != int(e.get("n_docs", seg.n_docs)):
+                raise damaged(f"{seg.n_docs} records, the manifest says {e['n_docs']}")
             live = None
             if e.get("deletes"):
                 dead = persist.read_deletes(root, e["deletes"], seg.n_docs, verify)
                 live = np.ones(seg.n_docs, dtype=bool)
                 live[dead] = False
             v = SegView(seg, live)
-            mem._views.append(v)
-            mem._grow_df(len(mem._terms))
-            mem._df[seg.l2g] += v.live_df()
+            if v.n_live == 0:
+                continue
+            mem._put(v)
+            mem._dflog.add(seg.l2g, v.live_df(), unique=True)
             mem._n += v.n_live
             mem._total_len += v.live_length()
-            rows = v.live_rows()
-            ids = seg.ids.take(rows).tolist()
-            mem._ids.update(zip(ids, seg.seqs[rows].tolist()))
+            ids = seg.ids.tolist() if live is None else seg.ids.take(v.live_rows()).tolist()
+            mem._ids.load(ids, seg.seqs if live is None else seg.seqs[live])  # hashes: no object per record kept
+            del ids
             mem._saved[seg.uid] = {k: x for k, x in e.items()}
             mem._saved_views[seg.uid] = v
-        if len(mem._ids) != mem._n:
-            raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique)")
+            key = seg.partition
+            if key is not None and mem.window_ms is not None and (mem._newest is None or key > mem._newest):
+                mem._newest = key
+        dup = mem._ids.duplicates(list(mem._views.values()))
+        if dup or len(mem._ids) != mem._n:
+            raise MemoryFormatError(f"{root}: damaged memory (record ids are not unique: {dup[:3]})")
+        mem._seal_checked = mem._newest  # older partitions: compacted when a newer one appears, as before
         mem._history.load(root, manifest.get("history"), verify)
         mem._expiring = bool(manifest.get("expiring", False))  # older memories had no expires_at
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])
+        mem._dflog.reset(len(mem._terms))
         mem._publish()
+        mem._order.build_in_background(mem._write_lock)  # ranks of the loaded vocabulary, off the open's path
         return mem
+
+    def verify(self) -> dict[str, Any]:
+        """Check every file of this memory's committed directory completely: sha256 and size of each file
+        in the manifest, every part of every segment file (CRC-32 and structure). Reads every byte once.
+
+        Returns
+        -------
+        dict: ``files`` checked, ``bytes`` read, ``generation``.
+
+        Raises
+        ------
+        MemoryFormatError
+            The first damaged file, named.
+        """
+        if self._path is None:
+            raise ValueError("this memory has no directory: nothing to verify")
+        return persist.verify_dir(self._path, self.analyzer_config)
 
     @property
     def unsaved(self) -> int:
         """Records added, updated or deleted since the last :meth:`save` (or :meth:`open`)."""
         return self._unsaved
 
+    def _release_lock(self, discard_unsaved: bool = True) -> None:
+        if self._lock is not None:
+            if self._unsaved and not discard_unsaved:
+                self._warn_unsaved("closed")
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
     def close(self, discard_unsaved: bool = False) -> None:
-        """Release the directory's writer lock (if held). The memory stays usable in this process.
+        """Stop the background merges and release the directory's writer lock (if held).
+
+        Queued merges are dropped and a running one is abandoned (its result is
+        never published; its segments stay as they are, so nothing is lost);
+        this returns when no merge thread is left. The memory stays usable in
+        this process (a later write starts merging again).
 
         Closing a memory bound to a directory while it holds unsaved writes
         warns (:class:`UnsavedWritesWarning`, naming the count; also logged):
         they are not in the directory. Pass ``discard_unsaved=True`` when that
         is meant (or when they are kept elsewhere, as the service's log keeps them).
         """
-        if self._lock is not None:
-            if self._unsaved and not discard_unsaved:
-                self._warn_unsaved("closed")
-            self._lock.__exit__(None, None, None)
-            self._lock = None
+        self._stop_merges()
+        self._release_lock(discard_unsaved)
+
+    def _stop_merges(self) -> None:
+        for task in self._merger.stop():
+            self._merging.difference_update(task.uids)
 
     def _warn_unsaved(self, how: str) -> None:
         msg = (f"the memory at {self._path} was {how} with {self._unsaved} unsaved write(s) (records added, "
@@ -1126,7 +1355,8 @@ class Memory:
         with contextlib.suppress(Exception):
             if self._lock is not None and self._unsaved:
                 self._warn_unsaved("garbage-collected")
-            self.close(discard_unsaved=True)
+            self._merger.stop(timeout=0)
+            self._release_lock(discard_unsaved=True)
 
     @property
     def path(self) -> Path | None:

@@ -100,11 +100,16 @@ def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: 
         scores = np.full((len(queries), depth), -np.inf, np.float32)
         if keep:
             r = memory.search([queries[i] for i in keep], k=depth, where=[where[i] for i in keep], backend=backend)
-            seqs[keep], scores[keep] = r.seqs, r.scores
+            w = r.seqs.shape[1]  # min(depth, live records): the memory clamps k
+            seqs[keep, :w], scores[keep, :w] = r.seqs, r.scores
             return seqs, scores, r
         return seqs, scores, None
     r = memory.search(queries, k=depth, where=where, backend=backend)
-    return r.seqs, r.scores, r
+    seqs = np.full((len(queries), depth), -1, np.int64)
+    scores = np.full((len(queries), depth), -np.inf, np.float32)
+    w = r.seqs.shape[1]
+    seqs[:, :w], scores[:, :w] = r.seqs, r.scores
+    return seqs, scores, r
 
 
 def _rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:

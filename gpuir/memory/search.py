@@ -51,6 +51,7 @@ from ..bm25 import BM25Params
 from ..topk import kth_largest, topk_order
 from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
+from .termstats import TermStats
 from .where import Where
 
 
@@ -95,12 +96,17 @@ class QueryPlan:
         return lids
 
 
-def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
+def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = None) -> list[QueryPlan]:
     """Analyse queries against ``snap`` (terms unknown to its live records are dropped).
 
     Each term's global code, idf and ``w0`` under the snapshot's statistics are
     looked up once per snapshot and kept (:func:`term_table`): a snapshot
     searched many times weighs each distinct term once.
+
+    ``stats`` (a shard's search, :mod:`gpuir.memory.termstats`): ``snap`` is
+    restated under the whole collection's statistics, and each query's ``C``
+    sums ``w0`` over every query term with a df > 0 in ``stats`` -- also the
+    terms this memory does not hold, as one memory holding every record would.
     """
     an = thread_analyzer(snap.analyzer_config)
     params = snap.params
@@ -122,6 +128,13 @@ def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
         w0 = np.fromiter((e[2] for _, e in got), dtype=np.float32, count=T)
         mult = np.fromiter((counts[t] for t in terms), dtype=np.int64, count=T)
         const = np.float32((w0 * mult).sum(dtype=np.float32)) if has_w0 else np.float32(0)
+        if stats is not None and has_w0:
+            gdf = np.fromiter((stats.df.get(t, 0) for t in toks), dtype=np.int64, count=len(toks))
+            m = gdf > 0
+            _, w0_all = term_weights(gdf[m], snap.n_docs, params)
+            m_all = np.fromiter((counts[t] for t, o in zip(toks, m.tolist()) if o), dtype=np.int64,
+                                count=int(m.sum()))
+            const = np.float32((w0_all * m_all).sum(dtype=np.float32))
         plans.append(QueryPlan(terms, g, mult, idf, w0, has_w0, const))
     return plans
 

@@ -169,19 +169,20 @@ def probe_open(path: str, query: str, warm_imports: bool = False) -> dict[str, A
         resolve_s = time.perf_counter() - t
     proc = psutil.Process()
     base = proc.memory_info().rss
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m = Memory.open(path, writer=False)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     rss_open = proc.memory_info().rss
     peak_open = _peak_rss_bytes()
     res = m.search(query, k=10)
     hits = res.hits(0)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     rss_search = proc.memory_info().rss
     snap = m.snapshot()
     loaded = sum(1 for v in snap.views if "csr" in v.seg.loaded)
     return {"warm_imports": warm_imports, "resolve_backend_s": resolve_s,
             "open_s": t1 - t0, "first_search_s": t2 - t1, "open_and_first_search_s": t2 - t0,
+            "open_cpu_s": c1 - c0, "first_search_cpu_s": c2 - c1, "open_and_first_search_cpu_s": c2 - c0,
             "hits": len(hits), "records": len(m), "segments": len(snap.views),
             "segments_whose_postings_were_read": loaded,
             "rss_baseline_mb": base / 2**20, "rss_after_open_mb": rss_open / 2**20,
@@ -209,7 +210,8 @@ def run_probe(path: Path, query: str, repeats: int, log) -> dict[str, Any]:
                 raise RuntimeError(f"open probe failed: {proc.stderr[-2000:]}")
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         d: dict[str, Any] = {"repeats": runs}
-        for key in ("open_s", "first_search_s", "open_and_first_search_s", "rss_after_open_mb",
+        for key in ("open_s", "first_search_s", "open_and_first_search_s", "open_cpu_s", "first_search_cpu_s",
+                    "open_and_first_search_cpu_s", "rss_after_open_mb",
                     "rss_after_open_above_baseline_mb", "peak_rss_through_open_mb", "rss_after_first_search_mb"):
             d[key + "_median"] = float(np.median([r[key] for r in runs]))
         if warm:
@@ -274,18 +276,49 @@ def _grow(recs: list[dict[str, str]], batch: int) -> tuple[Memory, dict[str, Any
                  "merge_status": mem.merge_status()}
 
 
+def _search_times_together(fns: dict[str, Any], queries: list[str]) -> dict[str, dict[str, Any]]:
+    """:func:`_search_times` of several engines, interleaved: each question goes through every engine in
+    turn (then each engine's batch, in turn), so that on a shared machine every engine meets the same load."""
+    lat: dict[str, list[float]] = {n: [] for n in fns}
+    cpu: dict[str, list[float]] = {n: [] for n in fns}
+    for q in queries:
+        for n, fn in fns.items():
+            t, c = time.perf_counter(), time.thread_time()
+            fn([q])
+            cpu[n].append(time.thread_time() - c)
+            lat[n].append(time.perf_counter() - t)
+    out = {}
+    for n, fn in fns.items():
+        t, c = time.perf_counter(), time.process_time()
+        fn(queries)
+        tb, cb = time.perf_counter() - t, time.process_time() - c
+        out[n] = {"one_p50_ms": pct(lat[n], 50) * 1e3, "one_p99_ms": pct(lat[n], 99) * 1e3,
+                  "one_cpu_p50_ms": pct(cpu[n], 50) * 1e3, "one_cpu_p99_ms": pct(cpu[n], 99) * 1e3,
+                  "batch_qps": len(queries) / tb, "batch_qps_cpu": len(queries) / max(cb, 1e-9),
+                  "queries": len(queries), "interleaved_with": [m for m in fns if m != n]}
+    return out
+
+
 def _search_times(fn, queries: list[str], repeats: int = 1) -> dict[str, Any]:
-    lat = []
+    """Wall-clock and CPU-time latencies of one question at a time, and the batch rate.
+
+    The CPU time (the calling thread's; the process's for the batch) is what the search itself cost:
+    on a shared machine a process waiting for a core adds wall time, not CPU time, so the ratios
+    between engines measured in the same run are read from it.
+    """
+    lat, cpu = [], []
     for _ in range(repeats):
         for q in queries:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             fn([q])
+            cpu.append(time.thread_time() - c)
             lat.append(time.perf_counter() - t)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     fn(queries)
-    tb = time.perf_counter() - t
+    tb, cb = time.perf_counter() - t, time.process_time() - c
     return {"one_p50_ms": pct(lat, 50) * 1e3, "one_p99_ms": pct(lat, 99) * 1e3,
-            "batch_qps": len(queries) / tb, "queries": len(queries)}
+            "one_cpu_p50_ms": pct(cpu, 50) * 1e3, "one_cpu_p99_ms": pct(cpu, 99) * 1e3,
+            "batch_qps": len(queries) / tb, "batch_qps_cpu": len(queries) / max(cb, 1e-9), "queries": len(queries)}
 
 
 def run_lme(args, log=print) -> dict[str, Any]:
@@ -346,10 +379,8 @@ def run_lme(args, log=print) -> dict[str, Any]:
                               "scores": bool(np.array_equal(got.scores, want.scores)),
                               "memory_backend": got.meta["backend"], "static_backend": want.meta.get("backend")}
     log(f"  top-{args.k} identical for all {len(questions)} questions: {res['top10_identical']}")
-    search = {"memory": _search_times(lambda q: mem.search(q, k=args.k), questions),
-              "static": _search_times(lambda q: idx.search(q, k=args.k), questions)}
-    search["memory"]["backend"] = got.meta["backend"]
-    search["static"]["backend"] = want.meta.get("backend")
+    fns = {"memory": lambda q: mem.search(q, k=args.k), "static": lambda q: idx.search(q, k=args.k)}
+    lib = None
     try:
         sys.path.insert(0, str(REPO / "bench"))
         import bench_cpu
@@ -357,13 +388,19 @@ def run_lme(args, log=print) -> dict[str, Any]:
         lib = bench_cpu.Bm25sLib("numba")
         lib.build(texts)
         lib.search(questions[:5], args.k)
-        search["bm25s-numba"] = _search_times(lambda q: lib.search(q, args.k), questions)
+        fns["bm25s-numba"] = lambda q: lib.search(q, args.k)
+    except ImportError as e:
+        skipped = f"{type(e).__name__}: {e}"
+        lib = None
+    search = _search_times_together(fns, questions)
+    if lib is not None:
         search["bm25s-numba"]["note"] = "bm25s's own tokenizer (stopwords en, Snowball English); same k1, b"
         lib.close()
-    except ImportError as e:
-        search["bm25s-numba"] = {"skipped": f"{type(e).__name__}: {e}"}
+    else:
+        search["bm25s-numba"] = {"skipped": skipped}
+    search["memory"]["backend"] = got.meta["backend"]
+    search["static"]["backend"] = want.meta.get("backend")
     res["search"] = search
-    idx = None  # (the static index is not needed any more)
     for name, r in search.items():
         if "one_p50_ms" in r:
             log(f"  {name:12s} one question p50 {r['one_p50_ms']:.2f} ms, p99 {r['one_p99_ms']:.2f} ms; "
@@ -376,7 +413,10 @@ def run_lme(args, log=print) -> dict[str, Any]:
             one = Memory.open(d)
             one.merge()
             one.search(questions[:5], k=args.k)
-            search["memory, merged"] = _search_times(lambda q: one.search(q, k=args.k), questions)
+            both = _search_times_together({"memory, merged": lambda q: one.search(q, k=args.k),
+                                           "static": lambda q: idx.search(q, k=args.k)}, questions)
+            search["memory, merged"] = both["memory, merged"]
+            search["memory, merged"]["static_same_loop"] = both["static"]  # its ratios' base
             search["memory, merged"]["backend"] = got.meta["backend"]
             search["memory, merged"]["segments"] = len(one.snapshot().views)
             r = search["memory, merged"]
@@ -385,6 +425,7 @@ def run_lme(args, log=print) -> dict[str, Any]:
             one.close(discard_unsaved=True)
         finally:
             shutil.rmtree(d.parent, ignore_errors=True)
+    idx = None
     search["memory"]["segments"] = res["growth"][-1]["segments_end"]
     res["machine"]["loadavg_end"] = os.getloadavg()
     res["total_s"] = time.perf_counter() - t_start
@@ -767,7 +808,10 @@ def _open_line(o: dict[str, Any]) -> str:
             f"open **{w['rss_after_open_mb_median']:,.0f} MB** ({w['rss_after_open_above_baseline_mb_median']:,.0f} MB "
             f"above the process before it; peak through open {w['peak_rss_through_open_mb_median']:,.0f} MB), "
             f"{w['rss_after_first_search_mb_median']:,.0f} MB after the first search; the directory holds "
-            f"{o['directory_bytes'] / 2**20:,.0f} MB.")
+            f"{o['directory_bytes'] / 2**20:,.0f} MB."
+            + (f" In CPU time (the process's): open {w['open_cpu_s_median']:.3f} s, first search "
+               f"{w['first_search_cpu_s_median']:.3f} s, together **{w['open_and_first_search_cpu_s_median']:.3f} s**."
+               if "open_cpu_s_median" in w else ""))
 
 
 def render_lme_markdown(res: dict[str, Any], section: str = "lme") -> str:
@@ -806,10 +850,31 @@ def render_lme_markdown(res: dict[str, Any], section: str = "lme") -> str:
                  f"{t['questions']} questions: ids {t['ids']}, float32 scores {t['scores']} (memory backend "
                  f"`{t['memory_backend']}`, static `{t['static_backend']}`).")
     lines.append("")
-    lines.append("| engine | backend | segments | one question p50 (ms) | p99 (ms) | 499 as one batch (q/s) |")
-    lines.append("|---|---|---:|---:|---:|---:|")
+    st = res["search"].get("static", {})
+    cpu = "one_cpu_p50_ms" in st
+    if cpu:
+        lines.append("Each question alone (p50, p99) and the 499 as one batch, in wall-clock time and in CPU time "
+                     "(the thread's; the process's for the batch): on this shared machine a search waiting for "
+                     "the core adds wall time, not CPU time; the ratios to the static index are CPU time's. The "
+                     "engines take each question in turn (interleaved: the same load for all); the merged memory "
+                     "is measured later, interleaved with the static index again (its ratios are to that run).")
+        lines.append("")
+        lines.append("| engine | backend | segments | one p50 (ms) | p99 (ms) | one p50 CPU (ms) | / static | "
+                     "batch (q/s) | batch CPU (q/s) | / static |")
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        lines.append("| engine | backend | segments | one question p50 (ms) | p99 (ms) | 499 as one batch (q/s) |")
+        lines.append("|---|---|---:|---:|---:|---:|")
     for name, r in res["search"].items():
-        if "one_p50_ms" in r:
+        if "one_p50_ms" not in r:
+            continue
+        if cpu:
+            base = r.get("static_same_loop", st)  # the static index measured in the same interleaved loop
+            lines.append(f"| {name} | {r.get('backend', 'numba')} | {r.get('segments', 1)} | {r['one_p50_ms']:.2f} | "
+                         f"{r['one_p99_ms']:.2f} | {r['one_cpu_p50_ms']:.3f} | "
+                         f"{r['one_cpu_p50_ms'] / base['one_cpu_p50_ms']:.2f} | {r['batch_qps']:,.0f} | "
+                         f"{r['batch_qps_cpu']:,.0f} | {r['batch_qps_cpu'] / base['batch_qps_cpu']:.2f} |")
+        else:
             lines.append(f"| {name} | {r.get('backend', 'numba')} | {r.get('segments', 1)} | {r['one_p50_ms']:.2f} | "
                          f"{r['one_p99_ms']:.2f} | {r['batch_qps']:,.0f} |")
     lines.append("")

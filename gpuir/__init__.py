@@ -27,5 +27,15 @@ __all__ = [
     "Retriever",
     "RetrieverConfig",
     "SearchResults",
+    "ShardedMemory",
     "__version__",
 ]
+
+
+def __getattr__(name):
+    # gpuir.ShardedMemory loads gpuir.cluster on first use (Ray itself only when a sharded memory starts)
+    if name == "ShardedMemory":
+        from .cluster import ShardedMemory
+
+        return ShardedMemory
+    raise AttributeError(f"module 'gpuir' has no attribute {name!r}")

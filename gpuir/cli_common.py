@@ -5,7 +5,7 @@
   parsers leave unknown options of a sub-command to the top-level parser, which
   printed ``gpuir``'s usage); every parser takes ``-v`` / ``--verbose``.
 * :func:`cli_logging`: the library logs through ``logging.getLogger("gpuir")``
-  and its children (``gpuir.memory``, ``gpuir.service.wal``, ...) and adds no
+  and its children (``gpuir.memory``, ``gpuir.wal``, ...) and adds no
   handler of its own, so a program that uses gpuir sees warnings only (Python's
   last-resort handler) unless it configures logging. The command line is such a
   program: it prints gpuir's log records on standard error, warnings by

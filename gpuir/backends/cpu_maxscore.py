@@ -592,6 +592,10 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
     return size
 
 
+#: :func:`_query` for other compiled callers (``gpuir.backends.cpu_segments``): one row's pruned search.
+query_row = _query
+
+
 @njit(**JIT)
 def search_pruned(ix, wt, live, bix, bp, qs, tb, thetas, allow_flat, a_lo, a_hi, k, slack, rows, acc, touched, sdoc,
                   part, mark, out_ids, out_scores, counts):

@@ -137,6 +137,11 @@ def _shared_pool(threads: int) -> ThreadPoolExecutor:
         return pool
 
 
+def shared_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's thread pool of ``threads`` workers, for other compiled CPU paths (``gpuir.memory.segscan``)."""
+    return _shared_pool(threads)
+
+
 def _check_threads(threads: int | None) -> int:
     if threads is None:
         return default_threads()
@@ -201,8 +206,7 @@ class NumbaScorer(Scorer):
         #: The segment as the kernels read it: offsets, doc_ids, tfs, doc lengths (read-only).
         self._ix = (self._offsets, self._doc_ids, _ro(index.tfs, np.int32), _ro(index.doc_lens, np.int32))
         #: Per-term tf / length summaries (the statistics-independent part of the term bounds).
-        self.summaries = TermSummaries.of(index)
-        self._blocks = self._block_index()
+        self._blocks, self.summaries = self._block_index()
         sm = self.summaries
         self._summ = tuple(_ro(a, np.int32) for a in (sm.maxtf, sm.mindl, sm.mintf, sm.maxdl))
         self._has_w0 = bool(has_absent_weight(params))
@@ -275,45 +279,47 @@ class NumbaScorer(Scorer):
             with self._pool_lock:
                 self._free.append(ws)
 
-    def _block_index(self) -> tuple[np.ndarray, ...]:
-        """Each term's postings cut into blocks of ``BLOCK``, with a doc-space directory.
+    def _block_index(self) -> tuple[tuple[np.ndarray, ...], TermSummaries]:
+        """Each term's postings cut into blocks of ``BLOCK``, with a doc-space directory, and the
+        per-term summaries; one compiled pass over the postings (:func:`gpuir.backends.cpu_segments.lay_out`).
 
         Returns
         -------
-        blk_off : ndarray (V+1,), int64 -- term t's blocks are blk_off[t]:blk_off[t+1]
-        blk_last : ndarray (NB,), int32 -- document of a block's last posting
-        blk_maxtf, blk_mindl : ndarray (NB,), int32 -- largest tf and smallest document length in the block
-        dir_off : ndarray (V+1,), int64; dir_shift : ndarray (V,), int64; blk_dir : ndarray (ND,), int64
-            Term t's first block whose last document is >= d is at most a step or two
-            after ``blk_dir[dir_off[t] + (d >> dir_shift[t])]``: the directory cuts the
-            document space in 2**dir_shift[t]-sized cells, at least as many as the blocks.
-        starts : ndarray (NB,), int64 -- position of a block's first posting
+        blocks : tuple
+            blk_off : ndarray (V+1,), int64 -- term t's blocks are blk_off[t]:blk_off[t+1]
+            blk_last : ndarray (NB,), int32 -- document of a block's last posting
+            blk_maxtf, blk_mindl : ndarray (NB,), int32 -- largest tf and smallest document length in the block
+            dir_off : ndarray (V+1,), int64; dir_shift : ndarray (V,), int64; blk_dir : ndarray (ND,), int64
+                Term t's first block whose last document is >= d is at most a step or two
+                after ``blk_dir[dir_off[t] + (d >> dir_shift[t])]``: the directory cuts the
+                document space in 2**dir_shift[t]-sized cells, at least as many as the blocks.
+            starts : ndarray (NB,), int64 -- position of a block's first posting
+        summaries : TermSummaries
         """
+        from .cpu_segments import lay_out
+
         bs, N = self._ms.BLOCK, max(self.index.n_docs, 1)
         lens = np.diff(self._offsets)
         V = lens.size
         nblk = -(-lens // bs)
         blk_off = np.zeros(V + 1, dtype=np.int64)
         np.cumsum(nblk, out=blk_off[1:])
-        term = np.repeat(np.arange(V, dtype=np.int64), nblk)
-        start = self._offsets[term] + (np.arange(blk_off[-1], dtype=np.int64) - blk_off[term]) * bs
-        end = np.minimum(start + bs, self._offsets[term + 1])
-        blk_last = self._doc_ids[end - 1]
-        if start.size:
-            blk_maxtf = np.maximum.reduceat(self._ix[2], start)
-            blk_mindl = np.minimum.reduceat(self._ix[3][self._doc_ids], start)
-        else:
-            blk_maxtf = blk_mindl = np.zeros(0, np.int32)
         # directory: 2**shift >= N / blocks cells
         shift = np.floor(np.log2(N / np.maximum(nblk, 1))).astype(np.int64).clip(0, 62)
         cells = ((N - 1) >> shift) + 1
         dir_off = np.zeros(V + 1, dtype=np.int64)
         np.cumsum(cells, out=dir_off[1:])
-        dterm = np.repeat(np.arange(V, dtype=np.int64), cells)
-        first_doc = (np.arange(dir_off[-1], dtype=np.int64) - dir_off[dterm]) << shift[dterm]
-        blk_dir = np.searchsorted(term * (N + 1) + blk_last, dterm * (N + 1) + first_doc)
-        return (_ro(blk_off, np.int64), _ro(blk_last, np.int32), _ro(blk_maxtf, np.int32), _ro(blk_mindl, np.int32),
-                _ro(dir_off, np.int64), _ro(shift, np.int64), _ro(blk_dir, np.int64), _ro(start, np.int64))
+        NB = int(blk_off[-1])
+        summ = tuple(np.zeros(V, np.int32) for _ in range(4))
+        blk_last, blk_maxtf, blk_mindl = (np.empty(NB, np.int32) for _ in range(3))
+        starts = np.empty(NB, np.int64)
+        blk_dir = np.empty(int(dir_off[-1]), np.int64)
+        ix = self._ix
+        lay_out(ix[0], ix[1], ix[2], ix[3], bs, blk_off, shift, dir_off, summ, blk_last, blk_maxtf, blk_mindl,
+                starts, blk_dir)
+        blocks = (_ro(blk_off, np.int64), _ro(blk_last, np.int32), _ro(blk_maxtf, np.int32), _ro(blk_mindl, np.int32),
+                  _ro(dir_off, np.int64), _ro(shift, np.int64), _ro(blk_dir, np.int64), _ro(starts, np.int64))
+        return blocks, TermSummaries(*summ)
 
     # -- batch preparation ----------------------------------------------------------
     def _weigh(self, queries: Sequence[np.ndarray], stats: CollectionStats | None,

@@ -257,7 +257,7 @@ EXTRA_OF_MODULE = {
     "sklearn": "routing", "fastapi": "service", "uvicorn": "service", "httpx": "service",
     "prometheus_client": "service", "langchain_core": "langchain", "llama_index": "llamaindex", "mcp": "mcp",
     "bm25s": "bench", "tantivy": "bench", "rank_bm25": "bench", "matplotlib": "bench", "psutil": "bench",
-    "pytrec_eval": "dev",
+    "pytrec_eval": "dev", "ray": "ray",
 }
 
 
@@ -286,6 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:  # a command group given without its sub-command
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "memory" and getattr(args, "memory_command", None) == "info":
+        from ..cluster.layout import is_sharded
+
+        if is_sharded(args.memory_dir):  # described by gpuir.cluster (the memory package never imports it)
+            from ..cluster.cli import cmd_info as func
     try:
         with cli_logging(verbosity(args), prog=f"gpuir {args.command}"):
             return int(func(args) or 0)

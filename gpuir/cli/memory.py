@@ -259,6 +259,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from ..memory.store import Memory
 
+    if args.start:
+        print(f"gpuir memory info: --start applies to a sharded memory (made by ShardedMemory.create); "
+              f"{args.memory_dir} is not one: leave --start out", file=sys.stderr)
+        return 2
     info = Memory.open(args.memory_dir, writer=False).info()
     if args.json:
         print(json.dumps(info, indent=1))
@@ -378,6 +382,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                     "terms and BM25 parameters.")
     pi.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
     pi.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
+    pi.add_argument("--start", action="store_true",
+                    help="a sharded memory only: start its shards on Ray and show each one's node, process and "
+                         "device (the memory must not be open elsewhere; default: read the shards from disk)")
+    pi.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                    help="with --start: the Ray cluster to join ('auto' or HOST:PORT; default: a local runtime "
+                         "on loopback)")
     pi.set_defaults(func=_cmd_info)
 
     from .memory_records import register_records

@@ -20,6 +20,7 @@ from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
 from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
+from .termstats import TermStats
 from .timeutil import parse_time
 from .where import WhereError
 
@@ -34,6 +35,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordError",
     "Snapshot",
+    "TermStats",
     "UnknownIdError",
     "UnsavedWritesWarning",
     "WhereError",

@@ -2,7 +2,7 @@
 
 Layout of ``MEMORY_DIR``::
 
-    .gpuir                     marker: a gpuir "memory" store (gpuir.index.dirlock)
+    .gpuir                     marker: a gpuir "memory" store (gpuir.storage.dirlock)
     .gpuir.lock                the writers' OS lock (never deleted)
     CURRENT                    one line: the name of the committed manifest
     manifest-<gen>.json        configuration, counters, every segment with its file's sha256 and
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..index.files import fsync_dir, sha256_file
+from ..storage.files import fsync_dir, sha256_file
 from .segfile import MappedNpz, SegmentFileError, layout_digest, write_npz
 
 FORMAT = "gpuir-memory"

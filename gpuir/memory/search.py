@@ -51,6 +51,7 @@ from ..bm25 import BM25Params
 from ..topk import kth_largest, topk_order
 from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
+from .termstats import TermStats
 from .where import Where
 
 
@@ -95,26 +96,67 @@ class QueryPlan:
         return lids
 
 
-def plan_queries(snap: Snapshot, queries: list[str]) -> list[QueryPlan]:
-    """Analyse queries against ``snap`` (terms unknown to its live records are dropped)."""
+def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = None) -> list[QueryPlan]:
+    """Analyse queries against ``snap`` (terms unknown to its live records are dropped).
+
+    Each term's global code, idf and ``w0`` under the snapshot's statistics are
+    looked up once per snapshot and kept (:func:`term_table`): a snapshot
+    searched many times weighs each distinct term once.
+
+    ``stats`` (a shard's search, :mod:`gpuir.memory.termstats`): ``snap`` is
+    restated under the whole collection's statistics, and each query's ``C``
+    sums ``w0`` over every query term with a df > 0 in ``stats`` -- also the
+    terms this memory does not hold, as one memory holding every record would.
+    """
     an = thread_analyzer(snap.analyzer_config)
     params = snap.params
     has_w0 = has_absent_weight(params)
+    table = term_table(snap)
     plans = []
-    G = snap.df.shape[0]
     for q in queries:
         counts = Counter(an(q))
         toks = sorted(counts)
-        gids = snap.terms.lookup_many(toks)
-        ok = (gids >= 0) & (gids < G)
-        ok[ok] = snap.df[gids[ok]] > 0
-        terms = [t for t, o in zip(toks, ok.tolist()) if o]
-        g = gids[ok]
-        mult = np.fromiter((counts[t] for t in terms), dtype=np.int64, count=len(terms))
-        idf, w0 = term_weights(snap.df[g], snap.n_docs, params)
+        missing = [t for t in toks if t not in table]
+        if missing:
+            _weigh_terms(snap, table, missing)
+        got = [(t, table[t]) for t in toks]
+        got = [(t, e) for t, e in got if e is not None]
+        T = len(got)
+        terms = [t for t, _ in got]
+        g = np.fromiter((e[0] for _, e in got), dtype=np.int64, count=T)
+        idf = np.fromiter((e[1] for _, e in got), dtype=np.float32, count=T)
+        w0 = np.fromiter((e[2] for _, e in got), dtype=np.float32, count=T)
+        mult = np.fromiter((counts[t] for t in terms), dtype=np.int64, count=T)
         const = np.float32((w0 * mult).sum(dtype=np.float32)) if has_w0 else np.float32(0)
+        if stats is not None and has_w0:
+            gdf = np.fromiter((stats.df.get(t, 0) for t in toks), dtype=np.int64, count=len(toks))
+            m = gdf > 0
+            _, w0_all = term_weights(gdf[m], snap.n_docs, params)
+            m_all = np.fromiter((counts[t] for t, o in zip(toks, m.tolist()) if o), dtype=np.int64,
+                                count=int(m.sum()))
+            const = np.float32((w0_all * m_all).sum(dtype=np.float32))
         plans.append(QueryPlan(terms, g, mult, idf, w0, has_w0, const))
     return plans
+
+
+def term_table(snap: Snapshot) -> dict:
+    """The snapshot's table term -> (global code, idf, w0) (float32 scalars), or None for a term no live
+    record holds; filled as queries name terms (:func:`plan_queries`)."""
+    return snap.cached(("term_table",), dict)
+
+
+def _weigh_terms(snap: Snapshot, table: dict, toks: list[str]) -> None:
+    """Enter ``toks`` into the snapshot's term table (values the same for every thread that races here)."""
+    G = snap.df.shape[0]
+    gids = snap.terms.lookup_many(toks)
+    ok = (gids >= 0) & (gids < G)
+    df = np.zeros(len(toks), np.int64)
+    df[ok] = snap.df[gids[ok]]
+    ok &= df > 0
+    idf, w0 = term_weights(df[ok], snap.n_docs, snap.params)
+    it = iter(zip(gids[ok].tolist(), idf.tolist(), w0.tolist()))
+    for t, o in zip(toks, ok.tolist()):
+        table[t] = next(it) if o else None
 
 
 # --------------------------------------------------------------------------- top-k
@@ -207,6 +249,19 @@ def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
     return sc
 
 
+_SEGSCAN = None
+
+
+def _segscan():
+    """:mod:`gpuir.memory.segscan` (imported on first use: it loads numba)."""
+    global _SEGSCAN
+    if _SEGSCAN is None:
+        from . import segscan
+
+        _SEGSCAN = segscan
+    return _SEGSCAN
+
+
 class SegmentEngine:
     """Exact BM25 over a snapshot's segments through one backend's scorers (see the module docstring).
 
@@ -231,8 +286,28 @@ class SegmentEngine:
     def scan(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
         """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read).
 
-        One scorer call per segment answers every job that can match there.
+        One scorer call per segment answers every job that can match there; with the compiled
+        engine, jobs without a ``where`` go through one call for all segments
+        (:func:`gpuir.memory.segscan.scan_compiled`).
         """
+        snap = self.snap
+        if self.compiled and self.name == "numba" and view_ids and any(j.where is None for j in jobs):
+            def scorer_of(vi: int):
+                return segment_scorer(snap.views[vi].seg, self.name, snap.params)
+
+            sc = scorer_of(view_ids[0])
+            if getattr(sc, "_prune", False) and hasattr(sc, "_blocks"):
+                raw = _segscan().scan_compiled(snap, view_ids, [j for j in jobs if j.where is None], k, scorer_of,
+                                               threads=sc.threads)
+                out = {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
+                rest = [j for j in jobs if j.where is not None]
+                if rest:
+                    out.update(self._scan_each(view_ids, rest, k))
+                return out
+        return self._scan_each(view_ids, jobs, k)
+
+    def _scan_each(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
+        """:meth:`scan` with one scorer call per segment (the generic path: any backend, ``where`` filters)."""
         snap = self.snap
         read = {j.qi: 0 for j in jobs}
         found: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
@@ -275,6 +350,10 @@ class SegmentEngine:
                     lt = lids[sel]
                     read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
         return {qi: (top_k(found[qi], k), read[qi]) for qi in read}
+
+    #: Score jobs without a ``where`` over all segments in one compiled call (:mod:`gpuir.memory.segscan`)
+    #: when the backend is "numba"; False: one scorer call per segment (the generic path, for tests).
+    compiled = True
 
     #: Hand CPU scorers the batch already weighted (:meth:`NumbaScorer.search_weighted`) rather than
     #: term ids and statistics (:meth:`Scorer.search`): the same numbers, without re-deriving them per segment.

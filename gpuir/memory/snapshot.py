@@ -117,6 +117,9 @@ _local = threading.local()
 
 def thread_analyzer(config: dict) -> Analyzer:
     """An :class:`Analyzer` private to the calling thread (its stem cache is not thread-safe)."""
+    last = getattr(_local, "last", None)
+    if last is not None and last[0] is config:  # the same config object as the last call: no key to make
+        return last[1]
     cache = getattr(_local, "analyzers", None)
     if cache is None:
         cache = _local.analyzers = {}
@@ -124,4 +127,5 @@ def thread_analyzer(config: dict) -> Analyzer:
     an = cache.get(key)
     if an is None:
         an = cache[key] = Analyzer(config)
+    _local.last = (config, an)
     return an

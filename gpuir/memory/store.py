@@ -82,6 +82,7 @@ from .search import MemoryResults, make_engine, plan_queries
 from .segments import SegView, merge_segments, segment_arrays, segment_from_file
 from .snapshot import Snapshot
 from .termorder import TermOrder
+from .termstats import TermStats, check_seqs, query_terms, restate, term_stats
 from .timeutil import check_time_unit, public_record
 from .where import compile_wheres
 
@@ -252,13 +253,19 @@ class Memory:
         with self._commit_lock:
             return self._ids.get(rid) is not None
 
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next added record gets (one more than the last one used)."""
+        return self._next_seq
+
     def _check_writable(self) -> None:
         if self._readonly:
             raise ReadOnlyError(f"the memory at {self._path} was opened for reading: open it with "
                                 "Memory.open(path, writer=True) to change it")
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None,
+            seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Add new records (an iterable of dicts; see :mod:`gpuir.memory.records`).
 
         Parameters
@@ -267,6 +274,10 @@ class Memory:
         time_unit : {"s", "ms", "us", "ns"}, optional
             The unit of times given as bare numbers (a bare number without it is
             an error; see :mod:`gpuir.memory.timeutil`).
+        seqs : sequence of int, optional
+            The records' sequence numbers (the tie order), strictly increasing and
+            beyond every number used so far, when a sharded memory numbers them
+            (:mod:`gpuir.memory.termstats`); default: the next ones.
 
         Returns
         -------
@@ -288,14 +299,14 @@ class Memory:
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
-            added, parts = self._append(batch)
+            added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq))
             self._publish(added=added)
             self._unsaved += len(batch)
             self._merge_policy(parts)
             return len(batch)
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Change existing records (matched by id), keeping what the records given do not name; atomic.
 
         Each record given is an ``id`` and the fields to change: fields given
@@ -303,7 +314,8 @@ class Memory:
         merges key by key (a key given as None is removed), everything else is
         kept (:mod:`gpuir.memory.updates`). ``replace=True`` replaces whole
         records instead (as :meth:`replace`). The versions replaced are kept in
-        the record's history (:meth:`history`).
+        the record's history (:meth:`history`). ``seqs``: the sequence numbers
+        of the records given, as in :meth:`add` (a record left as it was uses none).
 
         Returns
         -------
@@ -316,23 +328,26 @@ class Memory:
         UnknownIdError
             An id that names no record (nothing is changed).
         """
-        return self._write(records, replace, time_unit, "update")
+        return self._write(records, replace, time_unit, "update", seqs)
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
         return self._write(records, True, time_unit, "replace")
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
+
+        ``seqs``: the sequence numbers of the records given, as in :meth:`update`.
 
         Returns
         -------
         int: the number of records given.
         """
-        return self._write(records, replace, time_unit, "upsert")
+        return self._write(records, replace, time_unit, "upsert", seqs)
 
-    def _write(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+    def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
+               seqs: Sequence[int] | np.ndarray | None = None) -> int:
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records
@@ -342,6 +357,7 @@ class Memory:
             ids = updates.check_ids(patches, what)
             if not ids:
                 return 0
+            given = check_seqs(seqs, len(ids), self._next_seq)
             self._purge_expired()
             seq_of = dict(zip(ids, self._ids.get_many(ids)))
             if what != "upsert":
@@ -356,7 +372,10 @@ class Memory:
             self._note_expiry(batch)
             rseqs = [seq_of[rid] for rid in replaced]
             touched = self._remove(rseqs) if replaced else set()
-            added, parts = self._append(batch)
+            if given is not None and len(new) < len(ids):  # the records left as they were use no number
+                given_of = dict(zip(ids, given.tolist()))
+                given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
+            added, parts = self._append(batch, given)
             self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
             for rid, version in old:
                 self._history.push(rid, version)
@@ -455,11 +474,15 @@ class Memory:
             self._merge_policy(touched)
             return len(ids)
 
-    def _append(self, batch: RecordBatch) -> tuple[dict[str, int], set]:
-        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched)."""
+    def _append(self, batch: RecordBatch, seqs: np.ndarray | None = None) -> tuple[dict[str, int], set]:
+        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched).
+
+        ``seqs``: checked sequence numbers (:func:`~gpuir.memory.termstats.check_seqs`), default the next ones.
+        """
         n = len(batch)
-        seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-        self._next_seq += n
+        if seqs is None:
+            seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+        self._next_seq = int(seqs[-1]) + 1
         keys = partition_keys(batch.time, self.window_ms, MISSING_TIME)
         groups: dict[Any, list[int]] = {}
         for i, key in enumerate(keys):
@@ -859,7 +882,8 @@ class Memory:
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
                decay: float = 0.5, snapshot: Snapshot | None = None, min_score: float | None = None,
-               ties: str | None = None, order_by: str = "score", time_unit: str | None = None) -> MemoryResults:
+               ties: str | None = None, order_by: str = "score", time_unit: str | None = None,
+               stats: TermStats | None = None) -> MemoryResults:
         """Top-k records of each query, with exact global BM25.
 
         Parameters
@@ -890,6 +914,10 @@ class Memory:
             Return the top k by score ("score"), or the same k in time order ("time").
         time_unit : {"s", "ms", "us", "ns"}, optional
             The unit of bare numbers given as times in ``where``.
+        stats : TermStats, optional
+            Score with these statistics (N, total length, df of every query
+            term) instead of the memory's own: this memory is one shard of a
+            larger collection (:mod:`gpuir.memory.termstats`).
 
         Returns
         -------
@@ -925,9 +953,11 @@ class Memory:
                 raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
         name, reason = resolve_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
+        if stats is not None:
+            snap = restate(snap, stats)
         t0 = time.perf_counter()
         wheres = compile_wheres(where, len(queries), snap.dicts, time_unit, cutoff(snap))
-        plans = plan_queries(snap, list(queries))
+        plans = plan_queries(snap, list(queries), stats)
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
         k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
@@ -958,6 +988,13 @@ class Memory:
             "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
         })
         return res
+
+    def term_stats(self, queries: str | Sequence[str]) -> TermStats:
+        """This memory's live N, total length and the df of the queries' analysed terms (a shard's report)."""
+        if isinstance(queries, str):
+            queries = [queries]
+        snap = self._snap
+        return term_stats(snap, query_terms(snap, list(queries)))
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Needs the ``service`` extra (``pip install 'gpuir[service]'``); nothing here is
 imported by ``import gpuir``. Modules: :mod:`~gpuir.service.app` (routes),
-:mod:`~gpuir.service.store` and :mod:`~gpuir.service.wal` (durability),
+:mod:`~gpuir.service.store` and :mod:`~gpuir.wal` (durability),
 :mod:`~gpuir.service.keys` (API keys), :mod:`~gpuir.service.batcher`
 (micro-batching), :mod:`~gpuir.service.client` (``MemoryClient``,
 ``AsyncMemoryClient``), :mod:`~gpuir.service.cli`. See ``docs/service.md``.

@@ -303,7 +303,14 @@ class Service:
 
     def open(self) -> None:
         self.keys.refresh()
-        self.store = ServiceStore(self.root, **self.options)
+        from ..cluster.layout import is_sharded
+
+        if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
+            from .sharded import ShardedStore
+
+            self.store = ShardedStore(self.root, **self.options)
+        else:
+            self.store = ServiceStore(self.root, **self.options)
         self.store.on_group = lambda n, s: (self.m_group.observe(n), self.m_fsync.observe(s))
 
     def close(self) -> None:
@@ -328,6 +335,9 @@ class Service:
         from ..retrieve import Retriever
 
         store = self.store
+        if getattr(store, "sharded", False):
+            raise LookupError(f"config {name!r}: retriever configs are not served over a sharded memory (omit config "
+                              "for exact BM25)")
 
         def retriever(tenant: str | None):
             """The retriever of the tenant's search memory (statistics per tenant), or of the shared memory."""
@@ -552,9 +562,14 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         if not operator(request, required=False):
             return {"status": "ok"}
         st = svc.store
-        return {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
-                "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
-                "replayed_operations": st.replayed}
+        out = {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
+               "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
+               "replayed_operations": st.replayed}
+        if getattr(st, "sharded", False):  # each shard's records, node, process and device
+            info = await asyncio.to_thread(st.memory.info)
+            out["shards"] = [{k: s[k] for k in ("shard", "records", "node", "pid", "device", "backend")}
+                             for s in info["shard_list"]]
+        return out
 
     @app.get("/metrics", summary="Prometheus metrics (text format; operator key)", response_class=Response)
     async def metrics(request: Request):

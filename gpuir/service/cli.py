@@ -8,7 +8,7 @@
                            [--keep-alive-seconds 75] [--header-timeout-seconds 10] [--body-timeout-seconds 30]
                            [--max-connections 2048] [--max-query-terms 8192] [--max-hits 20000]
                            [--max-response-bytes 8388608] [--rate-limit 100] [--rate-burst 200]
-                           [--backend auto] [--access-log] [--salvage]
+                           [--backend auto] [--access-log] [--salvage] [--ray-address ADDRESS]
     gpuir serve-keys MEMORY_DIR add TENANT        prints a new key (shown once; stored hashed)
     gpuir serve-keys MEMORY_DIR add --operator    prints a new operator key (/metrics, /healthz counts)
     gpuir serve-keys MEMORY_DIR revoke TENANT|KEY_ID
@@ -31,6 +31,7 @@ import importlib.util
 import ipaddress
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -81,6 +82,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"gpuir serve: warning: listening on {args.host}, not loopback: every client that can reach it "
               "can try keys (put TLS in front of it)", file=sys.stderr)
     _log_to_stderr(args.log_level)
+    if args.ray_address:
+        os.environ["GPUIR_RAY_ADDRESS"] = args.ray_address  # read by gpuir.service.sharded
     app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,
@@ -146,7 +149,10 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             from .errors import check_tenant
 
             check_tenant(args.tenant)  # before the directory is claimed
-        claim_dir(root, "memory", mode=0o700)  # a new directory becomes the (empty) memory `gpuir serve` creates
+        from ..cluster.layout import KIND, is_sharded
+
+        # a new directory becomes the (empty) memory `gpuir serve` creates; a sharded memory keeps its keys too
+        claim_dir(root, KIND if is_sharded(root) else "memory", mode=0o700)
         ks = KeyStore(root)
         key = ks.add_operator() if args.operator else ks.add(args.tenant)
         print(key)
@@ -228,6 +234,9 @@ def add_parsers(subparsers) -> None:
                     help="start although the write-ahead log is damaged: keep every intact frame, report each "
                          "byte range skipped, fold the result into the memory and set the damaged log files aside "
                          "as *.log.damaged (default: refuse to start, naming the file and byte offset)")
+    ps.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                    help="a sharded memory (made by ShardedMemory.create) only: the Ray cluster its shards run on "
+                         "('auto' or HOST:PORT; default: a local runtime on loopback)")
     ps.set_defaults(func=_cmd_serve)
 
     pk = subparsers.add_parser("serve-keys", help="create, revoke and list the service's API keys",

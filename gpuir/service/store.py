@@ -48,6 +48,7 @@ from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
 from ..storage.dirlock import check_path, is_claimed
+from ..wal import WriteAheadLog, encode_payload, segments
 from .errors import (
     SEP,
     TENANT_RE,
@@ -63,7 +64,6 @@ from .errors import (
 )
 from .updates import check_patches, commit_update
 from .validate import check_ids, check_record
-from .wal import WriteAheadLog, encode_payload, segments
 
 __all__ = [  # the errors and id helpers live in gpuir.service.errors; re-exported here for callers of the store
     "SEP", "STATISTICS", "TENANT_RE", "ConflictError", "NotFoundError", "ServiceStore", "StoreFailedError",
@@ -75,7 +75,7 @@ log = logging.getLogger("gpuir.service.store")
 #: The ways a store can compute BM25 statistics (see the module docstring).
 STATISTICS = ("tenant", "pooled")
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
     for the lazy imports and compiled kernels (seconds)."""
     m = Memory(partition_days=None)
@@ -133,7 +133,7 @@ def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | 
     return out
 
 
-class _Op:
+class StoreOp:
     __slots__ = ("batch", "future", "ids", "kind", "options", "payload", "records", "tenant")
 
     def __init__(self, kind: str, tenant: str, records=None, ids=None, options=None):
@@ -219,10 +219,10 @@ class ServiceStore:
             self.wal.close()
             self.memory.close(discard_unsaved=True)  # everything is still in the log
             raise
-        _warm_up()
+        warm_up()
         self.last_checkpoint = time.monotonic()
         self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics
-        self._q: queue.Queue[_Op | None] = queue.Queue()
+        self._q: queue.Queue[StoreOp | None] = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
         self._thread.start()
@@ -347,7 +347,7 @@ class ServiceStore:
             batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
-        op = _Op("add", tenant, records=recs)
+        op = StoreOp("add", tenant, records=recs)
         op.batch = batch
         try:
             op.payload = encode_payload({"op": "add", "records": recs})
@@ -359,7 +359,7 @@ class ServiceStore:
         """Queue a delete of the tenant's ids; the future gives how many existed (and are now deleted)."""
         check_tenant(tenant)
         check_ids(list(ids))
-        op = _Op("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
+        op = StoreOp("delete", tenant, ids=[internal_id(tenant, i) for i in ids])
         return self._submit(op)
 
     def update(self, tenant: str, patches: Sequence[dict[str, Any]], replace: bool = False, upsert: bool = False,
@@ -370,9 +370,9 @@ class ServiceStore:
         :class:`NotFoundError`; a merged record that is malformed, with ``RecordError``."""
         check_tenant(tenant)
         recs = check_patches(tenant, patches, time_unit)
-        return self._submit(_Op("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))
+        return self._submit(StoreOp("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))
 
-    def _submit(self, op: _Op) -> cf.Future:
+    def _submit(self, op: StoreOp) -> cf.Future:
         if self._closed:
             raise RuntimeError("the store is closed")
         if self.failed is not None:
@@ -409,13 +409,13 @@ class ServiceStore:
             if stop:
                 return
 
-    def _commit_in_order(self, group: list[_Op]) -> None:
+    def _commit_in_order(self, group: list[StoreOp]) -> None:
         """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
         try:
             self.memory.purge_expired()  # an expired id is free again; its record is hidden already
         except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
             log.warning("purging expired records failed: %s: %s", type(e).__name__, e)
-        run: list[_Op] = []
+        run: list[StoreOp] = []
         for op in group:
             if op.kind != "update":
                 run.append(op)
@@ -427,12 +427,12 @@ class ServiceStore:
         if run:
             self._commit(run)
 
-    def _commit(self, group: list[_Op]) -> None:
+    def _commit(self, group: list[StoreOp]) -> None:
         """Validate, log (one fsync), apply, acknowledge a group of operations."""
         mem = self.memory
         pending: set[str] = set()
         removed: set[str] = set()
-        ok: list[tuple[_Op, int]] = []
+        ok: list[tuple[StoreOp, int]] = []
         for op in group:
             if op.kind == "add":
                 clash = [rid for rid in op.batch.ids if (rid in mem and rid not in removed) or rid in pending]

@@ -21,9 +21,9 @@ from typing import Any
 from ..memory import updates as memory_updates
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
+from ..wal import encode_payload
 from .errors import SEP, NotFoundError, StoreFailedError, TenantError, WriteFailedError, internal_id, os_reason
 from .validate import check_record
-from .wal import encode_payload
 
 log = logging.getLogger("gpuir.service.store")  # the store's writer thread runs these
 

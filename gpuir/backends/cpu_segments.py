@@ -1,0 +1,429 @@
+"""Compiled (Numba) search of many segments in one call, and the per-search weight cache.
+
+A store made of segments (:mod:`gpuir.memory`) scores every segment with the
+statistics of the whole live collection. Two things make that as fast as a
+static index's search:
+
+**A weight cache per search statistics** (:func:`fill_weights`). A static index
+reads each posting's weight from a cache made once; a segment searched under a
+store's statistics would compute it per posting (a division and a random read
+of the document's length). The statistics of a store's snapshot do not change
+while it is searched, so the weights of the postings its queries read are
+computed once per (snapshot, segment) -- term by term, on first use, with the
+kernels' own :func:`~gpuir.backends.cpu_kernels.weight` (the same float32
+operations, so the same bits) -- together with each term's exact largest weight,
+each block's largest weight and whether a weight is <= 0 or < 0. A search then
+runs the static path of :mod:`gpuir.backends.cpu_maxscore` on them: the same
+arithmetic read from memory, the same exact bounds. Filling a term never
+rewrites a filled one, so searches reading filled terms may run while another
+thread fills others (fills are serialised by the caller).
+
+**All segments in one call** (:func:`search_segments`). Each query visits the
+segments in the order given (largest first), maps its global term codes to each
+segment's local ids (binary search in the segment's sorted codes), runs the
+pruned search of :func:`gpuir.backends.cpu_maxscore.query_row` with the k-th best
+score found so far as its ``theta``, and merges the segment's hits into one
+top-k heap ordered by score descending, then sequence number ascending -- the
+memory's tie rule. No Python runs between segments.
+
+A segment is a tuple (see :func:`search_segments`); the store builds the list
+of its snapshot's segments once per snapshot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
+from .cpu_maxscore import bound64, query_row
+
+
+@njit(**JIT)
+def fill_weights(ix, fp, method, has_w0, blk_off, starts, terms, idfs, w0s, pre, blk_max, ub, zero, neg, filled):
+    """Fill the weight cache for local terms ``terms`` (weights ``idfs``, ``w0s``) not filled yet.
+
+    Parameters
+    ----------
+    ix : (offsets, doc_ids, tfs, dls) of the segment
+    fp, method, has_w0 : the weight parameters (see :mod:`gpuir.backends.cpu_kernels`)
+    blk_off : (V+1,) int64, starts : (NB,) int64 -- the block index (term t's blocks, each block's first posting)
+    terms : (m,) int64 local term ids (-1: skip); idfs, w0s : (m,) float32
+    pre : (P,) float32; blk_max : (NB,) float32; ub : (V,) float64; zero, neg, filled : (V,) bool
+        The cache: a term's entries are written once, then ``filled[t]`` is set.
+
+    Returns
+    -------
+    int: postings whose weight was computed
+    """
+    offsets, doc_ids, tfs, dls = ix
+    nopre = pre[:0]
+    done = 0
+    for j in range(terms.size):
+        t = terms[j]
+        if t < 0 or filled[t]:
+            continue
+        idf = idfs[j]
+        w0 = w0s[j]
+        s, e = offsets[t], offsets[t + 1]
+        mx = np.float32(-np.inf)
+        mn = np.float32(np.inf)
+        for p in range(s, e):
+            w = weight(nopre, tfs, dls, fp, method, has_w0, p, doc_ids[p], idf, w0)
+            pre[p] = w
+            mx = max(mx, w)
+            mn = min(mn, w)
+        for b in range(blk_off[t], blk_off[t + 1]):
+            be = starts[b + 1] if b + 1 < starts.size else e
+            be = min(be, e)
+            m = pre[starts[b]]
+            for p in range(starts[b] + 1, be):
+                m = max(m, pre[p])
+            blk_max[b] = m
+        ub[t] = np.float64(mx) if e > s else 0.0
+        zero[t] = e > s and mn <= 0
+        neg[t] = e > s and mn < 0
+        filled[t] = True
+        done += e - s
+    return done
+
+
+@njit(**JIT)
+def lay_out(offsets, doc_ids, tfs, dls, bs, blk_off, shift, dir_off, summ, blk_last, blk_maxtf, blk_mindl, starts,
+            blk_dir):
+    """A segment's statistics-free layout in one pass over its postings (what a scorer builds once).
+
+    Fills, per term t: ``summ`` = (maxtf, mindl, mintf, maxdl) (V,) int32 (zeros for a term without
+    postings; lengths are the documents' ``dls``); per block of ``bs`` postings (term t's blocks are
+    ``blk_off[t]:blk_off[t+1]``): its first posting ``starts`` (int64), last document ``blk_last``,
+    largest tf ``blk_maxtf`` and smallest length ``blk_mindl`` (int32); and the directory ``blk_dir``
+    (int64): entry ``dir_off[t] + c`` is term t's first block whose last document is >= ``c << shift[t]``
+    (``blk_off[t+1]`` when none is). See :meth:`gpuir.backends.numba_backend.NumbaScorer._block_index`.
+    """
+    maxtf, mindl, mintf, maxdl = summ
+    V = offsets.size - 1
+    for t in range(V):  # one pass over the postings: block and term summaries together
+        s, e = offsets[t], offsets[t + 1]
+        b = blk_off[t]
+        for p0 in range(s, e, bs):
+            p1 = min(p0 + bs, e)
+            starts[b] = p0
+            blk_last[b] = doc_ids[p1 - 1]
+            hi_tf = tfs[p0]
+            lo_tf = hi_tf
+            lo_dl = dls[doc_ids[p0]]
+            hi_dl = lo_dl
+            for p in range(p0 + 1, p1):
+                tf = tfs[p]
+                dl = dls[doc_ids[p]]
+                hi_tf = max(hi_tf, tf)
+                lo_tf = min(lo_tf, tf)
+                lo_dl = min(lo_dl, dl)
+                hi_dl = max(hi_dl, dl)
+            blk_maxtf[b] = hi_tf
+            blk_mindl[b] = lo_dl
+            if p0 == s:
+                maxtf[t], mindl[t], mintf[t], maxdl[t] = hi_tf, lo_dl, lo_tf, hi_dl
+            else:
+                maxtf[t] = max(maxtf[t], hi_tf)
+                mindl[t] = min(mindl[t], lo_dl)
+                mintf[t] = min(mintf[t], lo_tf)
+                maxdl[t] = max(maxdl[t], hi_dl)
+            b += 1
+        b = blk_off[t]
+        be = blk_off[t + 1]
+        sh = shift[t]
+        d0 = dir_off[t]
+        for c in range(dir_off[t + 1] - d0):
+            fd = c << sh
+            while b < be and blk_last[b] < fd:
+                b += 1
+            blk_dir[d0 + c] = b
+
+
+@njit(**JIT)
+def first_bad_posting(offsets, doc_ids, tfs, n_docs):
+    """The first posting p that breaks a segment's rules -- its document outside [0, n_docs), its tf
+    below 1, or the next posting of its term not at a larger document -- or -1 (one pass, for the
+    check made when a segment's postings are first read: :func:`gpuir.memory.segments.check_postings`)."""
+    V = offsets.size - 1
+    for t in range(V):
+        prev = -1
+        for p in range(offsets[t], offsets[t + 1]):
+            d = doc_ids[p]
+            if d < 0 or d >= n_docs or tfs[p] < 1 or d <= prev:
+                return p
+            prev = d
+    return -1
+
+
+@njit(**JIT)
+def _local_terms(g_sorted, g_order, gids, out):
+    """Local ids of global codes ``gids`` into ``out`` (-1 where absent); the codes' order is kept."""
+    n = g_sorted.size
+    for j in range(gids.size):
+        g = gids[j]
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if g_sorted[mid] < g:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[j] = g_order[lo] if lo < n and g_sorted[lo] == g else -1
+
+
+@njit(**JIT)
+def fill_segments(segs, fp, method, has_w0, gids, idfs, w0s):
+    """:func:`fill_weights` of every segment of ``segs`` for the global term codes ``gids`` (distinct).
+
+    Returns the postings whose weight was computed.
+    """
+    loc = np.empty(gids.size, np.int64)
+    done = 0
+    for s in segs:
+        g_sorted, g_order, ix, bix, cache = s[1], s[2], s[4], s[5], s[8]
+        _local_terms(g_sorted, g_order, gids, loc)
+        done += fill_weights(ix, fp, method, has_w0, bix[0], s[9], loc, idfs, w0s, cache[0], cache[1], cache[2],
+                             cache[3], cache[4], cache[5])
+    return done
+
+
+@njit(**JIT)
+def _worse_seq(sa, qa, sb, qb):
+    """(score sa, seq qa) ranks below (sb, qb): lower score, or equal score and later sequence number."""
+    return sa < sb or (sa == sb and qa > qb)
+
+
+@njit(**JIT)
+def _g_sift_down(hs, hq, hv, hr, size, i):
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            return
+        if c + 1 < size and _worse_seq(hs[c + 1], hq[c + 1], hs[c], hq[c]):
+            c += 1
+        if not _worse_seq(hs[c], hq[c], hs[i], hq[i]):
+            return
+        hs[i], hs[c] = hs[c], hs[i]
+        hq[i], hq[c] = hq[c], hq[i]
+        hv[i], hv[c] = hv[c], hv[i]
+        hr[i], hr[c] = hr[c], hr[i]
+        i = c
+
+
+@njit(**JIT)
+def _g_sift_up(hs, hq, hv, hr, i):
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _worse_seq(hs[i], hq[i], hs[p], hq[p]):
+            return
+        hs[i], hs[p] = hs[p], hs[i]
+        hq[i], hq[p] = hq[p], hq[i]
+        hv[i], hv[p] = hv[p], hv[i]
+        hr[i], hr[p] = hr[p], hr[i]
+        i = p
+
+
+@njit(**JIT)
+def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i, out_f, counts):
+    """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
+
+    The arguments are packed into few arrays: each one costs the call a conversion.
+
+    Parameters
+    ----------
+    segs : typed list of segment tuples ``(vi, g_sorted, g_order, seqs, ix, bix, summ, live, cache, starts)``:
+        vi (int64, the view's position in the snapshot), g_sorted (V,) int64 (the segment's global
+        term codes, ascending), g_order (V,) int64 (the local id of each), seqs (N,) int64,
+        ix and bix as :func:`gpuir.backends.cpu_maxscore.search_pruned` (bix[2], the block maxima,
+        empty: the cache's are used when ``cached``), summ = (maxtf, mindl, mintf, maxdl) (V,) int32,
+        live (N,) bool or (0,), cache = (pre, blk_max, ub, zero, neg, filled) (:func:`fill_weights`),
+        starts (NB,) int64 (each block's first posting)
+    par : (11 + B,) float64
+        ``fp`` (6 float32 values: 1 - b, b, k1, k1 + 1, delta, float32(avgdl)), ``bp`` (5: k1, b, delta,
+        float32(avgdl), bound slack; :func:`gpuir.backends.cpu_maxscore.bound64`), then each row's
+        theta (a known lower bound of the k-th score worth keeping; -inf: none)
+    method : int; has_w0 : bool -- the BM25 variant
+    cached : bool -- read the weights from each segment's cache (filled for every row's terms)
+    k : int; B : int -- rows in the batch
+    qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct global term codes (T,
+        ascending in the terms' string order, hence in every segment's local ids), then their multiplicities
+    qf : (2T + B,) float32 -- the terms' idf, then their w0, then the rows' constants C
+    r0, r1 : int -- the rows to answer
+    ws : (17 N,) uint8 -- the workspace of :func:`~gpuir.backends.cpu_maxscore.search_pruned` (acc, touched,
+        sdoc, part as 4-byte arrays, then mark) for N documents, N >= the largest segment's; zero on entry
+        and on return
+    out_i : (3, B, k) int64 -- sequence number, view position and row of each hit (pre-filled with -1)
+    out_f : (B, k) float32 -- its score (pre-filled with -inf)
+    counts : (B, 4) int64 -- postings read, documents touched, survivors, rescored (summed over segments)
+    """
+    fp = par[:6].astype(np.float32)
+    bp = par[6:11]
+    thetas = par[11:]
+    q_off = qi[:B + 1]
+    T_all = q_off[B]
+    q_gid = qi[B + 1:B + 1 + T_all]
+    q_mult = qi[B + 1 + T_all:B + 1 + 2 * T_all]
+    q_idf = qf[:T_all]
+    q_w0 = qf[T_all:2 * T_all]
+    consts = qf[2 * T_all:]
+    Nw = ws.size // 17
+    acc = ws[:4 * Nw].view(np.float32)
+    touched = ws[4 * Nw:8 * Nw].view(np.int32)
+    sdoc = ws[8 * Nw:12 * Nw].view(np.int32)
+    part = ws[12 * Nw:16 * Nw].view(np.float32)
+    mark = ws[16 * Nw:17 * Nw]
+    out_seq, out_vi, out_row = out_i[0], out_i[1], out_i[2]
+    out_score = out_f
+    rows = np.arange(r0, r1)
+    qmax = 1
+    for j in range(rows.size):
+        i = rows[j]
+        qmax = max(qmax, q_off[i + 1] - q_off[i])
+    tid = np.empty(qmax, np.int64)
+    tmul = np.empty(qmax, np.int64)
+    mul = np.empty(qmax, np.float32)
+    tidf = np.empty(qmax, np.float32)
+    tw0 = np.empty(qmax, np.float32)
+    tub = np.empty(qmax, np.float64)
+    tzero = np.empty(qmax, np.bool_)
+    order = np.empty(qmax, np.int64)
+    bnd = np.empty(qmax, np.float64)
+    suf = np.empty(qmax + 1, np.float64)
+    contrib = np.empty(qmax, np.float32)
+    loc = np.empty(qmax, np.int64)
+    l_off = np.zeros(2, np.int64)
+    l_term = np.empty(qmax, np.int64)
+    l_mult = np.empty(qmax, np.int64)
+    l_idf = np.empty(qmax, np.float32)
+    l_w0 = np.empty(qmax, np.float32)
+    l_const = np.empty(1, np.float32)
+    ph = np.empty(k, np.float32)
+    pd = np.empty(k, np.int64)
+    hs = np.empty(k, np.float32)
+    hd = np.empty(k, np.int64)
+    cnt = np.zeros(4, np.int64)
+    noallow = np.empty(0, np.int64)
+    nodense = np.empty(0, np.float32)
+    nof32 = np.empty(0, np.float32)
+    nof64 = np.empty(0, np.float64)
+    nobool = np.empty(0, np.bool_)
+    scr = (np.empty(qmax, np.int64), np.empty(qmax, np.int64), np.empty(qmax, np.int64),
+           np.empty(qmax, np.int64), np.empty(qmax, np.float32), np.empty(qmax, np.float32),
+           np.zeros(qmax, np.float32))
+    R = rows.size
+    gS = np.empty((R, k), np.float32)  # each row's top-k heap over the segments seen so far
+    gQ = np.empty((R, k), np.int64)
+    gV = np.empty((R, k), np.int64)
+    gR = np.empty((R, k), np.int64)
+    sizes = np.zeros(R, np.int64)
+    for s in segs:  # segment by segment (its arrays stay in cache across the rows), rows within
+        vi, g_sorted, g_order, seqs, ix, bix0, summ, live, cache = s[0], s[1], s[2], s[3], s[4], s[5], s[6], \
+            s[7], s[8]
+        N = ix[3].size
+        cap = min(k, max(N, 1))
+        for j in range(R):
+            i = rows[j]
+            a, b = q_off[i], q_off[i + 1]
+            nq = b - a
+            if nq == 0:
+                continue
+            gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
+            size = sizes[j]
+            _local_terms(g_sorted, g_order, q_gid[a:b], loc)
+            T = 0
+            neg = False
+            for r in range(nq):
+                t = loc[r]
+                if t >= 0:
+                    l_term[T] = t
+                    l_mult[T] = q_mult[a + r]
+                    l_idf[T] = q_idf[a + r]
+                    l_w0[T] = q_w0[a + r]
+                    if cached:
+                        neg = neg or cache[4][t]
+                    T += 1
+            if T == 0:
+                continue
+            theta = thetas[i]
+            if size == k and np.float64(gs[0]) > theta:
+                theta = np.float64(gs[0])
+            if theta > -np.inf and not neg:  # the segment's best possible score below theta: nothing to read
+                sl = _slack(nq)
+                hi1 = 1.0 + sl
+                top = 0.0
+                for r in range(T):
+                    t = l_term[r]
+                    if cached:
+                        u = cache[2][t]
+                    else:
+                        u = bound64(summ[0][t], summ[1][t], bp, method, has_w0, l_idf[r], l_w0[r])
+                    top += max(u, 0.0) * l_mult[r]
+                c0 = np.float64(consts[i]) if has_w0 else 0.0
+                if (top * hi1 + c0) * hi1 < theta:
+                    continue
+            l_off[1] = T
+            l_const[0] = consts[i]
+            qs = (l_off, l_term[:T], l_mult[:T], l_idf[:T], l_w0[:T], l_const)
+            if cached:
+                wt = (cache[0], fp, method, has_w0)
+                bix = (bix0[0], bix0[1], cache[1], bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
+                tb = (cache[2], cache[3], summ[0], summ[1], summ[2], summ[3], neg)
+            else:
+                wt = (nof32, fp, method, has_w0)
+                bix = (bix0[0], bix0[1], nof32, bix0[3], bix0[4], bix0[5], bix0[6], bix0[7])
+                tb = (nof64, nobool, summ[0], summ[1], summ[2], summ[3], False)
+            for c in range(4):
+                cnt[c] = 0
+            n = -1
+            if not neg:
+                n = query_row(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(nq), tid, tmul, mul, tidf, tw0,
+                           tub, tzero, order, bnd, suf, contrib, acc[:N], touched[:N], sdoc[:N], part[:N],
+                           mark[:N], ph[:cap], pd[:cap], hs[:cap], hd[:cap], cnt)
+            if n < 0:  # no pruning for this row here (a weight may be < 0)
+                n, read = exhaustive_row(ix, wt, live, qs, 0, noallow, scr, hs[:cap], hd[:cap], nodense)
+                cnt[0] = read
+                cnt[3] = -1
+            for c in range(4):
+                if cnt[c] > 0:
+                    counts[i, c] += cnt[c]
+            for m in range(n):  # into the row's heap, by (score, sequence number)
+                sc = hs[m]
+                q = seqs[hd[m]]
+                if size < k:
+                    gs[size] = sc
+                    gq[size] = q
+                    gv[size] = vi
+                    gr[size] = hd[m]
+                    _g_sift_up(gs, gq, gv, gr, size)
+                    size += 1
+                elif _worse_seq(gs[0], gq[0], sc, q):
+                    gs[0] = sc
+                    gq[0] = q
+                    gv[0] = vi
+                    gr[0] = hd[m]
+                    _g_sift_down(gs, gq, gv, gr, size, 0)
+            sizes[j] = size
+    for j in range(R):
+        i = rows[j]
+        gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
+        for m in range(sizes[j] - 1, -1, -1):  # best first
+            out_score[i, m] = gs[0]
+            out_seq[i, m] = gq[0]
+            out_vi[i, m] = gv[0]
+            out_row[i, m] = gr[0]
+            gs[0] = gs[m]
+            gq[0] = gq[m]
+            gv[0] = gv[m]
+            gr[0] = gr[m]
+            _g_sift_down(gs, gq, gv, gr, m, 0)
+
+
+@njit(**JIT)
+def _slack(T):
+    """The pruning slack of a row of T distinct terms (:meth:`NumbaScorer._slack`)."""
+    return 1e-5 + (T + 2) * 2.0**-23
+
+
+__all__ = ["fill_segments", "fill_weights", "pop_sorted", "search_segments", "sift_down", "sift_up"]

@@ -1,0 +1,487 @@
+"""One shard: a :class:`~gpuir.memory.Memory` directory behind a write-ahead log (what each Ray actor runs).
+
+:class:`ShardServer` is plain Python (no Ray import): the coordinator
+(:class:`~gpuir.cluster.ShardedMemory`) runs one per shard as a Ray actor, and
+tests drive it directly too.
+
+**Writes** arrive as encoded log payloads (JSON bytes, made and checked by the
+coordinator): ``{"op": "add" | "update" | "upsert", "wid", "batch": columns,
+"seqs"}`` (an update's or upsert's batch holds whole new versions, merged by
+the coordinator) or ``{"op": "delete", "wid", "ids"}``. A write is validated
+against the memory (an added id that exists, an updated or deleted id that
+does not: an error value, nothing logged), appended to the shard's log with ``fsync``
+(:class:`gpuir.wal.WriteAheadLog`, the service's log, unchanged),
+applied to the memory, and only then answered: the answer is the
+acknowledgement, so every acknowledged write is on disk. The answer carries the
+write's change to the shard's statistics (N, total length, df of the terms
+that changed) for the coordinator's global statistics.
+
+**Write ids.** Every write carries the coordinator's write id (``wid``,
+increasing). The shard keeps the last one it logged (in the log, and in
+``cluster-shard.json`` across checkpoints, written before the checkpoint that
+folds the log), so a write resent after the shard died mid-call is recognised:
+``wid <= last_wid`` means "logged, hence applied after the restart", and the
+answer says ``replayed`` instead of applying it twice.
+
+**Restart.** The constructor opens the memory (the directory's committed
+state), replays the log over it (the service's recovery: a torn tail that was
+never acknowledged is dropped, damage to acknowledged frames refuses to start,
+naming the file and byte), and serves. A shard killed at any moment (SIGKILL
+included) comes back with every acknowledged write.
+
+**Checkpoints** (every ``checkpoint_every`` logged records, on :meth:`save`, on
+:meth:`close`): the memory is saved and the log folded, exactly as the service
+does it (:mod:`gpuir.wal`).
+
+**Searches** take the global statistics (:class:`~gpuir.memory.termstats.TermStats`)
+and run on the memory's current snapshot, any number at once
+(:meth:`Memory.search <gpuir.memory.Memory.search>` never waits for the writer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..memory import Memory, persist
+from ..memory.records import STRING_FIELDS, RecordBatch
+from ..memory.snapshot import Snapshot
+from ..memory.termstats import TermStats
+from ..storage.files import fsync_dir
+from ..wal import WriteAheadLog, encode_payload
+
+log = logging.getLogger("gpuir.cluster.shard")
+
+#: The shard's own small state file (the last write id folded into a checkpoint).
+STATE_FILE = "cluster-shard.json"
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+def batch_columns(batch: RecordBatch) -> dict[str, Any]:
+    """A validated record batch as JSON-ready columns (the log's form of an add)."""
+    return {"ids": batch.ids, "texts": batch.texts, "strings": batch.strings, "time": batch.time.tolist(),
+            "importance": [None if math.isnan(x) else x for x in batch.importance.tolist()],
+            "metadata": batch.metadata}
+
+
+def batch_from_columns(cols: dict[str, Any]) -> RecordBatch:
+    """The record batch of :func:`batch_columns`' output (validated before it was logged)."""
+    return RecordBatch(
+        ids=list(cols["ids"]), texts=list(cols["texts"]),
+        strings={f: list(cols["strings"][f]) for f in STRING_FIELDS},
+        time=np.asarray(cols["time"], dtype=np.int64),
+        importance=np.asarray([math.nan if x is None else x for x in cols["importance"]], dtype=np.float64),
+        metadata=list(cols["metadata"]))
+
+
+def concat_batches(batches: list[RecordBatch]) -> RecordBatch:
+    """Record batches joined in order."""
+    if len(batches) == 1:
+        return batches[0]
+    return RecordBatch(
+        ids=[x for b in batches for x in b.ids], texts=[x for b in batches for x in b.texts],
+        strings={f: [x for b in batches for x in b.strings[f]] for f in STRING_FIELDS},
+        time=np.concatenate([b.time for b in batches]), importance=np.concatenate([b.importance for b in batches]),
+        metadata=[x for b in batches for x in b.metadata])
+
+
+def write_payload(op: str, wid: int, *, batch: RecordBatch | None = None, seqs: np.ndarray | None = None,
+                  ids: list[str] | None = None, missing_ok: bool = False) -> bytes:
+    """The log payload of one shard write (raises ValueError when a record cannot be logged)."""
+    if op in ("add", "update", "upsert"):
+        assert batch is not None and seqs is not None
+        body = {"op": op, "wid": int(wid), "batch": batch_columns(batch), "seqs": [int(s) for s in seqs]}
+    elif op == "delete":
+        body = {"op": "delete", "wid": int(wid), "ids": list(ids or []), "missing_ok": bool(missing_ok)}
+    else:
+        raise ValueError(f"unknown shard operation {op!r}")
+    return encode_payload(body)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def partition_keys(snap: Snapshot) -> list[int | None]:
+    """The snapshot's time-partition keys, newest first (None, the untimed records, last)."""
+    return [key for key, _ in snap.partitions]
+
+
+def stats_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """How the live statistics changed from ``before`` to ``after`` (one write).
+
+    Only terms of segments that appeared or disappeared between the two can
+    change df (a segment whose tombstones changed is a new view), so only those
+    are compared.
+
+    Returns
+    -------
+    dict: ``dn``, ``dlen`` (ints), ``terms`` (list of str), ``ddf`` (ndarray (T,), int64: df change of each term)
+    """
+    old = {id(v) for v in before.views}
+    new = {id(v) for v in after.views}
+    parts = [v.seg.l2g for v in after.views if id(v) not in old] + [v.seg.l2g for v in before.views if id(v) not in new]
+    codes = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    g0 = before.df.shape[0]
+    b = np.zeros(codes.size, np.int64)
+    inside = codes < g0
+    b[inside] = before.df[codes[inside]]
+    d = after.df[codes] - b
+    nz = np.flatnonzero(d)
+    vals = after.terms.values
+    return {"dn": after.n_docs - before.n_docs, "dlen": after.total_len - before.total_len,
+            "terms": [vals[int(c)] for c in codes[nz]], "ddf": d[nz]}
+
+
+# --------------------------------------------------------------------------- the shard
+
+
+class ShardServer:
+    """One shard's memory and log (see the module docstring).
+
+    Parameters
+    ----------
+    root : the shard's memory directory
+    index : int
+        The shard's number (for messages and :meth:`info`).
+    create : dict, optional
+        Memory settings (``Memory(**create)``): create the memory when the
+        directory holds none yet. A directory holding a memory's files without
+        its commit is refused (never overwritten).
+    checkpoint_every : int
+        Logged records after which the log is folded into the memory.
+    lock_timeout : float
+        Seconds to wait for the directory's writer lock (a restarted shard may
+        meet its predecessor's lock for a moment).
+    """
+
+    def __init__(self, root: str | os.PathLike, index: int = 0, create: dict[str, Any] | None = None,
+                 checkpoint_every: int = 10_000, lock_timeout: float = 60.0):
+        t0 = time.perf_counter()
+        self.root = Path(root)
+        self.index = int(index)
+        self.checkpoint_every = int(checkpoint_every)
+        self._lock = threading.RLock()
+        self.failed: str | None = None
+        self.checkpoints = 0
+        if create is not None and not (self.root / persist.CURRENT).exists():
+            mem = Memory(**create)
+            mem.save(self.root, lock_timeout=lock_timeout)  # claims the directory; refuses an orphaned memory
+        else:
+            mem = Memory.open(self.root, writer=True, lock_timeout=lock_timeout)
+        self.memory = mem
+        try:
+            self.last_wid = self._read_state()
+            self.wal = WriteAheadLog(self.root)
+            gen = int(persist.read_manifest(self.root)[1]["generation"])
+            rec = self.wal.recover(gen)
+            self.replayed = self._replay(rec.ops)
+            if rec.needs_checkpoint:
+                self.checkpoint(force=True)
+        except BaseException:
+            mem.close(discard_unsaved=True)
+            raise
+        self.started_s = time.perf_counter() - t0
+        log.info("shard %d: %s opened with %d records (%d logged operations replayed) in %.2f s", self.index,
+                 self.root, len(mem), self.replayed, self.started_s)
+
+    # ------------------------------------------------------------------ state
+    def _read_state(self) -> int:
+        p = self.root / STATE_FILE
+        if not p.exists():
+            return 0
+        try:
+            st = json.loads(p.read_text(encoding="utf-8"))
+            return int(st["last_wid"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise persist.MemoryFormatError(f"{p}: damaged shard state ({e}); restore it from a backup") from None
+
+    def _write_state(self) -> None:
+        p = self.root / STATE_FILE
+        tmp = self.root / f".tmp-{STATE_FILE}-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps({"last_wid": self.last_wid}).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        fsync_dir(self.root)
+
+    def _replay(self, ops: list[dict[str, Any]]) -> int:
+        """Apply logged operations in order (consecutive adds as one ``Memory.add``)."""
+        mem = self.memory
+        run: list[tuple[RecordBatch, list[int]]] = []
+
+        def flush() -> None:
+            if run:
+                mem.add(concat_batches([b for b, _ in run]), seqs=np.concatenate([s for _, s in run]))
+                run.clear()
+
+        for op in ops:
+            self.last_wid = max(self.last_wid, int(op.get("wid", 0)))
+            kind = op.get("op")
+            if kind == "add":
+                run.append((batch_from_columns(op["batch"]), np.asarray(op["seqs"], dtype=np.int64)))
+                continue
+            flush()
+            if kind == "update":
+                mem.update(batch_from_columns(op["batch"]), seqs=op["seqs"])
+            elif kind == "upsert":
+                mem.upsert(batch_from_columns(op["batch"]), seqs=op["seqs"])
+            elif kind == "delete":
+                mem.delete(op["ids"], missing_ok=True)
+            else:
+                raise persist.MemoryFormatError(f"{self.root}: unknown operation in the shard's log: {kind!r}")
+        flush()
+        return len(ops)
+
+    # ------------------------------------------------------------------ writes
+    def write(self, payload: bytes, fault: str | None = None) -> dict[str, Any]:
+        """Validate, log (fsync), apply and answer one write (see the module docstring).
+
+        Returns
+        -------
+        dict
+            ``{"n", "dn", "dlen", "terms", "ddf", "partitions", "next_seq"}``;
+            ``{"replayed": True}`` for a write already logged; ``{"error": (kind, message, ids)}``
+            for a write refused (nothing was logged).
+        """
+        with self._lock:
+            if self.failed is not None:
+                return {"error": ("failed", self.failed, None)}
+            op = json.loads(payload)
+            wid = int(op["wid"])
+            if wid <= self.last_wid:
+                return {"replayed": True}
+            mem = self.memory
+            kind = op["op"]
+            if kind in ("add", "update", "upsert"):
+                batch = batch_from_columns(op["batch"])
+                seqs = np.asarray(op["seqs"], dtype=np.int64)
+                if kind == "add":
+                    clash = [rid for rid in batch.ids if rid in mem]
+                    if clash:
+                        msg = f"{len(clash)} id(s) already exist, e.g. {clash[0]!r}: use update() to replace records"
+                        return {"error": ("exists", msg, clash)}
+                elif kind == "update":
+                    unknown = [rid for rid in batch.ids if rid not in mem]
+                    if unknown:
+                        return {"error": ("unknown", "update", unknown)}
+                n = len(batch)
+            elif kind == "delete":
+                want = list(dict.fromkeys(op["ids"]))
+                ids = [rid for rid in want if rid in mem]
+                if len(ids) < len(want) and not op.get("missing_ok", False):
+                    return {"error": ("unknown", "delete", [rid for rid in want if rid not in mem])}
+                n = len(ids)
+                if not n:  # nothing to do: nothing logged
+                    return {"n": 0, "dn": 0, "dlen": 0, "terms": [], "ddf": np.zeros(0, np.int64),
+                            "partitions": partition_keys(mem.snapshot()), "next_seq": mem.next_seq}
+                if len(ids) < len(op["ids"]):
+                    payload = write_payload("delete", wid, ids=ids)
+            else:
+                return {"error": ("invalid", f"unknown operation {kind!r}", None)}
+            before = mem.snapshot()
+            mark = self.wal.append_payloads([payload], n)  # durable from here on
+            self.last_wid = wid
+            if fault == "kill_after_log":  # tests: die after the log, before applying and answering
+                os.kill(os.getpid(), signal.SIGKILL)
+            try:
+                if kind == "add":
+                    mem.add(batch, seqs=seqs)
+                elif kind == "update":
+                    mem.update(batch, seqs=seqs)
+                elif kind == "upsert":
+                    mem.upsert(batch, seqs=seqs)
+                elif ids:
+                    mem.delete(ids)
+            except BaseException as e:  # validated above, so an internal failure: stop writing
+                self.wal.rollback(mark, n)
+                self.failed = (f"shard {self.index} stopped accepting writes after an internal error "
+                               f"({type(e).__name__}: {e}); restart it (its log holds every acknowledged write)")
+                log.error("%s", self.failed)
+                raise
+            after = mem.snapshot()
+            reply = {"n": n, **stats_delta(before, after), "partitions": partition_keys(after),
+                     "next_seq": mem.next_seq}
+            if self.wal.ops >= self.checkpoint_every:
+                try:
+                    self.checkpoint()
+                except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
+                    log.warning("shard %d: checkpoint failed, will retry: %s: %s", self.index, type(e).__name__, e)
+            if fault == "kill_after_apply":  # tests: die after applying, before answering
+                os.kill(os.getpid(), signal.SIGKILL)
+            return reply
+
+    def checkpoint(self, force: bool = False) -> int:
+        """Fold the log into the memory's files (a save), as the service does; returns the generation."""
+        with self._lock:
+            gen = int(persist.read_manifest(self.root)[1]["generation"])
+            if not force and not self.wal.ops and not self.memory.unsaved:
+                return gen
+            self._write_state()  # the last logged write id, before the log that holds it is folded
+            self.memory.save()
+            gen = int(persist.read_manifest(self.root)[1]["generation"])
+            older = self.wal.after_save(gen)
+            self.wal.drop(older)
+            self.checkpoints += 1
+            return gen
+
+    save = checkpoint
+
+    def close(self) -> None:
+        """Checkpoint and release the directory (the shard serves nothing afterwards)."""
+        with self._lock:
+            try:
+                if self.failed is None:
+                    self.checkpoint()
+            finally:
+                self.wal.close()
+                self.memory.close(discard_unsaved=True)  # what was not saved is in the log
+
+    # ------------------------------------------------------------------ reads
+    def ping(self) -> int:
+        """The shard's process id (answers once the shard serves)."""
+        return os.getpid()
+
+    def sync(self, with_ids: bool = False) -> dict[str, Any]:
+        """Everything the coordinator derives from this shard: full statistics, partitions, counters, ids."""
+        with self._lock:
+            snap = self.memory.snapshot()
+            nz = np.flatnonzero(snap.df)
+            vals = snap.terms.values
+            out: dict[str, Any] = {
+                "n": snap.n_docs, "len": snap.total_len, "terms": [vals[int(c)] for c in nz],
+                "df": snap.df[nz].astype(np.int64), "partitions": partition_keys(snap),
+                "next_seq": self.memory.next_seq, "last_wid": self.last_wid}
+            if with_ids:
+                out["ids"] = [rid for v in snap.views for rid in v.seg.ids.take(v.live_rows()).tolist()]
+                out["seqs"] = [int(q) for v in snap.views for q in v.seg.seqs[v.live_rows()].tolist()]
+            return out
+
+    def has(self, ids: list[str]) -> list[bool]:
+        """Whether each id names a live record here."""
+        mem = self.memory
+        return [rid in mem for rid in ids]
+
+    def tenants(self) -> list[str]:
+        """The tenants holding live records here."""
+        snap = self.memory.snapshot()
+        codes = set()
+        for v in snap.views:
+            codes.update(np.unique(v.seg.codes["tenant"][v.live_rows()]).tolist())
+        vals = snap.dicts["tenant"].values
+        return sorted(vals[c] for c in codes if c >= 0)
+
+    def get(self, ids: list[str]) -> list[dict[str, Any] | None]:
+        """The records with these ids (None where unknown)."""
+        return self.memory.get(ids, missing_ok=True)
+
+    def stored(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """id -> the record as stored (canonical: times in epoch ms) of the ids live here (for merging updates)."""
+        mem = self.memory
+        live = [rid for rid in ids if rid in mem]
+        return dict(zip(*mem.stored(live)))
+
+    def expired(self) -> list[str]:
+        """Ids of the live records here whose ``expires_at`` has passed (the coordinator deletes them)."""
+        from ..memory.expiry import expired_rows, now_ms
+
+        snap, now = self.memory.snapshot(), now_ms()
+        out: list[str] = []
+        for v in snap.views:
+            rows = expired_rows(v, now)
+            if rows.size:
+                out.extend(v.seg.ids.take(rows).tolist())
+        return out
+
+    def history(self, rid: str) -> list[dict[str, Any]]:
+        """The earlier versions of a record held here, oldest first."""
+        return self.memory.history(rid)
+
+    def list(self, *args: Any) -> Any:
+        """``Memory.list`` of this shard's memory."""
+        return self.memory.list(*args)
+
+    def export(self, where: Any, history: bool, time_unit: str | None) -> tuple[int, bytes]:
+        """``Memory.export`` of this shard's memory: (records written, the file's bytes)."""
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix="gpuir-shard-export-", suffix=".jsonl")
+        os.close(fd)
+        try:
+            n = self.memory.export(tmp, where=where, history=history, time_unit=time_unit)
+            return n, Path(tmp).read_bytes()
+        finally:
+            os.unlink(tmp)
+
+    def count(self, where: Any, time_unit: str | None) -> int:
+        """``Memory.count`` of this shard's memory."""
+        return self.memory.count(where, time_unit)
+
+    def search(self, queries: list[str], k: int, wheres: list[Any], mode: str, budgets: list[int | None],
+               stats: TermStats, backend: str = "auto", ties: str = "oldest", min_score: float | None = None,
+               time_unit: str | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]]:
+        """Each query's top k here under the global ``stats`` and the tie rule ``ties``.
+
+        Returns
+        -------
+        list of (seqs (m,) int64, scores (m,) float32, times (m,) int64 epoch ms (MISSING_TIME when untimed),
+        hits), host arrays, best first.
+        """
+        out: list[Any] = [None] * len(queries)
+        groups: dict[int | None, list[int]] = {}
+        for i, b in enumerate(budgets):
+            groups.setdefault(b, []).append(i)
+        for b, idx in groups.items():
+            res = self.memory.search([queries[i] for i in idx], k=k, where=[wheres[i] for i in idx],
+                                     backend=backend, mode=mode, max_partitions=b, stats=stats, ties=ties,
+                                     min_score=min_score, time_unit=time_unit)
+            snap = res.snapshot
+            for j, i in enumerate(idx):
+                ok = np.flatnonzero(res.seqs[j] >= 0)
+                times = np.fromiter((snap.views[v].seg.time[r] for v, r in zip(res.vidx[j][ok].tolist(),
+                                                                              res.rows[j][ok].tolist())),
+                                    dtype=np.int64, count=ok.size)
+                out[i] = (res.seqs[j][ok], res.scores[j][ok], times, res.hits(j))
+        return out
+
+    def term_stats(self, queries: list[str]) -> TermStats:
+        """This shard's live N, total length and the df of the queries' terms (a DFS phase's report)."""
+        return self.memory.term_stats(queries)
+
+    def info(self) -> dict[str, Any]:
+        """Counts, the process and the device of this shard."""
+        from ..backends import resolve_backend
+
+        mem = self.memory
+        snap = mem.snapshot()
+        try:
+            backend, reason = resolve_backend("auto")
+        except ValueError as e:  # pragma: no cover - an unusable forced backend
+            backend, reason = "unavailable", str(e)
+        node, gpus = None, []
+        try:  # inside a Ray actor: the node and the GPUs Ray gave it
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+                gpus = [str(g) for g in ray.get_gpu_ids()]
+        except ImportError:  # pragma: no cover - a shard run without Ray (tests)
+            pass
+        return {"shard": self.index, "path": str(self.root), "records": snap.n_docs, "segments": len(snap.views),
+                "partitions": len(snap.partitions), "terms": int(np.count_nonzero(snap.df)),
+                "node": node, "pid": os.getpid(), "device": f"cuda:{','.join(gpus)}" if gpus else "cpu",
+                "backend": backend, "backend_reason": reason, "wal_pending_records": self.wal.ops,
+                "replayed_operations": self.replayed, "checkpoints": self.checkpoints,
+                "open_s": round(self.started_s, 3), "failed": self.failed}

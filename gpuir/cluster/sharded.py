@@ -1,0 +1,1023 @@
+"""`ShardedMemory`: the :class:`~gpuir.memory.Memory` API over Ray actors, exact across shards.
+
+The coordinator (this object, in the caller's process) owns the directory's
+lock and talks to one actor per shard (:class:`~gpuir.cluster.shard.ShardServer`,
+a ``Memory`` directory behind a write-ahead log).
+
+**Exact.** Every search returns what one ``Memory`` holding the same records,
+added in the same order, returns: the same ids, the same float32 scores bit for
+bit, the same order. Three things make it so:
+
+* *Global statistics.* The coordinator keeps every shard's N, total length and
+  df (:class:`~gpuir.cluster.globalstats.GlobalStats`), updated from each
+  write's answer (the shard's change). A search sends each asked shard the
+  global N, total length and the global df of its query terms
+  (:class:`~gpuir.memory.termstats.TermStats`, a few bytes per term); the
+  shard scores with them (``Memory.search(stats=...)``), including the
+  bm25l/bm25+ constant over terms it does not hold.
+* *Global sequence numbers.* The coordinator numbers every added (or updated)
+  record in call order and the shard's memory keeps that number as its own
+  sequence number, so each shard's tie order is the global add order, and the
+  shards' top-k lists merge by (score descending, sequence ascending) into the
+  one memory's top k.
+* *Budgets over global partitions.* ``mode="budgeted"`` reads the newest K time
+  partitions *of the whole memory*: the coordinator knows each shard's
+  partitions and tells each shard how many of its own fall inside.
+
+**Fan-out.** A query goes only to shards that can hold a match: with
+``route="tenant"`` a ``where`` naming a tenant asks that tenant's shard only;
+with ``route="id"`` a ``where`` naming ids asks their owners only; and a shard
+holding none of the query's terms is never asked. Each asked shard gets the
+batch's queries for it in one call.
+
+**Durable.** A write returns once every owning shard has logged it (``fsync``)
+and applied it. A shard that dies during a write is restarted by Ray
+(``max_restarts``) from its directory and log; the coordinator waits for it
+(``restart_timeout``), resends the write (the write id makes a logged write
+count once) and re-reads the shard's statistics. A search that meets a dead
+shard waits for the restart and asks again, or raises
+:class:`ShardUnavailableError`; it never returns a partial answer.
+
+**Consistent.** Writes hold the coordinator exclusively and searches share it,
+so a search sees every shard at one state and the statistics of that state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory.hitorder import HIT_ORDERS, check_min_score, resolve_ties
+from ..memory.intake import canonical_records, fold_expiry, to_batch
+from ..memory.partitions import MODES, budget_partitions
+from ..memory.records import MISSING_TIME, RecordBatch, normalize_records
+from ..memory.snapshot import thread_analyzer
+from ..memory.termstats import TermStats
+from ..memory.timeutil import check_time_unit
+from ..memory.where import compile_wheres
+from ..storage.dirlock import WriterLock, check_path, claim_dir
+from ..topk import topk_order
+from . import layout, runtime
+from .globalstats import GlobalStats
+from .routing import owners, search_targets, shard_of
+from .shard import write_payload
+
+log = logging.getLogger("gpuir.cluster")
+
+#: Memory settings a sharded memory passes to each shard's ``Memory``.
+MEMORY_OPTIONS = ("analyzer", "method", "k1", "b", "delta", "partition_days", "merge_factor", "merge_min")
+
+
+class ShardUnavailableError(RuntimeError):
+    """A shard did not answer in time (dead and not restarted, or hung): nothing partial was returned."""
+
+
+class ShardFailedError(RuntimeError):
+    """A shard stopped accepting writes after an internal error (restart it: its log holds every write)."""
+
+
+def memory_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``Memory(**kwargs)`` arguments from a ``Memory.config()`` dict."""
+    bm = config["bm25"]
+    return {"analyzer": config["analyzer"], "method": bm["method"], "k1": bm["k1"], "b": bm["b"],
+            "delta": bm["delta"], "partition_days": config["partition_days"], "merge_factor": config["merge_factor"],
+            "merge_min": config["merge_min"]}
+
+
+class _RWLock:
+    """Many readers or one writer (writers are not starved: a waiting writer stops new readers)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextmanager
+    def reading(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self):
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass
+class ShardedResults:
+    """Top-k records of a batch of queries over a sharded memory.
+
+    Attributes
+    ----------
+    seqs : ndarray, shape (B, k), int64, host
+        Global sequence number (add order) of each hit, best first; -1 pads.
+    scores : ndarray, shape (B, k), float32, host
+        -inf at padding.
+    meta : dict
+        ``shards_asked`` (list of B lists of shard numbers), ``timings``.
+    """
+
+    seqs: np.ndarray
+    scores: np.ndarray
+    _hits: list[list[dict[str, Any]]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.seqs.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.seqs.shape  # type: ignore[return-value]
+
+    def ids(self, i: int) -> list[str]:
+        """Record ids of query ``i``'s hits, best first."""
+        return [h["id"] for h in self._hits[i]]
+
+    def hits(self, i: int) -> list[dict[str, Any]]:
+        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields."""
+        return [dict(h) for h in self._hits[i]]
+
+
+class ShardedMemory:
+    """Records spread over Ray actors, searchable with exact global BM25 (see the module docstring).
+
+    Make one with :meth:`create` or :meth:`open`; close it with :meth:`close`
+    (or a ``with`` block).
+
+    Examples
+    --------
+    >>> from gpuir.cluster import ShardedMemory                       # doctest: +SKIP
+    >>> with ShardedMemory.create("/tmp/mem", shards=2) as m:          # doctest: +SKIP
+    ...     m.add([{"id": "t1", "text": "Caroline went to the support group", "tenant": "conv-26"}])
+    ...     m.search("support group", k=5, where={"tenant": "conv-26"}).ids(0)
+    ['t1']
+    """
+
+    def __init__(self, root: Path, manifest: dict[str, Any], lock: WriterLock, started_ray: bool,
+                 restart_timeout: float, call_timeout: float):
+        self._path = root
+        self.manifest = manifest
+        self.route: str = manifest["route"]
+        self.n_shards: int = int(manifest["shards"])
+        self._config: dict[str, Any] = manifest["memory"]
+        self._window_ms = self._config.get("window_ms")
+        self._lock = lock
+        self._started_ray = started_ray
+        self.restart_timeout = float(restart_timeout)
+        self.call_timeout = float(call_timeout)
+        self._ray = runtime.require_ray()
+        self._actors: list[Any] = []
+        self._stats = GlobalStats(self.n_shards)
+        self._owner: dict[str, int] | None = {} if self.route == "tenant" else None
+        self._next_seq = 0
+        self._next_wid = 1
+        self._rw = _RWLock()
+        self._closed = False
+        #: Test hook: the fault the next write asks of its first shard ("kill_after_log", "kill_after_apply").
+        self._fault: str | None = None
+        #: Bytes sent for statistics: writes' deltas received, searches' statistics sent (for benchmarks).
+        self.exchange = {"write_delta_bytes": 0, "writes": 0, "search_stats_bytes": 0, "search_calls": 0}
+
+    # ------------------------------------------------------------------ making one
+    @classmethod
+    def create(cls, path: str | os.PathLike, shards: int = 2, route: str = "tenant", address: str | None = None, *,
+               device: str = "auto", checkpoint_every: int = 10_000, max_restarts: int = -1,
+               restart_timeout: float = 120.0, call_timeout: float = 600.0, lock_timeout: float = 10.0,
+               **memory_options: Any) -> ShardedMemory:
+        """Create a sharded memory in a new (or empty) directory and start its shards.
+
+        Parameters
+        ----------
+        path : the directory (created; must be new or empty)
+        shards : int
+            Number of shards (fixed for the memory's life).
+        route : {"tenant", "id"}
+            Place records by a hash of their tenant (a tenant's search asks one
+            shard) or of their id (see :mod:`gpuir.cluster.routing`).
+        address : None, "auto" or "HOST:PORT"
+            None starts a local Ray runtime on loopback (see :mod:`gpuir.cluster.runtime`).
+        device : {"auto", "gpu", "cpu"}
+            "gpu": one GPU per shard (``num_gpus=1``; the engine's "auto" then
+            picks CuPy); "auto": GPUs when the runtime has one per shard, else CPU workers.
+        checkpoint_every : int
+            Logged records after which a shard folds its log into its memory.
+        max_restarts : int
+            Restarts Ray makes of a dead shard (-1: without limit).
+        restart_timeout : float
+            Seconds a call waits for a dead shard to come back before :class:`ShardUnavailableError`.
+        call_timeout : float
+            Seconds any one shard call may take.
+        lock_timeout : float
+            Seconds to wait for the directory's (or a shard's) writer lock.
+        **memory_options
+            ``Memory`` settings: analyzer, method, k1, b, delta, partition_days, merge_factor, merge_min.
+        """
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive integer, got {shards!r}")
+        if route not in layout.ROUTES:
+            raise ValueError(f"route must be one of {', '.join(layout.ROUTES)}, got {route!r}")
+        bad = [k for k in memory_options if k not in MEMORY_OPTIONS]
+        if bad:
+            raise TypeError(f"unknown option {bad[0]!r}: the memory options are {', '.join(MEMORY_OPTIONS)}")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        config = Memory(**memory_options).config()  # checks the settings
+        runtime.require_ray()
+        root = claim_dir(check_path(path), layout.KIND, mode=0o700)
+        lock = WriterLock(root, timeout=lock_timeout)
+        lock.__enter__()
+        try:
+            if layout.is_sharded(root):
+                raise layout.MemoryFormatError(f"{root} already holds a sharded memory: open it with "
+                                               f"ShardedMemory.open({str(root)!r})")
+            stray = sorted(p.name for p in root.iterdir() if not p.name.startswith(".gpuir"))
+            if stray:
+                raise layout.MemoryFormatError(
+                    f"{root} holds {', '.join(stray[:3])} but no {layout.MANIFEST} (an interrupted create?): "
+                    "nothing was changed; remove what is there or choose another directory")
+            for i in range(shards):  # every shard's memory exists (generation 1) before any actor starts
+                m = Memory(**memory_kwargs(config))
+                m.save(layout.shard_dir(root, i), lock_timeout=lock_timeout)
+                m.close()
+            options = {"device": device, "checkpoint_every": checkpoint_every, "max_restarts": max_restarts}
+            manifest = layout.write_manifest(root, shards, route, config, options)
+        except BaseException:
+            lock.__exit__(None, None, None)
+            raise
+        return cls._start(root, manifest, lock, address, restart_timeout, call_timeout, lock_timeout)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, address: str | None = None, *, restart_timeout: float = 120.0,
+             call_timeout: float = 600.0, lock_timeout: float = 10.0) -> ShardedMemory:
+        """Open a sharded memory (in this or a new Ray runtime): shards reopen and replay their logs.
+
+        Raises
+        ------
+        MemoryFormatError
+            No sharded memory there, a damaged manifest, or a shard that cannot start (named).
+        StoreLockedError
+            Another ShardedMemory has the directory open.
+        """
+        runtime.require_ray()
+        root = check_path(path)
+        manifest = layout.read_manifest(root)
+        lock = WriterLock(root, timeout=lock_timeout)
+        lock.__enter__()
+        return cls._start(root, manifest, lock, address, restart_timeout, call_timeout, lock_timeout)
+
+    @classmethod
+    def _start(cls, root: Path, manifest: dict[str, Any], lock: WriterLock, address: str | None,
+               restart_timeout: float, call_timeout: float, lock_timeout: float) -> ShardedMemory:
+        started = False
+        self = None
+        try:
+            started = runtime.connect(address)
+            self = cls(root, manifest, lock, started, restart_timeout, call_timeout)
+            opts = manifest.get("options", {})
+            S = self.n_shards
+            device = opts.get("device", "auto")
+            gpus = runtime.cluster_gpus()
+            if device == "gpu" and gpus < S:
+                raise ValueError(f"device='gpu' needs one GPU per shard ({S}), the Ray runtime has {gpus}: "
+                                 "use fewer shards, more GPUs, or device='cpu'")
+            gpu = device == "gpu" or (device == "auto" and gpus >= S)
+            cpus = min(1.0, runtime.cluster_cpus() / S)
+            self.device = "gpu" if gpu else "cpu"
+            self._actors = [runtime.start_shard(layout.shard_dir(root, i), i, int(opts.get("checkpoint_every", 10_000)),
+                                                gpu, cpus, int(opts.get("max_restarts", -1)), lock_timeout)
+                            for i in range(S)]
+            syncs = self._gather({s: (lambda s=s: self._actors[s].sync.remote(self.route == "tenant"))
+                                  for s in range(S)}, what="start")
+            for s, sy in syncs.items():
+                self._take_sync(s, sy)
+            self._next_seq = max([sy["next_seq"] for sy in syncs.values()], default=0)
+            self._next_wid = max([sy["last_wid"] for sy in syncs.values()], default=0) + 1
+            self._drop_stale_copies(syncs)
+            log.info("sharded memory %s: %d shards (%s, route %s), %d records", root, S, self.device, self.route,
+                     len(self))
+            return self
+        except BaseException:
+            if self is not None:
+                self._stop_actors()
+            lock.__exit__(None, None, None)
+            if started:
+                runtime.require_ray().shutdown()
+            raise
+
+    def _drop_stale_copies(self, syncs: dict[int, dict[str, Any]]) -> None:
+        """Delete the older copy of a record found on two shards (a tenant move cut short by a crash)."""
+        if self._owner is None:
+            return
+        best: dict[str, tuple[int, int]] = {}
+        stale: dict[int, list[str]] = {}
+        for s, sy in syncs.items():
+            for rid, q in zip(sy.get("ids", ()), sy.get("seqs", ())):
+                if rid in best:
+                    q0, s0 = best[rid]
+                    loser = s if q < q0 else s0
+                    stale.setdefault(loser, []).append(rid)
+                    if q > q0:
+                        best[rid] = (q, s)
+                else:
+                    best[rid] = (q, s)
+        if not stale:
+            return
+        log.warning("sharded memory %s: %d record(s) found on two shards (a tenant move cut short); "
+                    "deleting the older copies", self._path, sum(len(g) for g in stale.values()))
+        wid = self._wid()
+        self._write({s: write_payload("delete", wid, ids=g) for s, g in stale.items()})
+        for rid, (_, s) in best.items():
+            self._owner[rid] = s
+
+    def _take_sync(self, s: int, sy: dict[str, Any]) -> None:
+        self._stats.replace(s, sy)
+        if self._owner is not None and "ids" in sy:
+            for rid in [r for r, o in self._owner.items() if o == s]:
+                del self._owner[rid]
+            for rid in sy["ids"]:
+                self._owner[rid] = s
+
+    # ------------------------------------------------------------------ calls
+    def _shard_error(self, s: int, e: BaseException, what: str) -> ShardUnavailableError:
+        return ShardUnavailableError(
+            f"shard {s} ({layout.shard_dir(self._path, s)}) did not answer ({what}): {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}. Nothing partial was returned; its log holds every "
+            "acknowledged write (reopen the memory once the cause is fixed)")
+
+    def _wait_ready(self, s: int, what: str) -> None:
+        """Wait until shard ``s`` answers again (Ray restarts it), at most ``restart_timeout`` seconds."""
+        ray = self._ray
+        deadline = time.monotonic() + self.restart_timeout
+        died = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._shard_error(s, TimeoutError(f"not back after {self.restart_timeout:g} s"), what)
+            try:
+                ray.get(self._actors[s].ping.remote(), timeout=left)
+                return
+            except ray.exceptions.ActorUnavailableError:  # restarting: calls wait for it, or fail at once
+                time.sleep(0.05)
+            except ray.exceptions.ActorDiedError as e:  # dead for good (or just noticed): a few tries
+                died += 1
+                if died > 3:
+                    raise self._shard_error(s, e, what) from None
+                time.sleep(0.2)
+            except ray.exceptions.GetTimeoutError as e:
+                raise self._shard_error(s, e, what) from None
+
+    def _gather(self, calls: dict[int, Any], what: str) -> dict[int, Any]:
+        """Run one idempotent call per shard at once; a shard that died is waited for and asked again (once)."""
+        ray = self._ray
+        refs = {s: f() for s, f in calls.items()}
+        out: dict[int, Any] = {}
+        for s, ref in refs.items():
+            for attempt in range(2):
+                try:
+                    out[s] = ray.get(ref, timeout=self.call_timeout)
+                    break
+                except ray.exceptions.RayActorError as e:
+                    if attempt == 1:
+                        raise self._shard_error(s, e, what) from None
+                    log.warning("shard %d died during %s; waiting for its restart", s, what)
+                    self._wait_ready(s, what)
+                    ref = calls[s]()
+                except ray.exceptions.GetTimeoutError as e:
+                    raise self._shard_error(s, e, what) from None
+        return out
+
+    def _write(self, parts: dict[int, bytes]) -> dict[int, dict[str, Any]]:
+        """Send one write's payload to each owning shard; returns their answers (errors raised).
+
+        A shard that dies is waited for; the write is resent with the same write
+        id (counted once) and the shard's statistics are read again whole.
+        """
+        ray = self._ray
+        fault, self._fault = self._fault, None
+        refs = {s: self._actors[s].write.remote(p, fault if i == 0 else None) for i, (s, p) in enumerate(parts.items())}
+        answers: dict[int, dict[str, Any]] = {}
+        failed: list[tuple[int, BaseException]] = []
+        for s, ref in refs.items():
+            try:
+                ans = ray.get(ref, timeout=self.call_timeout)
+            except ray.exceptions.RayActorError:
+                log.warning("shard %d died during a write; waiting for its restart, then resending it", s)
+                try:
+                    for attempt in range(3):
+                        self._wait_ready(s, "write")
+                        try:
+                            ans = ray.get(self._actors[s].write.remote(parts[s]), timeout=self.call_timeout)
+                            break
+                        except ray.exceptions.RayActorError:
+                            if attempt == 2:
+                                raise
+                    sy = self._gather({s: lambda s=s: self._actors[s].sync.remote(self.route == "tenant")}, "resync")
+                    self._take_sync(s, sy[s])
+                    ans = dict(ans, resynced=True)
+                except Exception as e:  # noqa: BLE001 - reported below, after the other shards' answers
+                    failed.append((s, e))
+                    continue
+            except ray.exceptions.GetTimeoutError as e:
+                failed.append((s, e))
+                continue
+            answers[s] = ans
+        errors = [(s, a["error"]) for s, a in answers.items() if "error" in a]
+        for s, a in answers.items():
+            if "error" not in a and not a.get("resynced") and not a.get("replayed"):
+                self._stats.apply(s, a)
+            if "error" not in a:
+                self.exchange["write_delta_bytes"] += 16 + sum(len(t.encode()) + 8 for t in a.get("terms", ()))
+        self.exchange["writes"] += 1
+        if failed:
+            s, e = failed[0]
+            done = sorted(s2 for s2, a in answers.items() if "error" not in a)
+            err = self._shard_error(s, e, "write")
+            raise ShardUnavailableError(f"{err} The write is durable on shard(s) {done or 'none'}; on shard {s} it "
+                                        "may or may not be: check its records with get() once it is back") from None
+        if errors:
+            s, (kind, msg, ids) = errors[0]
+            if kind == "exists":
+                raise RecordError(msg)
+            if kind == "unknown":
+                raise UnknownIdError(list(ids), msg)
+            if kind == "failed":
+                raise ShardFailedError(msg)
+            raise ValueError(msg)
+        return answers
+
+    def _wid(self) -> int:
+        w = self._next_wid
+        self._next_wid += 1
+        return w
+
+    # ------------------------------------------------------------------ routing
+    def _owners_of_batch(self, batch: RecordBatch) -> list[int]:
+        return owners(batch.ids, batch.strings["tenant"], self.route, self.n_shards)
+
+    def _owner_of_id(self, rid: str) -> int | None:
+        if self._owner is not None:
+            return self._owner.get(rid)
+        return shard_of(rid, self.n_shards)
+
+    def _present(self, ids: list[str]) -> dict[str, int]:
+        """id -> owning shard of the ids that name live records (asks the owners with ``route="id"``)."""
+        if self._owner is not None:
+            return {rid: self._owner[rid] for rid in ids if rid in self._owner}
+        groups: dict[int, list[str]] = {}
+        for rid in ids:
+            groups.setdefault(shard_of(rid, self.n_shards), []).append(rid)
+        got = self._gather({s: (lambda s=s, g=g: self._actors[s].has.remote(g)) for s, g in groups.items()}, "lookup")
+        return {rid: s for s, g in groups.items() for rid, ok in zip(g, got[s]) if ok}
+
+    # ------------------------------------------------------------------ writes
+    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None) -> int:
+        """Add new records (see :meth:`Memory.add <gpuir.memory.Memory.add>`); atomic for the batch.
+
+        Returns once every owning shard has logged (``fsync``) and applied them.
+
+        Raises
+        ------
+        RecordError
+            A malformed record, or an id that already exists (nothing is added).
+        ShardUnavailableError
+            An owning shard did not come back (the message says where the write is durable).
+        """
+        batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
+        n = len(batch)
+        if not n:
+            return 0
+        with self._rw.writing():
+            self._check_open()
+            own = self._owners_of_batch(batch)
+            groups: dict[int, list[int]] = {}
+            for i, s in enumerate(own):
+                groups.setdefault(s, []).append(i)
+            if self._owner is not None or len(groups) > 1:  # one shard checks its ids itself, atomically
+                clash = self._present(list(batch.ids))
+                if clash:
+                    first = next(i for i, rid in enumerate(batch.ids) if rid in clash)
+                    raise RecordError(f"{batch.label(first)}: the id already exists ({len(clash)} such record(s)); "
+                                      "use update() to replace records")
+            seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+            parts = self._encode("add", batch, seqs, groups)
+            self._next_seq += n
+            self._write(parts)
+            if self._owner is not None:
+                for s, rows in groups.items():
+                    for i in rows:
+                        self._owner[batch.ids[i]] = s
+            return n
+
+    def _encode(self, op: str, batch: RecordBatch, seqs: np.ndarray, groups: dict[int, list[int]]) -> dict[int, bytes]:
+        """Each shard's log payload (every one encoded before anything is sent: a record the log cannot hold
+        fails the whole call, nothing written)."""
+        parts = {}
+        wid = self._wid()
+        for s, rows in groups.items():
+            sub = batch if len(groups) == 1 else batch.take(rows)
+            try:
+                parts[s] = write_payload(op, wid, batch=sub, seqs=seqs[rows])
+            except (ValueError, TypeError) as e:
+                raise RecordError(f"a record cannot be written to the log: {e}") from None
+        return parts
+
+    def update(self, records: Iterable[Mapping[str, Any]] | RecordBatch, replace: bool = False,
+               time_unit: str | None = None) -> int:
+        """Change existing records, keeping what the records given do not name (see :meth:`Memory.update
+        <gpuir.memory.Memory.update>` and :mod:`gpuir.memory.updates`); atomic.
+
+        The coordinator reads the stored versions from their shards, merges the
+        records given into them, and writes the changed ones as whole new versions
+        (each takes the newest place in the add order; a record left as it was is
+        not written). With ``route="tenant"``, a record whose tenant changes moves
+        to its new tenant's shard (deleted from one shard, added to the other; its
+        history stays behind and is dropped).
+
+        Returns
+        -------
+        int: the number of records given.
+
+        Raises
+        ------
+        RecordError, UnknownIdError
+            A malformed record or merged result; an id naming no record (nothing is changed).
+        """
+        return self._put(records, replace, time_unit, "update")
+
+    def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
+        """Replace existing records (matched by id) by the records given, whole (see :meth:`update`)."""
+        return self._put(records, True, time_unit, "replace")
+
+    def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False, time_unit: str | None = None) -> int:
+        """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others."""
+        return self._put(records, replace, time_unit, "upsert")
+
+    def _put(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+        if isinstance(records, RecordBatch):  # validated columns: whole records
+            records = [records.record(i) for i in range(len(records))]
+            replace, time_unit = True, "ms"
+        patches = canonical_records(records, time_unit)
+        ids = updates.check_ids(patches, what)
+        if not ids:
+            return 0
+        with self._rw.writing():
+            self._check_open()
+            groups_old: dict[int, list[str]] = {}  # where each id can live: its owner (tenant map or id hash)
+            for rid in ids:
+                s_old = self._owner_of_id(rid)
+                if s_old is not None:
+                    groups_old.setdefault(s_old, []).append(rid)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups_old.items()},
+                               "read for update")
+            current = {rid: rec for s in got for rid, rec in got[s].items()}
+            have = {rid: s for s in got for rid in got[s]}
+            if what != "upsert":
+                unknown = [rid for rid in ids if rid not in have]
+                if unknown:
+                    raise UnknownIdError(unknown, what)
+            new, labels, replaced, _ = updates.plan(patches, current, replace)
+            if not new:
+                return len(ids)
+            batch = normalize_records(fold_expiry(new), labels=labels)
+            n = len(batch)
+            own = self._owners_of_batch(batch)
+            groups: dict[int, list[int]] = {}
+            for i, s in enumerate(own):
+                groups.setdefault(s, []).append(i)
+            was = {rid: have[rid] for rid in replaced}
+            moved: dict[int, list[str]] = {}  # old shard -> ids whose tenant moved them (route "tenant")
+            for rid, s_new in zip(batch.ids, own):
+                if rid in was and was[rid] != s_new:
+                    moved.setdefault(was[rid], []).append(rid)
+            seqs = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+            # a moved record is added on its new shard (an upsert there) before its old version is deleted:
+            # a crash between the two leaves both versions, never neither; the next open keeps the newer
+            parts = self._encode("upsert" if moved or what == "upsert" else "update", batch, seqs, groups)
+            self._next_seq += n
+            self._write(parts)
+            if moved:
+                wid = self._wid()
+                self._write({s: write_payload("delete", wid, ids=g) for s, g in moved.items()})
+            if self._owner is not None:
+                for rid, s in zip(batch.ids, own):
+                    self._owner[rid] = s
+            return len(ids)
+
+    def purge_expired(self) -> int:
+        """Delete, on every shard, the records whose ``expires_at`` has passed; returns how many."""
+        with self._rw.reading():
+            self._check_open()
+            ids = self._gather({s: (lambda s=s: self._actors[s].expired.remote()) for s in range(self.n_shards)},
+                               "purge")
+        dead = [rid for g in ids.values() for rid in g]
+        return self.delete(dead, missing_ok=True) if dead else 0
+
+    def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
+        """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
+
+        Raises
+        ------
+        UnknownIdError
+            Unless ``missing_ok``: ids naming no live record (nothing is deleted).
+        """
+        ids = _id_list(ids, "delete")
+        if not ids:
+            return 0
+        with self._rw.writing():
+            self._check_open()
+            uniq = list(dict.fromkeys(ids))
+            if self._owner is not None:  # route "tenant": the coordinator knows every id's shard
+                present = {rid: self._owner[rid] for rid in uniq if rid in self._owner}
+                if len(present) < len(uniq) and not missing_ok:
+                    raise UnknownIdError([rid for rid in uniq if rid not in present], "delete")
+                sent_ok = False  # the shards hold every id sent: one missing is an error, not skipped
+            else:
+                present = {rid: shard_of(rid, self.n_shards) for rid in uniq}
+                if len(set(present.values())) == 1:
+                    sent_ok = missing_ok  # one shard: it refuses unknown ids itself, atomically
+                else:
+                    if not missing_ok:
+                        have = self._present(uniq)
+                        if len(have) < len(uniq):
+                            raise UnknownIdError([rid for rid in uniq if rid not in have], "delete")
+                    sent_ok = True
+            groups: dict[int, list[str]] = {}
+            for rid, s in present.items():
+                groups.setdefault(s, []).append(rid)
+            if not groups:
+                return 0
+            wid = self._wid()
+            answers = self._write({s: write_payload("delete", wid, ids=g, missing_ok=sent_ok)
+                                   for s, g in groups.items()})
+            if self._owner is not None:
+                for g in groups.values():
+                    for rid in g:
+                        self._owner.pop(rid, None)
+            # a write answered after a restart ("replayed"/"resynced") had its ids checked by then: all of them
+            return sum(len(groups[s]) if a.get("replayed") or a.get("resynced") else int(a["n"])
+                       for s, a in answers.items())
+
+    # ------------------------------------------------------------------ reads
+    def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
+        """The records with these ids, in the order given (see :meth:`Memory.get <gpuir.memory.Memory.get>`)."""
+        ids = _id_list(ids, "get")
+        with self._rw.reading():
+            self._check_open()
+            groups: dict[int, list[str]] = {}
+            for rid in dict.fromkeys(ids):
+                s = self._owner_of_id(rid)
+                if s is not None:
+                    groups.setdefault(s, []).append(rid)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].get.remote(g)) for s, g in groups.items()}, "get")
+        found = {rid: rec for s, g in groups.items() for rid, rec in zip(g, got[s]) if rec is not None}
+        unknown = [rid for rid in ids if rid not in found]
+        if unknown and not missing_ok:
+            raise UnknownIdError(list(dict.fromkeys(unknown)), "get")
+        return [dict(found[rid]) if rid in found else None for rid in ids]
+
+    def contains(self, ids: Iterable[str]) -> list[bool]:
+        """Whether each id names a live record (one call per owning shard with ``route="id"``)."""
+        ids = _id_list(ids, "contains")
+        with self._rw.reading():
+            self._check_open()
+            present = self._present(list(dict.fromkeys(ids)))
+        return [rid in present for rid in ids]
+
+    def tenants(self) -> set[str]:
+        """The tenants holding live records."""
+        with self._rw.reading():
+            self._check_open()
+            got = self._gather({s: (lambda s=s: self._actors[s].tenants.remote()) for s in range(self.n_shards)},
+                               "tenants")
+        return {t for names in got.values() for t in names}
+
+    def history(self, id: str) -> list[dict[str, Any]]:
+        """A record's earlier versions, oldest first (see :meth:`Memory.history <gpuir.memory.Memory.history>`)."""
+        with self._rw.reading():
+            self._check_open()
+            s = self._owner_of_id(id)
+            if s is None:
+                return []
+            return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+
+    def _one_shard(self, where: Any, time_unit: str | None, what: str) -> int:
+        w = compile_wheres(where, 1, {}, time_unit)[0]
+        targets = search_targets(w, self.route, self.n_shards)
+        if len(targets) != 1:
+            raise ValueError(f"{what} on a sharded memory reads one shard: give a where naming one tenant "
+                             "(route 'tenant') or ids on one shard (route 'id')")
+        return targets[0]
+
+    def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
+             cursor: str | None = None, time_unit: str | None = None) -> Any:
+        """A page of records (see :meth:`Memory.list <gpuir.memory.Memory.list>`) from the one shard that
+        ``where`` confines them to (a tenant with ``route="tenant"``); else ValueError."""
+        with self._rw.reading():
+            self._check_open()
+            s = self._one_shard(where, time_unit, "listing")
+            return self._gather({s: lambda: self._actors[s].list.remote(where, order_by, descending, limit, cursor,
+                                                                        time_unit)}, "list")[s]
+
+    def export(self, path: str | os.PathLike, where: Any = None, history: bool = True,
+               time_unit: str | None = None) -> int:
+        """Write the records passing ``where`` to a JSON-lines file (:meth:`Memory.export
+        <gpuir.memory.Memory.export>`'s format), from the one shard ``where`` confines them to; else ValueError.
+
+        Returns
+        -------
+        int: the number of records written.
+        """
+        with self._rw.reading():
+            self._check_open()
+            s = self._one_shard(where, time_unit, "an export")
+            n, data = self._gather({s: lambda: self._actors[s].export.remote(where, history, time_unit)}, "export")[s]
+        out = Path(path)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+        return n
+
+    def count(self, where: Any = None, time_unit: str | None = None) -> int:
+        """How many live records pass ``where`` (summed over the shards that can hold them)."""
+        with self._rw.reading():
+            self._check_open()
+            w = compile_wheres(where, 1, {}, time_unit)[0]
+            targets = search_targets(w, self.route, self.n_shards)
+            got = self._gather({s: (lambda s=s: self._actors[s].count.remote(where, time_unit)) for s in targets},
+                               "count")
+        return sum(got.values())
+
+    def __contains__(self, rid: object) -> bool:
+        if not isinstance(rid, str):
+            return False
+        if self._owner is not None:
+            return rid in self._owner
+        return bool(self._present([rid]))
+
+    def __len__(self) -> int:
+        return self._stats.n_docs
+
+    def len(self) -> int:
+        """Number of live records."""
+        return len(self)
+
+    def __repr__(self) -> str:
+        return (f"ShardedMemory(records={len(self)}, shards={self.n_shards}, route={self.route!r}, "
+                f"path={self._path!s})")
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def config(self) -> dict[str, Any]:
+        """The memory settings every shard uses."""
+        return dict(self._config)
+
+    def stats(self, queries: str | Sequence[str] = ()) -> TermStats:
+        """The global statistics: N, total length and the df of the queries' terms."""
+        if isinstance(queries, str):
+            queries = [queries]
+        an = thread_analyzer(self._config["analyzer"])
+        terms = sorted({t for q in queries for t in an(q)})
+        with self._rw.reading():
+            return self._stats.term_stats(terms)
+
+    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
+               mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
+               decay: float = 0.5, min_score: float | None = None, ties: str | None = None,
+               order_by: str = "score", time_unit: str | None = None) -> ShardedResults:
+        """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
+
+        Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
+        (``backend`` is each shard's engine: "auto" is CuPy on a GPU shard, else numba).
+        Each asked shard returns its top k under the tie rule (:mod:`gpuir.memory.hitorder`)
+        with each hit's time; the coordinator merges them under the same rule, so
+        the k kept are the one memory's k (``ties="newest"`` included), then
+        orders them by time when ``order_by="time"``.
+
+        Raises
+        ------
+        ShardUnavailableError
+            A shard that must be asked did not answer (nothing partial is returned).
+        """
+        t0 = time.perf_counter()
+        if isinstance(queries, str):
+            queries = [queries]
+        if not isinstance(queries, Sequence):
+            raise TypeError(f"queries must be a str or a sequence of str, got {type(queries).__name__}")
+        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
+        if bad:
+            raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        k = int(k)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+        ties = resolve_ties(ties, mode)
+        min_score = check_min_score(min_score)
+        if order_by not in HIT_ORDERS:
+            raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in HIT_ORDERS)}, got {order_by!r}")
+        check_time_unit(time_unit)
+        budget = None
+        if mode == "budgeted":
+            if max_partitions is not None:
+                if isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1:
+                    raise ValueError(f"max_partitions must be a positive integer, got {max_partitions!r}")
+                budget = max_partitions
+            elif epsilon is not None:
+                budget = budget_partitions(epsilon, decay)
+            else:
+                raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
+        B = len(queries)
+        wheres = compile_wheres(where, B, {}, time_unit)  # checked here: a malformed where fails before any shard is asked
+        raw = [None] * B if where is None else ([where] * B if isinstance(where, Mapping) else list(where))
+        an = thread_analyzer(self._config["analyzer"])
+        qterms = [sorted(set(an(q))) for q in queries]
+        allterms = sorted({t for ts in qterms for t in ts})
+        pos = {t: i for i, t in enumerate(allterms)}
+        t1 = time.perf_counter()
+        with self._rw.reading():
+            self._check_open()
+            st = self._stats
+            k = min(k, max(st.n_docs, 1))  # results are min(k, N) wide, as one Memory's
+            gdf, per = st.lookup(allterms)
+            gkeys = None
+            if budget is not None:
+                ks = {key for p in st.partitions for key in p}
+                gkeys = sorted((x for x in ks if x is not None), reverse=True) + ([None] if None in ks else [])
+            asked: dict[int, list[int]] = {}
+            budgets: dict[int, list[int | None]] = {}
+            targets_of: list[list[int]] = []
+            for qi in range(B):
+                idx = np.asarray([pos[t] for t in qterms[qi]], dtype=np.int64)
+                targets: list[int] = []
+                if idx.size and (gdf[idx] > 0).any():
+                    cand = search_targets(wheres[qi], self.route, self.n_shards)
+                    targets = [s for s in cand if (per[s, idx] > 0).any()]
+                    if gkeys is not None:
+                        w = wheres[qi]
+                        allowed = {x for x in [x for x in gkeys if w is None or w.may_match_partition(
+                            x, self._window_ms)][:budget]}
+                        counts = {s: sum(1 for x in st.partitions[s] if x in allowed) for s in targets}
+                        targets = [s for s in targets if counts[s]]
+                for s in targets:
+                    asked.setdefault(s, []).append(qi)
+                    budgets.setdefault(s, []).append(counts[s] if gkeys is not None else None)
+                targets_of.append(targets)
+            calls = {}
+            for s, qis in asked.items():
+                terms = sorted({t for qi in qis for t in qterms[qi]})
+                ts = TermStats(st.n_docs, st.total_len, {t: int(gdf[pos[t]]) for t in terms})
+                self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
+                self.exchange["search_calls"] += 1
+                calls[s] = (lambda s=s, qis=qis, ts=ts: self._actors[s].search.remote(
+                    [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
+                    min_score, time_unit))
+            t2 = time.perf_counter()
+            got = self._gather(calls, "search")
+        t3 = time.perf_counter()
+        parts: list[list[tuple[np.ndarray, np.ndarray, list]]] = [[] for _ in range(B)]
+        for s, qis in asked.items():
+            for j, qi in enumerate(qis):
+                parts[qi].append(got[s][j])
+        seqs = np.full((B, k), -1, dtype=np.int64)
+        scores = np.full((B, k), -np.inf, dtype=np.float32)
+        hits: list[list[dict[str, Any]]] = []
+        for qi in range(B):
+            ps = [p for p in parts[qi] if p[0].size]
+            if not ps:
+                hits.append([])
+                continue
+            sq = np.concatenate([p[0] for p in ps])
+            sc = np.concatenate([p[1] for p in ps]).astype(np.float32, copy=False)
+            tm = np.concatenate([p[2] for p in ps])
+            hs = [h for p in ps for h in p[3]]
+            untimed = tm == MISSING_TIME
+            if ties == "newest":  # score desc, timed before untimed, time desc, sequence desc (gpuir.memory.hitorder)
+                order = np.lexsort((-sq, -np.where(untimed, 0, tm), untimed, -sc.astype(np.float64)))[:k]
+            else:
+                order = topk_order(sq, sc, k)
+            if order_by == "time":  # the k chosen, oldest first, untimed last, then add order
+                order = order[np.lexsort((sq[order], np.where(untimed, 0, tm)[order], untimed[order]))]
+            m = order.size
+            seqs[qi, :m], scores[qi, :m] = sq[order], sc[order]
+            hits.append([hs[j] for j in order.tolist()])
+        return ShardedResults(seqs, scores, hits, {
+            "shards_asked": targets_of, "mode": mode, "max_partitions": budget, "ties": ties,
+            "timings": {"plan_s": t2 - t0, "shards_s": t3 - t2, "merge_s": time.perf_counter() - t3,
+                        "analyze_s": t1 - t0}})
+
+    # ------------------------------------------------------------------ info, save, close
+    def info(self) -> dict[str, Any]:
+        """The memory and each shard: records, node, pid, device, log, restarts seen."""
+        with self._rw.reading():
+            self._check_open()
+            shard_infos = self._gather({s: (lambda s=s: self._actors[s].info.remote()) for s in range(self.n_shards)},
+                                       "info")
+            st = self._stats
+            out = {"path": str(self._path), "sharded": True, "route": self.route, "shards": self.n_shards,
+                   "device": self.device, "records": st.n_docs, "total_length": st.total_len,
+                   "avgdl": TermStats(st.n_docs, st.total_len).avgdl,
+                   "terms": int(np.count_nonzero(st.total[: len(st.vocab)])),
+                   "coordinator": {"pid": os.getpid(), "vocabulary": len(st.vocab), "stats_bytes": st.nbytes(),
+                                   "id_map": None if self._owner is None else len(self._owner),
+                                   "next_seq": self._next_seq, "exchange": dict(self.exchange)},
+                   "ray": {"started_here": self._started_ray, "nodes": len(self._ray.nodes())},
+                   "shard_list": [shard_infos[s] for s in range(self.n_shards)], **self._config}
+        return out
+
+    def save(self) -> Path:
+        """Checkpoint every shard (fold its log into its memory's files); returns the directory.
+
+        Not needed for durability (every acknowledged write is in a shard's
+        log); it makes the next start replay less.
+        """
+        with self._rw.writing():
+            self._check_open()
+            self._gather({s: (lambda s=s: self._actors[s].checkpoint.remote()) for s in range(self.n_shards)}, "save")
+        return self._path
+
+    def close(self) -> None:
+        """Checkpoint every shard, stop the actors, release the directory (and stop a runtime started here)."""
+        if self._closed:
+            return
+        with self._rw.writing():
+            self._closed = True
+            try:
+                refs = {s: self._actors[s].close.remote() for s in range(self.n_shards)}
+                for s, ref in refs.items():
+                    try:
+                        self._ray.get(ref, timeout=self.call_timeout)
+                    except Exception as e:  # noqa: BLE001 - its log holds every acknowledged write: nothing is lost
+                        log.warning("shard %d could not checkpoint at close (%s: %s); its log keeps every "
+                                    "acknowledged write for the next open", s, type(e).__name__, e)
+            finally:
+                self._stop_actors()
+                self._lock.__exit__(None, None, None)
+                if self._started_ray:
+                    self._ray.shutdown()
+
+    def _stop_actors(self) -> None:
+        for a in self._actors:
+            with contextlib.suppress(Exception):  # already gone
+                self._ray.kill(a, no_restart=True)
+        self._actors = []
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the sharded memory at {self._path} is closed: open it again")
+
+    def kill_shard(self, s: int) -> int:
+        """SIGKILL shard ``s``'s process (for tests and drills: Ray restarts it); returns the pid killed."""
+        import signal
+
+        self._wait_ready(s, "kill")  # a shard still restarting answers nothing yet
+        pid = self._ray.get(self._actors[s].ping.remote(), timeout=self.call_timeout)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def __enter__(self) -> ShardedMemory:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _id_list(ids: Iterable[str], what: str) -> list[str]:
+    if isinstance(ids, str):
+        ids = [ids]
+    out = list(ids)
+    bad = [x for x in out if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"{what}: ids must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
+    return out

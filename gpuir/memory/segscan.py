@@ -1,0 +1,226 @@
+"""A snapshot's segments searched in one compiled call, with the snapshot's weights cached.
+
+:class:`~gpuir.memory.search.SegmentEngine` hands the compiled CPU engine
+(``numba``) every query without a ``where`` filter through :func:`scan_compiled`:
+one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
+segments it may read, largest first, the k-th best score found so far carried
+into each next segment as its pruning bound, the hits merged in the memory's
+order (score descending, then sequence number ascending). The per-segment
+Python round trip of the generic path (a scorer call, its argument checks and
+result arrays, per segment) is gone; what remains per search is one call.
+
+**The weights of a snapshot.** The statistics of a snapshot never change, so the
+weight of every posting its searches read is computed once per (snapshot,
+segment), on first use, term by term
+(:func:`gpuir.backends.cpu_segments.fill_weights`: the kernels' own float32
+operations, hence the same bits), with each term's and each block's exact
+largest weight; later searches read them like a static index reads its cache,
+with its exact bounds. A snapshot searched only once (a memory written between
+every two searches) does not pay for filling: the cache is used from a
+snapshot's second search on, or at once for a batch of several queries.
+Sealed segments themselves are never re-laid out: the cache belongs to the
+snapshot and dies with it.
+
+Both paths return exactly the generic path's results (tested): the same
+kernels, the same float32 arithmetic, the same tie rule.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..backends import cpu_segments
+from ..backends.numba_backend import shared_pool
+from ..backends.weights import BOUND_SLACK, has_absent_weight
+from .segments import SegView
+from .snapshot import Snapshot
+
+#: Batches of at least this many queries fill the snapshot's weight cache on their first search.
+BATCH_FILLS = 4
+
+
+def _ro(a: np.ndarray, dtype) -> np.ndarray:
+    out = np.ascontiguousarray(np.asarray(a), dtype=dtype).view()
+    out.flags.writeable = False
+    return out
+
+
+_NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)
+
+
+class SnapshotLayout:
+    """What one compiled call over some of a snapshot's segments reads (built once per snapshot and segment set).
+
+    Attributes
+    ----------
+    segs : numba typed list of segment tuples (:func:`gpuir.backends.cpu_segments.search_segments`)
+    max_docs : int
+        Rows of the largest segment (the workspace's size).
+    """
+
+    def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
+        from numba import typed
+
+        self.max_docs = 1
+        segs = typed.List()
+        for vi, sc, cache in zip(view_ids, scorers, caches):
+            view: SegView = snap.views[vi]
+            seg = view.seg
+            live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
+            bl = sc._blocks
+            bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
+            segs.append((np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
+                         _ro(seg.seqs, np.int64), sc._ix, bix, sc._summ, live, cache, bl[7]))
+            self.max_docs = max(self.max_docs, int(sc.index.n_docs))
+        self.segs = segs
+        #: Global term codes whose weights are in every one of these segments' caches.
+        self.filled: set[int] = set()
+
+
+def new_cache(scorer) -> tuple[np.ndarray, ...]:
+    """An empty weight cache for one segment (pages are touched only as terms are filled).
+
+    Returns
+    -------
+    (pre (P,) float32, blk_max (NB,) float32, ub (V,) float64, zero (V,) bool, neg (V,) bool, filled (V,) bool)
+    """
+    P = int(scorer._ix[1].size)
+    NB = int(scorer._blocks[1].size)
+    V = int(scorer._ix[0].size - 1)
+    return (np.empty(P, np.float32), np.empty(NB, np.float32), np.empty(V, np.float64), np.empty(V, np.bool_),
+            np.empty(V, np.bool_), np.zeros(V, np.bool_))
+
+
+class SnapshotWeights:
+    """The per-snapshot state of the compiled path: weight caches, layouts, a fill lock, a search count."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.searches = 0
+        self.caches: dict[int, tuple[np.ndarray, ...]] = {}
+        self.layouts: dict[tuple[int, ...], SnapshotLayout] = {}
+
+
+_ws_lock = threading.Lock()
+_ws_free: list[np.ndarray] = []
+
+
+def _take_workspace(n: int) -> np.ndarray:
+    """A workspace for ``n`` documents: (17 n,) uint8, zero (acc, touched, sdoc, part, mark)."""
+    with _ws_lock:
+        for i, ws in enumerate(_ws_free):
+            if ws.size >= 17 * n:
+                return _ws_free.pop(i)
+    return np.zeros(17 * n, np.uint8)
+
+
+def _give_workspace(ws: np.ndarray) -> None:
+    with _ws_lock:
+        _ws_free.append(ws)
+        if len(_ws_free) > 8:  # keep the largest few
+            _ws_free.sort(key=lambda w: -w.size)
+            del _ws_free[8:]
+
+
+def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
+                  threads: int = 1) -> dict[int, tuple[Any, ...]]:
+    """Top-k of each job (no ``where``) over the segments ``view_ids``.
+
+    Returns qi -> (seqs (m,) int64, scores (m,) float32, view positions (m,) int64, rows (m,) int64,
+    postings read), the m <= k hits best first (the caller makes its ``Hits``).
+
+    ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
+    """
+    B = len(jobs)
+    state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
+    with state.lock:
+        state.searches += 1
+        first = state.searches == 1
+        layout = state.layouts.get(view_ids)
+        if layout is None:
+            order = tuple(sorted(view_ids, key=lambda v: (-snap.views[v].n_live, v)))  # largest first
+            scorers = [scorer_of(vi) for vi in order]
+            caches = []
+            for vi, sc in zip(order, scorers):
+                c = state.caches.get(vi)
+                if c is None:
+                    c = state.caches[vi] = new_cache(sc)
+                caches.append(c)
+            layout = state.layouts[view_ids] = SnapshotLayout(snap, order, scorers, caches)
+    if B == 1:
+        p = jobs[0].plan
+        T = len(p.terms)
+        gid = p.gids
+        qi = np.empty(2 + 2 * T, np.int64)
+        qi[0], qi[1] = 0, T
+        qi[2:2 + T] = p.gids
+        qi[2 + T:] = p.mult
+        qf = np.empty(2 * T + 1, np.float32)
+        qf[:T] = p.idf
+        qf[T:2 * T] = p.w0
+        qf[2 * T] = p.const
+    else:
+        lens = np.fromiter((len(j.plan.terms) for j in jobs), np.int64, B)
+        off = np.zeros(B + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        gid = np.concatenate([j.plan.gids for j in jobs]).astype(np.int64, copy=False)
+        qi = np.concatenate([off, gid, np.concatenate([j.plan.mult for j in jobs])]).astype(np.int64, copy=False)
+        qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
+                             np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
+        T = int(off[-1])
+    params = snap.params
+    f = np.float32
+    k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)
+    par = np.empty(11 + B, np.float64)
+    par[:6] = (f(1) - b, b, k1, k1 + f(1), delta, avgdl)
+    par[6:11] = (params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK)
+    par[11:] = [j.theta for j in jobs]
+    method, has_w0 = int(params.code), bool(has_absent_weight(params))
+    cached = not first or B >= BATCH_FILLS
+    if cached and T:
+        if B == 1:  # a plan's terms are distinct
+            new = [g not in layout.filled for g in gid.tolist()]
+            if any(new):
+                sel = np.array(new)
+                u, ui, uw = gid[sel], qf[:T][sel], qf[T:2 * T][sel]
+            else:
+                u = None
+        else:
+            u, first_at = np.unique(gid, return_index=True)
+            ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
+        if u is not None:
+            with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
+                cpu_segments.fill_segments(layout.segs, par[:6].astype(np.float32), method, has_w0,
+                                           np.ascontiguousarray(u), np.ascontiguousarray(ui),
+                                           np.ascontiguousarray(uw))
+                layout.filled.update(u.tolist())
+    out_i = np.full((3, B, k), -1, np.int64)
+    out_f = np.full((B, k), -np.inf, np.float32)
+    counts = np.zeros((B, 4), np.int64)
+
+    def run(r0: int, r1: int) -> None:
+        ws = _take_workspace(layout.max_docs)
+        try:
+            cpu_segments.search_segments(layout.segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i,
+                                         out_f, counts)
+        finally:
+            _give_workspace(ws)
+
+    n_thr = min(threads, B)
+    if n_thr <= 1:
+        run(0, B)
+    else:
+        size = max(4, -(-B // (n_thr * 8)))
+        pool = shared_pool(threads)
+        for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
+            fut.result()
+    out_seq, out_vi, out_row = out_i
+    out_score = out_f
+    out = {}
+    for i, job in enumerate(jobs):
+        m = int(np.count_nonzero(out_seq[i] >= 0))
+        out[job.qi] = (out_seq[i, :m], out_score[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
+    return out

@@ -1,0 +1,284 @@
+"""The compiled path of Memory.search (gpuir.memory.segscan): every segment of a snapshot in one compiled
+call, the snapshot's weights cached term by term. Each fast path is compared with the generic path (one
+scorer call per segment) and with a fresh index over the live records (the oracle): one query and a batch,
+the first search of a snapshot (weights computed per posting) and later ones (read from the cache), where
+filters beside queries without one, many segments and the same records merged, newest-first scans, every
+BM25 variant, tombstones."""
+
+import numpy as np
+import pytest
+from _memory_oracle import Model, assert_same, random_query, random_record, random_where
+
+from gpuir import Memory
+from gpuir.bm25 import METHODS
+from gpuir.memory import segscan
+from gpuir.memory.search import SegmentEngine
+
+pytest.importorskip("numba")
+
+
+def _grown(method: str, seed: int, batches: int = 5, per: int = 40, deletes: bool = True):
+    """A memory of many small segments (no merges) over several partitions, with tombstones, and its model."""
+    rng = np.random.default_rng([seed, len(method)])
+    m = Memory(method=method, partition_days=3, merge_factor=64, merge_min=4, background_merges=False)
+    model = Model(analyzer="default", method=method)
+    for b in range(batches):
+        recs = [random_record(rng, f"r{b}-{i}") for i in range(per)]
+        m.add(recs)
+        model.add(recs)
+        if deletes:
+            dead = [f"r{b}-{i}" for i in range(0, per, 9)]
+            m.delete(dead)
+            model.delete(dead)
+    return m, model, rng
+
+
+def _calls(monkeypatch) -> list[int]:
+    """Counts the compiled path's calls (one entry per call: the number of queries it answered)."""
+    seen: list[int] = []
+    real = segscan.scan_compiled
+
+    def counting(snap, view_ids, jobs, k, scorer_of, threads=1):
+        seen.append(len(jobs))
+        return real(snap, view_ids, jobs, k, scorer_of, threads)
+
+    monkeypatch.setattr(segscan, "scan_compiled", counting)
+    return seen
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_compiled_path_equals_generic_path_and_oracle(method, monkeypatch):
+    m, model, rng = _grown(method, 1)
+    assert len(m.snapshot().views) >= 8, "the test needs many segments"
+    assert any(v.live is not None for v in m.snapshot().views), "and tombstones"
+    qs = [random_query(rng) for _ in range(16)]
+    calls = _calls(monkeypatch)
+    for k in (1, 3, 10):
+        ids, scores = model.search(qs, k)
+        # a fresh snapshot: the first search computes weights per posting; the next ones read the cache
+        m.add([{"id": f"fresh-{k}", "text": "w29 w28"}])
+        model.add([{"id": f"fresh-{k}", "text": "w29 w28"}])
+        ids, scores = model.search(qs, k)
+        one = [m.search(q, k=k, backend="numba") for q in qs]  # the first is uncached, the rest cached
+        for i, r in enumerate(one):
+            assert_same(r, [ids[i]], scores[i:i + 1], f"{method} one query {i} k={k}")
+        batch = m.search(qs, k=k, backend="numba")
+        assert_same(batch, ids, scores, f"{method} batch k={k}")
+        again = m.search(qs[:2], k=k, backend="numba")  # a small batch, cached
+        assert_same(again, ids[:2], scores[:2], f"{method} small batch k={k}")
+        with monkeypatch.context() as mp:
+            mp.setattr(SegmentEngine, "compiled", False)
+            n = len(calls)
+            generic = m.search(qs, k=k, backend="numba")
+            assert len(calls) == n, "compiled=False takes the generic path"
+        assert_same(generic, ids, scores, f"{method} generic k={k}")
+        np.testing.assert_array_equal(batch.seqs, generic.seqs)
+        np.testing.assert_array_equal(batch.vidx, generic.vidx)
+        np.testing.assert_array_equal(batch.rows, generic.rows)
+    assert calls and max(calls) >= len(qs) - 4, "the compiled path answered the batches (queries with a term)"
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+def test_compiled_many_segments_equals_merged(method):
+    m, model, rng = _grown(method, 2, batches=6)
+    qs = [random_query(rng) for _ in range(20)]
+    ids, scores = model.search(qs, 10)
+    before = m.search(qs, k=10, backend="numba")
+    assert_same(before, ids, scores, f"{method} many segments")
+    n_before = len(m.snapshot().views)
+    m.merge()
+    assert len(m.snapshot().views) < n_before
+    for _ in range(2):  # uncached, then cached
+        after = m.search(qs, k=10, backend="numba")
+        assert_same(after, ids, scores, f"{method} merged")
+        np.testing.assert_array_equal(before.seqs, after.seqs)
+        np.testing.assert_array_equal(before.scores, after.scores)
+
+
+def test_where_and_no_where_in_one_batch(monkeypatch):
+    """Queries without a where take the compiled path, the others the generic one, in the same batch."""
+    m, model, rng = _grown("lucene", 3)
+    qs = [random_query(rng) for _ in range(12)]
+    ws = [random_where(rng) if i % 3 == 0 else None for i in range(12)]
+    calls = _calls(monkeypatch)
+    for _ in range(2):
+        ids, scores = model.search(qs, 10, where=ws)
+        res = m.search(qs, k=10, where=ws, backend="numba")
+        assert_same(res, ids, scores, "mixed where")
+        for mode in ("newest", "budgeted"):  # theta from newer partitions carried into the compiled call
+            kw = {"max_partitions": 2} if mode == "budgeted" else {}
+            got = m.search(qs, k=10, where=ws, backend="numba", mode=mode, ties="oldest", **kw)
+            with monkeypatch.context() as mp:
+                mp.setattr(SegmentEngine, "compiled", False)
+                want = m.search(qs, k=10, where=ws, backend="numba", mode=mode, ties="oldest", **kw)
+            np.testing.assert_array_equal(got.seqs, want.seqs, err_msg=mode)
+            np.testing.assert_array_equal(got.scores, want.scores, err_msg=mode)
+    assert calls and all(c <= 8 for c in calls), "only the queries without a where went the compiled way"
+
+
+def test_cache_is_per_snapshot_and_filled_once_per_term(monkeypatch):
+    """A term's weights are computed once per snapshot (later searches read them); a write makes a new
+    snapshot whose first search computes weights per posting again, under the new statistics."""
+    from gpuir.backends import cpu_segments
+
+    m, model, _ = _grown("lucene", 4, deletes=False)
+    fills: list[int] = []
+    real = cpu_segments.fill_segments
+
+    def counting(*a):
+        done = real(*a)
+        fills.append(int(done))
+        return done
+
+    monkeypatch.setattr(cpu_segments, "fill_segments", counting)
+    q = "w0 w1 w2"
+    first = m.search(q, k=5, backend="numba")
+    assert fills == [], "a snapshot's first search does not fill (it may be the only one)"
+    second = m.search(q, k=5, backend="numba")
+    assert len(fills) == 1 and fills[0] > 0
+    third = m.search(q, k=5, backend="numba")
+    assert len(fills) == 1, "filled terms are never filled again (the call is skipped)"
+    for r in (second, third):
+        np.testing.assert_array_equal(r.seqs, first.seqs)
+        np.testing.assert_array_equal(r.scores, first.scores)
+    m.add([{"id": "new", "text": "w0 w0 w0 w1"}])
+    model.add([{"id": "new", "text": "w0 w0 w0 w1"}])
+    ids, scores = model.search([q], 5)
+    n = len(fills)
+    for _ in range(3):
+        assert_same(m.search(q, k=5, backend="numba"), ids, scores, "after a write")
+    assert len(fills) == n + 1 and fills[n] > 0, "the new snapshot filled its own cache, once"
+
+
+def test_fill_weights_equal_the_kernels_weights():
+    """The cached weights, per-term and per-block maxima and zero/negative flags equal what the kernels
+    compute per posting (bm25l, whose weights may round below zero)."""
+    from gpuir.backends import cpu_kernels, cpu_segments
+    from gpuir.backends.numba_backend import NumbaScorer
+    from gpuir.bm25 import BM25Params
+    from gpuir.index.build import build_csr
+
+    rng = np.random.default_rng(5)
+    words = [f"t{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 300)))) for _ in range(600)]
+    csr = build_csr(texts, analyzer="default", progress=False)
+    params = BM25Params(method="bm25l", k1=1.5, b=0.9, delta=0.5)
+    sc = NumbaScorer(csr, params, threads=1)
+    cache = segscan.new_cache(sc)
+    V = csr.n_terms
+    idf = rng.uniform(-0.2, 3.0, V).astype(np.float32)
+    w0 = (idf * np.float32(0.3)).astype(np.float32)
+    f = np.float32
+    fp = np.array([f(1) - f(0.9), f(0.9), f(1.5), f(2.5), f(0.5), f(37.25)], np.float32)
+    terms = np.arange(V, dtype=np.int64)[::2]
+    done = cpu_segments.fill_weights(sc._ix, fp, 3, True, sc._blocks[0], sc._blocks[7], terms, idf[terms],
+                                     w0[terms], *cache)
+    assert done == int(sum(csr.offsets[t + 1] - csr.offsets[t] for t in terms))
+    pre, blk_max, ub, zero, neg, filled = cache
+    assert filled.sum() == terms.size and not filled[1]
+    wt = (np.zeros(0, np.float32), fp, 3, True)
+    for t in terms.tolist():
+        a, b = int(csr.offsets[t]), int(csr.offsets[t + 1])
+        want = np.empty(b - a, np.float32)
+        cpu_kernels.weights_into(sc._ix, wt, t, idf[t], w0[t], want)
+        np.testing.assert_array_equal(pre[a:b], want)
+        assert ub[t] == float(want.max()) and zero[t] == (want.min() <= 0) and neg[t] == (want.min() < 0)
+        for blk in range(int(sc._blocks[0][t]), int(sc._blocks[0][t + 1])):
+            s = int(sc._blocks[7][blk])
+            assert blk_max[blk] == want[s - a: s - a + 64].max()
+    # filling again (even with other weights) computes nothing and rewrites nothing
+    before = [c.copy() for c in cache]
+    assert cpu_segments.fill_weights(sc._ix, fp, 3, True, sc._blocks[0], sc._blocks[7], terms, idf[terms] + 1,
+                                     w0[terms], *cache) == 0
+    for t in terms.tolist():
+        a, b = int(csr.offsets[t]), int(csr.offsets[t + 1])
+        np.testing.assert_array_equal(cache[0][a:b], before[0][a:b])
+    for x, y in zip(before[2:], cache[2:]):
+        np.testing.assert_array_equal(x[terms], y[terms])
+
+
+def _block_index_reference(csr, bs):
+    """The block index and term summaries computed with NumPy alone (an independent reference)."""
+    offsets = np.asarray(csr.offsets, np.int64)
+    doc_ids, tfs, dls = np.asarray(csr.doc_ids), np.asarray(csr.tfs), np.asarray(csr.doc_lens)
+    N = max(csr.n_docs, 1)
+    lens = np.diff(offsets)
+    V = lens.size
+    nblk = -(-lens // bs)
+    blk_off = np.zeros(V + 1, np.int64)
+    np.cumsum(nblk, out=blk_off[1:])
+    term = np.repeat(np.arange(V, dtype=np.int64), nblk)
+    start = offsets[term] + (np.arange(blk_off[-1], dtype=np.int64) - blk_off[term]) * bs
+    end = np.minimum(start + bs, offsets[term + 1])
+    blk_last = doc_ids[end - 1]
+    blk_maxtf = np.maximum.reduceat(tfs, start) if start.size else np.zeros(0, np.int32)
+    blk_mindl = np.minimum.reduceat(dls[doc_ids], start) if start.size else np.zeros(0, np.int32)
+    shift = np.floor(np.log2(N / np.maximum(nblk, 1))).astype(np.int64).clip(0, 62)
+    cells = ((N - 1) >> shift) + 1
+    dir_off = np.zeros(V + 1, np.int64)
+    np.cumsum(cells, out=dir_off[1:])
+    dterm = np.repeat(np.arange(V, dtype=np.int64), cells)
+    first_doc = (np.arange(dir_off[-1], dtype=np.int64) - dir_off[dterm]) << shift[dterm]
+    blk_dir = np.searchsorted(term * (N + 1) + blk_last, dterm * (N + 1) + first_doc)
+    summ = [np.zeros(V, np.int32) for _ in range(4)]
+    nz = np.flatnonzero(lens > 0)
+    if nz.size:
+        dl = dls[doc_ids]
+        summ[0][nz] = np.maximum.reduceat(tfs, offsets[nz])
+        summ[1][nz] = np.minimum.reduceat(dl, offsets[nz])
+        summ[2][nz] = np.minimum.reduceat(tfs, offsets[nz])
+        summ[3][nz] = np.maximum.reduceat(dl, offsets[nz])
+    return (blk_off, blk_last, blk_maxtf, blk_mindl, dir_off, shift, blk_dir, start), summ
+
+
+@pytest.mark.parametrize("n_docs, vocab", [(1, 3), (50, 5), (3000, 200)])
+def test_compiled_layout_equals_numpy_reference(n_docs, vocab):
+    """The scorer's block index and term summaries, laid out in one compiled pass, equal NumPy's."""
+    from gpuir.backends.cpu_maxscore import BLOCK
+    from gpuir.backends.numba_backend import NumbaScorer
+    from gpuir.bm25 import BM25Params
+    from gpuir.index.build import build_csr
+
+    rng = np.random.default_rng([n_docs, vocab])
+    p = 1.0 / np.arange(1, vocab + 1)
+    words = [f"v{i}" for i in range(vocab)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 40)), p=p / p.sum())) for _ in range(n_docs)]
+    csr = build_csr(texts, analyzer="default", progress=False)
+    sc = NumbaScorer(csr, BM25Params(), threads=1)
+    blocks, summ = _block_index_reference(csr, BLOCK)
+    assert len(sc._blocks) == len(blocks)
+    for i, (got, want) in enumerate(zip(sc._blocks, blocks)):
+        np.testing.assert_array_equal(got, want, err_msg=f"block array {i}")
+    for name, want in zip(("maxtf", "mindl", "mintf", "maxdl"), summ):
+        np.testing.assert_array_equal(getattr(sc.summaries, name), want, err_msg=name)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("doc_range", "doc_ids out of range"), ("doc_negative", "doc_ids out of range"),
+    ("tf", "a term frequency below 1"), ("order", "postings not strictly increasing within a term"),
+    ("repeat", "postings not strictly increasing within a term")])
+@pytest.mark.parametrize("where", [3, 40, 97])
+def test_check_postings_names_each_fault_wherever_it_lies(fault, message, where, monkeypatch):
+    """The compiled pass finds the first bad posting; the NumPy checks then name it, in any chunk."""
+    from gpuir.memory import segments
+
+    monkeypatch.setattr(segments, "_CHUNK", 16)
+    offsets = np.array([0, 30, 60, 100], np.int64)
+    doc_ids = np.concatenate([np.arange(0, 60, 2), np.arange(1, 31), np.arange(40)]).astype(np.int32)
+    tfs = np.ones(100, np.int32)
+    segments.check_postings(offsets, doc_ids, tfs, 60)  # sound: no error (term boundaries go down)
+    d, t = doc_ids.copy(), tfs.copy()
+    if fault == "doc_range":
+        d[where] = 60
+    elif fault == "doc_negative":
+        d[where] = -1
+    elif fault == "tf":
+        t[where] = 0
+    elif fault == "order":
+        d[where], d[where + 1] = d[where + 1], d[where]
+    else:
+        d[where + 1] = d[where]
+    if fault in ("order", "repeat") and where + 1 in (30, 60):
+        pytest.skip("a term boundary")
+    with pytest.raises(ValueError, match=message):
+        segments.check_postings(offsets, d, t, 60)

@@ -110,3 +110,16 @@ def test_import_gpuir_needs_no_service_packages():
             "bad = [m for m in ('fastapi', 'uvicorn', 'httpx', 'prometheus_client') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_key_id_never_reads_as_an_option(tmp_path, monkeypatch, capsys):
+    """A secret starting with "-" made a key id that `gpuir serve-keys DIR revoke KEY_ID` read as an option
+    (exit 2; token_urlsafe gives one in 32 keys): such secrets are drawn again."""
+    import secrets
+
+    draws = iter(["-" + "A" * 42, "_" + "B" * 42, "C" * 43])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n=32: next(draws))
+    key = KeyStore(tmp_path).add("alice")
+    assert parse_key(key)[1] == "C" * 8
+    assert cli.main(["serve-keys", str(tmp_path), "revoke", parse_key(key)[1]]) == 0
+    assert KeyStore(tmp_path).tenant_for(key) is None

@@ -180,7 +180,10 @@ class KeyStore:
         entries = self._read()
         keys = []
         for tenant in tenants:
-            key = f"{PREFIX}.{tenant}.{secrets.token_urlsafe(32)}"
+            secret = secrets.token_urlsafe(32)
+            while not secret[0].isalnum():  # the key id (its first 8 characters) must not read as a CLI option
+                secret = secrets.token_urlsafe(32)
+            key = f"{PREFIX}.{tenant}.{secret}"
             salt = secrets.token_bytes(16)
             entries.append({"tenant": tenant, "key_id": parse_key(key)[1], "salt": salt.hex(),
                             "sha256": _digest(salt, key),

@@ -71,10 +71,10 @@ import httpx
 import numpy as np
 
 from gpuir.eval.runner import machine_info
-from gpuir.index.dirlock import claim_dir
 from gpuir.service.client import AsyncMemoryClient, ServiceError
 from gpuir.service.keys import KeyStore
 from gpuir.service.testing import ServerProcess
+from gpuir.storage.dirlock import claim_dir
 
 VOCAB = ["meeting", "garden", "coffee", "project", "budget", "travel", "doctor", "birthday", "concert", "recipe", "invoice", "deadline", "weather", "music", "movie", "train", "hotel", "dinner", "gift", "library"]
 

@@ -80,3 +80,31 @@ class MissingExtra(ImportError):
 
     def __reduce__(self):  # picklable with its two arguments
         return (type(self), (self.extra, self.what))
+
+
+_GPU_FIX = ("Fix: run on a machine with an NVIDIA GPU and install 'gpuir[gpu]' (CUDA 12) or "
+            "'gpuir[gpu-cuda13]', or use backend='numpy'")
+
+
+class DeviceUnavailable(RuntimeError, ValueError):
+    """A path that needs a usable CUDA device has none; the one-line message says why and the fix.
+
+    A :class:`RuntimeError`; also a :class:`ValueError`, because resolving
+    ``backend="cupy"`` without a device raised ValueError before this type
+    existed (callers catching either keep working).
+    """
+
+
+def device_unavailable(what: str, why: str, fix: str = _GPU_FIX) -> DeviceUnavailable:
+    """The :class:`DeviceUnavailable` for ``what`` (e.g. "backend 'cupy' was requested"), one line."""
+    return DeviceUnavailable(" ".join(f"{what} but {why}. {fix}".split()))
+
+
+@functools.cache
+def numba_available() -> tuple[bool, str]:
+    """Whether numba imports (the compiled CPU backend can run), with the reason when not."""
+    try:
+        import numba
+    except Exception as e:  # noqa: BLE001 - any import failure means: not usable
+        return False, f"numba does not import ({type(e).__name__}: {e})"
+    return True, f"numba {numba.__version__}"

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -23,7 +24,7 @@ from .analysis import Analyzer
 from .backends import make_scorer, resolve_backend
 from .backends.base import Scorer
 from .bm25 import BM25Params
-from .filters import normalize_filters
+from .filters import is_where, normalize_filters, where_to_filters
 from .index.build import DEFAULT_CHUNK_SIZE, build_csr
 from .index.csr import CSRIndex
 from .index.storage import DEFAULT_LOCK_TIMEOUT, IndexFormatError, load_index, save_index
@@ -170,8 +171,10 @@ class BM25Index:
         self,
         queries: str | Sequence[str],
         k: int = 10,
-        filters: Any = None,
+        where: Any = None,
         backend: str = "auto",
+        *,
+        filters: Any = None,
     ) -> SearchResults:
         """Top-k documents of each query.
 
@@ -182,20 +185,25 @@ class BM25Index:
             Results per query, >= 1. It may exceed the number of documents N:
             it is clamped to N (at least 1) before anything is allocated, so
             the results then have N columns, not k.
-        filters : optional
-            Per-query document filters applied before top-k: None, one NumPy
-            bool mask (N,) or allow-list for all queries, or a list of B items,
-            each None, a bool mask (N,), or an allow-list of document numbers
-            (int) or user ids (str). See :func:`gpuir.filters.normalize_filters`.
+        where : None, dict, or list of B (dict or None)
+            Which documents each query may return, applied before top-k, in the
+            ``where`` vocabulary of every gpuir search; a static index's one field is
+            ``id``: ``{"id": "d1"}``, ``{"id": {"in": [...]}}``, ``{"id": {"nin": [...]}}``
+            (unknown ids match nothing). See :func:`gpuir.filters.where_to_filters`.
         backend : {"auto", "numpy", "cupy"}
+        filters : optional, keyword only
+            The internal allow-list form (what ``where`` becomes): one NumPy bool
+            mask (N,) or allow-list for all queries, or a list of B items, each None,
+            a bool mask (N,), or an allow-list of document numbers (int) or user ids
+            (str); :func:`gpuir.filters.normalize_filters`. Not with ``where``.
 
         Returns
         -------
         SearchResults
             ids (B, min(k, max(N, 1))) int64 document numbers (map with ``self.ids``; -1 pads a
             row with fewer matches), scores of the same shape, float32, on the host; ``meta["backend"]`` and ``meta["backend_reason"]``
-            say what ran and why; ``hits(i)`` gives query ``i``'s ``(user id, score)`` pairs
-            (``doc_ids`` is ``self.ids``).
+            say what ran and why; ``hits(i)`` gives query ``i``'s hits as ``{"id", "score"}`` dicts and
+            ``ids(i)`` its user ids, as every search of the package (``doc_ids`` is ``self.ids``).
         """
         if isinstance(queries, str):
             queries = [queries]
@@ -207,7 +215,18 @@ class BM25Index:
         if bad:
             raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
         name, reason = resolve_backend(backend)
-        allow = normalize_filters(filters, len(queries), self.n_docs, self.id_to_num)
+        if where is not None and not is_where(where):  # an allow-list given where ``filters`` used to be
+            if filters is not None:
+                raise TypeError("give where= (a dict like {'id': {'in': [...]}}) or filters=, not both")
+            warnings.warn("an allow-list or mask as BM25Index.search's third argument is deprecated: pass "
+                          "where={'id': {'in': [...]}} (or filters=... by keyword)", DeprecationWarning, stacklevel=2)
+            where, filters = None, where
+        if where is not None and filters is not None:
+            raise TypeError("give where= or filters=, not both")
+        if where is not None:
+            allow = where_to_filters(where, len(queries), self.n_docs, self.id_to_num)
+        else:
+            allow = normalize_filters(filters, len(queries), self.n_docs, self.id_to_num)
         t0 = time.perf_counter()
         terms = self.query_terms(queries)
         t_an = time.perf_counter() - t0
@@ -218,7 +237,7 @@ class BM25Index:
             res = self.scorer(name).search(terms, k, allow)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
-        res.doc_ids = self.ids
+        res.set_doc_ids(self.ids)
         log.debug("searched %d queries (k=%d) on %s in %.4f s: %s", len(queries), k, name,
                   time.perf_counter() - t0, reason)
         return res

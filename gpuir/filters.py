@@ -2,6 +2,13 @@
 
 A filter restricts a query to an allowed set of documents *before* top-k, so a
 filtered search returns only allowed documents (never zero-score filler).
+
+The public vocabulary is ``where`` (as :mod:`gpuir.memory.where`, on every search
+of the package); a static index has one field, ``id``, so its ``where`` is
+``{"id": "d1"}`` or ``{"id": {"in" | "nin": [...], "eq" | "ne": "d1"}}``, one for
+all queries or a list of one per query (:func:`where_to_filters`). Allow-lists
+(document numbers, user ids, boolean masks: :func:`normalize_filters`) are the
+internal form every backend receives.
 """
 
 from __future__ import annotations
@@ -122,3 +129,79 @@ def allow_mask(allow: Sequence[np.ndarray | None], n_docs: int) -> np.ndarray:
         elif a.size:
             mask[i, a] = True
     return mask
+
+
+#: The conditions a static index's ``where`` may put on ``id``.
+ID_OPS: tuple[str, ...] = ("eq", "ne", "in", "nin")
+
+
+def _id_where(w: Any, n_docs: int, id_to_num: Mapping[str, int], where: str) -> np.ndarray | None:
+    """One query's ``where`` as allowed document numbers (None: every document)."""
+    if w is None:
+        return None
+    if not isinstance(w, Mapping):
+        raise TypeError(f"{where} must be a dict like {{\"id\": {{\"in\": [...]}}}} or None, got {type(w).__name__}")
+    extra = sorted(set(w) - {"id"})
+    if extra:
+        raise ValueError(f"{where}: a static index has no field {extra[0]!r}; its only field is id "
+                         "(use gpuir.Memory for records with fields)")
+    if not w:
+        return None
+    cond = w["id"]
+    if not isinstance(cond, Mapping):
+        cond = {"eq": cond}
+    bad = sorted(set(cond) - set(ID_OPS))
+    if bad:
+        raise ValueError(f"{where}.id: unknown condition {bad[0]!r}; use one of {', '.join(ID_OPS)}")
+    allowed = np.ones(n_docs, dtype=bool)
+    for op, val in cond.items():
+        many = op in ("in", "nin")
+        vals = val if many else [val]
+        if many and (isinstance(val, (str, bytes)) or not isinstance(val, Sequence)):
+            raise TypeError(f"{where}.id.{op} takes a list of ids, got {type(val).__name__}")
+        if any(not isinstance(v, str) for v in vals):
+            raise TypeError(f"{where}.id.{op}: ids are str")
+        nums = np.fromiter((id_to_num[v] for v in vals if v in id_to_num), dtype=np.int64)  # unknown ids match none
+        hit = np.zeros(n_docs, dtype=bool)
+        hit[nums] = True
+        allowed &= hit if op in ("eq", "in") else ~hit
+    return np.flatnonzero(allowed).astype(np.int64)
+
+
+def where_to_filters(where: Any, n_queries: int, n_docs: int,
+                     id_to_num: Mapping[str, int]) -> list[np.ndarray | None] | None:
+    """A static index's ``where`` (module docstring) as allow-lists, one per query.
+
+    Parameters
+    ----------
+    where : None, dict, or a list of n_queries (dict or None)
+    n_queries, n_docs : int
+    id_to_num : mapping str -> int
+        The index's user-id to document-number map.
+
+    Returns
+    -------
+    None when nothing is filtered, else a list of n_queries items, each None or
+    ndarray (m,), int64, sorted unique document numbers, host (as :func:`normalize_filters`).
+    """
+    if where is None:
+        return None
+    if isinstance(where, Mapping):
+        one = _id_where(where, n_docs, id_to_num, "where")
+        return None if one is None else [one] * n_queries
+    if isinstance(where, (str, bytes)) or not isinstance(where, Sequence):
+        raise TypeError(f"where must be None, a dict, or a list of one dict (or None) per query, "
+                        f"got {type(where).__name__}")
+    if len(where) != n_queries:
+        raise ValueError(f"where has {len(where)} entries but there are {n_queries} queries: "
+                         "give one (or None) per query, or a single dict for all")
+    out = [_id_where(w, n_docs, id_to_num, f"where[{i}]") for i, w in enumerate(where)]
+    return None if all(f is None for f in out) else out
+
+
+def is_where(where: Any) -> bool:
+    """Whether ``where`` is written in the ``where`` vocabulary (None, a dict, or a list of dicts / None)."""
+    if where is None or isinstance(where, Mapping):
+        return True
+    return (isinstance(where, Sequence) and not isinstance(where, (str, bytes)) and len(where) > 0
+            and all(w is None or isinstance(w, Mapping) for w in where))

@@ -69,7 +69,6 @@ __all__ = [
     "minmax_fusion",
     "rrf_fusion",
     "score_rrf_fusion",
-    "select_alpha_loco",
     "topk_fused",
     "union_candidates",
     "weighted_rrf_fusion",
@@ -527,44 +526,3 @@ def fuse(channels: Sequence[Any], k: int, method: str = "z", **kw) -> SearchResu
     except KeyError:
         raise ValueError(f"unknown fusion method {method!r}; choose from {sorted(FUSION_METHODS)}") from None
     return fn(channels, k, **kw)
-
-
-def select_alpha_loco(
-    metric: Callable[[float], np.ndarray],
-    groups: Sequence[Any],
-    alphas: Sequence[float],
-) -> dict[str, Any]:
-    """Choose a fusion weight by leave-one-group-out (e.g. leave-one-conversation-out) CV.
-
-    For each group g, the alpha maximising the mean per-query metric on all other
-    groups is chosen (ties: the smaller alpha) and applied to g's queries, so no
-    query's own label ever picks its alpha.
-
-    Parameters
-    ----------
-    metric : callable alpha -> ndarray, shape (Q,), float
-        Per-query metric (e.g. Hit@1) of the fused run at that alpha.
-    groups : sequence of Q hashables
-        Group (conversation) of each query.
-    alphas : sequence of float
-        Grid.
-
-    Returns
-    -------
-    dict with ``per_query`` (Q,) the held-out metric of every query,
-    ``alpha_per_group`` {group: alpha}, ``curve`` (n_alphas, Q) the metric grid,
-    ``alphas``.
-    """
-    alphas = [float(a) for a in alphas]
-    groups = np.asarray(groups)
-    curve = np.stack([np.asarray(metric(a), dtype=np.float64) for a in alphas])
-    out = np.zeros(curve.shape[1])
-    chosen: dict[Any, float] = {}
-    for g in np.unique(groups):
-        test = groups == g
-        train = ~test
-        means = curve[:, train].mean(axis=1) if train.any() else curve.mean(axis=1)
-        best = int(np.argmax(means))  # first max = smallest alpha on ties
-        chosen[g.item() if hasattr(g, "item") else g] = alphas[best]
-        out[test] = curve[best, test]
-    return {"per_query": out, "alpha_per_group": chosen, "curve": curve, "alphas": alphas}

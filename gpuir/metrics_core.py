@@ -90,21 +90,21 @@ def relevance_matrix(
     return rel, ideal
 
 
-def _check_k(rel: np.ndarray, k: int) -> int:
+def check_k(rel: np.ndarray, k: int) -> int:
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"cutoff k must be a positive integer, got {k!r}")
     return int(k)
 
 
-def _n_rel(ideal: np.ndarray) -> np.ndarray:
+def n_rel(ideal: np.ndarray) -> np.ndarray:
     return (ideal >= 1).sum(axis=1)
 
 
 def recall_at_k(rel: np.ndarray, ideal: np.ndarray, k: int) -> np.ndarray:
     """Fraction of the relevant documents in the top k (trec_eval ``recall_k``). Shape (B,), float64."""
-    k = _check_k(rel, k)
+    k = check_k(rel, k)
     found = (rel[:, :k] >= 1).sum(axis=1)
-    n = _n_rel(ideal)
+    n = n_rel(ideal)
     return np.divide(found, n, out=np.zeros(rel.shape[0]), where=n > 0)
 
 
@@ -132,7 +132,7 @@ def ndcg_at_k(rel: np.ndarray, ideal: np.ndarray, k: int, gain: str = "exponenti
     -------
     ndarray, shape (B,), float64
     """
-    k = _check_k(rel, k)
+    k = check_k(rel, k)
     disc = 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
     r = rel[:, :k]
     dcg = (_gain(r, gain) * disc[: r.shape[1]]).sum(axis=1)

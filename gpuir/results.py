@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+class DocNumbers(np.ndarray):
+    """The ``(B, k)`` int64 document numbers of a static-index search, callable per row.
+
+    It is the ``ids`` array (index it, slice it, compare it as before); called
+    as ``ids(i)`` it gives the user's ids of row ``i``'s hits, best first -- what
+    ``ids(i)`` gives on every other result of the package (``MemoryResults``,
+    ``RetrieverResults``, the service client's).
+    """
+
+    doc_ids: Sequence[str] | None
+
+    def __new__(cls, numbers: np.ndarray, doc_ids: Sequence[str] | None):
+        out = np.asarray(numbers).view(cls)
+        out.doc_ids = doc_ids
+        return out
+
+    def __array_finalize__(self, obj) -> None:
+        self.doc_ids = getattr(obj, "doc_ids", None)
+
+    def __call__(self, i: int) -> list[Any]:
+        row = np.asarray(self)[i]
+        nums = row[row >= 0].tolist()
+        return [self.doc_ids[d] for d in nums] if self.doc_ids is not None else nums
+
+    def __reduce__(self):  # pickles as the plain array
+        return np.asarray(self).__reduce__()
 
 
 @dataclass
@@ -26,10 +55,12 @@ class SearchResults:
         How the results were made: ``backend`` and the reason it was chosen, timings.
     doc_ids : sequence of str, optional
         The user's id of each document number (``BM25Index.search`` sets it to
-        ``index.ids``): :meth:`hits` then returns these ids. None: hits carry
-        document numbers.
+        ``index.ids``): :meth:`hits` then returns these ids, and ``ids(i)`` (the
+        array called with a row, :class:`DocNumbers`) row ``i``'s ids. None: hits
+        carry document numbers.
 
-    Unpacks as ``ids, scores = results``.
+    Unpacks as ``ids, scores = results``. ``hits(i)`` returns the dicts every search
+    of the package returns (``{"id", "score"}``).
     """
 
     ids: np.ndarray
@@ -38,6 +69,8 @@ class SearchResults:
     doc_ids: Sequence[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.doc_ids is not None and not isinstance(self.ids, DocNumbers):
+            self.ids = DocNumbers(self.ids, self.doc_ids)
         if self.ids.shape != self.scores.shape or self.ids.ndim != 2:
             raise ValueError(
                 f"ids and scores must be 2-D arrays of one shape, got {self.ids.shape} "
@@ -61,26 +94,54 @@ class SearchResults:
         yield self.ids
         yield self.scores
 
-    def hits(self, i: int, doc_ids: Sequence[str] | None = None) -> list[tuple[Any, float]]:
-        """The real (non-padding) hits of query ``i`` as ``(id, score)`` pairs.
+    def set_doc_ids(self, doc_ids: Sequence[str] | None) -> None:
+        """Name the document numbers: :meth:`hits` and ``ids(i)`` then give the user's ids."""
+        self.doc_ids = doc_ids
+        self.ids = DocNumbers(self.ids, doc_ids)
+
+    def hits(self, i: int, doc_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The real (non-padding) hits of query ``i``, best first: ``{"id": ..., "score": float}`` dicts.
+
+        The shape of every search's hits in gpuir (``MemoryResults.hits`` and
+        ``RetrieverResults.hits`` add the record's ``text`` and fields).
 
         Parameters
         ----------
         i : int
             Query row.
-        doc_ids : sequence of str, optional
+        doc_ids : sequence of str, optional, deprecated
             The user's document ids, indexed by document number. Default: the
             results' own ``doc_ids`` (set by ``BM25Index.search``); without
             either, hits carry document numbers.
         """
         if doc_ids is None:
             doc_ids = self.doc_ids
-        row_ids, row_scores = self.ids[i], self.scores[i]
+        else:
+            warnings.warn("SearchResults.hits(i, doc_ids) is deprecated: BM25Index.search's results already "
+                          "carry the index's ids (hits(i))", DeprecationWarning, stacklevel=2)
+        row_ids, row_scores = np.asarray(self.ids)[i], self.scores[i]
         keep = row_ids >= 0
         out = []
         for d, s in zip(row_ids[keep].tolist(), row_scores[keep].tolist()):
-            out.append((doc_ids[d] if doc_ids is not None else d, float(s)))
+            out.append({"id": doc_ids[d] if doc_ids is not None else d, "score": float(s)})
         return out
+
+
+class HitLists(list):
+    """The hits of B queries as B lists of dicts (a list), with the accessors of every gpuir result.
+
+    What the service client and the adapters' backends return: ``res[i]`` and
+    ``res.hits(i)`` are query ``i``'s hits (``{"id", "score", "text", ...fields}``,
+    best first), ``res.ids(i)`` their ids.
+    """
+
+    def hits(self, i: int) -> list[dict[str, Any]]:
+        """Query ``i``'s hits, best first."""
+        return list(self[i])
+
+    def ids(self, i: int) -> list[Any]:
+        """Query ``i``'s hit ids, best first."""
+        return [h["id"] for h in self[i]]
 
 
 def padded_arrays(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:

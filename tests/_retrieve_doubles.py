@@ -7,6 +7,7 @@ compute expected results by hand, independently of the real parsers and classifi
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -225,6 +226,13 @@ def install(monkeypatch) -> dict[str, list]:
     for short, mod in mods.items():
         monkeypatch.setitem(sys.modules, f"gpuir.retrieve.{short}", mod)
         monkeypatch.setattr(pkg, short, mod, raising=False)
+    # the modules that import these names at their top hold their own references: replace those too
+    for user in ("retriever", "channels", "typefilter", "classify", "catalog", "cascade", "router"):
+        um = importlib.import_module(f"gpuir.retrieve.{user}")
+        for mod in mods.values():
+            for name, val in vars(mod).items():
+                if not name.startswith("__") and hasattr(um, name):
+                    monkeypatch.setattr(um, name, val)
     return CALLS
 
 

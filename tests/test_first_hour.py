@@ -1,6 +1,6 @@
 """What a new user meets in the first hour (issue 22, item 7), beyond the docs' code blocks.
 
-* ``res.hits(i)`` of ``BM25Index.search`` gives the user's ids;
+* ``res.hits(i)`` of ``BM25Index.search`` gives the user's ids (``{"id", "score"}`` dicts);
 * a sub-command's bad option prints that sub-command's usage, exit 2;
 * the library logs through ``gpuir.*`` loggers and adds no handler; the CLI
   shows warnings, ``-v`` INFO, ``-vv`` DEBUG, and leaves nothing behind;
@@ -39,11 +39,15 @@ def test_index_hits_are_user_ids_without_passing_them():
     idx = gpuir.BM25Index.build(["red apple", "green apple", "blue sky"], ids=["a", "b", "c"])
     res = idx.search(["apple", "sky"], k=3)
     assert res.ids[0].tolist()[:2] == [0, 1]  # the arrays stay document numbers
-    assert [d for d, _ in res.hits(0)] == ["a", "b"] and [d for d, _ in res.hits(1)] == ["c"]
-    assert res.hits(0) == res.hits(0, idx.ids)
-    assert res.hits(0, ["x", "y", "z"])[0][0] == "x"  # an explicit mapping still wins
+    assert [h["id"] for h in res.hits(0)] == ["a", "b"] and [h["id"] for h in res.hits(1)] == ["c"]
+    assert res.ids(0) == ["a", "b"] and res.ids(1) == ["c"]  # ids(i), as on every result of the package
+    assert set(res.hits(0)[0]) == {"id", "score"} and isinstance(res.hits(0)[0]["score"], float)
+    with pytest.warns(DeprecationWarning):
+        assert res.hits(0) == res.hits(0, idx.ids)
+    with pytest.warns(DeprecationWarning):
+        assert res.hits(0, ["x", "y", "z"])[0]["id"] == "x"  # an explicit mapping still wins
     bare = SearchResults(np.array([[2, -1]]), np.array([[1.5, -np.inf]], dtype=np.float32))
-    assert bare.hits(0) == [(2, 1.5)]  # no ids known: document numbers
+    assert bare.hits(0) == [{"id": 2, "score": 1.5}]  # no ids known: document numbers
 
 
 # -- usage of the sub-command ------------------------------------------------------------------
@@ -204,7 +208,7 @@ def _records(path: Path, n: int) -> Path:
 
 
 def test_memory_add_shows_a_bar_on_a_terminal_only(tmp_path, capsys, monkeypatch):
-    import gpuir.memory.cli as mcli
+    import gpuir.cli.memory as mcli
 
     monkeypatch.setattr(mcli, "BATCH", 100)
     recs = _records(tmp_path / "r.jsonl", 250)
@@ -218,7 +222,7 @@ def test_memory_add_shows_a_bar_on_a_terminal_only(tmp_path, capsys, monkeypatch
 
 
 def test_count_lines_counts_a_last_line_without_newline(tmp_path):
-    from gpuir.memory.cli import _count_lines
+    from gpuir.cli.memory import _count_lines
 
     for text, n in (("", 0), ("a\n", 1), ("a\nb", 2), ("a\nb\n", 2)):
         (tmp_path / "f").write_text(text)

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from gpuir.eval.selection import select_alpha_loco
 from gpuir.fusion import (
     agent_rrf_fusion,
     fuse,
     minmax_fusion,
     rrf_fusion,
     score_rrf_fusion,
-    select_alpha_loco,
     union_candidates,
     weighted_rrf_fusion,
     zscore_fusion,

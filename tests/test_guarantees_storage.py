@@ -19,8 +19,9 @@ from _helpers import random_corpus
 
 from gpuir import BM25Index, IndexFormatError
 from gpuir.analysis import AnalyzerConfig
-from gpuir.index import dirlock, storage
+from gpuir.index import storage
 from gpuir.index.storage import manifest_digest
+from gpuir.storage import dirlock
 
 QUERIES = ["w1 w2", "w30 w0", "w7"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpuir import BM25Index, Memory
 from gpuir.cli import main
-from gpuir.index.dirlock import WriterLock
+from gpuir.storage.dirlock import WriterLock
 
 RECORDS = [
     {"id": "c1", "text": "Caroline went to the LGBTQ support group", "tenant": "conv-26", "session": "S1",

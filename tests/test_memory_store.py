@@ -14,9 +14,9 @@ import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record, random_where
 
 from gpuir import Memory
-from gpuir.index.dirlock import NotAGpuirDirError, StoreLockedError
 from gpuir.memory import MemoryFormatError, ReadOnlyError, persist
 from gpuir.memory.segfile import members_info
+from gpuir.storage.dirlock import NotAGpuirDirError, StoreLockedError
 
 TESTS = Path(__file__).resolve().parent
 

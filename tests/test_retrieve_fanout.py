@@ -14,8 +14,8 @@ from test_retrieve_channels_new import T0, memory
 from gpuir import Retriever, RetrieverConfig
 from gpuir.fusion import fuse
 from gpuir.results import SearchResults
-from gpuir.retrieve import ChannelConfig
 from gpuir.retrieve.optimiser import applies, fuse_ran
+from gpuir.retrieve.registry import ChannelRequest
 
 ALL = [{"kind": "bm25", "weight": 0.3}, {"kind": "bm25_session", "weight": 0.3}, {"kind": "bm25_pool", "weight": 0.2},
        {"kind": "dense", "weight": 0.2}, {"kind": "late", "weight": 0.1}, {"kind": "temporal", "weight": 1.0},
@@ -67,9 +67,9 @@ def test_optimiser_mask(monkeypatch):
     assert ran[:, 5].tolist() == [True, False, False, True, False]
     assert ran[:, 6].tolist() == [True, True, False, False, False]
     assert ran[:, :5].all()
-    chans = [ChannelConfig(c["kind"]) for c in ALL]
-    w = [None, "w", None]
-    got = applies(chans, ["a", "b", "c"], w, None)
+    w = [None, "w", None]  # each channel says itself whether it runs (Channel.applies)
+    req = ChannelRequest(["a", "b", "c"], None, np.zeros(3, np.int64), "numpy", r.sync(), r.catalog, windows=w)
+    got = applies(r.channels, req)
     assert got[:, 5].tolist() == [False, True, False] and not got[:, 6].any() and got[:, :5].all()
     assert r.search("x", at=T0 + DAY).meta["timings"]["total"] >= 0
 

@@ -21,7 +21,7 @@ from gpuir.service.testing import ServerProcess
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("svc") / "mem"
     ks = KeyStore(root)
-    from gpuir.index.dirlock import claim_dir
+    from gpuir.storage.dirlock import claim_dir
 
     claim_dir(root, "memory")
     keys = {t: ks.add(t) for t in ("alice", "bob", "carol")}

@@ -23,11 +23,11 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from gpuir.index.dirlock import claim_dir
 from gpuir.memory import Memory
 from gpuir.service.client import MemoryClient
 from gpuir.service.keys import KeyStore
 from gpuir.service.testing import ServerProcess
+from gpuir.storage.dirlock import claim_dir
 
 REPO = Path(__file__).resolve().parents[1]
 _NO_CHECKPOINT = ["--checkpoint-every", "1000000", "--checkpoint-seconds", "3600"]

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuir.index.dirlock import claim_dir
 from gpuir.memory import Memory, MemoryFormatError, RecordError
 from gpuir.service.keys import KeyStore
 from gpuir.service.store import ServiceStore
 from gpuir.service.wal import WALCorruptError, WriteAheadLog
+from gpuir.storage.dirlock import claim_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

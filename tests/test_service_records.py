@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from gpuir.index.dirlock import claim_dir
 from gpuir.memory import Memory
 from gpuir.service.client import MemoryClient, ServiceError
 from gpuir.service.keys import KeyStore
 from gpuir.service.testing import ServerProcess
+from gpuir.storage.dirlock import claim_dir
 
 NO_CHECKPOINT = ["--checkpoint-every", "1000000", "--checkpoint-seconds", "3600"]
 REC = {"id": "t2", "text": "Melanie painted a sunrise over the lake", "session": "S1", "role": "user",

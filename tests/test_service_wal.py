@@ -267,10 +267,10 @@ def test_replay_joins_consecutive_adds_and_keeps_deletes_in_place(tmp_path, monk
 def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
-    from gpuir.index.dirlock import claim_dir
     from gpuir.service.client import MemoryClient, ServiceError
     from gpuir.service.keys import KeyStore
     from gpuir.service.testing import ServerProcess
+    from gpuir.storage.dirlock import claim_dir
 
     root = tmp_path / "mem"
     claim_dir(root, "memory")

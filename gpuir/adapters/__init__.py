@@ -26,6 +26,8 @@ import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..results import HitLists
+
 __all__ = ["MemoryBackend", "as_backend", "hit_metadata", "require"]
 
 
@@ -63,12 +65,12 @@ class _LocalBackend:
         self.retriever = retriever
         self.autosave = autosave
 
-    def search(self, queries: Sequence[str], k: int = 10, where: Any = None) -> list[list[dict[str, Any]]]:
+    def search(self, queries: Sequence[str], k: int = 10, where: Any = None) -> HitLists:
         qs = [queries] if isinstance(queries, str) else list(queries)
         if not qs:
-            return []
+            return HitLists()
         res = (self.retriever or self.memory).search(qs, k=k, where=where)
-        return [res.hits(i) for i in range(len(res))]
+        return HitLists(res.hits(i) for i in range(len(res)))
 
     def _saved(self, n: int) -> int:
         if self.autosave and self.memory.path is not None:

@@ -14,11 +14,10 @@ CuPy. Every path that needs a GPU and has none raises :class:`DeviceUnavailable`
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
-from .._compat import cuda_device
+from .._compat import DeviceUnavailable, cuda_device, device_unavailable, numba_available
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from .base import CollectionStats, Scorer, topk_from_dense
@@ -29,34 +28,6 @@ __all__ = [
     "BACKENDS", "CollectionStats", "DeviceUnavailable", "Scorer", "device_unavailable", "make_scorer",
     "numba_available", "resolve_array_backend", "resolve_backend", "topk_from_dense", "torch_device",
 ]
-
-_GPU_FIX = ("Fix: run on a machine with an NVIDIA GPU and install 'gpuir[gpu]' (CUDA 12) or "
-            "'gpuir[gpu-cuda13]', or use backend='numpy'")
-
-
-class DeviceUnavailable(RuntimeError, ValueError):
-    """A path that needs a usable CUDA device has none; the one-line message says why and the fix.
-
-    A :class:`RuntimeError`; also a :class:`ValueError`, because resolving
-    ``backend="cupy"`` without a device raised ValueError before this type
-    existed (callers catching either keep working).
-    """
-
-
-def device_unavailable(what: str, why: str, fix: str = _GPU_FIX) -> DeviceUnavailable:
-    """The :class:`DeviceUnavailable` for ``what`` (e.g. "backend 'cupy' was requested"), one line."""
-    return DeviceUnavailable(" ".join(f"{what} but {why}. {fix}".split()))
-
-
-@functools.cache
-def numba_available() -> tuple[bool, str]:
-    """Whether numba imports (the compiled CPU backend can run), with the reason when not."""
-    try:
-        import numba
-    except Exception as e:  # noqa: BLE001 - any import failure means: not usable
-        return False, f"numba does not import ({type(e).__name__}: {e})"
-    return True, f"numba {numba.__version__}"
-
 
 def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     """Resolve a backend request to a concrete backend, with the reason.

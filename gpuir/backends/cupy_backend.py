@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from .._compat import cuda_device
+from .._compat import cuda_device, device_unavailable
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex, check_postings_sorted
 from ..results import SearchResults, empty_results
@@ -835,8 +835,6 @@ class CupyScorer(Scorer):
         super().__init__(index, params, stats)
         usable, why = cuda_device()
         if not usable:
-            from . import device_unavailable
-
             raise device_unavailable("the cupy backend needs a usable CUDA device", why)
         if memory_budget_bytes is not None and (
             not isinstance(memory_budget_bytes, (int, np.integer)) or isinstance(memory_budget_bytes, bool)
@@ -1032,7 +1030,7 @@ class CupyScorer(Scorer):
             fn = K.kernel(_SCORE_FILE, f"tile_score<{self.tile_threads}, {self.tile_docs}>", self.device_id)
             per_sm = 2
             with contextlib.suppress(Exception):  # the fake device of the tests has no occupancy API
-                ptr = getattr(getattr(fn, "kernel", fn), "ptr")
+                ptr = getattr(fn, "kernel", fn).ptr
                 per_sm = int(self._cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
                     ptr, self.tile_threads, 0))
             self._persistent = max(1, per_sm) * self.sm_count

@@ -43,9 +43,62 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 
 __all__ = [
-    "PostingWeights", "has_absent_weight", "numpy_row_sums", "posting_weights", "row_consts", "term_weights",
+    "CollectionStats", "PostingWeights", "has_absent_weight", "numpy_row_sums", "posting_weights", "row_consts", "term_weights",
     "weight_bound", "weight_floor", "weights_of",
 ]
+
+
+@dataclass(frozen=True)
+class CollectionStats:
+    """The collection statistics one search applies (N, df, avgdl).
+
+    A scorer lays its segment out once, from raw term frequencies and document
+    lengths; the statistics are applied per search (:mod:`gpuir.backends.weights`).
+    By default a scorer uses its own index's statistics. A store made of several
+    segments (``gpuir.memory``) passes the statistics of the whole live
+    collection with every search instead, so that every segment's scores equal
+    those of one index built over all live records, bit for bit.
+
+    Attributes
+    ----------
+    n_docs : int
+        N, the number of live documents in the collection.
+    df : ndarray, shape (V,), int64, host
+        Document frequency over the whole collection of each term of *this
+        index's* vocabulary (term id = position). A term with df 0 is ignored by
+        searches (a fresh index over the live records would not hold it).
+    avgdl : float
+        Mean document length over the collection, computed as
+        :attr:`CSRIndex.avgdl` computes it (float64 mean; 1.0 when N = 0 or all
+        documents are empty).
+    """
+
+    n_docs: int
+    df: np.ndarray
+    avgdl: float
+
+    @classmethod
+    def of(cls, index: CSRIndex) -> CollectionStats:
+        """The statistics of ``index`` alone."""
+        return cls(index.n_docs, np.asarray(index.df, dtype=np.int64), index.avgdl)
+
+    def check(self, index: CSRIndex) -> None:
+        """Raise ValueError unless these statistics can weight ``index``'s postings.
+
+        A segment with deleted documents may hold more postings of a term than
+        the live collection has documents with it, so df is not compared with the
+        index's own; it must only be a valid df over N documents.
+        """
+        df = np.asarray(self.df)
+        if df.shape != (index.n_terms,):
+            raise ValueError(
+                f"collection df has shape {df.shape} but the index has {index.n_terms} terms: give one df per "
+                "term of the index's vocabulary"
+            )
+        if df.size and (df.min() < 0 or df.max() > self.n_docs):
+            raise ValueError(f"collection df must lie in [0, N={self.n_docs}]")
+        if not np.isfinite(self.avgdl) or self.avgdl <= 0:
+            raise ValueError(f"avgdl must be a positive number, got {self.avgdl!r}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -310,10 +363,8 @@ class PostingWeights:
 
 
 def posting_weights(index: CSRIndex, params: BM25Params, stats=None) -> PostingWeights:
-    """The :class:`PostingWeights` of ``index`` under ``stats`` (a :class:`~gpuir.backends.base.CollectionStats`;
+    """The :class:`PostingWeights` of ``index`` under ``stats`` (a :class:`CollectionStats`;
     default the index's own): :func:`weights_of` applied to every posting at once."""
-    from .base import CollectionStats
-
     stats = CollectionStats.of(index) if stats is None else stats
     V = index.n_terms
     idf, w0 = term_weights(stats.df, stats.n_docs, params)

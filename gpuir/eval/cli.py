@@ -455,7 +455,7 @@ def _run_guarded(func):
             print(f"gpuir eval: error: {_extra_message(e)}", file=sys.stderr)
             return 2
         except OSError as e:  # unreadable data, an output path that cannot be written
-            from gpuir.index.dirlock import os_error_message
+            from gpuir.storage.dirlock import os_error_message
 
             print(f"gpuir eval: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
             return 2

@@ -289,7 +289,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
                select_cost: str | None = None, tolerance: float = 0.0, tune_by: str | None = None,
                cv: str = "auto") -> Run:
     """Run a configuration; with ``tune``, the cross-validated selection of the module docstring."""
-    from .retriever_methods import _per_query
+    from .retriever_methods import per_query
     from .selection import cv_folds, cv_select
 
     t0 = time.perf_counter()
@@ -323,7 +323,7 @@ def config_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config: Re
         cfg = load_named_config(d)
         ranked, scores, info = config_search(ds, queries, k, cfg, backend=backend, progress=progress)
         runs[st], infos[st] = (ranked, scores), info
-        per[st] = _per_query(ds, queries, ranked, metric)[scored]
+        per[st] = per_query(ds, queries, ranked, metric)[scored]
         if select_cost == "escalated":
             esc = info["decisions"].get("escalated")
             if esc is None:

@@ -33,7 +33,7 @@ from ..memory import Memory
 from ..results import padded_arrays
 from .datasets import EvalDataset, EvalQuery
 from .records import dataset_records
-from .runner import Run, _bm25_args, _bm25_from_args, haystack_groups, register_method
+from .runner import Run, bm25_arguments, bm25_from_args, haystack_groups, register_method
 
 _CACHE: dict[tuple, Any] = {}
 
@@ -77,7 +77,7 @@ def _to_run(ds: EvalDataset, res, rows: np.ndarray, ranked: np.ndarray, scores: 
 
 
 @register_method("memory", help="BM25 through gpuir.Memory: one shared memory, questions confined by a where "
-                 "(tenant or ids); equals bm25", add_arguments=_bm25_args, from_args=_bm25_from_args)
+                 "(tenant or ids); equals bm25", add_arguments=bm25_arguments, from_args=bm25_from_args)
 def memory_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                   progress: bool = False, analyzer: Any = "default", variant: str = "lucene", k1: float = 1.2,
                   b: float = 0.75, delta: float = 0.5, batch_size: int = 1024) -> Run:
@@ -111,8 +111,8 @@ def memory_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, back
 
 
 @register_method("memory-tenant", help="BM25 through one gpuir.Memory per tenant (conversation / question "
-                 "haystack): private statistics; equals bm25-private", add_arguments=_bm25_args,
-                 from_args=_bm25_from_args)
+                 "haystack): private statistics; equals bm25-private", add_arguments=bm25_arguments,
+                 from_args=bm25_from_args)
 def memory_tenant_method(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, *, backend: str = "auto",
                          progress: bool = False, analyzer: Any = "default", variant: str = "lucene",
                          k1: float = 1.2, b: float = 0.75, delta: float = 0.5) -> Run:

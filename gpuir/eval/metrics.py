@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..metrics_core import _check_k, _n_rel, ndcg_at_k, recall_at_k, relevance_matrix
+from ..metrics_core import check_k, n_rel, ndcg_at_k, recall_at_k, relevance_matrix
 
 #: Metric families understood by :func:`compute_metrics`.
 METRICS: tuple[str, ...] = (
@@ -54,7 +54,7 @@ def hit_at_k(rel: np.ndarray, k: int) -> np.ndarray:
     -------
     ndarray, shape (B,), float64
     """
-    k = _check_k(rel, k)
+    k = check_k(rel, k)
     return (rel[:, :k] >= 1).any(axis=1).astype(np.float64)
 
 
@@ -65,15 +65,15 @@ def recall_any_at_k(rel: np.ndarray, k: int) -> np.ndarray:
 
 def recall_all_at_k(rel: np.ndarray, ideal: np.ndarray, k: int) -> np.ndarray:
     """1.0 where every relevant document is in the top k (LongMemEval's recall_all@k). Shape (B,), float64."""
-    k = _check_k(rel, k)
+    k = check_k(rel, k)
     found = (rel[:, :k] >= 1).sum(axis=1)
-    n = _n_rel(ideal)
+    n = n_rel(ideal)
     return ((found == n) & (n > 0)).astype(np.float64)
 
 
 def precision_at_k(rel: np.ndarray, k: int) -> np.ndarray:
     """Relevant documents in the top k, divided by k (trec_eval ``P_k``). Shape (B,), float64."""
-    k = _check_k(rel, k)
+    k = check_k(rel, k)
     return (rel[:, :k] >= 1).sum(axis=1) / float(k)
 
 
@@ -84,7 +84,7 @@ def mrr(rel: np.ndarray, k: int | None = None) -> np.ndarray:
     -------
     ndarray, shape (B,), float64
     """
-    r = rel if k is None else rel[:, : _check_k(rel, k)]
+    r = rel if k is None else rel[:, : check_k(rel, k)]
     hit = r >= 1
     first = hit.argmax(axis=1)
     return np.where(hit.any(axis=1), 1.0 / (first + 1.0), 0.0)

@@ -173,7 +173,7 @@ def _ranked(ds: EvalDataset, r: Retriever, nums: np.ndarray, scores: np.ndarray)
     return ranked, np.where(nums >= 0, scores, -np.inf).astype(np.float32)
 
 
-def _per_query(ds: EvalDataset, queries: Sequence[EvalQuery], ranked: np.ndarray, metric: str) -> np.ndarray:
+def per_query(ds: EvalDataset, queries: Sequence[EvalQuery], ranked: np.ndarray, metric: str) -> np.ndarray:
     from .metrics import compute_metrics
 
     idx = ds.doc_index
@@ -248,7 +248,7 @@ def retriever_run(ds: EvalDataset, queries: Sequence[EvalQuery], k: int, config:
             ran = r.search_channels(texts, where=wheres, unit="session", backend=backend)
             for a in ALPHAS:
                 runs[(*key, a)] = _ranked(ds, r, *_arrays(r.fuse_channels(ran, k, weights=(a, 1.0 - a))))
-                per[(*key, a)] = _per_query(ds, queries, runs[(*key, a)][0], metric)[scored]
+                per[(*key, a)] = per_query(ds, queries, runs[(*key, a)][0], metric)[scored]
         lo = leave_one_group_out(per, groups[scored])
         chosen = dict(lo["chosen"])
         ranked, scores = padded_arrays(len(queries), k)

@@ -48,7 +48,6 @@ import numpy as np
 from gpuir.eval.datasets import load_locomo, load_longmemeval
 from gpuir.eval.runner import evaluate, machine_info, save_json
 from gpuir.eval.stats import bootstrap_ci, paired_bootstrap
-from gpuir.index.files import sha256_file
 from gpuir.retrieve.enrich import enrich_text
 from gpuir.retrieve.query_types import (
     LOCOMO_TO_TYPE,
@@ -57,6 +56,7 @@ from gpuir.retrieve.query_types import (
     QueryTypeClassifier,
     regex_query_type,
 )
+from gpuir.storage.files import sha256_file
 
 __all__ = ["cross_validate", "enrichment_effect", "main", "scores"]
 

@@ -185,6 +185,10 @@ def _bm25_from_args(a) -> dict[str, Any]:
     return {"analyzer": a.analyzer, "variant": a.bm25_variant, "k1": a.k1, "b": a.b, "delta": a.delta}
 
 
+#: The BM25 options read back (``from_args`` of the BM25 methods).
+bm25_from_args = _bm25_from_args
+
+
 @register_method("bm25", help="gpuir BM25 (sparse)", add_arguments=_bm25_args, from_args=_bm25_from_args)
 def bm25_method(
     ds: EvalDataset,

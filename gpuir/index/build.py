@@ -24,6 +24,7 @@ from itertools import chain
 
 import numpy as np
 
+from .._compat import numba_available
 from ..analysis import Analyzer
 from ..progress import progress_bar
 from .csr import CSRIndex
@@ -56,7 +57,7 @@ def _chunk_triples(
     return term, doc, tf.astype(np.int32), lens.astype(np.int32)
 
 
-def _compiled(an: Analyzer, compiled: bool | None) -> bool:
+def compiled_build_applies(an: Analyzer, compiled: bool | None) -> bool:
     """Whether to build with :mod:`gpuir.index.compiled_build` (see :func:`build_csr`)."""
     if compiled is False:
         return False
@@ -64,8 +65,6 @@ def _compiled(an: Analyzer, compiled: bool | None) -> bool:
         if compiled:
             raise ValueError(f"compiled=True needs a word-run token pattern, not {an.cfg.pattern!r}")
         return False
-    from ..backends import numba_available
-
     ok, why = numba_available()
     if compiled and not ok:
         raise ValueError(f"compiled=True but {why}: pip install 'gpuir[cpu]', or leave compiled=None")
@@ -133,7 +132,7 @@ def build_csr(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     an = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
-    use_compiled = _compiled(an, compiled)
+    use_compiled = compiled_build_applies(an, compiled)
     total = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
     id_iter: Iterator[str] | None = iter(ids) if ids is not None else None
     user_ids: list[str] = []

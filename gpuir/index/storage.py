@@ -2,7 +2,7 @@
 
 Layout of ``INDEX_DIR`` (format version 2)::
 
-    .gpuir                   marker: this directory is a gpuir index (see gpuir.index.dirlock)
+    .gpuir                   marker: this directory is a gpuir index (see gpuir.storage.dirlock)
     .gpuir.lock              the writers' lock file (never deleted)
     CURRENT                  one line: the name of the live version folder
     v-<time>-<random>/       one complete, immutable version
@@ -20,20 +20,20 @@ generates (``v-YYYYmmddTHHMMSS-<8 hex>``, and ``.tmp-``/``.trash-`` of those,
 
 **Atomicity and one writer.** A save takes the directory's writer lock (an OS
 file lock: a second writer, thread or process, waits up to ``lock_timeout``
-seconds, then gets :class:`~gpuir.index.dirlock.StoreLockedError`), writes a
+seconds, then gets :class:`~gpuir.storage.dirlock.StoreLockedError`), writes a
 new version folder under a temporary name, fsyncs it, renames it into place,
 and only then replaces ``CURRENT`` with ``os.replace`` (atomic) and fsyncs the
 directory. A save interrupted at any point -- an exception, a full disk,
 ``kill -9``, a power cut -- leaves the previous version live and intact; its
 debris is removed by the next save. An operating-system error is a
-:class:`~gpuir.index.dirlock.StoreWriteError` naming the path and the reason,
+:class:`~gpuir.storage.dirlock.StoreWriteError` naming the path and the reason,
 and leaves no partial files.
 
 **Retiring versions; readers never broken.** Versions are immutable. A save
 first retires every version except the live one, then writes the new one: the
 previous version therefore stays until the *next* save, and at most two
 complete versions exist between saves. A version is retired only if no reader
-holds a lease on it (:func:`~gpuir.index.dirlock.retire_dir`); a reader holds a
+holds a lease on it (:func:`~gpuir.storage.dirlock.retire_dir`); a reader holds a
 shared lease from reading ``CURRENT`` until every file is open or mapped
 (:func:`lease_version`). After that, a loaded index needs nothing from the
 directory: memory-mapped files stay readable after they are deleted (POSIX).
@@ -63,8 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from .csr import CSRIndex
-from .dirlock import (
+from ..storage.dirlock import (
     LEASE_NAME,
     LOCK_NAME,
     LeaseUnavailable,
@@ -78,7 +77,8 @@ from .dirlock import (
     retire_dir,
     write_error,
 )
-from .files import fsync_dir, sha256_file
+from ..storage.files import fsync_dir, sha256_file
+from .csr import CSRIndex
 
 FORMAT = "gpuir-csr"
 FORMAT_VERSION = 2

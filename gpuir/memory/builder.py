@@ -30,7 +30,7 @@ from itertools import islice
 import numpy as np
 
 from ..analysis import Analyzer
-from ..index.build import _compiled
+from ..index.build import compiled_build_applies
 from ..index.csr import CSRIndex
 from .columns import Interner, StrArray, TermStrings
 from .records import STRING_FIELDS, RecordBatch
@@ -87,7 +87,7 @@ class SegmentBuilder:
 
     def _setup(self) -> None:
         self._tried = True
-        if _compiled(self.analyzer, None):
+        if compiled_build_applies(self.analyzer, None):
             from ..index.compiled_build import ChunkTokenizer
 
             # the tokenizer assigns new terms ids len(vocab), len(vocab) + 1, ...: the interner's codes

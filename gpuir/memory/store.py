@@ -62,7 +62,7 @@ import numpy as np
 from ..analysis import Analyzer
 from ..backends import resolve_backend
 from ..bm25 import BM25Params
-from ..index.dirlock import WriterLock, check_path, claim_dir, is_claimed
+from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import listing, persist, updates
 from .builder import SegmentBuilder
 from .columns import Interner

@@ -4,8 +4,10 @@
   (plain dataclasses, JSON round trip) and :func:`default_config`.
 * :mod:`~gpuir.retrieve.catalog`: record -> session maps and session documents,
   kept in step with the memory.
-* :mod:`~gpuir.retrieve.channels`: ``bm25``, ``bm25_session``, ``bm25_pool``,
-  ``dense``, ``late``, ``temporal``, ``entity``.
+* :mod:`~gpuir.retrieve.registry`: the channel registry (:func:`register_channel`,
+  the ``gpuir.channels`` entry-point group, the :class:`Channel` interface).
+* :mod:`~gpuir.retrieve.channels`: the built-in channels ``bm25``, ``bm25_session``,
+  ``bm25_pool``, ``dense``, ``late``, ``temporal``, ``entity``, registered like any other.
 * :mod:`~gpuir.retrieve.fanout` (channels in threads), :mod:`~gpuir.retrieve.optimiser`
   (what runs for a query; fusion over what ran), :mod:`~gpuir.retrieve.cascade`,
   :mod:`~gpuir.retrieve.typefilter`, :mod:`~gpuir.retrieve.router`.
@@ -20,14 +22,20 @@ from .._compat import MissingExtra
 from .cascade import choose_tau, choose_tau_per_type
 from .config import CHANNELS, FUSIONS, POOLINGS, ChannelConfig, RetrieverConfig, default_config
 from .embeddings import EmbeddingStore
-from .retriever import UNITS, Retriever, RetrieverResults
+from .registry import Change, Channel, ChannelContext, ChannelRequest, register_channel, unregister_channel
+from .results import RetrieverResults
+from .retriever import UNITS, Retriever
 
 __all__ = [
     "CHANNELS",
     "FUSIONS",
     "POOLINGS",
     "UNITS",
+    "Change",
+    "Channel",
     "ChannelConfig",
+    "ChannelContext",
+    "ChannelRequest",
     "EmbeddingStore",
     "MissingExtra",
     "Retriever",
@@ -36,4 +44,6 @@ __all__ = [
     "choose_tau",
     "choose_tau_per_type",
     "default_config",
+    "register_channel",
+    "unregister_channel",
 ]

@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 
 from ..results import SearchResults
-from .config import ChannelConfig
+from .classify import QueryClassifier
 from .optimiser import fuse_ran
 from .wheres import rows_where
 
-__all__ = ["choose_tau", "choose_tau_per_type", "margins", "run_cascade", "triggered"]
+__all__ = ["Cascade", "choose_tau", "choose_tau_per_type", "margins", "triggered"]
 
 
 def margins(fused: SearchResults) -> np.ndarray:
@@ -105,66 +105,81 @@ def _expand(r: SearchResults, rows: np.ndarray, B: int) -> SearchResults:
     return SearchResults(ids, sc)
 
 
-def run_cascade(retriever, queries: list[str], k: int, where: Any, unit: str, backend: str, anchors: np.ndarray,
-                snap) -> tuple[dict[str, Any], SearchResults, np.ndarray]:
-    """The cascaded search of ``retriever`` (its ``config.cascade``).
+class Cascade:
+    """The cascade of a configuration (its validated ``RetrieverConfig.cascade``) and its query classifier.
 
-    Returns
-    -------
-    (ran, fused, escalated): ``ran`` as :meth:`Retriever.search_channels` (escalation
-    channels' rows empty for queries not escalated), ``fused`` SearchResults (B, k),
-    ``escalated`` ndarray (B,) bool.
+    It composes over a retriever's public search interface: ``config``,
+    ``channels_for``, ``exact_bm25``, ``windows`` and ``run_channels``.
     """
-    cfg = retriever.config
-    casc = cfg.cascade
-    esc_kinds = set(casc["escalate"])
-    chans = retriever.channels_for(unit)
-    cheap = [c for c in chans if c.kind not in esc_kinds]
-    expensive = [c for c in chans if c.kind in esc_kinds]
-    if not cheap:
-        cheap = [ChannelConfig("bm25", depth=100)]
-        chans = cheap + expensive
-    B = len(queries)
-    windows = None
-    if any(c.kind == "temporal" for c in chans):
-        windows = retriever.windows(queries, where, anchors)
-    t0 = time.perf_counter()
-    ran = retriever._run(cheap, queries, where, unit, backend, anchors, snap, windows=windows)
-    notes: list[str] = []
-    cheap_fused = fuse_ran(ran["results"], ran["ran"], max(k, 2), cfg.fusion, [c.weight for c in cheap],
-                           cfg.missing, cfg.k_rrf, notes)
-    margin = margins(cheap_fused)
-    if casc["trigger"] == "per_type" and retriever._cascade_classifier is None:
-        from .classify import QueryClassifier
 
-        retriever._cascade_classifier = QueryClassifier(casc["classifier"])
-    fire = triggered(casc, queries, margin, retriever._cascade_classifier) if expensive else np.zeros(B, bool)
-    timings = dict(ran["timings"])
-    timings["cascade_cheap"] = time.perf_counter() - t0
-    results = {id(c): r for c, r in zip(cheap, ran["results"])}
-    masks = {id(c): ran["ran"][:, j] for j, c in enumerate(cheap)}
-    rows = np.flatnonzero(fire)
-    for c in expensive:
-        results[id(c)] = SearchResults(np.full((B, 1), -1, np.int64), np.full((B, 1), -np.inf, np.float32))
-        masks[id(c)] = np.zeros(B, bool)
-    if rows.size:
-        t1 = time.perf_counter()
-        sub = retriever._run(expensive, [queries[i] for i in rows], rows_where(where, rows.tolist()), unit, backend,
-                             anchors[rows], snap,
-                             windows=None if windows is None else [windows[i] for i in rows])
-        for j, c in enumerate(expensive):
-            results[id(c)] = _expand(sub["results"][j], rows, B)
-            masks[id(c)][rows] = sub["ran"][:, j]
-        timings.update(sub["timings"])
-        timings["cascade_escalate"] = time.perf_counter() - t1
-    full = {**ran, "channels": chans, "results": [results[id(c)] for c in chans],
-            "ran": np.stack([masks[id(c)] for c in chans], axis=1), "timings": timings, "notes": notes,
-            "windows": windows if windows is not None else [None] * B, "margins": margin}
-    t2 = time.perf_counter()
-    fused = fuse_ran(full["results"], full["ran"], k, cfg.fusion, [c.weight for c in chans], cfg.missing,
-                     cfg.k_rrf, notes)
-    timings["fusion"] = time.perf_counter() - t2
-    return full, fused, fire
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self._classifier: QueryClassifier | None = None
+
+    @property
+    def classifier(self) -> QueryClassifier:
+        """The query-type classifier of the ``per_type`` trigger (made on first use)."""
+        if self._classifier is None:
+            self._classifier = QueryClassifier(self.spec["classifier"])
+        return self._classifier
+
+    def run(self, retriever, queries: list[str], k: int, where: Any, unit: str, backend: str, anchors: np.ndarray,
+            snap) -> tuple[dict[str, Any], SearchResults, np.ndarray]:
+        """The cascaded search of ``retriever``.
+
+        Returns
+        -------
+        (ran, fused, escalated): ``ran`` as :meth:`Retriever.search_channels` (escalation
+        channels' rows empty for queries not escalated), ``fused`` SearchResults (B, k),
+        ``escalated`` ndarray (B,) bool.
+        """
+        cfg = retriever.config
+        casc = self.spec
+        esc_kinds = set(casc["escalate"])
+        chans = retriever.channels_for(unit)
+        cheap = [c for c in chans if c.config.kind not in esc_kinds]
+        expensive = [c for c in chans if c.config.kind in esc_kinds]
+        if not cheap:
+            cheap = [retriever.exact_bm25()]
+            chans = cheap + expensive
+        B = len(queries)
+        windows = None
+        if any(getattr(c, "needs_windows", False) for c in chans):
+            windows = retriever.windows(queries, where, anchors)
+        t0 = time.perf_counter()
+        ran = retriever.run_channels(cheap, queries, where, unit, backend, anchors, snap, windows=windows)
+        notes: list[str] = []
+        cheap_fused = fuse_ran(ran["results"], ran["ran"], max(k, 2), cfg.fusion, [c.config.weight for c in cheap],
+                               cfg.missing, cfg.k_rrf, notes)
+        margin = margins(cheap_fused)
+        classifier = self.classifier if casc["trigger"] == "per_type" else None
+        fire = triggered(casc, queries, margin, classifier) if expensive else np.zeros(B, bool)
+        timings = dict(ran["timings"])
+        timings["cascade_cheap"] = time.perf_counter() - t0
+        results = {id(c): r for c, r in zip(cheap, ran["results"])}
+        masks = {id(c): ran["ran"][:, j] for j, c in enumerate(cheap)}
+        rows = np.flatnonzero(fire)
+        for c in expensive:
+            results[id(c)] = SearchResults(np.full((B, 1), -1, np.int64), np.full((B, 1), -np.inf, np.float32))
+            masks[id(c)] = np.zeros(B, bool)
+        if rows.size:
+            t1 = time.perf_counter()
+            sub = retriever.run_channels(expensive, [queries[i] for i in rows], rows_where(where, rows.tolist()), unit,
+                                         backend, anchors[rows], snap,
+                                         windows=None if windows is None else [windows[i] for i in rows])
+            for j, c in enumerate(expensive):
+                results[id(c)] = _expand(sub["results"][j], rows, B)
+                masks[id(c)][rows] = sub["ran"][:, j]
+            timings.update(sub["timings"])
+            timings["cascade_escalate"] = time.perf_counter() - t1
+        full = {**ran, "channels": [c.config for c in chans], "results": [results[id(c)] for c in chans],
+                "ran": np.stack([masks[id(c)] for c in chans], axis=1), "timings": timings, "notes": notes,
+                "windows": windows if windows is not None else [None] * B, "margins": margin}
+        t2 = time.perf_counter()
+        fused = fuse_ran(full["results"], full["ran"], k, cfg.fusion, [c.config.weight for c in chans], cfg.missing,
+                         cfg.k_rrf, notes)
+        timings["fusion"] = time.perf_counter() - t2
+        return full, fused, fire
 
 
 # ---------------------------------------------------------------------------- choosing thresholds

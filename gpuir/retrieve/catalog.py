@@ -179,6 +179,15 @@ class Catalog:
             self.version = snap.version
             return snap
 
+    def keep_sessions(self) -> None:
+        """Keep the session-document memory (the ``bm25_session`` channel asks for it); idempotent."""
+        with self._lock:
+            if self.with_sessions:
+                return
+            self.with_sessions = True
+            if self.members:  # already synced: write every session now
+                self._rewrite_sessions(set(self.members))
+
     def _new_memory(self) -> Memory:
         p = self.memory.params
         return Memory(analyzer=self.analyzer_config, method=p.method, k1=p.k1, b=p.b, delta=p.delta,

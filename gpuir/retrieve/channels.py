@@ -1,6 +1,8 @@
 """Channels: each returns the top ``depth`` candidates of every query as :class:`~gpuir.results.SearchResults`.
 
-Candidates are numbered so that fusion can compare them across channels:
+Each built-in kind is a channel class registered in
+:mod:`gpuir.retrieve.registry` (at the end of this module), exactly as a
+third-party channel is. Candidates are numbered so that fusion can compare them across channels:
 record channels (``bm25``, ``dense``) return record **sequence numbers** (the
 memory's add order, which is also its tie order), session channels
 (``bm25_session``, ``bm25_pool``, ``late``) return **session numbers** of the
@@ -29,6 +31,7 @@ channel applies the same ``where`` (:mod:`gpuir.memory.where`); padding is -1 /
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -36,14 +39,17 @@ import numpy as np
 from ..dense.late_interaction import segment_reduce_numpy
 from ..results import SearchResults, padded_arrays
 from ..topk import topk_pairs
-from .catalog import Catalog
-from .config import ChannelConfig
+from .embeddings import EmbeddingStore
+from .entity_graph import EntityGraph
+from .registry import Change, Channel, ChannelContext, ChannelRequest, register_channel
 from .wheres import and_where, row_where
 
-__all__ = ["entity_channel", "pool_rows", "run_channel", "temporal_channel"]
+__all__ = ["BM25Channel", "BM25PoolChannel", "BM25SessionChannel", "DenseChannel", "EmbeddingResource",
+           "EntityChannel", "EntityGraphResource", "LateChannel", "TemporalChannel", "drop_below", "pool_rows",
+           "ranked_rows", "sorted_rows"]
 
 
-def _sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
+def sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
     """Rows of (number, score) pairs, each sorted by score desc then number asc, cut at ``depth``."""
     width = max([min(depth, n.size) for n in nums] + [1])
     ids, sc = padded_arrays(len(nums), width)
@@ -89,7 +95,7 @@ def pool_rows(sessions: np.ndarray, scores: np.ndarray, op: str, pool_k: int, be
         pooled = segment_reduce_numpy(v[None, :].astype(np.float64), offsets, op, pool_k=pool_k, beta=beta)[0]
         nums.append(uniq.astype(np.int64))
         vals.append(pooled.astype(np.float32))
-    return _sorted_rows(nums, vals, depth)
+    return sorted_rows(nums, vals, depth)
 
 
 def _search_memory(memory, queries: list[str], depth: int, where: Any, backend: str):
@@ -122,65 +128,6 @@ def _rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> Searc
     return SearchResults(ids, sc)
 
 
-def temporal_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
-                     windows: list[Any]) -> SearchResults:
-    """The ``temporal`` channel (module docstring).
-
-    Parameters
-    ----------
-    windows : list of B (TimeWindow or None)
-        Each query's parsed window (None: the query gets an empty row).
-
-    Returns
-    -------
-    SearchResults over record sequence numbers, (B, <= depth); BM25 hits first
-    (score desc, number asc), then the rest of the window by time desc, number asc, score 0.
-    """
-    B = len(queries)
-    keep = [i for i in range(B) if windows[i] is not None and row_where(where, i) is not False]
-    nums = [np.zeros(0, np.int64) for _ in range(B)]
-    vals = [np.zeros(0, np.float32) for _ in range(B)]
-    if keep:
-        wk = [and_where(row_where(where, i), windows[i].where()) for i in keep]
-        records = catalog.records
-        r = records.search([queries[i] for i in keep], k=ch.depth, where=wk, backend=backend,
-                           snapshot=snap if records is catalog.memory else None)
-        seqs = catalog.record_seqs(r)
-        scores = r.scores.astype(np.float32)
-        allowed = catalog.allowed_seqs(snap, wk, len(keep))
-        for j, i in enumerate(keep):
-            ok = seqs[j] >= 0
-            hit, hs = seqs[j][ok], scores[j][ok]
-            a = allowed[j] if allowed[j] is not None else np.zeros(0, np.int64)
-            rest = a[~np.isin(a, hit)]
-            rest = rest[np.lexsort((rest, -catalog.time_of_seq[rest].astype(np.float64)))]
-            nums[i] = np.concatenate([hit, rest]).astype(np.int64)
-            vals[i] = np.concatenate([hs, np.zeros(rest.size, np.float32)])
-    return _rows(nums, vals, ch.depth)
-
-
-def entity_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, graph: Any,
-                   applies: np.ndarray) -> SearchResults:
-    """The ``entity`` channel: :meth:`EntityGraph.score` of each query it ``applies`` to (bool (B,))."""
-    if graph is None:
-        raise ValueError("channel entity needs the retriever's entity graph")
-    B = len(queries)
-    allowed = catalog.allowed_seqs(snap, where, B) if where is not None else [None] * B
-    nums = [np.zeros(0, np.int64) for _ in range(B)]
-    vals = [np.zeros(0, np.float32) for _ in range(B)]
-    for i in np.flatnonzero(applies).tolist():
-        if row_where(where, i) is False:
-            continue
-        hops = 3 if graph.is_multi_hop(queries[i]) else 2
-        seqs, sc = graph.score(queries[i], allowed=allowed[i], max_hops=hops, depth=ch.depth)
-        seqs = np.asarray(seqs, np.int64)
-        sc = np.asarray(sc, np.float32)
-        live = (seqs >= 0) & (seqs < catalog.seq_session.size)
-        live[live] = catalog.seq_session[seqs[live]] >= 0  # records the catalog still holds
-        nums[i], vals[i] = seqs[live], sc[live]
-    return _sorted_rows(nums, vals, ch.depth)
-
-
 def drop_below(res: SearchResults, min_score: float | None) -> SearchResults:
     """``res`` without the candidates scoring below ``min_score`` (each row keeps its order, padded at the end)."""
     if min_score is None:
@@ -195,52 +142,169 @@ def drop_below(res: SearchResults, min_score: float | None) -> SearchResults:
     return SearchResults(ids, sc)
 
 
-def run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
-                qvecs: np.ndarray | None = None, embeddings: Any = None, *, windows: list[Any] | None = None,
-                graph: Any = None, applies: np.ndarray | None = None) -> tuple[SearchResults, Any]:
-    """Run one channel, then drop its candidates below ``ch.min_score`` (see :func:`_run_channel`)."""
-    res, extra = _run_channel(ch, catalog, snap, queries, where, backend, qvecs, embeddings, windows=windows,
-                              graph=graph, applies=applies)
-    return drop_below(res, ch.min_score), extra
+def ranked_rows(rows: Any, unit: str, catalog: Any, allowed: list[np.ndarray | None], depth: int) -> SearchResults:
+    """B lists of ``(id, score)`` pairs (a plug-in channel's answer) as numbered, ordered rows.
 
-
-def _run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], where: Any, backend: str,
-                 qvecs: np.ndarray | None = None, embeddings: Any = None, *, windows: list[Any] | None = None,
-                 graph: Any = None, applies: np.ndarray | None = None) -> tuple[SearchResults, Any]:
-    """Run one channel.
+    Ids the catalog does not hold, and records (sessions: sessions without a record)
+    outside ``allowed``, are dropped; each row is ordered by score descending, then
+    number ascending, and cut at ``depth``.
 
     Parameters
     ----------
-    windows : list of B (TimeWindow or None), optional
-        ``temporal``: each query's window.
-    graph : EntityGraph, optional
-        ``entity``: the retriever's graph.
-    applies : ndarray, shape (B,), bool, optional
-        ``entity``: the queries the channel runs for (default all).
+    rows : sequence of B sequences of (str, float)
+    unit : {"record", "session"}
+    allowed : list of B (ndarray of allowed record sequence numbers, or None: all)
 
     Returns
     -------
-    (SearchResults, extra): ``extra`` is the record-level MemoryResults of
-    ``bm25`` / ``bm25_pool`` (for the best records of session hits), else None.
+    SearchResults over record sequence numbers or session numbers, (B, <= depth).
     """
-    if ch.kind == "temporal":
-        return temporal_channel(ch, catalog, snap, queries, where, backend,
-                                windows if windows is not None else [None] * len(queries)), None
-    if ch.kind == "entity":
-        ap = np.ones(len(queries), bool) if applies is None else np.asarray(applies, bool)
-        return entity_channel(ch, catalog, snap, queries, where, graph, ap), None
-    if ch.kind in ("bm25", "bm25_pool"):
-        records = catalog.records
-        r = records.search(queries, k=ch.depth, where=where, backend=backend,
-                           snapshot=snap if records is catalog.memory else None)
-        seqs = catalog.record_seqs(r)
-        if ch.kind == "bm25":
-            return SearchResults(seqs, r.scores.astype(np.float32)), r
-        sess = np.where(seqs >= 0, catalog.seq_session[np.maximum(seqs, 0)], -1)
-        return pool_rows(sess, r.scores, ch.pooling, ch.pool_k, ch.lse_beta, ch.depth), r
-    if ch.kind == "bm25_session":
-        sw = catalog.session_wheres(snap, where, len(queries))
-        seqs, scores, r = _search_memory(catalog.sessions, queries, ch.depth, sw, backend)
+    rows = list(rows)
+    if len(rows) != len(allowed):
+        raise ValueError(f"a channel returned {len(rows)} ranked lists for {len(allowed)} queries")
+    num_of = catalog.seq_of if unit == "record" else catalog.session_num
+    nums, vals = [], []
+    for row, a in zip(rows, allowed):
+        got: dict[int, float] = {}
+        for pair in row:
+            key, score = pair
+            n = num_of.get(key)
+            if n is None:
+                continue
+            got[n] = max(float(score), got.get(n, -np.inf))
+        n_arr = np.fromiter(got, np.int64, len(got))
+        v_arr = np.fromiter(got.values(), np.float32, len(got))
+        if a is not None and n_arr.size:
+            ok_nums = a if unit == "record" else np.unique(catalog.seq_session[a])
+            keep = np.isin(n_arr, ok_nums)
+            n_arr, v_arr = n_arr[keep], v_arr[keep]
+        ok = np.isfinite(v_arr)
+        nums.append(n_arr[ok])
+        vals.append(v_arr[ok])
+    return sorted_rows(nums, vals, depth)
+
+
+def _record_bm25(catalog, snap, queries: list[str], depth: int, where: Any, backend: str):
+    """Record BM25 of the catalog's record index; (memory sequence numbers (B, depth), MemoryResults)."""
+    records = catalog.records
+    r = records.search(queries, k=depth, where=where, backend=backend,
+                       snapshot=snap if records is catalog.memory else None)
+    return catalog.record_seqs(r), r
+
+
+# ---------------------------------------------------------------------------- shared resources
+
+
+class EmbeddingResource:
+    """The record embeddings the ``dense`` and ``late`` channels share (one store per retriever).
+
+    Synced with the catalog (deleted records forgotten, new ones encoded), saved as
+    ``embeddings.npy`` + ``embedding_ids.json`` in the retriever's folder.
+    """
+
+    def __init__(self, context: ChannelContext):
+        self.context = context
+        self.store = EmbeddingStore(context.encoder)
+
+    def sync(self, change: Change) -> None:
+        cat = change.catalog
+        if change.removed:
+            self.store.discard(change.removed)
+        missing = [rid for rid in cat.seq_of if rid not in self.store.row_of]
+        if missing:
+            enc = self.store.encoder
+            shown = getattr(enc, "show_progress", None)
+            if shown is not None:
+                enc.show_progress = self.context.progress
+            try:
+                self.store.ensure(missing, [cat.text_of[r] for r in missing])
+            finally:
+                if shown is not None:
+                    enc.show_progress = shown
+
+    def save(self, folder) -> None:
+        self.store.save(folder)
+
+    def open(self, folder) -> None:
+        self.store.load(folder)
+
+
+class EntityGraphResource:
+    """The entity graph of the ``entity`` channels, kept in step with the catalog.
+
+    Only added / removed records are touched on a sync; saved as ``entity_graph/``
+    and ``entity_graph_seqs.json`` (the sequence numbers it holds) in the retriever's folder.
+    """
+
+    def __init__(self):
+        self.graph = EntityGraph()
+        self.seqs: set[int] = set()
+
+    def sync(self, change: Change) -> None:
+        cat, g = change.catalog, self.graph
+        gone = [s for s in change.removed_seqs if s in self.seqs]
+        if len(self.seqs) > len(cat.seq_of) + len(gone):  # after open: records deleted meanwhile
+            gone += sorted(self.seqs - set(cat.seq_of.values()) - set(gone))
+        if gone:
+            g.remove(np.asarray(gone, dtype=np.int64))
+            self.seqs.difference_update(gone)
+        new = [rid for rid in change.added if cat.seq_of[rid] not in self.seqs]
+        if new:
+            seqs = np.asarray([cat.seq_of[r] for r in new], dtype=np.int64)
+            g.add(seqs, [cat.text_of[r] for r in new], [cat.speaker_of.get(r) for r in new])
+            self.seqs.update(seqs.tolist())
+
+    def save(self, folder) -> None:
+        self.graph.save(folder / "entity_graph")
+        (folder / "entity_graph_seqs.json").write_text(json.dumps(sorted(self.seqs)), encoding="utf-8")
+
+    def open(self, folder) -> None:
+        if (folder / "entity_graph").exists():
+            self.graph = EntityGraph.load(folder / "entity_graph")
+            held = folder / "entity_graph_seqs.json"
+            self.seqs = set(json.loads(held.read_text(encoding="utf-8"))) if held.exists() else set()
+
+
+# ---------------------------------------------------------------------------- built-in channels
+
+
+class BM25Channel(Channel):
+    """``bm25``: :meth:`Memory.search` at ``depth`` (of the catalog's record index with another analyzer)."""
+
+    unit = "record"
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        seqs, r = _record_bm25(request.catalog, request.snapshot, queries, k, where, request.backend)
+        request.offer_records(self, r)
+        return SearchResults(seqs, r.scores.astype(np.float32))
+
+
+class BM25PoolChannel(Channel):
+    """``bm25_pool``: record BM25 at ``depth``, pooled per session (max / topk mean / lse)."""
+
+    unit = "session"
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        ch, cat = self.config, request.catalog
+        seqs, r = _record_bm25(cat, request.snapshot, queries, k, where, request.backend)
+        request.offer_records(self, r)
+        sess = np.where(seqs >= 0, cat.seq_session[np.maximum(seqs, 0)], -1)
+        return pool_rows(sess, r.scores, ch.pooling, ch.pool_k, ch.lse_beta, k)
+
+
+class BM25SessionChannel(Channel):
+    """``bm25_session``: BM25 over session documents (a session's records as one text)."""
+
+    unit = "session"
+
+    def __init__(self, config, context: ChannelContext):
+        super().__init__(config, context)
+        context.catalog.keep_sessions()
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        cat = request.catalog
+        sw = cat.session_wheres(request.snapshot, where, len(queries))
+        seqs, scores, r = _search_memory(cat.sessions, queries, k, sw, request.backend)
         # session-memory record ids are session ids: map to session numbers
         nums = np.full(seqs.shape, -1, np.int64)
         if r is not None:
@@ -254,30 +318,142 @@ def _run_channel(ch: ChannelConfig, catalog: Catalog, snap, queries: list[str], 
                 for i in rows.tolist():
                     ids_by_row[i] = r.ids(i)
             for i, names in ids_by_row.items():
-                nums[i, : len(names)] = [catalog.session_num[s] for s in names]
-        return SearchResults(nums, scores.astype(np.float32)), None
-    if ch.kind in ("dense", "late"):
-        if qvecs is None or embeddings is None:
-            raise ValueError(f"channel {ch.kind} needs query vectors and record embeddings")
-        allowed = catalog.allowed_seqs(snap, where, len(queries))
-        all_seqs = np.array(sorted(catalog.id_of_seq), dtype=np.int64)
-        nums, vals = [], []
+                nums[i, : len(names)] = [cat.session_num[s] for s in names]
+        return SearchResults(nums, scores.astype(np.float32))
+
+
+class DenseChannel(Channel):
+    """``dense``: cosine of the query and record embeddings, exact, top ``depth``."""
+
+    unit = "record"
+    needs_encoder = True
+
+    def __init__(self, config, context: ChannelContext):
+        super().__init__(config, context)
+        self.embeddings = context.resource("embeddings", lambda: EmbeddingResource(context))
+
+    def _sims(self, request: ChannelRequest, where: Any, n: int):
+        cat, emb = request.catalog, self.embeddings.store
+        qvecs = request.vectors()
+        allowed = cat.allowed_seqs(request.snapshot, where, n)
+        all_seqs = np.array(sorted(cat.id_of_seq), dtype=np.int64)
         for i, a in enumerate(allowed):
             seqs = all_seqs if a is None else a
             if seqs.size == 0:
+                yield seqs, None
+                continue
+            rows = emb.rows([cat.id_of_seq[int(s)] for s in seqs])
+            yield seqs, (emb.vecs[rows] @ qvecs[i]).astype(np.float32)
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        nums, vals = [], []
+        for seqs, sims in self._sims(request, where, len(queries)):
+            nums.append(seqs if sims is not None else np.zeros(0, np.int64))
+            vals.append(sims if sims is not None else np.zeros(0, np.float32))
+        return sorted_rows(nums, vals, k)
+
+
+class LateChannel(DenseChannel):
+    """``late``: the cosines of all allowed records pooled per session, top ``depth`` sessions."""
+
+    unit = "session"
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        ch, cat = self.config, request.catalog
+        nums, vals = [], []
+        for seqs, sims in self._sims(request, where, len(queries)):
+            if sims is None:
                 nums.append(np.zeros(0, np.int64))
                 vals.append(np.zeros(0, np.float32))
                 continue
-            rows = embeddings.rows([catalog.id_of_seq[int(s)] for s in seqs])
-            sims = (embeddings.vecs[rows] @ qvecs[i]).astype(np.float32)
-            if ch.kind == "dense":
-                nums.append(seqs)
-                vals.append(sims)
-            else:
-                sess = catalog.seq_session[seqs]
-                pr = pool_rows(sess[None, :], sims[None, :], ch.pooling, ch.pool_k, ch.lse_beta, ch.depth)
-                ok = pr.ids[0] >= 0
-                nums.append(pr.ids[0][ok])
-                vals.append(pr.scores[0][ok])
-        return _sorted_rows(nums, vals, ch.depth), None
-    raise ValueError(f"unknown channel kind {ch.kind!r}")  # pragma: no cover - config validates
+            sess = cat.seq_session[seqs]
+            pr = pool_rows(sess[None, :], sims[None, :], ch.pooling, ch.pool_k, ch.lse_beta, k)
+            ok = pr.ids[0] >= 0
+            nums.append(pr.ids[0][ok])
+            vals.append(pr.scores[0][ok])
+        return sorted_rows(nums, vals, k)
+
+
+class TemporalChannel(Channel):
+    """``temporal`` (module docstring): BM25 hits inside the query's window first, then the window newest first.
+
+    Returns SearchResults over record sequence numbers, (B, <= depth); BM25 hits
+    first (score desc, number asc), then the rest of the window by time desc, number
+    asc, score 0. A query without a window gets an empty row (the optimiser skips it).
+    """
+
+    unit = "record"
+    needs_windows = True
+
+    def applies(self, request: ChannelRequest) -> np.ndarray:
+        return np.array([w is not None for w in request.windows], bool)
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        cat, snap, windows = request.catalog, request.snapshot, request.windows
+        B = len(queries)
+        keep = [i for i in range(B) if windows[i] is not None and row_where(where, i) is not False]
+        nums = [np.zeros(0, np.int64) for _ in range(B)]
+        vals = [np.zeros(0, np.float32) for _ in range(B)]
+        if keep:
+            wk = [and_where(row_where(where, i), windows[i].where()) for i in keep]
+            seqs, r = _record_bm25(cat, snap, [queries[i] for i in keep], k, wk, request.backend)
+            scores = r.scores.astype(np.float32)
+            allowed = cat.allowed_seqs(snap, wk, len(keep))
+            for j, i in enumerate(keep):
+                ok = seqs[j] >= 0
+                hit, hs = seqs[j][ok], scores[j][ok]
+                a = allowed[j] if allowed[j] is not None else np.zeros(0, np.int64)
+                rest = a[~np.isin(a, hit)]
+                rest = rest[np.lexsort((rest, -cat.time_of_seq[rest].astype(np.float64)))]
+                nums[i] = np.concatenate([hit, rest]).astype(np.int64)
+                vals[i] = np.concatenate([hs, np.zeros(rest.size, np.float32)])
+        return _rows(nums, vals, k)
+
+
+class EntityChannel(Channel):
+    """``entity``: :meth:`EntityGraph.score` of each query naming an entity the graph knows."""
+
+    unit = "record"
+
+    def __init__(self, config, context: ChannelContext):
+        super().__init__(config, context)
+        self.state = context.resource("entity_graph", EntityGraphResource)
+
+    @property
+    def graph(self) -> EntityGraph:
+        return self.state.graph
+
+    def applies(self, request: ChannelRequest) -> np.ndarray:
+        known = request.cache.get("entity_known")
+        if known is None:
+            known = request.cache["entity_known"] = np.array(
+                [bool(self.graph.query_entities(q)) for q in request.queries], bool)
+        return known
+
+    def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
+        cat, graph = request.catalog, self.graph
+        B = len(queries)
+        allowed = cat.allowed_seqs(request.snapshot, where, B) if where is not None else [None] * B
+        nums = [np.zeros(0, np.int64) for _ in range(B)]
+        vals = [np.zeros(0, np.float32) for _ in range(B)]
+        known = self.applies(request)
+        for i in range(B):
+            if row_where(where, i) is False or not known[i]:
+                continue
+            hops = 3 if graph.is_multi_hop(queries[i]) else 2
+            seqs, sc = graph.score(queries[i], allowed=allowed[i], max_hops=hops, depth=k)
+            seqs = np.asarray(seqs, np.int64)
+            sc = np.asarray(sc, np.float32)
+            live = (seqs >= 0) & (seqs < cat.seq_session.size)
+            live[live] = cat.seq_session[seqs[live]] >= 0  # records the catalog still holds
+            nums[i], vals[i] = seqs[live], sc[live]
+        return sorted_rows(nums, vals, k)
+
+
+register_channel("bm25", BM25Channel)
+register_channel("bm25_session", BM25SessionChannel)
+register_channel("bm25_pool", BM25PoolChannel)
+register_channel("dense", DenseChannel)
+register_channel("late", LateChannel)
+register_channel("temporal", TemporalChannel)
+register_channel("entity", EntityChannel)

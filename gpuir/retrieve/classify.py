@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .query_types import QueryTypeClassifier, regex_query_type
+
 __all__ = ["QueryClassifier"]
 
 
@@ -27,13 +29,9 @@ class QueryClassifier:
     def __init__(self, spec: Any):
         self.spec = spec
         if spec == "regex":
-            from .query_types import regex_query_type
-
             self._regex = regex_query_type
             self.model = None
         else:
-            from .query_types import QueryTypeClassifier
-
             self._regex = None
             self.model = QueryTypeClassifier.from_config(spec)
 

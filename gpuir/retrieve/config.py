@@ -21,19 +21,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .registry import CHANNELS, channel_kind
+
 __all__ = ["CHANNELS", "ENRICH_TABLES", "FUSIONS", "POOLINGS", "ROUTER_MODES", "TRIGGERS", "ChannelConfig",
            "RetrieverConfig", "default_config"]
 
-#: Channel kinds and the unit of what each returns.
-CHANNELS: dict[str, str] = {
-    "bm25": "record",  # records, exact BM25 (Memory.search)
-    "bm25_session": "session",  # a session's records concatenated, scored as one document
-    "bm25_pool": "session",  # record BM25 pooled to sessions
-    "dense": "record",  # record embeddings, cosine
-    "late": "session",  # record cosines pooled to sessions
-    "temporal": "record",  # records inside the query's parsed time window (skipped without one)
-    "entity": "record",  # records reachable from the query's entities in the entity graph (skipped without one)
-}
 #: Pooling of record scores to a session score (``bm25_pool``, ``late``).
 POOLINGS: tuple[str, ...] = ("max", "topk", "lse")
 #: Fusion methods (:mod:`gpuir.fusion`); None: a single channel, its scores as they are.
@@ -53,7 +45,7 @@ class ChannelConfig:
     Attributes
     ----------
     kind : str
-        One of :data:`CHANNELS`.
+        A registered kind (:data:`CHANNELS`, :func:`gpuir.retrieve.register_channel`).
     depth : int
         Candidates the channel returns per query (its top-k); for pooled
         channels, the records retrieved before pooling.
@@ -78,8 +70,7 @@ class ChannelConfig:
     min_score: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in CHANNELS:
-            raise ValueError(f"unknown channel kind {self.kind!r}: choose one of {', '.join(CHANNELS)}")
+        channel_kind(self.kind)  # a ValueError naming the registered kinds
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ValueError(f"channel {self.kind}: depth must be a positive integer, got {self.depth!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(
@@ -98,12 +89,12 @@ class ChannelConfig:
     @property
     def unit(self) -> str:
         """``"record"`` or ``"session"``: what the channel ranks."""
-        return CHANNELS[self.kind]
+        return channel_kind(self.kind).unit
 
     @property
     def dense(self) -> bool:
-        """Whether the channel needs embeddings."""
-        return self.kind in ("dense", "late")
+        """Whether the channel needs the encoder (query vectors, record embeddings)."""
+        return channel_kind(self.kind).needs_encoder
 
 
 @dataclass
@@ -198,7 +189,7 @@ class RetrieverConfig:
             return True
         if self.router is not None:
             subs = [*self.router["routes"].values(), self.router["default"] or {}]
-            return any(ch.get("kind") in ("dense", "late") for c in subs for ch in c.get("channels", []))
+            return any(channel_kind(ch["kind"]).needs_encoder for c in subs for ch in c.get("channels", []))
         return False
 
     def to_config(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from ..index.files import fsync_dir, sha256_file
+from ..storage.files import fsync_dir, sha256_file
 
 __all__ = ["COMMON_WORDS", "HOP_SCORES", "EntityGraph", "extract_entities", "is_multi_hop_query"]
 

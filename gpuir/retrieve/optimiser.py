@@ -1,8 +1,9 @@
 """The query optimiser and fusion over what ran.
 
 **What runs.** A channel whose signal is absent for a query is skipped for that
-query: ``temporal`` when no time window was parsed from it, ``entity`` when it
-names no entity the graph knows. Every other channel runs for every query.
+query: each channel says so itself (``Channel.applies``, :mod:`gpuir.retrieve.registry`):
+``temporal`` when no time window was parsed from it, ``entity`` when it names no
+entity the graph knows. Every other built-in channel runs for every query.
 :func:`applies` gives the (B, C) mask.
 
 **Fusion over what ran.** Each query is fused over the channels that ran for
@@ -23,29 +24,33 @@ import numpy as np
 
 from ..fusion import fuse
 from ..results import SearchResults
-from .config import ChannelConfig
 
 __all__ = ["applies", "fuse_ran", "top_rows"]
 
 
-def applies(chans: Sequence[ChannelConfig], queries: Sequence[str], windows: Sequence[Any] | None = None,
-            graph: Any = None) -> np.ndarray:
-    """Which channel runs for which query.
+def applies(chans: Sequence[Any], request: Any) -> np.ndarray:
+    """Which channel runs for which query: each channel's own ``applies(request)`` (None: every query).
+
+    Parameters
+    ----------
+    chans : sequence of C channels (:mod:`gpuir.retrieve.registry`)
+    request : ChannelRequest
+        The search's queries, windows, ... (``request.queries`` has B entries).
 
     Returns
     -------
     ndarray, shape (B, C), bool, host.
     """
-    B = len(queries)
+    B = len(request.queries)
     out = np.ones((B, len(chans)), dtype=bool)
-    known: np.ndarray | None = None
-    for c, ch in enumerate(chans):
-        if ch.kind == "temporal":
-            out[:, c] = [w is not None for w in (windows or [None] * B)]
-        elif ch.kind == "entity":
-            if known is None:
-                known = np.array([graph is not None and bool(graph.query_entities(q)) for q in queries], bool)
-            out[:, c] = known
+    for c, chan in enumerate(chans):
+        fn = getattr(chan, "applies", None)
+        got = None if fn is None else fn(request)
+        if got is not None:
+            got = np.asarray(got, dtype=bool).reshape(-1)
+            if got.shape != (B,):
+                raise ValueError(f"channel {chan.config.kind}: applies() returned {got.shape[0]} flags for {B} queries")
+            out[:, c] = got
     return out
 
 

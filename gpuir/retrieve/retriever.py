@@ -14,13 +14,11 @@ channels).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,61 +27,22 @@ import numpy as np
 from ..memory import Memory
 from ..results import SearchResults
 from .anchors import resolve_at
+from .cascade import Cascade
 from .catalog import Catalog
-from .channels import pool_rows, run_channel
+from .channels import drop_below, pool_rows, ranked_rows
 from .config import ChannelConfig, RetrieverConfig, default_config
-from .embeddings import EmbeddingStore
 from .fanout import run_jobs, stage_names
 from .optimiser import applies, fuse_ran
+from .registry import UNITS, Change, ChannelContext, ChannelRequest, channel_kind
+from .results import RetrieverResults
+from .router import Router
+from .temporal import may_name_time, parse_time_window
+from .typefilter import search_with_widening
 from .wheres import row_where
 
 log = logging.getLogger(__name__)  # gpuir.retrieve.retriever
 
 __all__ = ["UNITS", "Retriever", "RetrieverResults"]
-
-UNITS: tuple[str, ...] = ("record", "session")
-
-
-@dataclass
-class RetrieverResults:
-    """Top-k records or sessions of a batch of queries.
-
-    Attributes
-    ----------
-    unit : {"record", "session"}
-    keys : list of B lists of str
-        Record ids (``unit="record"``) or session ids, best first.
-    scores : ndarray, shape (B, k), float32, host
-        -inf pads.
-    numbers : ndarray, shape (B, k), int64
-        Record sequence numbers or session numbers (-1 pads).
-    meta : dict
-        ``config``, ``channels`` (each channel's SearchResults), ``backend``,
-        ``timings`` ({stage: seconds}, wall clock: each channel, ``fusion``, ``total``, and
-        ``cascade_cheap`` / ``cascade_escalate``, ``widen``, ``route`` where they ran),
-        ``ran`` (ndarray (B, C) bool: which channel ran for which query),
-        ``escalated`` (ndarray (B,) bool), ``route`` (list of B str), ``widened`` (ndarray (B,) bool),
-        ``windows`` (list of B TimeWindow or None), ``notes`` (list of str); with a cascade
-        ``margins`` (ndarray (B,) float64, the cheap fusion's top-1/top-2 margin).
-    """
-
-    unit: str
-    keys: list[list[str]]
-    scores: np.ndarray
-    numbers: np.ndarray
-    _hits: Any
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def ids(self, i: int) -> list[str]:
-        """Record or session ids of query ``i``, best first."""
-        return list(self.keys[i])
-
-    def hits(self, i: int) -> list[dict[str, Any]]:
-        """Query ``i``'s hits: record dicts as :meth:`MemoryResults.hits`, or ``{"session", "score", "records"}``."""
-        return self._hits(i)
 
 
 class Retriever:
@@ -110,32 +69,54 @@ class Retriever:
         self._encoder = encoder
         self.progress = progress
         self._setup()
-        if self.config.needs_encoder and self.router is None:
-            self.embeddings = EmbeddingStore(self.encoder)
         self.sync()
 
     def _setup(self, folder: Path | None = None) -> None:
-        """Catalog, entity graph, router and classifiers of the configuration (no embeddings yet)."""
+        """Catalog, channels (from the registry), router and cascade of the configuration (nothing synced yet)."""
         cfg = self.config
         self._sync_lock = threading.RLock()
-        self.embeddings: EmbeddingStore | None = None
-        self.graph = None
-        self._graph_seqs: set[int] = set()
-        if cfg.router is not None:  # the routes hold the indexes; the outer catalog only follows the memory
-            self.catalog = Catalog(self.memory, with_sessions=False)
-        else:
-            self.catalog = Catalog(self.memory, with_sessions=any(c.kind == "bm25_session" for c in cfg.channels),
-                                   analyzer=cfg.analyzer, enrich=cfg.enrich, with_types=cfg.type_filter is not None)
-        if cfg.router is None and any(c.kind == "entity" for c in cfg.channels):
-            from .entity_graph import EntityGraph
-
-            self.graph = EntityGraph()
+        routed = cfg.router is not None
+        # with a router the routes hold the indexes; the outer catalog only follows the memory
+        self.catalog = Catalog(self.memory, with_sessions=False, analyzer=None if routed else cfg.analyzer,
+                               enrich=None if routed else cfg.enrich,
+                               with_types=not routed and cfg.type_filter is not None)
+        self.context = ChannelContext(self.memory, self.catalog, cfg, lambda: self.encoder, self.progress)
+        #: one channel object per configured channel (``config.channels``), made by the registry's factories
+        self.channels = [] if routed else [self.make_channel(c) for c in cfg.channels]
+        self._exact_bm25 = None
         self.router = None
-        if cfg.router is not None:
-            from .router import Router
+        if routed:
+            self.router = Router(self.memory, cfg, self._route, folder=folder)
+        self.cascade = None if cfg.cascade is None else Cascade(cfg.cascade)
 
-            self.router = Router(self.memory, cfg, encoder=self._encoder, progress=self.progress, folder=folder)
-        self._cascade_classifier = None
+    def make_channel(self, config: ChannelConfig):
+        """A channel object of ``config`` (its kind's registered factory, sharing this retriever's context)."""
+        return channel_kind(config.kind).factory(config, self.context)
+
+    def _route(self, config: RetrieverConfig, folder: Path | None) -> Retriever:
+        """One route of the router: the saved one in ``folder`` when there is one, else a new retriever."""
+        if folder is not None and (Path(folder) / "retriever.json").exists():
+            route = Retriever.open(self.memory, folder, encoder=self._encoder)
+            if route.config != config:
+                raise ValueError(f"{folder}: the saved route is not the configuration's route")
+            return route
+        return Retriever(self.memory, config, encoder=self._encoder, progress=self.progress)
+
+    def _parts(self) -> list[Any]:
+        """What holds state: the shared resources, then the channels (each synced, saved and opened)."""
+        return [*self.context.resources.values(), *self.channels]
+
+    @property
+    def embeddings(self):
+        """The record embeddings (:class:`EmbeddingStore`) of the dense channels, or None."""
+        res = self.context.resources.get("embeddings")
+        return None if res is None else res.store
+
+    @property
+    def graph(self):
+        """The entity graph of the ``entity`` channel, or None."""
+        res = self.context.resources.get("entity_graph")
+        return None if res is None else res.graph
 
     # ------------------------------------------------------------------ configuration
     def to_config(self) -> dict[str, Any]:
@@ -184,11 +165,8 @@ class Retriever:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.config.save(folder / "retriever.json")
-        if self.embeddings is not None:
-            self.embeddings.save(folder)
-        if self.graph is not None:
-            self.graph.save(folder / "entity_graph")
-            (folder / "entity_graph_seqs.json").write_text(json.dumps(sorted(self._graph_seqs)), encoding="utf-8")
+        for part in self._parts():
+            part.save(folder)
         if self.router is not None:
             self.router.save(folder)
         return folder
@@ -207,13 +185,8 @@ class Retriever:
         self = cls.__new__(cls)
         self.memory, self.config, self._encoder, self.progress = memory, config, encoder, False
         self._setup(folder)
-        if config.needs_encoder and self.router is None:
-            self.embeddings = EmbeddingStore(self.encoder)
-            self.embeddings.load(folder)
-        if self.graph is not None and (folder / "entity_graph").exists():
-            self.graph = type(self.graph).load(folder / "entity_graph")
-            held = folder / "entity_graph_seqs.json"
-            self._graph_seqs = set(json.loads(held.read_text(encoding="utf-8"))) if held.exists() else set()
+        for part in self._parts():
+            part.open(folder)
         self.sync()
         return self
 
@@ -224,53 +197,31 @@ class Retriever:
             return self._sync()
 
     def _sync(self):
-        snap = self.catalog.sync()
-        if self.graph is not None:
-            self._sync_graph()
-        if self.embeddings is not None:
-            cat = self.catalog
-            if cat.removed:
-                self.embeddings.discard(cat.removed)
-            missing = [rid for rid in cat.seq_of if rid not in self.embeddings.row_of]
-            if missing:
-                enc = self.embeddings.encoder
-                shown = getattr(enc, "show_progress", None)
-                if shown is not None:
-                    enc.show_progress = self.progress
-                try:
-                    self.embeddings.ensure(missing, [cat.text_of[r] for r in missing])
-                finally:
-                    if shown is not None:
-                        enc.show_progress = shown
+        cat = self.catalog
+        snap = cat.sync()
+        change = Change(cat.added, cat.removed, cat.removed_seqs, cat, snap)
+        for part in self._parts():
+            part.sync(change)
         return snap
 
-    def _sync_graph(self) -> None:
-        """Bring the entity graph in step with the catalog: only added / removed records are touched."""
-        cat, g = self.catalog, self.graph
-        gone = [s for s in cat.removed_seqs if s in self._graph_seqs]
-        if len(self._graph_seqs) > len(cat.seq_of) + len(gone):  # after open: records deleted meanwhile
-            gone += sorted(self._graph_seqs - set(cat.seq_of.values()) - set(gone))
-        if gone:
-            g.remove(np.asarray(gone, dtype=np.int64))
-            self._graph_seqs.difference_update(gone)
-        new = [rid for rid in cat.added if cat.seq_of[rid] not in self._graph_seqs]
-        if new:
-            seqs = np.asarray([cat.seq_of[r] for r in new], dtype=np.int64)
-            g.add(seqs, [cat.text_of[r] for r in new], [cat.speaker_of.get(r) for r in new])
-            self._graph_seqs.update(seqs.tolist())
-
     # ------------------------------------------------------------------ search
-    def channels_for(self, unit: str) -> list[ChannelConfig]:
-        """The channels a search of ``unit`` runs.
+    def channels_for(self, unit: str) -> list[Any]:
+        """The channel objects a search of ``unit`` runs (each with its ``config``).
 
         ``unit="session"``: every channel; record channels are max-pooled to
         sessions. ``unit="record"``: the record channels; a configuration without
         any searches records with exact BM25 alone (the hits of ``Memory.search``).
         """
         if unit == "session":
-            return list(self.config.channels)
-        rec = [c for c in self.config.channels if c.unit == "record"]
-        return rec or [ChannelConfig("bm25", depth=100)]
+            return list(self.channels)
+        rec = [c for c in self.channels if c.config.unit == "record"]
+        return rec or [self.exact_bm25()]
+
+    def exact_bm25(self):
+        """The exact record BM25 channel (depth 100) searched when no record channel is configured."""
+        if self._exact_bm25 is None:
+            self._exact_bm25 = self.make_channel(ChannelConfig("bm25", depth=100))
+        return self._exact_bm25
 
     def search_channels(self, queries: str | Sequence[str], where: Any = None, unit: str = "record",
                         backend: str = "auto", at: Any = None) -> dict[str, Any]:
@@ -293,7 +244,7 @@ class Retriever:
             raise ValueError("this configuration routes every query (router): use search(), or search_channels() "
                              "of one route (retriever.router.routes[name])")
         snap = self.sync()
-        return self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
+        return self.run_channels(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
 
     def windows(self, queries: Sequence[str], where: Any, anchors: np.ndarray) -> list[Any]:
         """Each query's parsed time window (:func:`gpuir.retrieve.temporal.parse_time_window`), or None.
@@ -301,8 +252,6 @@ class Retriever:
         Relative expressions are anchored at ``anchors[i]`` (epoch ms); "since we last
         talked" sees the start times of the sessions of the query's tenant that began before it.
         """
-        from .temporal import may_name_time, parse_time_window  # lazily: dateparser is the routing extra
-
         out = []
         for i, q in enumerate(queries):
             if not may_name_time(q):  # most questions: no session scan, no parse
@@ -316,18 +265,31 @@ class Retriever:
             out.append(parse_time_window(q, int(anchors[i]), times))
         return out
 
-    def _run(self, chans: list[ChannelConfig], queries: list[str], where: Any, unit: str, backend: str,
-             anchors: np.ndarray, snap, windows: list[Any] | None = None) -> dict[str, Any]:
-        """Run ``chans`` for ``queries`` (fan-out, the optimiser's skips), unfused."""
+    def run_channels(self, chans: Sequence[Any], queries: list[str], where: Any, unit: str, backend: str,
+                     anchors: np.ndarray, snap, windows: list[Any] | None = None) -> dict[str, Any]:
+        """Run the channel objects ``chans`` for ``queries`` (fan-out, the optimiser's skips), unfused.
+
+        Parameters
+        ----------
+        chans : list of channels (from :meth:`channels_for` or :meth:`make_channel`)
+        where : None, dict, or list of B (dict or None)
+        anchors : ndarray, shape (B,), int64 (epoch ms)
+        snap : the snapshot of :meth:`sync`
+        windows : list of B (TimeWindow or None), optional
+            Parsed here when a channel needs them and they are not given.
+
+        Returns
+        -------
+        dict as :meth:`search_channels`.
+        """
         timings: dict[str, float] = {}
         B = len(queries)
         if windows is None:
             windows = [None] * B
-            if any(c.kind == "temporal" for c in chans):
+            if any(getattr(c, "needs_windows", False) for c in chans):
                 t0 = time.perf_counter()
                 windows = self.windows(queries, where, anchors)
                 timings["time_parse"] = time.perf_counter() - t0
-        mask = applies(chans, queries, windows, self.graph)
         lock, box = threading.Lock(), {}
 
         def qvecs():
@@ -338,31 +300,37 @@ class Retriever:
                     box["s"] = time.perf_counter() - t0
                 return box["q"]
 
-        def job(j: int, ch: ChannelConfig):
+        request = ChannelRequest(queries, where, anchors, backend, snap, self.catalog, unit, windows, qvecs)
+        mask = applies(chans, request)
+        cat = self.catalog
+
+        def job(j: int, chan: Any):
+            ch = chan.config
+
             def run():
-                res, extra = run_channel(ch, self.catalog, snap, queries, where, backend,
-                                         qvecs() if ch.dense else None, self.embeddings, windows=windows,
-                                         graph=self.graph, applies=mask[:, j])
+                out = chan.search(queries, ch.depth, where, anchors, request)
+                if not isinstance(out, SearchResults):  # B lists of (id, score): a plug-in channel
+                    allowed = cat.allowed_seqs(snap, where, B) if where is not None else [None] * B
+                    out = ranked_rows(out, ch.unit, cat, allowed, ch.depth)
+                res = drop_below(out, ch.min_score)
                 if unit == "session" and ch.unit == "record":
-                    sess = np.where(res.ids >= 0, self.catalog.seq_session[np.maximum(res.ids, 0)], -1)
+                    sess = np.where(res.ids >= 0, cat.seq_session[np.maximum(res.ids, 0)], -1)
                     res = pool_rows(sess, res.scores, "max", 1, 1.0, ch.depth)
                 if not mask[:, j].all():  # a skipped query's row is empty whatever the channel returned
                     keep = mask[:, j][:, None]
                     res = SearchResults(np.where(keep, res.ids, -1), np.where(keep, res.scores, -np.inf))
-                return res, extra
+                return res
             return run
 
-        if any(ch.dense and mask[:, j].any() for j, ch in enumerate(chans)):
+        if any(getattr(c, "needs_encoder", False) and mask[:, j].any() for j, c in enumerate(chans)):
             qvecs()  # in this thread: the encoder's SQLite cache may be used only by the thread that opened it
-        outs, secs = run_jobs([job(j, ch) for j, ch in enumerate(chans)], parallel=self.config.parallel)
-        timings.update(zip(stage_names([c.kind for c in chans]), secs))
+        results, secs = run_jobs([job(j, c) for j, c in enumerate(chans)], parallel=self.config.parallel)
+        timings.update(zip(stage_names([c.config.kind for c in chans]), secs))
         if "s" in box:
             timings["encode_queries"] = box["s"]
-        results = [r for r, _ in outs]
-        records = next((x for _, x in outs if x is not None), None)
-        return {"queries": queries, "unit": unit, "channels": chans, "results": results, "records": records,
-                "snapshot": snap, "where": where, "backend": backend, "ran": mask, "windows": windows,
-                "anchors": anchors, "timings": timings}
+        return {"queries": queries, "unit": unit, "channels": [c.config for c in chans], "results": results,
+                "records": next((request.offered[id(c)] for c in chans if id(c) in request.offered), None), "snapshot": snap, "where": where, "backend": backend,
+                "ran": mask, "windows": windows, "anchors": anchors, "timings": timings}
 
     def fuse_channels(self, ran: dict[str, Any], k: int, weights: Sequence[float] | None = None) -> SearchResults:
         """Fuse what :meth:`search_channels` returned (``weights`` override the configured ones).
@@ -415,11 +383,11 @@ class Retriever:
         if self.router is not None:
             res = self.router.search(queries, int(k), where, unit, backend, anchors)
         elif self.config.type_filter is not None:
-            from .typefilter import search_with_widening
-
-            res = search_with_widening(self, queries, int(k), where, unit, backend, anchors)
+            res = search_with_widening(self.search_fused, self.sync, self.catalog.type_of,
+                                       self.config.type_filter["min_results"], queries, int(k), where, unit,
+                                       backend, anchors)
         else:
-            res = self._search_core(queries, int(k), where, unit, backend, anchors)
+            res = self.search_fused(queries, int(k), where, unit, backend, anchors)
         res.meta["timings"]["total"] = time.perf_counter() - t0
         log.debug("searched %d queries (k=%d, unit=%s) in %.4f s: %s", len(queries), k, unit,
                   res.meta["timings"]["total"], {s: round(v, 4) for s, v in res.meta["timings"].items()})
@@ -427,16 +395,18 @@ class Retriever:
             res.meta["config"] = self.to_config()
         return res
 
-    def _search_core(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
+    def search_fused(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
                      anchors: np.ndarray) -> RetrieverResults:
-        """One search without router or type filter: the cascade when configured, else every channel."""
-        snap = self.sync()
-        if self.config.cascade is not None:
-            from .cascade import run_cascade
+        """One search without router or type filter: the cascade when configured, else every channel, fused.
 
-            ran, fused, escalated = run_cascade(self, queries, k, where, unit, backend, anchors, snap)
+        What the type filter wraps (:mod:`gpuir.retrieve.typefilter`); ``anchors`` as
+        :func:`gpuir.retrieve.anchors.resolve_at` returns them.
+        """
+        snap = self.sync()
+        if self.cascade is not None:
+            ran, fused, escalated = self.cascade.run(self, queries, k, where, unit, backend, anchors, snap)
         else:
-            ran = self._run(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
+            ran = self.run_channels(self.channels_for(unit), queries, where, unit, backend, anchors, snap)
             fused = self.fuse_channels(ran, k)
             escalated = np.zeros(len(queries), bool)
         res = self.results(ran, fused)
@@ -482,7 +452,7 @@ class Retriever:
                         if cat.enrich is not None and h["id"] in cat.text_of:
                             h = {**h, "text": cat.text_of[h["id"]]}  # the raw text, not the enriched index's
                         best[sess].append(h)
-            return [{"session": s, "score": float(sc), "records": best.get(s, [])}
+            return [{"id": s, "session": s, "score": float(sc), "records": best.get(s, [])}
                     for s, sc in zip(keys[i], fused.scores[i].tolist())]
 
         return RetrieverResults(unit, keys, fused.scores.astype(np.float32), fused.ids.astype(np.int64),

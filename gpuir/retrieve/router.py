@@ -24,10 +24,16 @@ saved in ``route_<n>/`` beside the outer configuration.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .classify import QueryClassifier
+from .config import RetrieverConfig
+from .results import RetrieverResults
+from .wheres import rows_where
 
 __all__ = ["SOFT_DEPTH", "Router"]
 
@@ -43,15 +49,14 @@ class Router:
     memory : Memory
     config : RetrieverConfig
         With ``router`` set.
-    encoder : optional, shared by the routes.
+    build : callable ``(RetrieverConfig, folder or None) -> Retriever``
+        Makes one route (opened from ``folder`` when a route was saved there).
     folder : Path, optional
         A saved retriever's folder: routes saved there are opened (nothing re-encoded).
     """
 
-    def __init__(self, memory, config, encoder: Any = None, progress: bool = False, folder: Path | None = None):
-        from .config import RetrieverConfig
-        from .retriever import Retriever
-
+    def __init__(self, memory, config, build: Callable[[RetrieverConfig, Path | None], Any],
+                 folder: Path | None = None):
         spec = config.router
         self.spec = spec
         self.mode = spec["mode"]
@@ -69,12 +74,10 @@ class Router:
             same = next((r for cc, r in built if cc == c), None)
             if same is None:
                 sub = None if folder is None else Path(folder) / f"route_{len(built)}"
-                if sub is not None and (sub / "retriever.json").exists():
-                    same = Retriever.open(memory, sub, encoder=encoder)
-                    if same.config != RetrieverConfig.from_config(c):
-                        raise ValueError(f"{sub}: the saved route is not the configuration's route {name!r}")
-                else:
-                    same = Retriever(memory, RetrieverConfig.from_config(c), encoder=encoder, progress=progress)
+                try:
+                    same = build(RetrieverConfig.from_config(c), sub)
+                except ValueError as e:
+                    raise ValueError(f"route {name!r}: {e}") from None
                 built.append((c, same))
             self.routes[name] = same
         self._classifier = None
@@ -82,8 +85,6 @@ class Router:
     @property
     def classifier(self):
         if self._classifier is None:
-            from .classify import QueryClassifier
-
             self._classifier = QueryClassifier(self.spec["classifier"])
         return self._classifier
 
@@ -125,14 +126,10 @@ class Router:
         return res
 
     def _run_route(self, name: str, rows: np.ndarray, queries, k, where, unit, backend, anchors):
-        from .wheres import rows_where
-
         return self.routes[name].search([queries[i] for i in rows], k=k, where=rows_where(where, rows.tolist()),
                                         unit=unit, backend=backend, at=[int(a) for a in anchors[rows]])
 
     def _discrete(self, queries, k, where, unit, backend, anchors, names):
-        from .retriever import RetrieverResults
-
         B = len(queries)
         keys: list[list[str]] = [[] for _ in range(B)]
         scores = np.full((B, k), -np.inf, np.float32)
@@ -160,8 +157,6 @@ class Router:
         return RetrieverResults(unit, keys, scores, numbers, hits, meta)
 
     def _soft(self, queries, k, where, unit, backend, anchors, weights):
-        from .retriever import RetrieverResults
-
         B = len(queries)
         depth = max(k, SOFT_DEPTH)
         per_route: list[tuple[int, np.ndarray, Any]] = []

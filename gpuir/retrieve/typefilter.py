@@ -17,10 +17,13 @@ query without a hint is searched unfiltered from the start.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .query_types import type_hint
+from .results import RetrieverResults
 from .wheres import and_where, row_where
 
 __all__ = ["search_with_widening", "type_hints", "typed_wheres"]
@@ -28,15 +31,16 @@ __all__ = ["search_with_widening", "type_hints", "typed_wheres"]
 
 def type_hints(queries: list[str]) -> list[str | None]:
     """Each query's type hint (:func:`gpuir.retrieve.query_types.type_hint`)."""
-    from .query_types import type_hint
-
     return [type_hint(q) for q in queries]
 
 
-def typed_wheres(catalog, where: Any, hints: list[str | None]) -> list[Any]:
-    """Each query's ``where`` AND "the record's type is its hint" (unchanged where the hint is None)."""
+def typed_wheres(type_of: dict[str, str], where: Any, hints: list[str | None]) -> list[Any]:
+    """Each query's ``where`` AND "the record's type is its hint" (unchanged where the hint is None).
+
+    ``type_of`` maps each live record id to its type (the catalog's ``type_of``).
+    """
     by_type: dict[str, list[str]] = {}
-    for rid, t in catalog.type_of.items():
+    for rid, t in type_of.items():
         by_type.setdefault(t, []).append(rid)
     out = []
     for i, h in enumerate(hints):
@@ -46,8 +50,6 @@ def typed_wheres(catalog, where: Any, hints: list[str | None]) -> list[Any]:
 
 
 def _truncate(res, k: int):
-    from .retriever import RetrieverResults
-
     base = res
     return RetrieverResults(res.unit, [row[:k] for row in res.keys], res.scores[:, :k], res.numbers[:, :k],
                             lambda i: base.hits(i)[:k], res.meta)
@@ -55,8 +57,6 @@ def _truncate(res, k: int):
 
 def _replace_rows(res, other, rows: np.ndarray):
     """``res`` with rows ``rows`` taken from ``other`` (``other`` row j is ``res`` row rows[j])."""
-    from .retriever import RetrieverResults
-
     at = {int(i): j for j, i in enumerate(rows.tolist())}
     keys = [other.keys[at[i]] if i in at else kk for i, kk in enumerate(res.keys)]
     scores, numbers = res.scores.copy(), res.numbers.copy()
@@ -68,34 +68,45 @@ def _replace_rows(res, other, rows: np.ndarray):
     return RetrieverResults(res.unit, keys, scores, numbers, hits, res.meta)
 
 
-def search_with_widening(retriever, queries: list[str], k: int, where: Any, unit: str, backend: str,
-                         anchors: np.ndarray):
-    """The retriever's search under the type filter, widened per query (module docstring).
+def search_with_widening(search: Callable[..., RetrieverResults], sync: Callable[[], Any], type_of: dict[str, str],
+                         min_results: int, queries: list[str], k: int, where: Any, unit: str, backend: str,
+                         anchors: np.ndarray) -> RetrieverResults:
+    """A search under the type filter, widened per query (module docstring).
+
+    Parameters
+    ----------
+    search : callable ``(queries, k, where, unit, backend, anchors) -> RetrieverResults``
+        The search it wraps (:meth:`Retriever.search_fused`).
+    sync : callable
+        Brings ``type_of`` up to date (:meth:`Retriever.sync`).
+    type_of : dict str -> str
+        Each live record's type (the catalog's, updated in place by ``sync``).
+    min_results : int
+        Fewer surviving results than this widen a query.
 
     Returns
     -------
     RetrieverResults, (B, k); ``meta["widened"]`` ndarray (B,) bool, ``meta["type_hints"]``
     list of B (str or None), ``meta["timings"]["widen"]`` when a query was widened.
     """
-    retriever.sync()
-    min_results = retriever.config.type_filter["min_results"]
+    sync()
     hints = type_hints(queries)
     hinted = np.array([h is not None for h in hints], bool)
     if not hinted.any():
-        res = retriever._search_core(queries, k, where, unit, backend, anchors)
+        res = search(queries, k, where, unit, backend, anchors)
         res.meta["type_hints"] = hints
         return res
-    wheres = typed_wheres(retriever.catalog, where, hints)
-    first = retriever._search_core(queries, max(k, min_results), wheres, unit, backend, anchors)
+    wheres = typed_wheres(type_of, where, hints)
+    first = search(queries, max(k, min_results), wheres, unit, backend, anchors)
     counts = (first.numbers >= 0).sum(axis=1)
     widen = hinted & (counts < min_results)
     res = _truncate(first, k)
     if widen.any():
         t0 = time.perf_counter()
         rows = np.flatnonzero(widen)
-        again = retriever._search_core([queries[i] for i in rows], k,
-                                       [row_where(where, i) for i in rows.tolist()] if where is not None else None,
-                                       unit, backend, anchors[rows])
+        again = search([queries[i] for i in rows], k,
+                       [row_where(where, i) for i in rows.tolist()] if where is not None else None,
+                       unit, backend, anchors[rows])
         res = _replace_rows(res, again, rows)
         res.meta["timings"]["widen"] = time.perf_counter() - t0
         esc = np.asarray(res.meta["escalated"]).copy()

@@ -45,18 +45,12 @@ from typing import Any, Literal
 from ..memory import RecordError, WhereError
 from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
-from .body import BodyError, parse_body
+from .body import BodyError
+from .errors import ConflictError, StoreFailedError, TenantError, WriteFailedError, check_tenant, external_hit
+from .http import detail_422, field_error, force_tenant, openapi_body, read_body, write_failed
 from .keys import OPERATOR, KeyFileError, KeyStore, parse_key
 from .ratelimit import RateLimiter
-from .store import (
-    ConflictError,
-    ServiceStore,
-    StoreFailedError,
-    TenantError,
-    WriteFailedError,
-    check_tenant,
-    external_hit,
-)
+from .store import ServiceStore
 
 try:
     import prometheus_client as prom
@@ -163,33 +157,6 @@ class SearchResponse(BaseModel):
 
 class DeleteResponse(BaseModel):
     deleted: int
-
-
-def _write_failed(e: Exception) -> HTTPException:
-    """507 when the disk is full (retry later: nothing was stored), 503 for another failure to write."""
-    status = 507 if isinstance(e, WriteFailedError) and e.no_space else 503
-    return HTTPException(status, str(e), headers={"Retry-After": "5"})
-
-
-def _field_error(loc: list[Any], msg: str, kind: str = "value_error") -> JSONResponse:
-    return _detail_422([{"loc": ["body", *loc], "msg": msg, "type": kind}])
-
-
-def _detail_422(detail: list[dict[str, Any]]) -> Response:
-    # ensure_ascii: a message quoting a client's string can never fail to encode
-    return Response(json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode(), status_code=422,
-                    media_type="application/json")
-
-
-async def _body(request: Request, model):
-    """The request's body as ``model`` (strict JSON: :mod:`gpuir.service.body`), read after authentication."""
-    return parse_body(await request.body(), request.headers.get("content-type"), model)
-
-
-def _openapi_body(model) -> dict[str, Any]:
-    """The OpenAPI ``requestBody`` of a route that reads its body itself (after the key check)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
 
 
 def _split(queries: list[str], terms: list[int], wheres: list[Any], max_queries: int, max_terms: int):
@@ -394,15 +361,6 @@ class Service:
         return run
 
 
-def _force_tenant(where: dict[str, Any] | None, tenant: str, loc: list[Any]) -> dict[str, Any]:
-    w = dict(where or {})
-    if "tenant" in w and w["tenant"] not in (tenant, {"eq": tenant}):
-        raise TenantError(f"{'.'.join(map(str, loc))}.tenant names another tenant than {tenant!r}: "
-                          "a key may search only its own tenant")
-    w["tenant"] = tenant
-    return w
-
-
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
                backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
@@ -482,45 +440,45 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         return got is not None
 
     @app.post("/v1/tenants/{tenant}/records", response_model=AddResponse, summary="Add records (durable on reply)",
-              openapi_extra=_openapi_body(AddRequest))
+              openapi_extra=openapi_body(AddRequest))
     async def add_records(request: Request, tenant: str = Depends(authorize)):
         try:
-            body = await _body(request, AddRequest)
+            body = await read_body(request, AddRequest)
         except BodyError as e:
-            return _detail_422(e.detail)
+            return detail_422(e.detail)
         recs = [r.model_dump(exclude_none=True) for r in body.records]
         try:
             fut = svc.store.add(tenant, recs, time_unit=body.time_unit)
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
         except RecordError as e:
-            return _field_error(["records"], str(e))
+            return field_error(["records"], str(e))
         except StoreFailedError as e:
-            raise _write_failed(e) from None
+            raise write_failed(e) from None
         try:
             n = await asyncio.wrap_future(fut)
         except ConflictError as e:
             raise HTTPException(409, str(e)) from None
         except (WriteFailedError, StoreFailedError) as e:
-            raise _write_failed(e) from None
+            raise write_failed(e) from None
         return {"added": n}
 
     @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records",
-              openapi_extra=_openapi_body(SearchRequest))
+              openapi_extra=openapi_body(SearchRequest))
     async def search(request: Request, tenant: str = Depends(authorize)):
         try:
-            body = await _body(request, SearchRequest)
+            body = await read_body(request, SearchRequest)
         except BodyError as e:
-            return _detail_422(e.detail)
+            return detail_422(e.detail)
         B = len(body.queries)
         lim = svc.limits
         if B * body.k > lim.max_hits:
-            return _field_error(["k"], f"{B} queries x k={body.k} asks for {B * body.k:,} hits, over the limit of "
+            return field_error(["k"], f"{B} queries x k={body.k} asks for {B * body.k:,} hits, over the limit of "
                                        f"{lim.max_hits:,} per request: send fewer queries or a smaller k",
                                 "limit_exceeded")
         terms = [len(WORD_RE.findall(q)) for q in body.queries]
         if sum(terms) > lim.max_query_terms:
-            return _field_error(["queries"], f"the queries hold {sum(terms):,} terms, over the limit of "
+            return field_error(["queries"], f"the queries hold {sum(terms):,} terms, over the limit of "
                                              f"{lim.max_query_terms:,} per request: split the request",
                                 "limit_exceeded")
         try:
@@ -528,22 +486,22 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
                 body.where = with_time_unit(body.where, body.time_unit)
             if isinstance(body.where, list):
                 if len(body.where) != B:
-                    return _field_error(["where"], f"{len(body.where)} filters for {B} queries: give one per "
+                    return field_error(["where"], f"{len(body.where)} filters for {B} queries: give one per "
                                                    "query, or a single object for all")
-                wheres = [_force_tenant(w, tenant, ["where", i]) for i, w in enumerate(body.where)]
+                wheres = [force_tenant(w, tenant, ["where", i]) for i, w in enumerate(body.where)]
             else:
-                wheres = [_force_tenant(body.where, tenant, ["where"])] * B
+                wheres = [force_tenant(body.where, tenant, ["where"])] * B
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
         except (WhereError, RecordError) as e:
-            return _field_error(["where"], str(e))
+            return field_error(["where"], str(e))
         if body.config is None:
             key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
             try:
                 key, fn, inline = body.config, svc.retriever_fn(body.config), False
             except (LookupError, ValueError, TypeError) as e:
-                return _field_error(["config"], str(e).strip("'\""))
+                return field_error(["config"], str(e).strip("'\""))
         rows: list[list[dict[str, Any]]] = []
         try:
             # a large request in chunks: each is one scorer call (batched with others), and the event loop
@@ -551,7 +509,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             for qs, ws, t in _split(body.queries, terms, wheres, svc.max_batch, lim.batch_terms):
                 rows += await svc.batcher.search(key, fn, qs, body.k, ws, inline=inline, terms=t)
         except (WhereError, RecordError) as e:
-            return _field_error(["where"], str(e))
+            return field_error(["where"], str(e))
         for row in rows:
             for h in row:
                 if not math.isfinite(h["score"]):
@@ -562,7 +520,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         data = json.dumps({"results": [{"hits": row} for row in rows]}, ensure_ascii=False,
                           separators=(",", ":")).encode("utf-8")
         if len(data) > lim.max_response_bytes:
-            return _field_error(["k"], f"the answer would be {len(data):,} bytes, over the limit of "
+            return field_error(["k"], f"the answer would be {len(data):,} bytes, over the limit of "
                                        f"{lim.max_response_bytes:,} per reply: send fewer queries or a smaller k",
                                 "limit_exceeded")
         return Response(data, media_type="application/json")
@@ -583,7 +541,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             return JSONResponse({"detail": [{"loc": ["path", "id"], "msg": str(e), "type": "value_error"}]},
                                 status_code=422)
         except (WriteFailedError, StoreFailedError) as e:
-            raise _write_failed(e) from None
+            raise write_failed(e) from None
         if not n:
             raise HTTPException(404, f"no record {id!r} in tenant {tenant!r}")
         return {"deleted": n}

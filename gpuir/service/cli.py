@@ -135,7 +135,7 @@ def _server_class(uvicorn):
 def _cmd_keys(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..index.dirlock import claim_dir
+    from ..storage.dirlock import claim_dir
     from .keys import KeyStore
 
     root = Path(args.memory_dir)
@@ -143,7 +143,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         if (args.tenant is None) == (not args.operator):
             raise InputError("give a TENANT, or --operator for an operator key (not both)")
         if args.tenant is not None:
-            from .store import check_tenant
+            from .errors import check_tenant
 
             check_tenant(args.tenant)  # before the directory is claimed
         claim_dir(root, "memory", mode=0o700)  # a new directory becomes the (empty) memory `gpuir serve` creates
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as e:
-        from ..index.dirlock import os_error_message
+        from ..storage.dirlock import os_error_message
 
         print(f"gpuir {args.command}: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
         return 2

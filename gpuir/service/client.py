@@ -31,6 +31,7 @@ except ImportError as e:  # pragma: no cover
     raise ImportError("the memory service client needs httpx: pip install 'gpuir[service]'") from e
 
 from ..memory.listing import Page
+from ..results import HitLists
 from .keys import tenant_of_key
 
 #: Connection limits of a client's own pool: an agent calls its memory every few seconds, so an idle
@@ -137,11 +138,14 @@ class MemoryClient(_Base):
         return int(_check(self._http.post(f"{self._prefix}/records", json=_add_body(records, time_unit)))["added"])
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
-               min_score: float | None = None, time_unit: str | None = None) -> list[list[dict[str, Any]]]:
-        """One list of hits per query (dicts with ``id``, ``score``, ``text`` and the record's fields)."""
+               min_score: float | None = None, time_unit: str | None = None) -> HitLists:
+        """One list of hits per query (dicts with ``id``, ``score``, ``text`` and the record's fields).
+
+        A :class:`~gpuir.results.HitLists`: ``res[i]`` / ``res.hits(i)`` and ``res.ids(i)``, as every search of gpuir.
+        """
         body = _search_body(queries, k, where, config, min_score, time_unit)
         out = _check(self._http.post(f"{self._prefix}/search", json=body))
-        return [r["hits"] for r in out["results"]]
+        return HitLists(r["hits"] for r in out["results"])
 
     def update(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
                time_unit: str | None = None) -> int:
@@ -256,10 +260,10 @@ class AsyncMemoryClient(_Base):
         return int(_check(r)["added"])
 
     async def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
-                     min_score: float | None = None, time_unit: str | None = None) -> list[list[dict[str, Any]]]:
+                     min_score: float | None = None, time_unit: str | None = None) -> HitLists:
         body = _search_body(queries, k, where, config, min_score, time_unit)
         r = await self._http.post(self._url(f"{self._prefix}/search"), json=body, headers=self._headers)
-        return [x["hits"] for x in _check(r)["results"]]
+        return HitLists(x["hits"] for x in _check(r)["results"])
 
     async def update(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
                      time_unit: str | None = None) -> int:

@@ -36,8 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..index.files import fsync_dir
-from .store import TENANT_RE, check_tenant
+from ..storage.files import fsync_dir
+from .errors import TENANT_RE, check_tenant
 
 KEYS_FILE = "service-keys.json"
 FORMAT = "gpuir-service-keys"

@@ -32,7 +32,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..memory import RecordError, WhereError
-from .store import SEP, ConflictError, NotFoundError, StoreFailedError, TenantError, WriteFailedError, external_hit
+from .body import BodyError
+from .errors import SEP, ConflictError, NotFoundError, StoreFailedError, TenantError, WriteFailedError, external_hit
+from .http import detail_422, force_tenant, openapi_body, read_body, write_failed
 
 TimeUnit = Literal["s", "ms", "us", "ns"]
 
@@ -85,8 +87,6 @@ def _external_record(obj: dict[str, Any]) -> dict[str, Any]:
 
 def records_router(svc: Any, authorize: Any) -> APIRouter:
     """The routes of this module over the service ``svc``, each behind ``authorize`` (the tenant's key)."""
-    from .app import _body, _detail_422, _force_tenant, _openapi_body, _write_failed
-    from .body import BodyError
 
     r = APIRouter()
 
@@ -96,7 +96,7 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         except ValueError as e:
             raise HTTPException(422, [{"loc": ["query", "where"], "msg": str(e), "type": "value_error"}]) from None
         try:
-            return _force_tenant(w, tenant, ["where"])
+            return force_tenant(w, tenant, ["where"])
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
 
@@ -141,7 +141,7 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         except RecordError as e:
             return _error(["body"], str(e))
         except StoreFailedError as e:
-            raise _write_failed(e) from None
+            raise write_failed(e) from None
         try:
             n = await asyncio.wrap_future(fut)
         except NotFoundError as e:
@@ -151,28 +151,28 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         except ConflictError as e:  # pragma: no cover - updates never conflict
             raise HTTPException(409, str(e)) from None
         except (WriteFailedError, StoreFailedError) as e:
-            raise _write_failed(e) from None
+            raise write_failed(e) from None
         rec = await asyncio.to_thread(svc.store.get, tenant, rid)
         return {"updated": n, "record": rec}
 
     @r.patch("/v1/tenants/{tenant}/records/{id}", summary="Change fields of a record, keeping the others (durable)",
-             openapi_extra=_openapi_body(RecordFields))
+             openapi_extra=openapi_body(RecordFields))
     async def patch_record(id: str, request: Request, tenant: str = Depends(authorize),
                            time_unit: TimeUnit | None = None):
         try:
-            body = await _body(request, RecordFields)
+            body = await read_body(request, RecordFields)
         except BodyError as e:
-            return _detail_422(e.detail)
+            return detail_422(e.detail)
         return await _put(tenant, id, body, False, time_unit)
 
     @r.put("/v1/tenants/{tenant}/records/{id}", summary="Replace a record, or create it (durable)",
-           openapi_extra=_openapi_body(RecordFields))
+           openapi_extra=openapi_body(RecordFields))
     async def put_record(id: str, request: Request, tenant: str = Depends(authorize),
                          time_unit: TimeUnit | None = None):
         try:
-            body = await _body(request, RecordFields)
+            body = await read_body(request, RecordFields)
         except BodyError as e:
-            return _detail_422(e.detail)
+            return detail_422(e.detail)
         if body.text is None:
             return _error(["body", "text"], "PUT replaces the whole record: give its text (PATCH changes some "
                                             "fields and keeps the others)")
@@ -180,7 +180,7 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
 
     @r.get("/v1/tenants/{tenant}/records/{id}/history", summary="A record's earlier versions, oldest first")
     async def record_history(id: str, tenant: str = Depends(authorize)):
-        from .store import internal_id
+        from .errors import internal_id
 
         versions = await asyncio.to_thread(svc.store.memory.history, internal_id(tenant, id))
         return {"versions": [external_hit(v) for v in versions]}

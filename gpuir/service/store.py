@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import errno as _errno
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,56 +43,37 @@ from typing import Any
 
 import numpy as np
 
-from ..index.dirlock import check_path, is_claimed
 from ..memory import Memory, RecordError
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
+from ..storage.dirlock import check_path, is_claimed
+from .errors import (
+    SEP,
+    TENANT_RE,
+    ConflictError,
+    NotFoundError,
+    StoreFailedError,
+    TenantError,
+    WriteFailedError,
+    check_tenant,
+    external_hit,
+    internal_id,
+    os_reason,
+)
+from .updates import check_patches, commit_update
 from .validate import check_ids, check_record
 from .wal import WriteAheadLog, encode_payload, segments
 
+__all__ = [  # the errors and id helpers live in gpuir.service.errors; re-exported here for callers of the store
+    "SEP", "STATISTICS", "TENANT_RE", "ConflictError", "NotFoundError", "ServiceStore", "StoreFailedError",
+    "TenantError", "WriteFailedError", "check_tenant", "external_hit", "internal_id",
+]
+
 log = logging.getLogger("gpuir.service.store")
 
-#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
-#: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
-TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-SEP = "/"
 #: The ways a store can compute BM25 statistics (see the module docstring).
 STATISTICS = ("tenant", "pooled")
-
-
-class TenantError(ValueError):
-    """A record or filter names another tenant than the request's (HTTP 403)."""
-
-
-class NotFoundError(KeyError):
-    """An id naming no record of the tenant (HTTP 404)."""
-
-
-class ConflictError(ValueError):
-    """An added id already exists in the tenant (HTTP 409)."""
-
-
-class WriteFailedError(RuntimeError):
-    """The log could not be written (full disk, I/O error): nothing of the request was stored (HTTP 507/503).
-
-    Attributes
-    ----------
-    errno : the operating system's error number, or None
-    """
-
-    def __init__(self, message: str, errno: int | None = None):
-        super().__init__(message)
-        self.errno = errno
-
-    @property
-    def no_space(self) -> bool:
-        return self.errno in (_errno.ENOSPC, _errno.EDQUOT)
-
-
-class StoreFailedError(RuntimeError):
-    """The store stopped accepting writes after an internal failure; restart the server (HTTP 503)."""
-
 
 def _warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
@@ -102,24 +81,6 @@ def _warm_up() -> None:
     m = Memory(partition_days=None)
     m.add([{"id": "w", "text": "warm up the engine", "tenant": "w", "time": "1970-01-01"}])
     m.search(["warm engine"], k=1, where={"tenant": "w"})
-
-
-def check_tenant(tenant: str) -> str:
-    """``tenant`` if it is a valid tenant name (the whole string), else ``ValueError``."""
-    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
-        raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
-    return tenant
-
-
-def internal_id(tenant: str, rid: str) -> str:
-    return f"{tenant}{SEP}{rid}"
-
-
-def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
-    """A hit or record with the tenant prefix removed from its id."""
-    rid = hit["id"]
-    hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
-    return hit
 
 
 def concat_batches(batches: Sequence[RecordBatch]) -> RecordBatch:
@@ -407,8 +368,6 @@ class ServiceStore:
         metadata key by key; ``replace`` replaces whole records; ``upsert`` adds unknown ids); the future
         gives the number of records, once durable. Unknown ids (without ``upsert``) fail it with
         :class:`NotFoundError`; a merged record that is malformed, with ``RecordError``."""
-        from .updates import check_patches
-
         check_tenant(tenant)
         recs = check_patches(tenant, patches, time_unit)
         return self._submit(_Op("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))
@@ -452,8 +411,6 @@ class ServiceStore:
 
     def _commit_in_order(self, group: list[_Op]) -> None:
         """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
-        from .updates import commit_update
-
         try:
             self.memory.purge_expired()  # an expired id is free again; its record is hidden already
         except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
@@ -509,7 +466,7 @@ class ServiceStore:
                 mark = self.wal.append_payloads([op.payload for op, _ in logged], n_ops)
             except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing of the group is stored
                 err = WriteFailedError(
-                    f"the write-ahead log could not be written ({_os_reason(e)}): nothing of this request was "
+                    f"the write-ahead log could not be written ({os_reason(e)}): nothing of this request was "
                     "stored; retry once the server has disk space again", getattr(e, "errno", None))
                 for op, _ in ok:
                     op.future.set_exception(err)
@@ -650,11 +607,3 @@ class ServiceStore:
         finally:
             self.wal.close()
             self.memory.close(discard_unsaved=True)  # what was not saved is in the log
-
-
-def _os_reason(e: BaseException) -> str:
-    if isinstance(e, OSError):
-        from ..index.dirlock import os_error_message
-
-        return os_error_message(e, "append to the log")
-    return f"{type(e).__name__}: {e}"

@@ -13,6 +13,7 @@ A patch that changes nothing is acknowledged without a log frame.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,8 +21,11 @@ from typing import Any
 from ..memory import updates as memory_updates
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
+from .errors import SEP, NotFoundError, StoreFailedError, TenantError, WriteFailedError, internal_id, os_reason
 from .validate import check_record
 from .wal import encode_payload
+
+log = logging.getLogger("gpuir.service.store")  # the store's writer thread runs these
 
 __all__ = ["check_patches", "commit_update"]
 
@@ -36,8 +40,6 @@ def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str
     RecordError
         A malformed patch (named by its position and id).
     """
-    from .store import SEP, TenantError, internal_id
-
     out = []
     for i, p in enumerate(patches):
         if not isinstance(p, dict):
@@ -60,8 +62,6 @@ def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str
 
 def commit_update(store: Any, op: Any) -> None:
     """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread)."""
-    from .store import SEP, NotFoundError, StoreFailedError, WriteFailedError, _os_reason, log
-
     mem = store.memory
     if store.failed is not None:
         op.future.set_exception(StoreFailedError(store.failed))
@@ -94,7 +94,7 @@ def commit_update(store: Any, op: Any) -> None:
         mark = store.wal.append_payloads([encode_payload({"op": "put", "records": new})], len(new))
     except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing stored
         op.future.set_exception(WriteFailedError(
-            f"the write-ahead log could not be written ({_os_reason(e)}): nothing of this request was stored; "
+            f"the write-ahead log could not be written ({os_reason(e)}): nothing of this request was stored; "
             "retry once the server has disk space again", getattr(e, "errno", None)))
         return
     if store.on_group is not None:

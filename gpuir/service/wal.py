@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..index.files import fsync_dir
+from ..storage.files import fsync_dir
 
 log = logging.getLogger("gpuir.service.wal")
 

@@ -10,7 +10,7 @@
                                    [--mode exhaustive|newest|budgeted] [--max-partitions K]
                                    [--config CONFIG.json] [--unit record|session]
     gpuir memory info MEMORY_DIR [--json]
-    gpuir memory get|list|count|update|history|export|import ...   (gpuir.memory.cli_records)
+    gpuir memory get|list|count|update|history|export|import ...   (gpuir.cli.memory_records)
     gpuir memory verify MEMORY_DIR [--json]
 
 ``add`` creates the memory when the directory is missing or empty (the analyzer
@@ -22,7 +22,7 @@ optional ``"where"``, AND-ed with ``--where``. Search hits (jsonl) carry id,
 score, text and the record's fields; ``trec`` writes ``qid Q0 id rank score gpuir-memory``.
 ``--config`` searches with a :class:`gpuir.Retriever` configuration (JSON, as
 ``RetrieverConfig.save`` writes it); ``--unit session`` ranks sessions (hits
-``{"session", "score", "records"}``; without ``--config``, the retriever saved
+``{"id", "session", "score", "records"}``; without ``--config``, the retriever saved
 beside the memory (``MEMORY_DIR.retriever/``, :meth:`gpuir.Retriever.save`) or
 else the default configuration).
 
@@ -47,14 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import BACKENDS
-from ..index.dirlock import claim_dir, is_claimed
 from ..jsonl import InputError, read_jsonl
+from ..memory.persist import CURRENT, check_not_orphaned
 from ..progress import progress_bar, show_progress
-from .persist import CURRENT, check_not_orphaned
+from ..storage.dirlock import claim_dir, is_claimed
 
 BATCH = 10_000
 
-log = logging.getLogger(__name__)  # gpuir.memory.cli
+log = logging.getLogger(__name__)  # gpuir.cli.memory
 
 
 def _count_lines(path: Path) -> int:
@@ -84,7 +84,7 @@ An agent memory in a directory: add, delete and search records; describe it.
 
 Search hits (jsonl) carry id, score, text and the record's fields; trec writes
 'qid Q0 id rank score gpuir-memory'. With --unit session the hits are
-{"session", "score", "records"}. See docs/memory.md and docs/retriever.md.
+{"id", "session", "score", "records"}. See docs/memory.md and docs/retriever.md.
 
 Exit status: 0 success; 2 bad input (file and line, unknown ids, a second
 writer, a damaged file) or a missing extra; 1 internal error.
@@ -92,7 +92,7 @@ writer, a damaged file) or a missing extra; 1 internal error.
 
 
 def _open_or_create(args: argparse.Namespace):
-    from .store import Memory
+    from ..memory.store import Memory
 
     root = Path(args.memory_dir)
     asked = {"analyzer": args.analyzer, "method": args.method, "k1": args.k1, "b": args.b, "delta": args.delta,
@@ -116,7 +116,7 @@ def _open_or_create(args: argparse.Namespace):
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from .intake import to_batch
+    from ..memory.intake import to_batch
 
     path = Path(args.records)
     if not path.is_file():
@@ -154,7 +154,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
-    from .store import Memory, UnknownIdError
+    from ..memory.store import Memory, UnknownIdError
 
     p = Path(args.ids)
     if not p.is_file():
@@ -201,7 +201,7 @@ def _and(a: dict | None, b: dict | None, where: str) -> dict | None:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from .store import Memory
+    from ..memory.store import Memory
 
     if args.k < 1:
         raise InputError(f"-k must be a positive integer, got {args.k}")
@@ -257,7 +257,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .store import Memory
+    from ..memory.store import Memory
 
     info = Memory.open(args.memory_dir, writer=False).info()
     if args.json:
@@ -280,8 +280,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ..index.dirlock import check_path
-    from .persist import verify_dir
+    from ..memory.persist import verify_dir
+    from ..storage.dirlock import check_path
 
     root = check_path(args.memory_dir)
     info = verify_dir(root)  # a damaged or missing file: MemoryFormatError naming it (exit 2)
@@ -298,7 +298,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``gpuir memory`` and its sub-commands to the ``gpuir`` parser's subparsers."""
     from ..analysis import ANALYZERS
     from ..bm25 import METHODS
-    from .partitions import MODES
+    from ..memory.partitions import MODES
 
     pm = subparsers.add_parser("memory", help="an agent memory: add, delete, search records; info",
                                description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -380,7 +380,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pi.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     pi.set_defaults(func=_cmd_info)
 
-    from .cli_records import register_records
+    from .memory_records import register_records
 
     register_records(sub, lock_timeout)
 

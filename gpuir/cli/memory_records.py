@@ -59,7 +59,7 @@ def _out(rec: Any) -> None:
 
 
 def _reader(path: str):
-    from .store import Memory
+    from ..memory.store import Memory
 
     return Memory.open(path, writer=False)
 
@@ -100,7 +100,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
 
 
 def _cmd_update(args: argparse.Namespace) -> int:
-    from .store import Memory, UnknownIdError
+    from ..memory.store import Memory, UnknownIdError
 
     path = Path(args.patches)
     if not path.is_file():
@@ -134,9 +134,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from ..index.dirlock import claim_dir, is_claimed
-    from .persist import CURRENT, check_not_orphaned
-    from .store import Memory
+    from ..memory.persist import CURRENT, check_not_orphaned
+    from ..memory.store import Memory
+    from ..storage.dirlock import claim_dir, is_claimed
 
     root = Path(args.memory_dir)
     if not Path(args.file).is_file():

@@ -18,27 +18,27 @@ import math
 import sys
 from collections.abc import Sequence
 
-from . import __version__
-from .analysis import ANALYZERS
-from .backends import BACKENDS
-from .bm25 import METHODS
-from .cli_common import ArgumentParser, cli_logging, verbosity
-from .jsonl import InputError, read_jsonl
-from .progress import progress_bar
+from .. import __version__
+from ..analysis import ANALYZERS
+from ..backends import BACKENDS
+from ..bm25 import METHODS
+from ..cli_common import ArgumentParser, cli_logging, verbosity
+from ..jsonl import InputError, read_jsonl
+from ..progress import progress_bar
 
 #: Modules that add sub-commands through ``register(subparsers)``.
-SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.memory.cli")
+SUBCOMMAND_MODULES = ("gpuir.parity", "gpuir.eval.cli", "gpuir.cli.memory")
 
 try:
-    from .service.cli import add_parsers as _service_parsers
+    from ..service.cli import add_parsers as _service_parsers
 except ImportError:
     _service_parsers = None
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from .bm25 import BM25Params
-    from .engine import BM25Index
-    from .index.storage import check_save_path
+    from ..bm25 import BM25Params
+    from ..engine import BM25Index
+    from ..index.storage import check_save_path
 
     # refuse a bad destination or bad parameters before the (long) build, not after
     check_save_path(args.index_dir)
@@ -90,8 +90,8 @@ def _read_queries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from .engine import BM25Index
-    from .results import trec_field
+    from ..engine import BM25Index
+    from ..results import trec_field
 
     if args.k < 1:
         raise InputError(f"-k must be a positive integer, got {args.k}")
@@ -106,7 +106,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
     for start in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
         res = idx.search(texts[start : start + 1024], k=k, backend=args.backend)
-        rows = [(qids[start + i], res.hits(i, idx.ids)) for i in range(len(res))]
+        rows = [(qids[start + i], [(h["id"], h["score"]) for h in res.hits(i)]) for i in range(len(res))]
         for qid, hits in rows:
             for d, s in hits:
                 if not math.isfinite(s):  # cannot happen: BM25Params keeps every weight finite
@@ -125,9 +125,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from ._compat import cuda_device, has_cupy
-    from .backends import numba_available, resolve_backend
-    from .gpu_info import diagnose, gpu_report
+    from .._compat import cuda_device, has_cupy
+    from ..backends import numba_available, resolve_backend
+    from ..gpu_info import diagnose, gpu_report
 
     raw = cuda_device()
     usable, why = diagnose(raw)
@@ -172,7 +172,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     run_demo(
         n_records=args.records, n_queries=args.queries, seed=args.seed,
@@ -278,7 +278,7 @@ def missing_extra_message(e: ImportError) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .index.storage import IndexFormatError
+    from ..index.storage import IndexFormatError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as e:  # a file-system error the command did not turn into a message itself
-        from .index.dirlock import os_error_message
+        from ..storage.dirlock import os_error_message
 
         print(f"gpuir {args.command}: error: {os_error_message(e, 'read or write a file')}", file=sys.stderr)
         return 2

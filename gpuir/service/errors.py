@@ -1,0 +1,80 @@
+"""The service's errors, tenant names and ids: what the store, its update path and the HTTP layer share.
+
+Each error maps to one HTTP status (see each class); ids are kept internally as
+``tenant/id`` (:func:`internal_id`) and shown to clients without the prefix
+(:func:`external_hit`).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import re
+from typing import Any
+
+from ..storage.dirlock import os_error_message
+
+__all__ = ["SEP", "TENANT_RE", "ConflictError", "NotFoundError", "StoreFailedError", "TenantError",
+           "WriteFailedError", "check_tenant", "external_hit", "internal_id", "os_reason"]
+
+#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
+#: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+SEP = "/"
+
+
+class TenantError(ValueError):
+    """A record or filter names another tenant than the request's (HTTP 403)."""
+
+
+class NotFoundError(KeyError):
+    """An id naming no record of the tenant (HTTP 404)."""
+
+
+class ConflictError(ValueError):
+    """An added id already exists in the tenant (HTTP 409)."""
+
+
+class WriteFailedError(RuntimeError):
+    """The log could not be written (full disk, I/O error): nothing of the request was stored (HTTP 507/503).
+
+    Attributes
+    ----------
+    errno : the operating system's error number, or None
+    """
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def no_space(self) -> bool:
+        return self.errno in (_errno.ENOSPC, _errno.EDQUOT)
+
+
+class StoreFailedError(RuntimeError):
+    """The store stopped accepting writes after an internal failure; restart the server (HTTP 503)."""
+
+
+def check_tenant(tenant: str) -> str:
+    """``tenant`` if it is a valid tenant name (the whole string), else ``ValueError``."""
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
+    return tenant
+
+
+def internal_id(tenant: str, rid: str) -> str:
+    return f"{tenant}{SEP}{rid}"
+
+
+def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
+    """A hit or record with the tenant prefix removed from its id."""
+    rid = hit["id"]
+    hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
+    return hit
+
+
+def os_reason(e: BaseException) -> str:
+    """Why a write failed, in one line (an OSError's own words, else the exception's type and message)."""
+    if isinstance(e, OSError):
+        return os_error_message(e, "append to the log")
+    return f"{type(e).__name__}: {e}"

@@ -859,8 +859,9 @@ class Memory:
         path : the file (written atomically)
         where : dict, optional
             Export only these records (and only their histories).
-        vectors : mapping id -> array, or an embedding store (``row_of``, ``vecs``), optional
-            Written as each record's ``"vector"``.
+        vectors : str, mapping id -> array, or an embedding store (``row_of``, ``vecs``), optional
+            Written as each record's ``"vector"``; a str names one of the memory's embeddings (its
+            stored vectors, written as float32).
         history : bool
             Write the records' histories too.
 
@@ -873,6 +874,13 @@ class Memory:
         seqs, _, vis, rows = listing._matches(snap, w)
         order = np.argsort(seqs, kind="stable")
         recs = [public_record(snap.record(int(vis[i]), int(rows[i]))) for i in order.tolist()]
+        if isinstance(vectors, str):
+            emb = self._embedding(vectors)
+            col = {}
+            for i in order.tolist():
+                v = snap.views[int(vis[i])].seg.vectors(emb.name)[int(rows[i])]
+                col[snap.views[int(vis[i])].seg.ids[int(rows[i])]] = np.asarray(v, np.float32)
+            vectors = col
         hist = []
         if history:
             names = self._history.ids() if where is None else [r["id"] for r in recs if r["id"] in self._history]

@@ -343,3 +343,28 @@ def test_damaged_vectors_are_named(tmp_path):
     (tmp_path / "m" / cur).write_text(json.dumps(man))
     with pytest.raises(MemoryFormatError, match="no vectors of embedding 'w'"):
         Memory.open(tmp_path / "m")
+
+
+def test_sparse_filters_score_only_their_rows_and_equal_brute_force():
+    """Many tenants in one memory: a query of one tenant gathers its rows (the sparse path), others don't."""
+    rng = np.random.default_rng(12)
+    m = Memory(background_merges=False, partition_days=None)
+    recs = [{"id": f"s{i}", "text": f"x{i}", "tenant": f"u{i % 20}", "session": f"g{i % 7}"} for i in range(600)]
+    m.add(recs, vectors={"v": rng.normal(size=(600, DIM))})
+    q = rng.normal(size=(4, DIM)).astype(np.float32)
+    wheres = [{"tenant": "u3"}, None, {"tenant": "u17"}, {"$or": [{"session": "g1"}, {"session": "g2"}]}]
+    _check(m, q, 8, where=wheres)
+    _check(m, q, 40, where={"tenant": "u5"})  # k above the tenant's 30 records: all 30, in order
+    m.delete([f"s{i}" for i in range(5, 600, 40)])
+    _check(m, q, 40, where={"tenant": "u5"})
+
+
+def test_export_writes_the_stored_vectors(tmp_path):
+    m = Memory(background_merges=False)
+    V = np.random.default_rng(13).normal(size=(4, DIM))
+    m.add(_records(4), vectors={"v": V})
+    m.export(tmp_path / "e.jsonl", vectors="v")
+    got: dict = {}
+    Memory.from_export(tmp_path / "e.jsonl", vectors=got)
+    for i in range(4):
+        assert np.array_equal(got[f"r{i}"], _norm(V)[i])

@@ -6,7 +6,9 @@ tenant, the filter) or, without a filter, the view's live rows; the segment's
 vector column of the embedding and the query vectors go to
 :func:`gpuir.backends.dense.dense_topk` (exact: float64 accumulation rounded to
 float32, the same scores on every backend), and the per-segment top-k lists
-are merged under the tie rule (higher score, then lower sequence number).
+are merged under the tie rule (higher score, then lower sequence number). A
+query that may see few of a segment's rows (a tenant of a shared memory)
+scores only those, gathered in row order.
 Rows are in sequence order inside a segment, so the result equals a brute-force
 ranking of every allowed live record.
 
@@ -34,6 +36,8 @@ __all__ = ["DENSE_METHODS", "search_snapshot"]
 
 #: ``method`` of :meth:`gpuir.Memory.search_vectors`.
 DENSE_METHODS = ("exact", "faiss")
+#: A query allowed fewer than 1/SPARSE_FRACTION of a segment's rows scores only those rows.
+SPARSE_FRACTION = 8
 #: ``method="faiss"``: segments with fewer records are searched exactly.
 FAISS_MIN_ROWS = 50_000
 #: ``method="faiss"``: candidates asked of FAISS beyond k, per query and segment.
@@ -100,6 +104,35 @@ def _faiss_topk(seg, name: str, q: np.ndarray, k: int, allow: np.ndarray | None,
     return rows, sc
 
 
+def _exact_topk(q: np.ndarray, vecs: Any, k: int, allow: np.ndarray | None,
+                backend: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dense_topk` of one segment; a query allowed few of its rows (a tenant of a shared memory)
+    scores only those (gathered in row order, so the tie rule is unchanged)."""
+    n = int(vecs.shape[0])
+    if allow is None or allow.ndim == 1:
+        return dense_topk(q, vecs, k, allow, backend)
+    counts = allow.sum(axis=1)
+    sparse = counts * SPARSE_FRACTION < n
+    if not sparse.any():
+        return dense_topk(q, vecs, k, allow, backend)
+    B = q.shape[0]
+    kk = max(1, min(k, n))
+    rows = np.full((B, kk), -1, np.int64)
+    sc = np.full((B, kk), -np.inf, np.float32)
+    dense_q = np.flatnonzero(~sparse)
+    if dense_q.size:
+        r, s = dense_topk(q[dense_q], vecs, k, allow[dense_q], backend)
+        rows[dense_q, : r.shape[1]], sc[dense_q, : s.shape[1]] = r, s
+    for b in np.flatnonzero(sparse & (counts > 0)).tolist():
+        sel = np.flatnonzero(allow[b])
+        sub = vecs[dense_backend._cupy().asarray(sel)] if backend == "cupy" else vecs[sel]
+        r, s = dense_topk(q[b: b + 1], sub, k, None, backend)
+        ok = r[0] >= 0
+        m = int(ok.sum())
+        rows[b, :m], sc[b, :m] = sel[r[0][ok]], s[0][ok]
+    return rows, sc
+
+
 def search_snapshot(snap: Snapshot, name: str, queries: np.ndarray, k: int, wheres: list, backend: str,
                     method: str = "exact", faiss_margin: int | None = None,
                     faiss_min_rows: int | None = None) -> tuple[np.ndarray, ...]:
@@ -134,7 +167,7 @@ def search_snapshot(snap: Snapshot, name: str, queries: np.ndarray, k: int, wher
             r, s = _faiss_topk(seg, name, queries, k, allow, faiss_margin, backend)
         else:
             vecs = _device_vectors(seg, name) if backend == "cupy" else seg.vectors(name)
-            r, s = dense_topk(queries, vecs, k, allow, backend)
+            r, s = _exact_topk(queries, vecs, k, allow, backend)
         ok = r >= 0
         cand_s.append(np.where(ok, seg.seqs[np.maximum(r, 0)], -1))
         cand_v.append(np.where(ok, vi, -1))

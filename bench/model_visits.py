@@ -20,6 +20,12 @@ impacts per (long term, tile of 4,096 documents)). Per query and k:
   work items.
 * **ideal**: the tiles that hold at least one document scoring at least the
   query's final k-th best score -- what any exact tile-level method must visit.
+* **seeded** (the next design's inputs): the S best-bound tiles (S = 1, 4, 16,
+  64) are scored first and their k-th best score is the threshold; then the
+  tiles whose bound reaches it are read whole (tile cut), or only their
+  256-document blocks whose bound (the sum of each query term's exact largest
+  weight in the block) reaches it (sub-block cut). S = 0 stands for the final
+  k-th score known from the start: the best either cut can do.
 
 Bytes are the query terms' postings in the visited tiles (doc id, tf and the
 document length gathered: 12 bytes each) against the postings floor (every
@@ -44,14 +50,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_verify import make_index, make_queries  # noqa: E402 - the device run's corpus and queries
+from gpu_verify import make_index, make_queries
 
-from gpuir import bm25  # noqa: E402
-from gpuir.backends.cupy_backend import build_directory  # noqa: E402
-from gpuir.backends.weights import term_weights, weight_bound, weights_of  # noqa: E402
-from gpuir.bm25 import BM25Params  # noqa: E402
+from gpuir.backends.cupy_backend import build_directory
+from gpuir.backends.weights import term_weights, weight_bound, weights_of
+from gpuir.bm25 import BM25Params
 
 TILE = 4096
+SUB = 256  # the finer block of the modelled sub-block cut
+SUBS = TILE // SUB
+SEEDS = (1, 4, 16, 64, 0)  # 0: the final threshold known in advance (a bound on any cut)
 
 
 def rare_queries(tok_off, tok, df, n_docs, n, seed):
@@ -88,12 +96,19 @@ def model_query(idx, d, n_tiles, q, ks, params, stats):
     post_tile = np.zeros(n_tiles, np.int64)  # postings of the query's terms per tile
     acc = np.zeros(idx.n_docs, np.float32)
     touched = np.zeros(idx.n_docs, bool)
+    n_sub = -(-idx.n_docs // SUB)
+    U_sub = np.zeros(n_sub)
+    post_sub = np.zeros(n_sub, np.int64)
     for i, t in enumerate(terms.tolist()):
         s, e = int(idx.offsets[t]), int(idx.offsets[t + 1])
         docs = idx.doc_ids[s:e]
         w = weights_of(idx.tfs[s:e], idx.doc_lens[docs], idf[i], w0[i], stats, params)
         acc[docs] += w
         touched[docs] = True
+        sb = docs // SUB  # doc ids ascend: each sub-block's postings are one run
+        starts = np.flatnonzero(np.r_[True, sb[1:] != sb[:-1]])
+        U_sub[sb[starts]] += np.maximum.reduceat(w.astype(np.float64), starts)
+        post_sub += np.bincount(sb, minlength=n_sub)
         tl = docs // TILE
         post_tile += np.bincount(tl, minlength=n_tiles)
         r = int(d["dir_row"][t])
@@ -117,6 +132,7 @@ def model_query(idx, d, n_tiles, q, ks, params, stats):
     floor = 8 * int(post_tile.sum())
     cells = int((post_tile > 0).sum())
     seed = int(np.argmax(np.where(post_tile > 0, U, -1.0)))
+    order = np.argsort(-np.where(post_tile > 0, U, -1.0), kind="stable")  # tiles, best bound first
     out = {}
     for k in ks:
         in_seed = scores[ctile == seed]
@@ -126,8 +142,22 @@ def model_query(idx, d, n_tiles, q, ks, params, stats):
         sk = float(np.sort(scores)[-k]) if scores.size >= k else -np.inf
         ideal = np.zeros(n_tiles, bool)
         ideal[np.unique(ctile[scores >= sk])] = True
-        out[k] = (cells, int(after.sum()), int(ideal.sum()), 12 * int(post_tile[after].sum()),
-                  12 * int(post_tile[ideal].sum()), floor)
+        row = [cells, int(after.sum()), int(ideal.sum()), 12 * int(post_tile[after].sum()),
+               12 * int(post_tile[ideal].sum()), floor]
+        for n_seed in SEEDS:  # the threshold from the n best-bound tiles scored first, then a tile or sub-block cut
+            if n_seed == 0:  # the final k-th score as the threshold from the start: the cut's best case
+                seeds, th = order[:0], (sk if np.isfinite(sk) else 0.0)
+            else:
+                seeds = order[:n_seed]
+                seeds = seeds[post_tile[seeds] > 0]
+                sc = scores[np.isin(ctile, seeds)]
+                th = float(np.sort(sc)[-k]) if sc.size >= k else 0.0
+            keep = (U >= th * (1 - 1e-6)) & (post_tile > 0)
+            keep[seeds] = True
+            keep_sub = (U_sub >= th * (1 - 1e-6)) & (post_sub > 0) & np.repeat(keep, SUBS)[:U_sub.size]
+            keep_sub[np.isin(np.arange(U_sub.size) // SUBS, seeds)] = True
+            row += [int(keep.sum()), 12 * int(post_tile[keep].sum()), 12 * int(post_sub[keep_sub].sum())]
+        out[k] = tuple(row)
     return out
 
 
@@ -160,12 +190,18 @@ def main(argv=None) -> int:
         result["sets"][name] = {}
         for k in a.k:
             m = np.array(rows[k], np.float64)
-            cells, after, ideal, b_after, b_ideal, floor = m.sum(axis=0)
-            result["sets"][name][str(k)] = {
+            tot = m.sum(axis=0)
+            cells, after, ideal, b_after, b_ideal, floor = tot[:6]
+            v = result["sets"][name][str(k)] = {
                 "queries": int(m.shape[0]), "cells_before": int(n_tiles * m.shape[0]), "cells_with_postings":
                 int(cells), "items_after": int(after), "tiles_ideal": int(ideal), "bytes_after": int(b_after),
                 "bytes_ideal": int(b_ideal), "bytes_floor": int(floor),
-                "after_bytes_over_floor": float(b_after / floor), "ideal_bytes_over_floor": float(b_ideal / floor)}
+                "after_bytes_over_floor": float(b_after / floor), "ideal_bytes_over_floor": float(b_ideal / floor),
+                "seeded": {}}
+            for j, n_seed in enumerate(SEEDS):
+                items, b_tile, b_sub = tot[6 + 3 * j: 9 + 3 * j]
+                v["seeded"][str(n_seed)] = {"tiles": int(items), "tile_bytes_over_floor": float(b_tile / floor),
+                                            f"sub{SUB}_bytes_over_floor": float(b_sub / floor)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"model_visits_{platform.node() or 'machine'}.json"
@@ -177,6 +213,16 @@ def main(argv=None) -> int:
         for k, v in per_k.items():
             print(f"| {name} | {k} | {v['cells_before']:,} | {v['cells_with_postings']:,} | {v['items_after']:,} | "
                   f"{v['tiles_ideal']:,} | {v['after_bytes_over_floor']:.2f} | {v['ideal_bytes_over_floor']:.2f} |")
+    print()
+    print(f"| queries | k | best-bound tiles scored first | tiles then visited | bytes / floor, tile cut "
+          f"| bytes / floor, {SUB}-document sub-block cut |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, per_k in result["sets"].items():
+        for k, v in per_k.items():
+            for n_seed, r in v["seeded"].items():
+                seeded = "none: final k-th score given" if n_seed == "0" else n_seed
+                print(f"| {name} | {k} | {seeded} | {r['tiles']:,} | {r['tile_bytes_over_floor']:.2f} | "
+                      f"{r[f'sub{SUB}_bytes_over_floor']:.3f} |")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -206,7 +206,7 @@ def test_adds_copy_no_whole_df_and_plan_merges_only_where_they_wrote(monkeypatch
             for r in recs:
                 r["time"] = t0 + p * day + 1000
             nid += len(recs)
-            m.add(recs)
+            m.add(recs, time_unit="ms")
     copies = []
     real_fold = DfTable.__init__
 
@@ -231,7 +231,7 @@ def test_adds_copy_no_whole_df_and_plan_merges_only_where_they_wrote(monkeypatch
         for r in recs:
             r["time"] = newest
         nid += len(recs)
-        m.add(recs)
+        m.add(recs, time_unit="ms")
         bases.add(id(m.snapshot().df.base))
     newest_segments = len(m._parts[max(k for k in m._parts if k is not None)])
     assert len(tiers) <= 20 * (newest_segments + 4), "only the touched partition's segments are looked at"

@@ -2,7 +2,10 @@
 
 :class:`Catalog` follows a :class:`~gpuir.memory.Memory` by snapshot version:
 on :meth:`Catalog.sync` it reads only the records added since the last sync
-(and forgets deleted ones), maps each record to its session, numbers sessions
+(the rows past the largest sequence number it has seen: sequence numbers only
+grow and each segment's are ascending, so nothing re-reads or re-sorts every
+live record), and forgets deleted ones (found with one NumPy membership test,
+only when the live count says some held record is gone), maps each record to its session, numbers sessions
 in order of first appearance, and keeps a second memory of **session
 documents** (a session's record texts, in add order, joined by newlines) for
 the ``bm25_session`` channel, rewriting only the sessions that changed.
@@ -95,6 +98,7 @@ class Catalog:
         # record index seq -> memory seq (the index numbers its records in add order, as every memory does)
         self._mem_seq_of_index = np.full(0, -1, dtype=np.int64)
         self._index_next = 0
+        self._max_seq = -1  # the largest sequence number read so far
 
     # ------------------------------------------------------------------ sync
     def sync(self):
@@ -104,9 +108,15 @@ class Catalog:
             if snap.version == self.version:
                 self.added, self.removed, self.removed_seqs = [], [], []
                 return snap
-            live = snap.live_records()
-            live_seqs = {s for s, _, _ in live}
-            removed = [rid for rid, s in self.seq_of.items() if s not in live_seqs]
+            new = self._new_records(snap)
+            n_gone = len(self.seq_of) + len(new) - len(snap)  # held records no longer live
+            removed: list[str] = []
+            if n_gone > 0:  # only then are the held records checked against the live ones (NumPy, no sort)
+                live_seqs = np.concatenate([v.seg.seqs[v.live_rows()] for v in snap.views] or
+                                           [np.zeros(0, np.int64)])
+                held = np.fromiter(self.seq_of.values(), np.int64, len(self.seq_of))
+                gone = set(held[~np.isin(held, live_seqs)].tolist())
+                removed = [rid for rid, s in self.seq_of.items() if s in gone]
             if removed and self.records is not self.memory:
                 self.records.delete(removed)
             touched: set[str] = set()
@@ -123,7 +133,7 @@ class Catalog:
                 self.type_of.pop(rid, None)
                 touched.add(sess)
             added, copies = [], []
-            top = max(live_seqs) + 1 if live_seqs else 0
+            top = new[-1][0] + 1 if new else 0
             if top > self.seq_session.size:
                 grown = np.full(max(top, 2 * self.seq_session.size), -1, dtype=np.int64)
                 grown[: self.seq_session.size] = self.seq_session
@@ -131,7 +141,9 @@ class Catalog:
                 times = np.full(grown.size, MISSING_TIME, dtype=np.int64)
                 times[: self.time_of_seq.size] = self.time_of_seq
                 self.time_of_seq = times
-            for s, vi, row in live:
+            if new:
+                self._max_seq = max(self._max_seq, new[-1][0])
+            for s, vi, row in new:
                 if s in self.id_of_seq:
                     continue
                 rec = snap.record(vi, row)
@@ -178,6 +190,25 @@ class Catalog:
             self.added, self.removed = added, removed
             self.version = snap.version
             return snap
+
+    def _new_records(self, snap) -> list[tuple[int, int, int]]:
+        """(seq, view position, row) of the live records added since the last sync, in add order.
+
+        Sequence numbers only grow and each segment's are ascending, so only the
+        rows past the largest sequence number seen are read (never every live record).
+        """
+        out: list[tuple[int, int, int]] = []
+        for vi, v in enumerate(snap.views):
+            seqs = v.seg.seqs
+            start = int(np.searchsorted(seqs, self._max_seq, side="right"))
+            if start >= seqs.size:
+                continue
+            rows = np.arange(start, seqs.size, dtype=np.int64)
+            if v.live is not None:
+                rows = rows[v.live[rows]]
+            out.extend(zip(seqs[rows].tolist(), [vi] * rows.size, rows.tolist()))
+        out.sort()
+        return out
 
     def keep_sessions(self) -> None:
         """Keep the session-document memory (the ``bm25_session`` channel asks for it); idempotent."""

@@ -136,3 +136,21 @@ def test_embedding_names():
     assert embedding_name(None) == DEFAULT_EMBEDDING
     assert embedding_name("/models/bge-small-en-v1.5/") == "bge-small-en-v1.5"
     assert embedding_name("BAAI/bge small") == "bge-small"
+
+
+def test_a_memory_with_minilm_vectors_encodes_later_adds_without_being_given_the_encoder(minilm, tmp_path,
+                                                                                        monkeypatch):
+    """As `gpuir serve` opens a memory (no encoder passed): the manifest names the shipped model, which is
+    loaded (offline) the first time a record must be encoded."""
+    monkeypatch.setenv("GPUIR_CACHE", str(tmp_path / "cache"))
+    m = _memory()
+    Retriever(m, RetrieverConfig(channels=[ChannelConfig("dense")], fusion=None), encoder=minilm)
+    m.save(tmp_path / "m")
+    m.close()
+    m2 = Memory.open(tmp_path / "m")
+    assert m2.embeddings[DEFAULT_EMBEDDING]["encoder"] is False
+    m2.add([{"id": "t9", "text": "the dog barks at the mailman", "session": "s9", "tenant": "a"}])
+    want = minilm.encode_passages(["the dog barks at the mailman"])[0].astype(np.float64)
+    np.testing.assert_allclose(m2.vectors(["t9"])[0], want / np.linalg.norm(want), atol=1e-5)
+    assert m2.search_vectors("a dog", k=1).ids(0) == ["t9"]
+    m2.close(discard_unsaved=True)

@@ -71,20 +71,47 @@ class Embedding:
         Encodes passages (and queries); None: vectors must be given.
     model : str or None
         The encoder's model name, recorded in the manifest (informative).
+    gpuir_model : str or None
+        When the encoder is a :class:`gpuir.dense.encoder.Encoder`: its model (``"default"``: the
+        shipped one), recorded in the manifest so that a memory opened without an encoder makes the
+        same one (offline) the first time it must encode records or queries.
     """
 
     def __init__(self, name: str, encoder: Any = None, dtype: str = "float32", dim: int | None = None,
-                 model: str | None = None):
+                 model: str | None = None, gpuir_model: str | None = None):
         self.name = check_name(name)
         if dtype not in VECTOR_DTYPES:
             raise VectorError(f"embedding {name!r}: dtype must be one of {', '.join(VECTOR_DTYPES)}, got {dtype!r}")
         self.dtype = dtype
         self.dim = None if dim is None else int(dim)
+        self.gpuir_model = gpuir_model
+        self.attach(encoder, model)
+
+    def attach(self, encoder: Any, model: str | None = None) -> None:
+        """Use ``encoder`` (see the module docstring) for later records and text queries."""
         self.encoder = _make_encoder(encoder)
-        self.model = model if model is not None else _model_name(self.encoder)
+        if model is not None or self.encoder is not None:
+            self.model = model if model is not None else _model_name(self.encoder)
+        elif not hasattr(self, "model"):
+            self.model = None
+        g = _gpuir_model(self.encoder)
+        if g is not None:
+            self.gpuir_model = g
+
+    def _encoder(self) -> Any:
+        if self.encoder is None and self.gpuir_model is not None:
+            from ..dense.encoder import Encoder
+
+            log.info("embedding %r: loading the gpuir encoder of %s (recorded in the manifest)", self.name,
+                     self.gpuir_model)
+            self.encoder = Encoder(None if self.gpuir_model == "default" else self.gpuir_model)
+        return self.encoder
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dim": self.dim, "dtype": self.dtype, "model": self.model}
+        out = {"dim": self.dim, "dtype": self.dtype, "model": self.model}
+        if self.gpuir_model is not None:
+            out["gpuir_model"] = self.gpuir_model
+        return out
 
     def __repr__(self) -> str:
         return f"Embedding({self.name!r}, dim={self.dim}, dtype={self.dtype!r}, model={self.model!r})"
@@ -118,7 +145,7 @@ class Embedding:
 
     def encode(self, texts: Sequence[str], what: str) -> np.ndarray:
         """Passage vectors of ``texts`` through the encoder, checked and normalised: (n, dim), the dtype."""
-        if self.encoder is None:
+        if self._encoder() is None:
             raise VectorError(f"{what}: embedding {self.name!r} has no encoder here: pass vectors={{{self.name!r}: "
                               f"array (n, dim)}}, or give the encoder (Memory(embeddings={{{self.name!r}: encoder}}) "
                               f"or Memory.open(path, embeddings=...))")
@@ -128,7 +155,7 @@ class Embedding:
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Query vectors of ``queries`` (float32, normalised)."""
-        if self.encoder is None:
+        if self._encoder() is None:
             raise VectorError(f"embedding {self.name!r} has no encoder here: search with query vectors, or give "
                               "the encoder (Memory(embeddings=...) or Memory.open(path, embeddings=...))")
         enc = self.encoder
@@ -162,6 +189,18 @@ def _make_encoder(enc: Any) -> Any:
         raise VectorError(f"an embedding's encoder must have encode_passages(texts), or be a callable texts -> "
                           f"array, a model name, or None; got {type(enc).__name__}")
     return enc
+
+
+def _gpuir_model(enc: Any) -> str | None:
+    """The model of a :class:`gpuir.dense.encoder.Encoder` (``"default"`` for the shipped one), else None."""
+    if enc is None or type(enc).__module__ != "gpuir.dense.encoder":
+        return None
+    from ..dense.encoder import default_model_path
+
+    name = getattr(enc, "model_name", None)
+    if not isinstance(name, str):
+        return None
+    return "default" if name == str(default_model_path()) else name
 
 
 def _model_name(enc: Any) -> str | None:

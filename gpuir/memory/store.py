@@ -1077,7 +1077,7 @@ class Memory:
                 if dtype != have.dtype:
                     raise VectorError(f"embedding {name!r} is stored as {have.dtype}, not {dtype}")
                 if spec.encoder is not None:
-                    have.encoder, have.model = spec.encoder, spec.model
+                    have.attach(spec.encoder)
                 return 0
             self._merge_paused += 1
         try:
@@ -1446,8 +1446,8 @@ class Memory:
         mem.window_ms = cfg.get("window_ms", mem.window_ms)
         try:
             stored = manifest.get("embeddings") or {}
-            mem._emb = {n: Embedding(n, None, d.get("dtype", "float32"), d.get("dim"), d.get("model"))
-                        for n, d in stored.items()}
+            mem._emb = {n: Embedding(n, None, d.get("dtype", "float32"), d.get("dim"), d.get("model"),
+                                     d.get("gpuir_model")) for n, d in stored.items()}
         except (TypeError, ValueError, AttributeError) as e:
             raise MemoryFormatError(f"{root}: invalid embeddings in the manifest ({e})") from None
         for e in manifest.get("segments", []):

@@ -368,3 +368,16 @@ def test_export_writes_the_stored_vectors(tmp_path):
     Memory.from_export(tmp_path / "e.jsonl", vectors=got)
     for i in range(4):
         assert np.array_equal(got[f"r{i}"], _norm(V)[i])
+
+
+def test_compiled_path_split_over_threads_equals_numpy(monkeypatch):
+    """Enough rows that the compiled loop splits them over threads (GPUIR_THREADS=3)."""
+    monkeypatch.setenv("GPUIR_THREADS", "3")
+    rng = np.random.default_rng(14)
+    V = rng.normal(size=(13_000, 8)).astype(np.float32)
+    q = rng.normal(size=(3, 8)).astype(np.float32)
+    a = dense_mod.dense_topk(_norm(q), _norm(V), 25, None, "numpy")
+    b = dense_mod.dense_topk(_norm(q), _norm(V), 25, None, "numba")
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    full = dense_mod.dense_scores(_norm(q), _norm(V), "numba")
+    assert np.array_equal(full, (_norm(q).astype(np.float64) @ _norm(V).astype(np.float64).T).astype(np.float32))

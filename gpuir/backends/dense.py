@@ -25,8 +25,9 @@ Backends (``backend``):
 
 ==========  ===================================================================
 numpy       the reference: float64 matrix product (BLAS) over row chunks
-numba       a compiled loop, rows in parallel threads, float64 accumulation
-            from the stored dtype (no float64 copy of the vectors)
+numba       a compiled loop (GIL released; rows split over ``GPUIR_THREADS``
+            threads), float64 accumulation from the stored dtype (no float64
+            copy of the vectors)
 cupy        float64 matrix product on the GPU over a device copy of the
             vectors (cached by the caller), top-k on the device
 ==========  ===================================================================
@@ -35,6 +36,8 @@ cupy        float64 matrix product on the GPU over a device copy of the
 from __future__ import annotations
 
 import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -70,14 +73,14 @@ def normalize_rows(x: Any, dtype: str = "float32") -> np.ndarray:
 
 @functools.cache
 def _kernel():
-    """The compiled scorer (numba imported on first use)."""
-    from numba import njit, prange
+    """The compiled scorer (numba imported on first use). It releases the GIL; threads split the rows
+    (numba's own parallel layer is not used: the process's threads are gpuir's, as in the BM25 scorer)."""
+    from numba import njit
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def scores(q, v, out):  # q (B, d) f64, v (n, d) f32, out (B, n) f32
+    @njit(cache=True, nogil=True)
+    def scores(q, v, out, r0, r1):  # q (B, d) f64, v (n, d) f32, out (B, n) f32; rows [r0, r1)
         B, d = q.shape
-        n = v.shape[0]
-        for i in prange(n):
+        for i in range(r0, r1):
             for b in range(B):
                 s = 0.0
                 for j in range(d):
@@ -85,6 +88,37 @@ def _kernel():
                 out[b, i] = np.float32(s)
 
     return scores
+
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    with _pool_lock:
+        p = _pools.get(threads)
+        if p is None:
+            p = _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpuir-dense")
+        return p
+
+
+def _numba_scores(q64: np.ndarray, v: np.ndarray) -> np.ndarray:
+    from .numba_backend import default_threads
+
+    n = v.shape[0]
+    out = np.empty((q64.shape[0], n), dtype=np.float32)
+    if not (n and q64.shape[0]):
+        return out
+    kern = _kernel()
+    threads = min(default_threads(), max(1, n // 4096))
+    if threads <= 1:
+        kern(q64, v, out, 0, n)
+        return out
+    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+    futs = [_pool(threads).submit(kern, q64, v, out, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    for f in futs:
+        f.result()
+    return out
 
 
 def _cupy():
@@ -109,10 +143,7 @@ def dense_scores(queries: np.ndarray, vectors: Any, backend: str = "numpy") -> A
     q64 = np.asarray(queries, dtype=np.float64)
     if backend == "numba":
         v = vectors if vectors.dtype == np.float32 else np.asarray(vectors, dtype=np.float32)  # exact widening
-        out = np.empty((q64.shape[0], v.shape[0]), dtype=np.float32)
-        if v.shape[0] and q64.shape[0]:
-            _kernel()(np.ascontiguousarray(q64), np.ascontiguousarray(v), out)
-        return out
+        return _numba_scores(np.ascontiguousarray(q64), np.ascontiguousarray(v))
     if backend == "cupy":
         cp = _cupy()
         return (cp.asarray(q64) @ vectors.astype(cp.float64).T).astype(cp.float32)

@@ -6,8 +6,10 @@ test controls), never with sleeps."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -344,3 +346,43 @@ def test_a_dropped_memory_is_freed_at_once_and_releases_its_lock(tmp_path):
     finally:
         if was:
             gc.enable()
+
+
+def test_a_script_that_never_closes_its_memory_exits(tmp_path):
+    """Background merges never keep the interpreter alive: a script that adds, deletes, updates and merges
+    without close() ends (it hung at exit: the garbage-collected memory's finaliser waited for the merger's
+    lock, held by a daemon merge thread frozen by the interpreter's shutdown)."""
+    script = tmp_path / "no_close.py"
+    script.write_text(textwrap.dedent("""
+        import random
+        from gpuir import Memory
+        rng = random.Random(0)
+        m = Memory(partition_days=None, merge_factor=3, merge_min=4)
+        ids, n = [], 0
+        for step in range(60):
+            op = rng.random()
+            if op < 0.5 or not ids:
+                recs = [{"id": f"r{n + j}", "text": f"word{rng.randint(0, 9)} text {n + j}",
+                         "session": f"s{rng.randint(0, 4)}"} for j in range(rng.randint(1, 5))]
+                n += len(recs)
+                ids += [r["id"] for r in recs]
+                m.add(recs)
+            elif op < 0.75:
+                gone = rng.sample(ids, min(len(ids), rng.randint(1, 3)))
+                m.delete(gone)
+                ids = [i for i in ids if i not in gone]
+            elif op < 0.9:
+                m.update([{"id": rng.choice(ids), "text": f"updated {step}"}])
+            else:
+                m.merge()
+            if rng.random() < 0.7:
+                m.snapshot().live_records()
+        print("done", len(m))
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                             env=env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the script printed its result but the interpreter did not exit")
+    assert out.returncode == 0 and out.stdout.startswith("done"), out.stderr[-2000:]

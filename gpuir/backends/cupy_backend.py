@@ -693,7 +693,7 @@ class _Graph:
         self.runs = 0
 
     def _record(self, scorer: CupyScorer, sc: SearchConsts, blocks: int) -> None:
-        cp, ws, R, k = scorer._cp, self.ws, self.R, self.k
+        cp, R, k = scorer._cp, self.R, self.k
         TT, TD = scorer.tile_threads, scorer.tile_docs
         (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, cand_off, lt_row,
          lt_term, lt_bit, lt_start, counts, theta, tiles, best, n_items, out_ids, out_scores) = self.views

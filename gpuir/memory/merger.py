@@ -237,9 +237,16 @@ class Merger:
     def stop(self, timeout: float | None = None) -> list[MergeTask]:
         """Drop queued tasks (returned), cancel running ones (they abandon their result), join the threads.
 
-        The merger starts again at the next :meth:`submit`.
+        The merger starts again at the next :meth:`submit`. With a ``timeout``,
+        the merger's lock is waited for at most that long too (at least 0.1 s):
+        at interpreter exit a daemon worker may be frozen holding it, and a
+        finaliser must not wait forever (nothing is lost: merges only rewrite
+        what the memory already holds); then nothing is stopped and [] returned.
         """
-        with self._cv:
+        if not self._cv.acquire(timeout=-1 if timeout is None else max(timeout, 0.1)):
+            log.debug("merger busy; not stopped (interpreter exit?)")
+            return []
+        try:
             self._stopping = True
             dropped = [e[2] for e in self._heap]
             self._heap.clear()
@@ -248,6 +255,8 @@ class Merger:
             self.dropped += len(dropped)
             threads = list(self._workers)
             self.stop_requested.set()
+        finally:
+            self._cv.release()
         me = threading.current_thread()
         for th in threads:
             if th is not me:

@@ -50,6 +50,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -1588,7 +1589,8 @@ class Memory:
         with contextlib.suppress(Exception):
             if self._lock is not None and self._unsaved:
                 self._warn_unsaved("garbage-collected")
-            self._merger.stop(timeout=0)
+            if not sys.is_finalizing():  # at exit the daemon merge threads may be frozen holding the merger's lock
+                self._merger.stop(timeout=0)
             self._release_lock(discard_unsaved=True)
 
     @property

@@ -143,7 +143,7 @@ def test_tenant_is_a_wall(grown):
 
 
 def test_after_deletes_updates_merges(grown):
-    m, V = grown
+    m, _ = grown
     q = np.random.default_rng(4).normal(size=(3, DIM)).astype(np.float32)
     top = m.search_vectors(q, k=3).ids(0)
     m.delete(top[:2] + [f"r{i}" for i in range(0, 400, 7)], missing_ok=True)

@@ -36,6 +36,7 @@ cupy        float64 matrix product on the GPU over a device copy of the
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -115,7 +116,7 @@ def _numba_scores(q64: np.ndarray, v: np.ndarray) -> np.ndarray:
         kern(q64, v, out, 0, n)
         return out
     bounds = np.linspace(0, n, threads + 1).astype(np.int64)
-    futs = [_pool(threads).submit(kern, q64, v, out, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    futs = [_pool(threads).submit(kern, q64, v, out, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
     for f in futs:
         f.result()
     return out

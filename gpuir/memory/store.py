@@ -398,11 +398,10 @@ class Memory:
             raise VectorError(f"{what}: vectors must be a dict embedding name -> array (n, dim)")
         given = dict(given or {})
         new = [n for n in given if n not in self._emb]
-        if new:
-            if self._n or self._views:
-                raise VectorError(f"{what}: the memory has no embedding {new[0]!r} (it has "
-                                  f"{sorted(self._emb) or 'none'}); add it with add_embedding({new[0]!r}, encoder) "
-                                  "first: its records need vectors too")
+        if new and (self._n or self._views):
+            raise VectorError(f"{what}: the memory has no embedding {new[0]!r} (it has "
+                              f"{sorted(self._emb) or 'none'}); add it with add_embedding({new[0]!r}, encoder) "
+                              "first: its records need vectors too")
         embs = {**self._emb, **{nm: Embedding(nm) for nm in new}}
         if not embs:
             return None

@@ -46,9 +46,21 @@ from .entity_graph import EntityGraph
 from .registry import Change, Channel, ChannelContext, ChannelRequest, register_channel
 from .wheres import and_where, row_where
 
-__all__ = ["BM25Channel", "BM25PoolChannel", "BM25SessionChannel", "DenseChannel", "MemoryEmbedding",
-           "EntityChannel", "EntityGraphResource", "LateChannel", "TemporalChannel", "drop_below", "pool_rows",
-           "ranked_rows", "sorted_rows"]
+__all__ = [
+    "BM25Channel",
+    "BM25PoolChannel",
+    "BM25SessionChannel",
+    "DenseChannel",
+    "EntityChannel",
+    "EntityGraphResource",
+    "LateChannel",
+    "MemoryEmbedding",
+    "TemporalChannel",
+    "drop_below",
+    "pool_rows",
+    "ranked_rows",
+    "sorted_rows",
+]
 
 
 def sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:

@@ -100,16 +100,18 @@ class SegmentBuilder:
         return self._chunker is not None
 
     def build(self, uid: int, partition: int | None, batch: RecordBatch, seqs: np.ndarray,
-              dicts: dict[str, Interner]) -> Segment:
+              dicts: dict[str, Interner], vectors: dict[str, np.ndarray] | None = None) -> Segment:
         """A segment over the records of ``batch`` (all of one partition), in batch order.
 
         Parameters
         ----------
         seqs : ndarray, shape (len(batch),), int64, ascending
         dicts : the memory's string-field interners (new values are added)
+        vectors : dict name -> ndarray (len(batch), dim), float32 or float16, optional
+            The records' vectors of each named embedding (normalised), in batch order.
         """
         if not self.compiled:
-            return build_segment(uid, partition, batch, seqs, self.analyzer, self.terms, dicts)
+            return build_segment(uid, partition, batch, seqs, self.analyzer, self.terms, dicts, vectors)
         from ..index.compiled_build import csr_scatter
 
         n = len(batch)
@@ -157,4 +159,4 @@ class SegmentBuilder:
         codes = {fld: dicts[fld].codes(batch.strings[fld]) for fld in STRING_FIELDS}
         return Segment(uid, partition, csr, np.asarray(seqs, dtype=np.int64), StrArray.from_list(batch.texts),
                        StrArray.from_list(batch.metadata), codes, batch.time.copy(), batch.importance.copy(),
-                       l2g)
+                       l2g, vectors=vectors)

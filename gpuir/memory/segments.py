@@ -77,6 +77,8 @@ class Segment:
         Global term code of each local term.
     maxtf, mindl : ndarray, shape (V,), int32, host
         Largest term frequency and shortest document length among each term's postings.
+    vector_names : tuple of str
+        The named embeddings this segment carries a column of (:meth:`vectors`).
     """
 
     __slots__ = (
@@ -90,6 +92,7 @@ class Segment:
         "_mindl",
         "_texts",
         "_time",
+        "_vectors",
         "cache",
         "df",
         "g_order",
@@ -103,6 +106,7 @@ class Segment:
         "time_max",
         "time_min",
         "uid",
+        "vector_names",
     )
 
     def __init__(self, uid: int, partition: int | None, csr: CSRIndex | None, seqs: np.ndarray, texts: StrArray | None,
@@ -110,8 +114,12 @@ class Segment:
                  importance: np.ndarray | None, l2g: np.ndarray, *, ids: StrArray | None = None,
                  n_docs: int | None = None, time_range: tuple[int | None, int | None] | None = None,
                  maxtf: np.ndarray | None = None, mindl: np.ndarray | None = None, loader: Any = None,
-                 df: np.ndarray | None = None, length: int | None = None):
+                 df: np.ndarray | None = None, length: int | None = None,
+                 vectors: Mapping[str, np.ndarray] | None = None, vector_names: tuple[str, ...] | None = None):
         self.uid = int(uid)
+        self._vectors: dict[str, np.ndarray] = dict(vectors or {})
+        self.vector_names: tuple[str, ...] = tuple(sorted(vector_names if vector_names is not None
+                                                          else self._vectors))
         self.partition = partition
         self._csr = csr
         self.ids: StrArray = ids if ids is not None else csr.ids  # type: ignore[assignment,union-attr]
@@ -194,6 +202,41 @@ class Segment:
     def mindl(self) -> np.ndarray:
         v = self._mindl
         return v if v is not None else self._get("_mindl")
+
+    def vectors(self, name: str) -> np.ndarray:
+        """The column of embedding ``name``: ndarray, shape (n, dim), float32 or float16, host (read-only,
+        mapped from the file when the segment was opened), one L2-normalised row per record."""
+        v = self._vectors.get(name)
+        if v is not None:
+            return v
+        if name not in self.vector_names:
+            raise KeyError(f"segment {self.uid} has no vectors of embedding {name!r}")
+        with self._lock:
+            v = self._vectors.get(name)
+            if v is None:
+                v = self._vectors[name] = self._loader(("vectors", name))
+            return v
+
+    def with_vectors(self, uid: int, vectors: Mapping[str, np.ndarray]) -> Segment:
+        """A copy of this segment under ``uid`` that also carries ``vectors`` (name -> (n, dim) array).
+
+        Everything else is shared (arrays are immutable; what is still in the
+        file is read from it on first use, as here).
+        """
+        new = Segment.__new__(Segment)
+        for slot in Segment.__slots__:
+            setattr(new, slot, getattr(self, slot))
+        new.uid = int(uid)
+        new._lock = threading.RLock()
+        new.cache = {}
+        mine = {n: self.vectors(n) for n in self.vector_names}
+        for n, v in vectors.items():
+            if v.shape[0] != self.n_docs:
+                raise ValueError(f"vectors {n!r}: {v.shape[0]} rows for {self.n_docs} records")
+            mine[n] = v
+        new._vectors = mine
+        new.vector_names = tuple(sorted(mine))
+        return new
 
     @property
     def n_terms(self) -> int:
@@ -333,7 +376,8 @@ class SegView:
 
 
 def build_segment(uid: int, partition: int | None, batch: RecordBatch, seqs: np.ndarray, analyzer: Analyzer,
-                  terms: Interner, dicts: dict[str, Interner]) -> Segment:
+                  terms: Interner, dicts: dict[str, Interner],
+                  vectors: Mapping[str, np.ndarray] | None = None) -> Segment:
     """A segment over the records of ``batch`` (all of one partition), in batch order.
 
     Parameters
@@ -341,6 +385,8 @@ def build_segment(uid: int, partition: int | None, batch: RecordBatch, seqs: np.
     seqs : ndarray, shape (len(batch),), int64, ascending
         Their sequence numbers.
     terms, dicts : the memory's interners (new terms and values are added).
+    vectors : dict name -> ndarray (len(batch), dim), float32 or float16, optional
+        The records' vectors of each named embedding, normalised.
     """
     ids = StrArray.from_list(batch.ids)
     csr = build_csr(batch.texts, analyzer, ids=batch.ids, progress=False)
@@ -348,7 +394,8 @@ def build_segment(uid: int, partition: int | None, batch: RecordBatch, seqs: np.
     l2g = terms.codes(csr.vocab, dtype=np.int64)
     codes = {f: dicts[f].codes(batch.strings[f]) for f in STRING_FIELDS}
     return Segment(uid, partition, csr, np.asarray(seqs, dtype=np.int64), StrArray.from_list(batch.texts),
-                   StrArray.from_list(batch.metadata), codes, batch.time.copy(), batch.importance.copy(), l2g)
+                   StrArray.from_list(batch.metadata), codes, batch.time.copy(), batch.importance.copy(), l2g,
+                   vectors=vectors)
 
 
 def merge_segments(views: list[SegView], uid: int, partition: int | None, terms: Interner,
@@ -498,9 +545,11 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
     ids = cat_str(lambda s: s.ids)
     csr = CSRIndex(offsets=offsets, doc_ids=doc_ids, tfs=tfs, doc_lens=cat(lambda s: s.csr.doc_lens).astype(np.int32),
                    vocab=vocab, ids=ids, analyzer=segs[0].csr.analyzer)  # type: ignore[arg-type]
+    names = set(segs[0].vector_names).intersection(*(s.vector_names for s in segs[1:]))
+    vecs = {nm: cat(lambda s, nm=nm: s.vectors(nm)) for nm in sorted(names)}
     return Segment(uid, partition, csr, cat(lambda s: s.seqs), cat_str(lambda s: s.texts), cat_str(lambda s: s.meta),
                    {f: cat(lambda s, f=f: s.codes[f]) for f in STRING_FIELDS}, cat(lambda s: s.time),
-                   cat(lambda s: s.importance), l2g, df=counts)
+                   cat(lambda s: s.importance), l2g, df=counts, vectors=vecs)
 
 
 # --------------------------------------------------------------------------- files
@@ -510,6 +559,8 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
 #: also hold ``maxtf`` and ``mindl`` (per term), read only when a search needs bounds.
 SEGMENT_ARRAYS = ("offsets", "doc_ids", "tfs", "doc_lens", "vocab_off", "vocab_data", "seqs", "ids_off",
                   "ids_data", "text_off", "text_data", "meta_off", "meta_data", "time", "importance")
+#: Prefix of the array of each named embedding's vectors (``vectors_<name>``: (n, dim), float32 or float16).
+VECTORS_PREFIX = "vectors_"
 #: Validation works through postings in slices of this many entries (bounded temporaries).
 _CHUNK = 1 << 22
 
@@ -527,6 +578,8 @@ def segment_arrays(seg: Segment, dicts: dict[str, Interner]) -> dict[str, np.nda
         "time": seg.time, "importance": seg.importance,
         "maxtf": np.asarray(seg.maxtf, np.int32), "mindl": np.asarray(seg.mindl, np.int32),
     }
+    for name in seg.vector_names:
+        out[VECTORS_PREFIX + name] = seg.vectors(name)
     for f in STRING_FIELDS:
         c = seg.codes[f]
         used = np.unique(c[c >= 0])
@@ -683,6 +736,12 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
                 return np.asarray(get("time"), np.int64)
             if name == "importance":
                 return np.asarray(get("importance"), np.float64)
+            if isinstance(name, tuple) and name[0] == "vectors":
+                v = get(VECTORS_PREFIX + name[1])
+                if v.ndim != 2 or v.shape[0] != n or v.dtype not in (np.float32, np.float16):
+                    raise ValueError(f"array {VECTORS_PREFIX + name[1]} must be ({n}, dim) float32 or float16, "
+                                     f"got {v.shape} {v.dtype}")
+                return v
             if name == "maxtf_mindl":
                 if "maxtf" not in src or "mindl" not in src:
                     return None
@@ -696,8 +755,10 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
                 raise
             raise error(e) from None
 
+    names = src.names if hasattr(src, "names") else list(src)
+    vnames = tuple(sorted(a[len(VECTORS_PREFIX):] for a in names if a.startswith(VECTORS_PREFIX)))
     return Segment(uid, partition, None, seqs, None, None, None, None, None, l2g, ids=ids, n_docs=n,
-                   time_range=time_range, loader=load, df=df, length=length)
+                   time_range=time_range, loader=load, df=df, length=length, vector_names=vnames)
 
 
 def segment_from_arrays(arrs: dict[str, np.ndarray], uid: int, partition: int | None, analyzer: dict,
@@ -707,4 +768,6 @@ def segment_from_arrays(arrs: dict[str, np.ndarray], uid: int, partition: int | 
     seg = segment_from_file(arrs, uid, partition, analyzer, terms, dicts)
     for attr in ("csr", "texts", "meta", "codes", "time", "importance", "maxtf"):
         getattr(seg, attr)
+    for name in seg.vector_names:
+        seg.vectors(name)
     return seg

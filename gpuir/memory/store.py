@@ -68,6 +68,7 @@ from . import listing, persist, updates
 from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
+from .embeddings import Embedding, VectorError, parse_embeddings
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
 from .history import History
@@ -79,11 +80,12 @@ from .partitions import MODES, budget_partitions, partition_keys, scan
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
-from .segments import SegView, merge_segments, segment_arrays, segment_from_file
+from .segments import VECTORS_PREFIX, SegView, merge_segments, segment_arrays, segment_from_file
 from .snapshot import Snapshot
 from .termorder import TermOrder
 from .termstats import TermStats, check_seqs, query_terms, restate, term_stats
 from .timeutil import check_time_unit, public_record
+from .vecsearch import check_method, search_snapshot
 from .where import compile_wheres
 
 DAY_MS = 86_400_000
@@ -129,6 +131,12 @@ class Memory:
     background_merges : bool
         Merge in background threads (default): no ``add`` waits for a merge.
         False: merges run inside the writer's call that triggers them.
+    embeddings : dict name -> encoder, optional
+        Named embeddings whose vectors every record carries (stored in the
+        segments, searched by :meth:`search_vectors`): an encoder object
+        (``encode_passages`` / ``encode_queries``), a callable ``texts -> array``,
+        a model name, ``{"encoder": ..., "dtype": "float16"}``, or None (vectors
+        given to :meth:`add`). See :mod:`gpuir.memory.embeddings`.
 
     Examples
     --------
@@ -143,7 +151,8 @@ class Memory:
 
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
-                 merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True):
+                 merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
+                 embeddings: Mapping[str, Any] | None = None):
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -195,6 +204,7 @@ class Memory:
         self._unsaved = 0  # records added, updated or deleted since the last save or open
         self._history = History(history_limit)
         self._expiring = False  # some record was given an expires_at (saved in the manifest; never reset)
+        self._emb: dict[str, Embedding] = parse_embeddings(embeddings)  # every segment carries each one's column
         self._snap = self._snapshot()
 
     # ------------------------------------------------------------------ state
@@ -265,7 +275,7 @@ class Memory:
 
     # ------------------------------------------------------------------ writes
     def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None,
-            seqs: Sequence[int] | np.ndarray | None = None) -> int:
+            vectors: Mapping[str, Any] | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
         """Add new records (an iterable of dicts; see :mod:`gpuir.memory.records`).
 
         Parameters
@@ -274,6 +284,13 @@ class Memory:
         time_unit : {"s", "ms", "us", "ns"}, optional
             The unit of times given as bare numbers (a bare number without it is
             an error; see :mod:`gpuir.memory.timeutil`).
+        vectors : dict name -> array (n, dim), optional
+            The records' vectors of named embeddings, a row per record in the
+            order given (normalised and stored in the embedding's dtype). An
+            embedding of the memory not named here encodes the records' texts
+            with its encoder (one batched call). Naming an embedding the memory
+            does not have yet adds it (an empty memory only; see
+            :meth:`add_embedding`).
         seqs : sequence of int, optional
             The records' sequence numbers (the tie order), strictly increasing and
             beyond every number used so far, when a sharded memory numbers them
@@ -299,7 +316,8 @@ class Memory:
             if clash:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
-            added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq))
+            vecs = self._batch_vectors(batch, vectors, "add")
+            added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq), vecs)
             self._publish(added=added)
             self._unsaved += len(batch)
             self._merge_policy(parts)
@@ -371,17 +389,67 @@ class Memory:
             batch = normalize_records(fold_expiry(new), labels=labels)
             self._note_expiry(batch)
             rseqs = [seq_of[rid] for rid in replaced]
+            text_of = dict(zip(batch.ids, batch.texts))
+            keep = {rid: seq_of[rid] for rid in replaced if current[rid].get("text") == text_of.get(rid)}
+            vecs = self._batch_vectors(batch, None, what, keep)
             touched = self._remove(rseqs) if replaced else set()
             if given is not None and len(new) < len(ids):  # the records left as they were use no number
                 given_of = dict(zip(ids, given.tolist()))
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
-            added, parts = self._append(batch, given)
+            added, parts = self._append(batch, given, vecs)
             self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
             for rid, version in old:
                 self._history.push(rid, version)
             self._unsaved += len(new)
             self._merge_policy(touched | parts)
             return len(ids)
+
+    # ------------------------------------------------------------------ vectors
+    def _batch_vectors(self, batch: RecordBatch, given: Mapping[str, Any] | None, what: str,
+                       keep: Mapping[str, int] | None = None) -> dict[str, np.ndarray] | None:
+        """The vectors of ``batch``'s records for every embedding (writer; nothing is changed on error).
+
+        ``given``: arrays from the caller; ``keep``: id -> sequence number of stored records whose
+        text is unchanged (their stored vectors are kept as they are); the rest is encoded.
+        """
+        if given is not None and not isinstance(given, Mapping):
+            raise VectorError(f"{what}: vectors must be a dict embedding name -> array (n, dim)")
+        given = dict(given or {})
+        new = [n for n in given if n not in self._emb]
+        if new and (self._n or self._views):
+            raise VectorError(f"{what}: the memory has no embedding {new[0]!r} (it has "
+                              f"{sorted(self._emb) or 'none'}); add it with add_embedding({new[0]!r}, encoder) "
+                              "first: its records need vectors too")
+        embs = {**self._emb, **{nm: Embedding(nm) for nm in new}}
+        if not embs:
+            return None
+        n = len(batch)
+        out: dict[str, np.ndarray] = {}
+        located: list[tuple[SegView, np.ndarray]] = []
+        dest_of: dict[int, int] = {}
+        if keep:
+            row_of = {rid: i for i, rid in enumerate(batch.ids)}
+            dest_of = {int(q): row_of[rid] for rid, q in keep.items()}
+            located = self._locate(list(self._views.values()), np.asarray(sorted(dest_of), dtype=np.int64))
+        for name, emb in embs.items():
+            if name in given:
+                out[name] = emb.check(given[name], n, what)
+                continue
+            if located and emb.dim is not None:
+                arr = np.zeros((n, emb.dim), dtype=emb.dtype)
+                done = np.zeros(n, dtype=bool)
+                for v, r in located:  # unchanged texts: the stored vectors, bit for bit
+                    dest = np.asarray([dest_of[int(q)] for q in v.seg.seqs[r].tolist()], dtype=np.int64)
+                    arr[dest] = v.seg.vectors(name)[r]
+                    done[dest] = True
+                rest = np.flatnonzero(~done)
+                if rest.size:
+                    arr[rest] = emb.encode([batch.texts[i] for i in rest.tolist()], what)
+                out[name] = arr
+                continue
+            out[name] = emb.encode(list(batch.texts), what)
+        self._emb.update(embs)
+        return out
 
     def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
         """(ids, their records as stored) of live ids: the canonical form of :mod:`gpuir.memory.intake`
@@ -474,8 +542,10 @@ class Memory:
             self._merge_policy(touched)
             return len(ids)
 
-    def _append(self, batch: RecordBatch, seqs: np.ndarray | None = None) -> tuple[dict[str, int], set]:
-        """Write segments for ``batch`` (no publish); returns (id -> seq, partitions touched).
+    def _append(self, batch: RecordBatch, seqs: np.ndarray | None = None,
+                vecs: dict[str, np.ndarray] | None = None) -> tuple[dict[str, int], set]:
+        """Write segments for ``batch`` (with the records' vectors ``vecs``, name -> (n, dim); no publish);
+        returns (id -> seq, partitions touched).
 
         ``seqs``: checked sequence numbers (:func:`~gpuir.memory.termstats.check_seqs`), default the next ones.
         """
@@ -489,8 +559,10 @@ class Memory:
             groups.setdefault(key, []).append(i)
         for key, rows in groups.items():
             r = np.asarray(rows, dtype=np.int64)
+            part_vecs = None if vecs is None else {
+                nm: (a[r] if len(groups) > 1 else a) for nm, a in vecs.items()}
             seg = self._builder.build(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
-                                      self._dicts)
+                                      self._dicts, part_vecs)
             self._next_uid += 1
             self._dflog.add(seg.l2g, seg.df, unique=True)
             self._n += seg.n_docs
@@ -810,8 +882,9 @@ class Memory:
         path : the file (written atomically)
         where : dict, optional
             Export only these records (and only their histories).
-        vectors : mapping id -> array, or an embedding store (``row_of``, ``vecs``), optional
-            Written as each record's ``"vector"``.
+        vectors : str, mapping id -> array, or an embedding store (``row_of``, ``vecs``), optional
+            Written as each record's ``"vector"``; a str names one of the memory's embeddings (its
+            stored vectors, written as float32).
         history : bool
             Write the records' histories too.
 
@@ -824,6 +897,13 @@ class Memory:
         seqs, _, vis, rows = listing._matches(snap, w)
         order = np.argsort(seqs, kind="stable")
         recs = [public_record(snap.record(int(vis[i]), int(rows[i]))) for i in order.tolist()]
+        if isinstance(vectors, str):
+            emb = self._embedding(vectors)
+            col = {}
+            for i in order.tolist():
+                v = snap.views[int(vis[i])].seg.vectors(emb.name)[int(rows[i])]
+                col[snap.views[int(vis[i])].seg.ids[int(rows[i])]] = np.asarray(v, np.float32)
+            vectors = col
         hist = []
         if history:
             names = self._history.ids() if where is None else [r["id"] for r in recs if r["id"] in self._history]
@@ -996,6 +1076,167 @@ class Memory:
         snap = self._snap
         return term_stats(snap, query_terms(snap, list(queries)))
 
+    # ------------------------------------------------------------------ dense vectors
+    @property
+    def embeddings(self) -> dict[str, dict[str, Any]]:
+        """The memory's named embeddings: name -> {"dim", "dtype", "model", "encoder" (whether one is attached)}."""
+        return {n: {**e.to_dict(), "encoder": e.encoder is not None} for n, e in self._emb.items()}
+
+    def add_embedding(self, name: str, encoder: Any = None, dtype: str = "float32") -> int:
+        """Add a named embedding (or attach an encoder to an existing one).
+
+        A new embedding's vectors are computed for every live record now (their
+        texts encoded in one batched call), and each segment is replaced by a
+        copy carrying the column (the next :meth:`save` writes the copies). For
+        an existing embedding, ``encoder`` is attached (it encodes later
+        records and text queries) and nothing is encoded.
+
+        Parameters
+        ----------
+        name : str
+        encoder : see :class:`Memory` ``embeddings``
+        dtype : {"float32", "float16"}
+            Storage dtype of a new embedding.
+
+        Returns
+        -------
+        int: the number of records encoded.
+
+        Raises
+        ------
+        VectorError
+            A bad name or dtype, an existing embedding's other dtype, or records to encode without an encoder.
+        """
+        spec = parse_embeddings({name: {"encoder": encoder, "dtype": dtype}})[name]
+        with self._write_lock:
+            have = self._emb.get(name)
+            if have is not None:
+                if dtype != have.dtype:
+                    raise VectorError(f"embedding {name!r} is stored as {have.dtype}, not {dtype}")
+                if spec.encoder is not None:
+                    have.attach(spec.encoder)
+                return 0
+            self._merge_paused += 1
+        try:
+            self._merger.drain()  # no merge holds segments that would miss the column
+            with self._write_lock:
+                views = list(self._views.values())
+                rows = [v.live_rows() for v in views]
+                texts = [t for v, r in zip(views, rows) for t in v.seg.texts.take(r).tolist()]
+                vecs = spec.encode(texts, f"add_embedding({name!r})") if texts else None
+                start = 0
+                for v, r in zip(views, rows):
+                    col = np.zeros((v.seg.n_docs, spec.dim or 0), dtype=spec.dtype)
+                    col[r] = vecs[start: start + r.size]  # (deleted rows: zeros, never searched, purged by merges)
+                    start += r.size
+                    seg = v.seg.with_vectors(self._next_uid, {name: col})
+                    self._next_uid += 1
+                    self._drop(v.seg.uid)
+                    self._put(SegView(seg, v.live))
+                self._emb[name] = spec
+                if texts and not self._readonly:
+                    self._unsaved += len(texts)
+                self._publish()
+                return len(texts)
+        finally:
+            with self._write_lock:
+                self._merge_paused -= 1
+
+    def search_vectors(self, queries: Any, k: int = 10, where: Any = None, embedding: str | None = None,
+                       backend: str = "auto", method: str = "exact", snapshot: Snapshot | None = None,
+                       time_unit: str | None = None) -> MemoryResults:
+        """Top-k records of each query by the cosine of its vector and the records' stored vectors; exact.
+
+        Parameters
+        ----------
+        queries : ndarray, shape (B, dim) or (dim,), float; or str / sequence of B str
+            Query vectors (normalised here), or texts encoded by the embedding's encoder.
+        k : int, >= 1
+            Results are min(k, live records) wide.
+        where : None, dict, or a list of B (dict or None)
+            The filters of :meth:`search` (:mod:`gpuir.memory.where`); a tenant there is a hard boundary.
+        embedding : str, optional
+            Which named embedding (default: the memory's only one).
+        backend : {"auto", "numpy", "numba", "cupy"}
+            The engine's dense path (:mod:`gpuir.backends.dense`): every backend returns the same ids
+            and float32 scores (float64 accumulation, rounded once).
+        method : {"exact", "faiss"}
+            "faiss": FAISS candidates per large segment, scored again exactly (:mod:`gpuir.memory.vecsearch`).
+        snapshot : Snapshot, optional
+        time_unit : {"s", "ms", "us", "ns"}, optional
+
+        Returns
+        -------
+        MemoryResults
+            As :meth:`search`'s: ``hits(i)`` gives dicts with id, score (the cosine, float32), text
+            and the record's fields; ties: higher score, then add order.
+        """
+        emb = self._embedding(embedding)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        check_method(method)
+        check_time_unit(time_unit)
+        t0 = time.perf_counter()
+        if isinstance(queries, str) or (isinstance(queries, Sequence) and queries and
+                                        all(isinstance(q, str) for q in queries)):
+            q = emb.encode_queries([queries] if isinstance(queries, str) else list(queries))
+        else:
+            q = emb.queries(queries)
+        t1 = time.perf_counter()
+        name, reason = resolve_backend(backend)
+        snap = snapshot if snapshot is not None else self._snap
+        if any(emb.name not in v.seg.vector_names for v in snap.views):
+            raise VectorError(f"this snapshot predates embedding {emb.name!r}: search the current one")
+        wheres = compile_wheres(where, q.shape[0], snap.dicts, time_unit, cutoff(snap))
+        k = min(int(k), max(snap.n_docs, 1))
+        seqs, scores, vidx, rows = search_snapshot(snap, emb.name, q, k, wheres, name, method)
+        _check_tenants(snap, wheres, vidx, rows)
+        return MemoryResults(seqs, scores, snap, vidx, rows, {
+            "backend": name, "backend_reason": reason, "mode": "dense", "method": method,
+            "embedding": emb.name, "snapshot_version": snap.version, "ties": "oldest",
+            "timings": {"encode_s": t1 - t0, "search_s": time.perf_counter() - t1},
+        })
+
+    def _embedding(self, name: str | None) -> Embedding:
+        if not self._emb:
+            raise VectorError("this memory stores no vectors: give Memory(embeddings={name: encoder}), "
+                              "add_embedding(name, encoder), or add(records, vectors={name: array})")
+        if name is None:
+            if len(self._emb) > 1:
+                raise VectorError(f"this memory has several embeddings ({', '.join(sorted(self._emb))}): "
+                                  "name one with embedding=")
+            return next(iter(self._emb.values()))
+        emb = self._emb.get(name)
+        if emb is None:
+            raise VectorError(f"no embedding {name!r} in this memory (it has {', '.join(sorted(self._emb))})")
+        return emb
+
+    def vectors(self, ids: Iterable[str], embedding: str | None = None) -> np.ndarray:
+        """The stored vectors of live records: ndarray (len(ids), dim), the embedding's dtype, host.
+
+        Raises
+        ------
+        UnknownIdError
+            An id naming no live record.
+        """
+        emb = self._embedding(embedding)
+        ids = _id_list(ids, "vectors")
+        with self._commit_lock:
+            snap = self._snap
+            seq_of = self._ids.get_many(ids, snap.views)
+        unknown = [i for i, q in zip(ids, seq_of) if q is None]
+        if unknown:
+            raise UnknownIdError(unknown, "vectors")
+        out = np.zeros((len(ids), emb.dim or 0), dtype=emb.dtype)
+        pos: dict[int, list[int]] = {}
+        for i, q in enumerate(seq_of):
+            pos.setdefault(int(q), []).append(i)
+        for v, rows in self._locate(snap.views, np.asarray(sorted(pos), dtype=np.int64)):
+            vec = v.seg.vectors(emb.name)
+            for q, r in zip(v.seg.seqs[rows].tolist(), rows.tolist()):
+                out[pos[q]] = vec[r]
+        return out
+
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:
         """Counts for people: records, tenants, segments, partitions, time span, deletions, settings."""
@@ -1039,6 +1280,7 @@ class Memory:
             "postings": sum(int(v.seg.df.sum()) for v in snap.views),
             "avgdl": snap.avgdl,
             "generation": self._gen,
+            "embeddings": self.embeddings,
             **self.config(),
         }
 
@@ -1114,6 +1356,8 @@ class Memory:
             manifest = {"generation": gen, "config": self.config(), "next_seq": self._next_seq,
                         "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries,
                         "history": self._history.save(root, gen), "expiring": self._expiring}
+            if self._emb:  # (absent: a memory without vectors, as before)
+                manifest["embeddings"] = {n: e.to_dict() for n, e in self._emb.items()}
             name = persist.commit(root, manifest)
             self._gen = gen
             self._unsaved = 0
@@ -1147,7 +1391,8 @@ class Memory:
 
     @classmethod
     def open(cls, path: str | os.PathLike, writer: bool = True, verify: bool | str = True,
-             lock_timeout: float = 10.0, background_merges: bool = True) -> Memory:
+             lock_timeout: float = 10.0, background_merges: bool = True,
+             embeddings: Mapping[str, Any] | None = None) -> Memory:
         """Open a memory directory by mapping its segment files.
 
         Only the manifests and the small columns are read at once (each
@@ -1175,6 +1420,11 @@ class Memory:
             Seconds to wait for another writer.
         background_merges : bool
             See :class:`Memory`.
+        embeddings : dict name -> encoder, optional
+            Encoders of the stored embeddings (attached: they encode later
+            records and text queries), or new embeddings (every record is
+            encoded now; see :meth:`add_embedding`). The stored vectors are
+            mapped like the other columns whether or not an encoder is given.
 
         Raises
         ------
@@ -1210,6 +1460,12 @@ class Memory:
         mem._lock = lock
         mem._readonly = not writer
         mem._prev_files = persist.manifest_files(manifest) | {name}
+        try:
+            for ename, spec in parse_embeddings(embeddings).items():
+                mem.add_embedding(ename, spec.encoder, spec.dtype if ename not in mem._emb else mem._emb[ename].dtype)
+        except BaseException:
+            mem.close(discard_unsaved=True)
+            raise
         return mem
 
     @classmethod
@@ -1225,6 +1481,12 @@ class Memory:
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)
+        try:
+            stored = manifest.get("embeddings") or {}
+            mem._emb = {n: Embedding(n, None, d.get("dtype", "float32"), d.get("dim"), d.get("model"),
+                                     d.get("gpuir_model")) for n, d in stored.items()}
+        except (TypeError, ValueError, AttributeError) as e:
+            raise MemoryFormatError(f"{root}: invalid embeddings in the manifest ({e})") from None
         for e in manifest.get("segments", []):
             src = persist.open_segment(root, e, verify)
             path = root / e["file"]
@@ -1240,6 +1502,13 @@ class Memory:
                 raise damaged(err) from None
             if seg.n_docs != int(e.get("n_docs", seg.n_docs)):
                 raise damaged(f"{seg.n_docs} records, the manifest says {e['n_docs']}")
+            for n, emb in mem._emb.items():
+                if n not in seg.vector_names:
+                    raise damaged(f"no vectors of embedding {n!r}, which the manifest lists")
+                shp = src.shape(VECTORS_PREFIX + n)
+                if tuple(shp) != (seg.n_docs, emb.dim):
+                    raise damaged(f"vectors of embedding {n!r} have shape {tuple(shp)}, expected "
+                                  f"({seg.n_docs}, {emb.dim})")
             live = None
             if e.get("deletes"):
                 dead = persist.read_deletes(root, e["deletes"], seg.n_docs, verify)

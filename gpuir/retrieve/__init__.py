@@ -11,7 +11,7 @@
 * :mod:`~gpuir.retrieve.fanout` (channels in threads), :mod:`~gpuir.retrieve.optimiser`
   (what runs for a query; fusion over what ran), :mod:`~gpuir.retrieve.cascade`,
   :mod:`~gpuir.retrieve.typefilter`, :mod:`~gpuir.retrieve.router`.
-* :mod:`~gpuir.retrieve.embeddings`: record embeddings, incremental, saved beside the memory.
+* :mod:`~gpuir.retrieve.dense_channels`: what ``dense`` and ``late`` search: the memory's stored vectors.
 * :mod:`~gpuir.retrieve.retriever`: :class:`Retriever`.
 
 See ``docs/retriever.md`` and ``docs/decisions.md``. Modules that need the
@@ -21,7 +21,6 @@ See ``docs/retriever.md`` and ``docs/decisions.md``. Modules that need the
 from .._compat import MissingExtra
 from .cascade import choose_tau, choose_tau_per_type
 from .config import CHANNELS, FUSIONS, POOLINGS, ChannelConfig, RetrieverConfig, default_config
-from .embeddings import EmbeddingStore
 from .registry import Change, Channel, ChannelContext, ChannelRequest, register_channel, unregister_channel
 from .results import RetrieverResults
 from .retriever import UNITS, Retriever
@@ -36,7 +35,6 @@ __all__ = [
     "ChannelConfig",
     "ChannelContext",
     "ChannelRequest",
-    "EmbeddingStore",
     "MissingExtra",
     "Retriever",
     "RetrieverConfig",

@@ -16,8 +16,10 @@ channel applies the same ``where`` (:mod:`gpuir.memory.where`); padding is -1 /
 * ``bm25_pool``: record BM25 at ``depth``, pooled per session (max, top-``pool_k``
   mean, log-sum-exp with ``lse_beta``) by :func:`gpuir.dense.segment_reduce_numpy`.
   With ``depth`` at least the number of matching records, pooling is exact.
-* ``dense``: cosine of the query and record embeddings, exact, top ``depth``.
-* ``late``: the cosines of all allowed records pooled per session, top ``depth`` sessions.
+* ``dense``: cosine of the query's vector and the records' vectors stored in the memory
+  (:meth:`Memory.search_vectors`, exact), top ``depth``.
+* ``late``: late interaction over sessions: the cosines of all allowed records (their stored
+  vectors) pooled per session, top ``depth`` sessions (:mod:`gpuir.retrieve.dense_channels`).
 * ``temporal``: the records inside the query's parsed time window
   (:func:`gpuir.retrieve.temporal.parse_time_window`, AND-ed with ``where``): first
   those BM25 scores (by their BM25 score), then the other records of the window,
@@ -39,14 +41,26 @@ import numpy as np
 from ..dense.late_interaction import segment_reduce_numpy
 from ..results import SearchResults, padded_arrays
 from ..topk import topk_pairs
-from .embeddings import EmbeddingStore
+from .dense_channels import MemoryEmbedding, as_results, search_records
 from .entity_graph import EntityGraph
 from .registry import Change, Channel, ChannelContext, ChannelRequest, register_channel
 from .wheres import and_where, row_where
 
-__all__ = ["BM25Channel", "BM25PoolChannel", "BM25SessionChannel", "DenseChannel", "EmbeddingResource",
-           "EntityChannel", "EntityGraphResource", "LateChannel", "TemporalChannel", "drop_below", "pool_rows",
-           "ranked_rows", "sorted_rows"]
+__all__ = [
+    "BM25Channel",
+    "BM25PoolChannel",
+    "BM25SessionChannel",
+    "DenseChannel",
+    "EntityChannel",
+    "EntityGraphResource",
+    "LateChannel",
+    "MemoryEmbedding",
+    "TemporalChannel",
+    "drop_below",
+    "pool_rows",
+    "ranked_rows",
+    "sorted_rows",
+]
 
 
 def sorted_rows(nums: list[np.ndarray], scores: list[np.ndarray], depth: int) -> SearchResults:
@@ -195,40 +209,6 @@ def _record_bm25(catalog, snap, queries: list[str], depth: int, where: Any, back
 # ---------------------------------------------------------------------------- shared resources
 
 
-class EmbeddingResource:
-    """The record embeddings the ``dense`` and ``late`` channels share (one store per retriever).
-
-    Synced with the catalog (deleted records forgotten, new ones encoded), saved as
-    ``embeddings.npy`` + ``embedding_ids.json`` in the retriever's folder.
-    """
-
-    def __init__(self, context: ChannelContext):
-        self.context = context
-        self.store = EmbeddingStore(context.encoder)
-
-    def sync(self, change: Change) -> None:
-        cat = change.catalog
-        if change.removed:
-            self.store.discard(change.removed)
-        missing = [rid for rid in cat.seq_of if rid not in self.store.row_of]
-        if missing:
-            enc = self.store.encoder
-            shown = getattr(enc, "show_progress", None)
-            if shown is not None:
-                enc.show_progress = self.context.progress
-            try:
-                self.store.ensure(missing, [cat.text_of[r] for r in missing])
-            finally:
-                if shown is not None:
-                    enc.show_progress = shown
-
-    def save(self, folder) -> None:
-        self.store.save(folder)
-
-    def open(self, folder) -> None:
-        self.store.load(folder)
-
-
 class EntityGraphResource:
     """The entity graph of the ``entity`` channels, kept in step with the catalog.
 
@@ -323,46 +303,37 @@ class BM25SessionChannel(Channel):
 
 
 class DenseChannel(Channel):
-    """``dense``: cosine of the query and record embeddings, exact, top ``depth``."""
+    """``dense``: the top ``depth`` records by cosine with their vectors stored in the memory (exact;
+    :mod:`gpuir.retrieve.dense_channels`)."""
 
     unit = "record"
     needs_encoder = True
 
     def __init__(self, config, context: ChannelContext):
         super().__init__(config, context)
-        self.embeddings = context.resource("embeddings", lambda: EmbeddingResource(context))
-
-    def _sims(self, request: ChannelRequest, where: Any, n: int):
-        cat, emb = request.catalog, self.embeddings.store
-        qvecs = request.vectors()
-        allowed = cat.allowed_seqs(request.snapshot, where, n)
-        all_seqs = np.array(sorted(cat.id_of_seq), dtype=np.int64)
-        for i, a in enumerate(allowed):
-            seqs = all_seqs if a is None else a
-            if seqs.size == 0:
-                yield seqs, None
-                continue
-            rows = emb.rows([cat.id_of_seq[int(s)] for s in seqs])
-            yield seqs, (emb.vecs[rows] @ qvecs[i]).astype(np.float32)
+        self.embedding = context.resource("embeddings", lambda: MemoryEmbedding(context))
 
     def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
-        nums, vals = [], []
-        for seqs, sims in self._sims(request, where, len(queries)):
-            nums.append(seqs if sims is not None else np.zeros(0, np.int64))
-            vals.append(sims if sims is not None else np.zeros(0, np.float32))
-        return sorted_rows(nums, vals, k)
+        rows = search_records(self.context, self.embedding.name, request, where, len(queries), lambda i: k)
+        return as_results(rows, k)
 
 
 class LateChannel(DenseChannel):
-    """``late``: the cosines of all allowed records pooled per session, top ``depth`` sessions."""
+    """``late``: late interaction over sessions -- a session's records' stored vectors are its multi-vector
+    representation, its score pools the query's cosine with each of them (max / top-k mean / lse), every
+    allowed record scored; top ``depth`` sessions."""
 
     unit = "session"
 
     def search(self, queries, k, where, at, request: ChannelRequest) -> SearchResults:
         ch, cat = self.config, request.catalog
+        allowed = cat.allowed_seqs(request.snapshot, where, len(queries))
+        n_all = request.snapshot.n_docs
+        rows = search_records(self.context, self.embedding.name, request, where, len(queries),
+                              lambda i: n_all if allowed[i] is None else allowed[i].size)
         nums, vals = [], []
-        for seqs, sims in self._sims(request, where, len(queries)):
-            if sims is None:
+        for seqs, sims in rows:
+            if seqs.size == 0:
                 nums.append(np.zeros(0, np.int64))
                 vals.append(np.zeros(0, np.float32))
                 continue

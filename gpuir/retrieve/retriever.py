@@ -87,6 +87,7 @@ class Retriever:
         #: one channel object per configured channel (``config.channels``), made by the registry's factories
         self.channels = [] if routed else [self.make_channel(c) for c in cfg.channels]
         self._exact_bm25 = None
+        self._record_channels: list[Any] | None = None
         self.router = None
         if routed:
             self.router = Router(self.memory, cfg, self._route, folder=folder)
@@ -110,10 +111,10 @@ class Retriever:
         return [*self.context.resources.values(), *self.channels]
 
     @property
-    def embeddings(self):
-        """The record embeddings (:class:`EmbeddingStore`) of the dense channels, or None."""
+    def embedding(self) -> str | None:
+        """The memory embedding the dense channels search (its vectors are the memory's), or None."""
         res = self.context.resources.get("embeddings")
-        return None if res is None else res.store
+        return None if res is None else res.name
 
     @property
     def graph(self):
@@ -154,7 +155,9 @@ class Retriever:
         return p.with_name(p.name + ".retriever")
 
     def save(self, folder: str | os.PathLike | None = None) -> Path:
-        """Save the configuration (``retriever.json``) and the embeddings beside the memory.
+        """Save the configuration (``retriever.json``) and the channels' state (the entity graph) beside the memory.
+
+        The dense channels' vectors are the memory's: they are saved by ``Memory.save``.
 
         Parameters
         ----------
@@ -176,7 +179,7 @@ class Retriever:
 
     @classmethod
     def open(cls, memory: Memory, folder: str | os.PathLike | None = None, encoder: Any = None) -> Retriever:
-        """The retriever saved beside ``memory`` (embeddings reused, not re-encoded)."""
+        """The retriever saved beside ``memory`` (the memory's stored vectors reused, not re-encoded)."""
         if folder is None:
             if memory.path is None:
                 raise ValueError("the memory has no directory: pass folder=")
@@ -212,20 +215,39 @@ class Retriever:
         """The channel objects a search of ``unit`` runs (each with its ``config``).
 
         ``unit="session"``: every channel; record channels are max-pooled to
-        sessions. ``unit="record"``: the record channels; a configuration without
-        any searches records with exact BM25 alone (the hits of ``Memory.search``);
-        a session configuration whose record channels all run only for some queries
-        (``temporal``, ``entity``: the default has ``temporal``) searches exact BM25
-        beside them, so that a query without a time or an entity still gets the BM25
-        hits. A configuration of record channels only runs exactly those.
+        sessions. ``unit="record"``: the record channels, and a ``late`` channel
+        (without a ``dense`` one) runs as ``dense`` -- the same cosines of the
+        records, not pooled -- with its weight; when the configuration has no
+        record channel, its session BM25 channels (``bm25_session``,
+        ``bm25_pool``) run as one record ``bm25`` beside it (depth 100, the first
+        one's weight). A configuration with none of these searches records with
+        exact BM25 alone (the hits of ``Memory.search``); a session configuration
+        whose record channels all run only for some queries (``temporal``,
+        ``entity``: the default has ``temporal``) searches exact BM25 beside them,
+        so that a query without a time or an entity still gets the BM25 hits. A
+        configuration of record channels only runs exactly those.
         """
         if unit == "session":
             return list(self.channels)
-        rec = [c for c in self.channels if c.config.unit == "record"]
-        if all(c.config.kind in CONDITIONAL for c in rec) and (
-                not rec or any(c.config.unit == "session" for c in self.channels)):
-            rec = [self.exact_bm25(), *rec]
-        return rec
+        if self._record_channels is None:
+            rec = [c for c in self.channels if c.config.unit == "record"]
+            kinds = {c.config.kind for c in rec}
+            late = [c for c in self.channels if c.config.kind == "late"]
+            extra = []
+            if late and "dense" not in kinds:
+                lc = late[0].config
+                extra.append(self.make_channel(ChannelConfig("dense", depth=lc.depth, weight=lc.weight,
+                                                             min_score=lc.min_score)))
+                if not rec:
+                    bm = [c for c in self.channels if c.config.kind in ("bm25_session", "bm25_pool")]
+                    if bm:
+                        extra.insert(0, self.make_channel(ChannelConfig("bm25", depth=100, weight=bm[0].config.weight)))
+            chans = rec + extra
+            if all(c.config.kind in CONDITIONAL for c in chans) and (
+                    not chans or any(c.config.unit == "session" for c in self.channels)):
+                chans = [self.exact_bm25(), *chans]
+            self._record_channels = chans
+        return list(self._record_channels)
 
     def exact_bm25(self):
         """The exact record BM25 channel (depth 100) searched when no record channel is configured."""

@@ -58,13 +58,11 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, RecordError, UnknownIdError, updates
-from ..memory.hitorder import HIT_ORDERS, check_min_score, resolve_ties
 from ..memory.intake import canonical_records, fold_expiry, to_batch
-from ..memory.partitions import MODES, budget_partitions
 from ..memory.records import MISSING_TIME, RecordBatch, normalize_records
+from ..memory.searchargs import check_search_args
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
-from ..memory.timeutil import check_time_unit
 from ..memory.where import compile_wheres
 from ..storage.dirlock import WriterLock, check_path, claim_dir
 from ..topk import topk_order
@@ -831,33 +829,8 @@ class ShardedMemory:
             A shard that must be asked did not answer (nothing partial is returned).
         """
         t0 = time.perf_counter()
-        if isinstance(queries, str):
-            queries = [queries]
-        if not isinstance(queries, Sequence):
-            raise TypeError(f"queries must be a str or a sequence of str, got {type(queries).__name__}")
-        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
-        if bad:
-            raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        k = int(k)
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
-        ties = resolve_ties(ties, mode)
-        min_score = check_min_score(min_score)
-        if order_by not in HIT_ORDERS:
-            raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in HIT_ORDERS)}, got {order_by!r}")
-        check_time_unit(time_unit)
-        budget = None
-        if mode == "budgeted":
-            if max_partitions is not None:
-                if isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1:
-                    raise ValueError(f"max_partitions must be a positive integer, got {max_partitions!r}")
-                budget = max_partitions
-            elif epsilon is not None:
-                budget = budget_partitions(epsilon, decay)
-            else:
-                raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
+        queries, k, ties, min_score, budget = check_search_args(
+            queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
         B = len(queries)
         wheres = compile_wheres(where, B, {}, time_unit)  # checked here: a malformed where fails before any shard is asked
         raw = [None] * B if where is None else ([where] * B if isinstance(where, Mapping) else list(where))

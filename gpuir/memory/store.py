@@ -72,14 +72,15 @@ from .embeddings import Embedding, VectorError, parse_embeddings
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
 from .history import History
-from .hitorder import HIT_ORDERS, by_time, check_min_score, newest_ties, resolve_ties, threshold
+from .hitorder import by_time, newest_ties, threshold
 from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
-from .partitions import MODES, budget_partitions, partition_keys, scan
+from .partitions import partition_keys, scan
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
+from .searchargs import check_search_args
 from .segments import VECTORS_PREFIX, SegView, merge_segments, segment_arrays, segment_from_file
 from .snapshot import Snapshot
 from .termorder import TermOrder
@@ -1004,33 +1005,8 @@ class Memory:
         MemoryResults
             ``hits(i)`` gives dicts with id, score, text and the record's fields (times in ISO 8601).
         """
-        if isinstance(queries, str):
-            queries = [queries]
-        if not isinstance(queries, Sequence):
-            raise TypeError(f"queries must be a str or a sequence of str, got {type(queries).__name__}")
-        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
-        if bad:
-            raise TypeError(f"query {bad[0]} is a {type(queries[bad[0]]).__name__}; queries must be str")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        k = int(k)
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
-        ties = resolve_ties(ties, mode)
-        min_score = check_min_score(min_score)
-        if order_by not in HIT_ORDERS:
-            raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in HIT_ORDERS)}, got {order_by!r}")
-        check_time_unit(time_unit)
-        budget = None
-        if mode == "budgeted":
-            if max_partitions is not None:
-                if isinstance(max_partitions, bool) or not isinstance(max_partitions, int) or max_partitions < 1:
-                    raise ValueError(f"max_partitions must be a positive integer, got {max_partitions!r}")
-                budget = max_partitions
-            elif epsilon is not None:
-                budget = budget_partitions(epsilon, decay)
-            else:
-                raise ValueError("mode 'budgeted' needs max_partitions=K or epsilon (with decay)")
+        queries, k, ties, min_score, budget = check_search_args(
+            queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
         name, reason = resolve_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
         if stats is not None:

@@ -34,12 +34,12 @@ from ..memory import RecordError, UnknownIdError
 from ..storage.dirlock import check_path
 from .store import (
     SEP,
-    ConflictError,
     NotFoundError,
     ServiceStore,
     StoreFailedError,
     StoreOp,
     WriteFailedError,
+    check_group,
     concat_batches,
     external_hit,
     internal_id,
@@ -119,25 +119,7 @@ class ShardedStore(ServiceStore):
             for op in group:
                 op.future.set_exception(WriteFailedError(f"{e}; nothing of this request was stored"))
             return
-        pending: set[str] = set()
-        removed: set[str] = set()
-        ok: list[tuple[StoreOp, int]] = []
-        for op in group:
-            if op.kind == "add":
-                clash = [rid for rid in op.batch.ids if (rid in live and rid not in removed) or rid in pending]
-                if clash:
-                    op.future.set_exception(ConflictError(
-                        f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
-                        f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
-                    continue
-                pending.update(op.batch.ids)
-                ok.append((op, len(op.batch.ids)))
-            else:
-                now = [rid for rid in dict.fromkeys(op.ids) if (rid in live and rid not in removed) or rid in pending]
-                pending.difference_update(now)
-                removed.update(now)
-                op.ids = now
-                ok.append((op, len(now)))
+        ok = check_group(group, live)
         t0 = time.perf_counter()
         done: list[tuple[StoreOp, int]] = []
         try:

@@ -144,6 +144,39 @@ class StoreOp:
         self.future: cf.Future = cf.Future()
 
 
+
+def check_group(group: list[StoreOp], live: Any) -> list[tuple[StoreOp, int]]:
+    """The operations of a group commit that may be written, each with its record count.
+
+    ``live``: the ids stored before the group (anything supporting ``in``). An
+    add whose id exists (or is added earlier in the group and not deleted since)
+    fails alone with :class:`ConflictError` (its future is set); a delete keeps
+    only the ids live at its place in the group (``op.ids`` narrowed, possibly
+    to none). The rest of the group is unaffected: one request's bad ids never
+    fail another's writes.
+    """
+    pending: set[str] = set()
+    removed: set[str] = set()
+    ok: list[tuple[StoreOp, int]] = []
+    for op in group:
+        if op.kind == "add":
+            clash = [rid for rid in op.batch.ids if (rid in live and rid not in removed) or rid in pending]
+            if clash:
+                op.future.set_exception(ConflictError(
+                    f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
+                    f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
+                continue
+            pending.update(op.batch.ids)
+            ok.append((op, len(op.batch.ids)))
+        else:
+            now = [rid for rid in dict.fromkeys(op.ids) if (rid in live and rid not in removed) or rid in pending]
+            pending.difference_update(now)
+            removed.update(now)
+            op.ids = now
+            ok.append((op, len(now)))
+    return ok
+
+
 class ServiceStore:
     """A memory directory served durably.
 
@@ -430,26 +463,7 @@ class ServiceStore:
     def _commit(self, group: list[StoreOp]) -> None:
         """Validate, log (one fsync), apply, acknowledge a group of operations."""
         mem = self.memory
-        pending: set[str] = set()
-        removed: set[str] = set()
-        ok: list[tuple[StoreOp, int]] = []
-        for op in group:
-            if op.kind == "add":
-                clash = [rid for rid in op.batch.ids if (rid in mem and rid not in removed) or rid in pending]
-                if clash:
-                    op.future.set_exception(ConflictError(
-                        f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
-                        f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
-                    continue
-                pending.update(op.batch.ids)
-                ok.append((op, len(op.batch.ids)))
-            else:
-                live = [rid for rid in dict.fromkeys(op.ids)
-                        if (rid in mem and rid not in removed) or rid in pending]
-                pending.difference_update(live)
-                removed.update(live)
-                op.ids = live
-                ok.append((op, len(live)))
+        ok = check_group(group, mem)
         logged = [(op, n) for op, n in ok if n]
         if logged and self.failed is not None:
             err: BaseException = StoreFailedError(self.failed)

@@ -158,24 +158,6 @@ class ShardedStore(ServiceStore):
             if not op.future.done():
                 op.future.set_result(n)
 
-    def _commit_in_order(self, group: list[StoreOp]) -> None:
-        """Commit a group in order: adds and deletes together, each update alone (it reads the stored records)."""
-        try:
-            self.memory.purge_expired()  # an expired id is free again; its record is hidden already
-        except Exception as e:  # noqa: BLE001 - the records stay hidden; purged by a later write
-            log.warning("purging expired records failed: %s: %s", type(e).__name__, e)
-        run: list[StoreOp] = []
-        for op in group:
-            if op.kind != "update":
-                run.append(op)
-                continue
-            if run:
-                self._commit(run)
-                run = []
-            self._commit_update(op)
-        if run:
-            self._commit(run)
-
     def _commit_update(self, op: StoreOp) -> None:
         """One update (PATCH/PUT): merged by the coordinator from the stored versions, durable on the owning
         shard before the answer (:meth:`ShardedMemory.update <gpuir.cluster.ShardedMemory.update>`)."""

@@ -456,9 +456,13 @@ class ServiceStore:
             if run:
                 self._commit(run)
                 run = []
-            commit_update(self, op)
+            self._commit_update(op)
         if run:
             self._commit(run)
+
+    def _commit_update(self, op: StoreOp) -> None:
+        """Commit one update (:func:`gpuir.service.updates.commit_update`; a sharded store overrides it)."""
+        commit_update(self, op)
 
     def _commit(self, group: list[StoreOp]) -> None:
         """Validate, log (one fsync), apply, acknowledge a group of operations."""

@@ -137,9 +137,9 @@ class SegmentBuilder:
         self._mark += 1
         g = _distinct_kernel()(t, self._stamp, self._mark)
         if self.order.ready:
-            self.order.update()  # rank the new terms: then sorting by string is sorting ranks
+            self.order.update()  # key the new terms: then sorting by string is sorting keys
             l2g = self.order.sort_codes(g)
-        else:  # the ranks are being built in the background (a memory just opened): sort the strings
+        else:  # the keys are being built in the background (a memory just opened): sort the strings
             strs = list(map(vals.__getitem__, g.tolist()))
             idx = sorted(range(len(strs)), key=strs.__getitem__)
             l2g = g[np.asarray(idx, dtype=np.int64)] if idx else np.zeros(0, np.int64)

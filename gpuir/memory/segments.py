@@ -40,6 +40,7 @@ from ..index.build import build_csr
 from ..index.csr import CSRIndex
 from .columns import Interner, StrArray, TermStrings
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, make_record
+from .termorder import sort_codes
 
 
 class Segment:
@@ -399,7 +400,7 @@ def build_segment(uid: int, partition: int | None, batch: RecordBatch, seqs: np.
 
 
 def merge_segments(views: list[SegView], uid: int, partition: int | None, terms: Interner,
-                   check: Any = None, rank: np.ndarray | None = None) -> Segment:
+                   check: Any = None, keys: np.ndarray | None = None) -> Segment:
     """One segment holding the live rows of ``views``, in sequence order; tombstones are purged.
 
     The result equals a segment built from those records (same vocabulary,
@@ -407,8 +408,8 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
     only the segments and the append-only ``terms`` (never the writer's other
     state), so it may run in a background thread while the writer works.
     ``check``, when given, is called between steps (it may raise to abandon the merge).
-    ``rank`` (:attr:`gpuir.memory.termorder.TermOrder.rank`, covering every input's terms), when
-    given, orders the merged vocabulary without comparing strings.
+    ``keys`` (:attr:`gpuir.memory.termorder.TermOrder.keys`, covering every input's terms), when
+    given, orders the merged vocabulary with few string comparisons.
     """
     check = check or (lambda: None)
     if not views:
@@ -435,13 +436,13 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
     for v in views:
         g = v.seg.l2g
         alive_codes.append(g if v.live is None else g[v.live_df() > 0])
-    if rank is not None:
-        mark = np.zeros(rank.size, dtype=bool)  # the union of the inputs' terms, by code
+    if keys is not None:
+        mark = np.zeros(keys.size, dtype=bool)  # the union of the inputs' terms, by code
         for g in alive_codes:
             mark[g] = True
         u = np.flatnonzero(mark)
         del mark
-        l2g = u[np.argsort(rank[u], kind="stable")]
+        l2g = sort_codes(keys, vals, u)
         vocab = TermStrings(l2g, vals)
         V = len(vocab)
     else:

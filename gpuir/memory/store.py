@@ -173,7 +173,7 @@ class Memory:
         self._terms = Interner()
         self._dicts = {f: Interner() for f in STRING_FIELDS}
         self._dflog = DfLog()  # live document frequencies: the writer's dense array, a table per snapshot
-        self._order = TermOrder(self._terms)  # string order of the terms as ranks (sorting without strings)
+        self._order = TermOrder(self._terms)  # each term's sort key (sorting with few string comparisons)
         self._builder = SegmentBuilder(self._analyzer, self._terms, self._order)
         self._n = 0
         self._total_len = 0
@@ -677,7 +677,7 @@ class Memory:
                 self._schedule(key, [v], "purge")
 
     def _schedule(self, key: Any, views: list[SegView], reason: str) -> None:
-        self._order.update()  # every input's terms ranked before a merge thread reads the ranks
+        self._order.update()  # every input's terms keyed before a merge thread reads the keys
         task = MergeTask(key, list(views), self._next_uid, reason)
         self._next_uid += 1
         self._merging.update(task.uids)
@@ -691,8 +691,8 @@ class Memory:
         t0 = time.perf_counter()
         try:
             order = self._order
-            rank = order.rank if order.ready else None  # (ready read first: it is set after the ranks)
-            seg = merge_segments(task.views, task.uid, task.key, self._terms, check=task.check, rank=rank)
+            keys = order.keys if order.ready else None  # (ready read first: it is set after the keys)
+            seg = merge_segments(task.views, task.uid, task.key, self._terms, check=task.check, keys=keys)
         except MergeCancelled:
             self._merging.difference_update(task.uids)
             raise
@@ -790,8 +790,8 @@ class Memory:
                         task = MergeTask(key, views, self._next_uid, "explicit")
                         self._next_uid += 1
                         self._order.update()
-                        rank = self._order.rank if self._order.ready else None
-                        seg = merge_segments(views, task.uid, key, self._terms, rank=rank)
+                        keys = self._order.keys if self._order.ready else None
+                        seg = merge_segments(views, task.uid, key, self._terms, keys=keys)
                         self._commit_merge(task, seg)
                         self.merge_log.append((seg.n_docs, time.perf_counter() - t0))
                         done += 1
@@ -1516,7 +1516,7 @@ class Memory:
         mem._gen = int(manifest["generation"])
         mem._dflog.reset(len(mem._terms))
         mem._publish()
-        mem._order.build_in_background(mem._write_lock)  # ranks of the loaded vocabulary, off the open's path
+        mem._order.build_in_background(mem._write_lock)  # keys of the loaded vocabulary, off the open's path
         return mem
 
     def verify(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.typed import List
 
 from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
 from .cpu_maxscore import bound64, query_row
@@ -187,6 +188,25 @@ def fill_segments(segs, fp, method, has_w0, gids, idfs, w0s):
         done += fill_weights(ix, fp, method, has_w0, bix[0], s[9], loc, idfs, w0s, cache[0], cache[1], cache[2],
                              cache[3], cache[4], cache[5])
     return done
+
+
+@njit(**JIT)
+def segment_list(first):
+    """A typed list holding the segment tuple ``first`` (see :func:`search_segments`).
+
+    Made in compiled code, so that the list's methods for the segment tuple's type are compiled
+    with this function and cached on disk with it: a typed list filled from Python compiles them
+    in every new process (about a second), which was most of a fresh process's first search.
+    """
+    out = List()
+    out.append(first)
+    return out
+
+
+@njit(**JIT)
+def segment_list_append(segs, seg):
+    """Append the segment tuple ``seg`` to ``segs`` (a :func:`segment_list`), in compiled code."""
+    segs.append(seg)
 
 
 @njit(**JIT)

@@ -62,18 +62,20 @@ class SnapshotLayout:
     """
 
     def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
-        from numba import typed
-
         self.max_docs = 1
-        segs = typed.List()
+        segs = None
         for vi, sc, cache in zip(view_ids, scorers, caches):
             view: SegView = snap.views[vi]
             seg = view.seg
             live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
             bl = sc._blocks
             bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
-            segs.append((np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
-                         _ro(seg.seqs, np.int64), sc._ix, bix, sc._summ, live, cache, bl[7]))
+            item = (np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
+                    _ro(seg.seqs, np.int64), sc._ix, bix, sc._summ, live, cache, bl[7])
+            if segs is None:  # (the list is made and filled in compiled code: see cpu_segments.segment_list)
+                segs = cpu_segments.segment_list(item)
+            else:
+                cpu_segments.segment_list_append(segs, item)
             self.max_docs = max(self.max_docs, int(sc.index.n_docs))
         self.segs = segs
         #: Global term codes whose weights are in every one of these segments' caches.

@@ -592,7 +592,7 @@ def run(args, log=print) -> dict[str, Any]:
     gc.freeze()
     warm = Memory(partition_days=args.partition_days)  # untimed: imports, numba's cached kernels
     warm.add(g.records(0, min(500, args.records)))
-    warm.search(g.queries[:3], k=args.k)
+    res["backend"] = warm.search(g.queries[:3], k=args.k).meta["backend"]  # what "auto" chose for every search
     warm.close()
     mem = Memory(partition_days=args.partition_days)
     reader = Reader(mem, g.queries, args.k, args.reader_mode, args.seed + 1)
@@ -725,7 +725,7 @@ def render_markdown(res: dict[str, Any], img_rel: str | None = "img/bench_memory
     lines = [marks(section)[0], f"## {title}", ""]
     lines.append(f"Measured {res['date']} on {m['cpu_model']} ({m['logical_cores']} logical cores, "
                  f"{m['memory_gb']} GB; host `{m['host']}`), Python {m['python']}, NumPy {m['numpy']}, gpuir "
-                 f"{m['gpuir']}; NumPy backend. 1-minute load average {m['loadavg_start'][0]:.1f} at the start, "
+                 f"{m['gpuir']}; backend {res.get('backend', 'auto (not recorded)')}. 1-minute load average {m['loadavg_start'][0]:.1f} at the start, "
                  f"{m['loadavg_end'][0]:.1f} at the end (other jobs shared the machine).")
     lines.append("")
     lines.append(f"Command: `python bench/{res['command']}`. Raw figures: `{res.get('out', 'bench/results/')}`.")

@@ -135,3 +135,22 @@ def test_topk_agree_is_tie_aware():
     assert not topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s + 0.01)[0]
     # Float32 rounding: agree.
     assert topk_agree(np.array([[5, 7, 9]]), s, np.array([[5, 7, 9]]), s * np.float32(1 + 1e-7))[0]
+
+
+def test_auto_without_a_driver_does_not_import_cupy():
+    """On a Linux machine without the NVIDIA driver, resolving "auto" never imports CuPy (0.2-0.4 s saved on
+    every fresh process's first search): the driver library is asked first."""
+    import subprocess
+    import sys
+
+    from gpuir._compat import no_driver_library
+
+    if not no_driver_library():
+        pytest.skip("this machine has the NVIDIA driver library")
+    code = ("import sys; from gpuir.backends import resolve_backend; name, why = resolve_backend('auto'); "
+            "print(name, 'cupy' in sys.modules, why)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    name, imported, why = out.stdout.split(" ", 2)
+    assert name in ("numba", "numpy")
+    assert imported == "False", "CuPy was imported to find that there is no driver"
+    assert "libcuda.so.1" in why or "CuPy is not installed" in why

@@ -282,3 +282,33 @@ def test_check_postings_names_each_fault_wherever_it_lies(fault, message, where,
         pytest.skip("a term boundary")
     with pytest.raises(ValueError, match=message):
         segments.check_postings(offsets, d, t, 60)
+
+
+def test_term_slots_grow_over_searches_of_one_snapshot(monkeypatch):
+    """Each snapshot locates a query term in every segment once (its slot); the slot table grows past its
+    first size as later searches name new terms, and every search still equals the generic path."""
+    rng = np.random.default_rng(11)
+    vocab = [f"t{i:03d}" for i in range(400)]
+    m = Memory(partition_days=None, merge_factor=64, background_merges=False)
+    for b in range(9):  # nine segments, each with a different part of the vocabulary
+        recs = [{"id": f"r{b}-{i}", "text": " ".join(rng.choice(vocab[b * 30: b * 30 + 150], size=6))}
+                for i in range(30)]
+        m.add(recs)
+    assert len(m.snapshot().views) == 9
+    qs = [" ".join(rng.choice(vocab, size=5, replace=False)) for _ in range(60)]  # ~250 distinct terms
+    got = [m.search(q, k=5, backend="numba") for q in qs] + [m.search(qs, k=5, backend="numba")]
+    state = m.snapshot().cached(("compiled",), segscan.SnapshotWeights)
+    layout = next(iter(state.layouts.values()))
+    assert len(layout.slot_of) > 64 and layout.locs.shape[0] >= len(layout.slot_of), "the table grew"
+    for g, row in layout.slot_of.items():  # each slot holds the term's local id in each segment
+        for j, seg in enumerate(layout.segs):
+            want = np.flatnonzero(seg[1] == g)
+            assert layout.locs[row, j] == (seg[2][want[0]] if want.size else -1)
+    with monkeypatch.context() as mp:
+        mp.setattr(SegmentEngine, "compiled", False)
+        want = [m.search(q, k=5, backend="numba") for q in qs]
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a.seqs, b.seqs, err_msg=f"query {i}")
+        np.testing.assert_array_equal(a.scores, b.scores, err_msg=f"query {i}")
+    np.testing.assert_array_equal(got[-1].seqs, np.concatenate([w.seqs for w in want]))
+    np.testing.assert_array_equal(got[-1].scores, np.concatenate([w.scores for w in want]))

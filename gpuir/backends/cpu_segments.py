@@ -20,7 +20,7 @@ thread fills others (fills are serialised by the caller).
 
 **All segments in one call** (:func:`search_segments`). Each query visits the
 segments in the order given (largest first), maps its global term codes to each
-segment's local ids (binary search in the segment's sorted codes), runs the
+segment's local ids (found once per snapshot and term, :func:`locate_terms`), runs the
 pruned search of :func:`gpuir.backends.cpu_maxscore.query_row` with the k-th best
 score found so far as its ``theta``, and merges the segment's hits into one
 top-k heap ordered by score descending, then sequence number ascending -- the
@@ -175,6 +175,21 @@ def _local_terms(g_sorted, g_order, gids, out):
 
 
 @njit(**JIT)
+def locate_terms(segs, gids, locs, row0):
+    """Local ids of the global codes ``gids`` in every segment of ``segs`` (-1 where absent), into rows
+    ``row0 ..`` of ``locs`` ((S, len(segs)) int64: one row per term, one column per segment, so that a
+    search reads a term's ids in every segment from one or two cache lines instead of a binary search
+    per segment)."""
+    loc = np.empty(gids.size, np.int64)
+    j = 0
+    for s in segs:
+        _local_terms(s[1], s[2], gids, loc)
+        for r in range(gids.size):
+            locs[row0 + r, j] = loc[r]
+        j += 1
+
+
+@njit(**JIT)
 def fill_segments(segs, fp, method, has_w0, gids, idfs, w0s):
     """:func:`fill_weights` of every segment of ``segs`` for the global term codes ``gids`` (distinct).
 
@@ -246,7 +261,7 @@ def _g_sift_up(hs, hq, hv, hr, i):
 
 
 @njit(**JIT)
-def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i, out_f, counts):
+def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i, out_f, counts):
     """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
 
     The arguments are packed into few arrays: each one costs the call a conversion.
@@ -260,6 +275,9 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
         empty: the cache's are used when ``cached``), summ = (maxtf, mindl, mintf, maxdl) (V,) int32,
         live (N,) bool or (0,), cache = (pre, blk_max, ub, zero, neg, filled) (:func:`fill_weights`),
         starts (NB,) int64 (each block's first posting)
+    locs : (S, len(segs)) int64
+        Term slots: row ``q_slot`` holds a query term's local id in each segment (-1: absent),
+        :func:`locate_terms`.
     par : (11 + B,) float64
         ``fp`` (6 float32 values: 1 - b, b, k1, k1 + 1, delta, float32(avgdl)), ``bp`` (5: k1, b, delta,
         float32(avgdl), bound slack; :func:`gpuir.backends.cpu_maxscore.bound64`), then each row's
@@ -267,7 +285,7 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
     method : int; has_w0 : bool -- the BM25 variant
     cached : bool -- read the weights from each segment's cache (filled for every row's terms)
     k : int; B : int -- rows in the batch
-    qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct global term codes (T,
+    qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct terms' slots in ``locs`` (T,
         ascending in the terms' string order, hence in every segment's local ids), then their multiplicities
     qf : (2T + B,) float32 -- the terms' idf, then their w0, then the rows' constants C
     r0, r1 : int -- the rows to answer
@@ -283,7 +301,7 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
     thetas = par[11:]
     q_off = qi[:B + 1]
     T_all = q_off[B]
-    q_gid = qi[B + 1:B + 1 + T_all]
+    q_slot = qi[B + 1:B + 1 + T_all]
     q_mult = qi[B + 1 + T_all:B + 1 + 2 * T_all]
     q_idf = qf[:T_all]
     q_w0 = qf[T_all:2 * T_all]
@@ -338,9 +356,10 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
     gV = np.empty((R, k), np.int64)
     gR = np.empty((R, k), np.int64)
     sizes = np.zeros(R, np.int64)
+    si = -1
     for s in segs:  # segment by segment (its arrays stay in cache across the rows), rows within
-        vi, g_sorted, g_order, seqs, ix, bix0, summ, live, cache = s[0], s[1], s[2], s[3], s[4], s[5], s[6], \
-            s[7], s[8]
+        si += 1
+        vi, seqs, ix, bix0, summ, live, cache = s[0], s[3], s[4], s[5], s[6], s[7], s[8]
         N = ix[3].size
         cap = min(k, max(N, 1))
         for j in range(R):
@@ -351,7 +370,8 @@ def search_segments(segs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws,
                 continue
             gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
             size = sizes[j]
-            _local_terms(g_sorted, g_order, q_gid[a:b], loc)
+            for r in range(nq):
+                loc[r] = locs[q_slot[a + r], si]
             T = 0
             neg = False
             for r in range(nq):
@@ -446,4 +466,4 @@ def _slack(T):
     return 1e-5 + (T + 2) * 2.0**-23
 
 
-__all__ = ["fill_segments", "fill_weights", "pop_sorted", "search_segments", "sift_down", "sift_up"]
+__all__ = ["fill_segments", "fill_weights", "locate_terms", "pop_sorted", "search_segments", "sift_down", "sift_up"]

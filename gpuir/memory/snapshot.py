@@ -202,11 +202,6 @@ class Snapshot:
             out[at] = self.views[i].seg.time[rows[at]]
         return out
 
-    def live_seqs(self) -> np.ndarray:
-        """Sequence numbers of every live record: ndarray (n_docs,), int64, host, in segment order (not sorted)."""
-        parts = [v.seg.seqs[v.live_rows()] for v in self.views]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
 
 _local = threading.local()
 

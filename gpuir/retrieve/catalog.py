@@ -260,11 +260,17 @@ class Catalog:
 
     def _refresh_sessions(self, snap, shrunk: list[int]) -> None:
         """Tenant and start of the sessions that lost records, read again from their live records."""
-        for num in shrunk:
-            mem = self._members[num]
-            tenants = set(snap.strings("tenant", mem))
-            self._tenant[num] = tenants.pop() if len(tenants) == 1 else None
-            t = snap.times(mem)
+        if not shrunk:
+            return
+        mems = [self._members[num] for num in shrunk]
+        every = np.concatenate(mems)  # one read of the columns for every session
+        tenants, times = iter(snap.strings("tenant", every)), snap.times(every)
+        at = 0
+        for num, mem in zip(shrunk, mems):
+            ten = {next(tenants) for _ in range(mem.size)}
+            self._tenant[num] = ten.pop() if len(ten) == 1 else None
+            t = times[at: at + mem.size]
+            at += mem.size
             t = t[t != MISSING_TIME]
             self._start[num] = int(t.min()) if t.size else MISSING_TIME
 
@@ -297,12 +303,14 @@ class Catalog:
         if old:
             self.sessions.delete(old)
         lexical = self._enrich_fn or (lambda t: t)
+        mems = [self._members[num] for num in touched]
+        texts = iter(snap.strings("text", np.concatenate(mems)) if mems else [])  # one read for every session
         docs = []
-        for num, sess in zip(touched, names):
-            mem = self._members[num]
+        for num, sess, mem in zip(touched, names, mems):
+            part = [next(texts) for _ in range(mem.size)]
             if not mem.size:
                 continue
-            text = "\n".join(lexical(t) for t in snap.strings("text", mem))
+            text = "\n".join(lexical(t) for t in part)
             doc: dict[str, Any] = {"id": sess, "text": text}
             if self._tenant[num] is not None:
                 doc["tenant"] = self._tenant[num]

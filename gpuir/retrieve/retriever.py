@@ -450,14 +450,17 @@ class Retriever:
     def results(self, ran: dict[str, Any], fused: SearchResults) -> RetrieverResults:
         """Wrap fused numbers into :class:`RetrieverResults` (ids, hits).
 
-        Ids and the best records of each session are read during the search
-        (from the snapshot every channel read); ``hits()`` only formats them.
+        Record ids are read from the snapshot every channel read; for sessions, the
+        record search that lists each session's best records runs here
+        (:meth:`session_records`), so ``hits()`` only reads and formats.
         """
         cat, unit, snap = self.catalog, ran["unit"], ran["snapshot"]
-        keys = []
-        for row in fused.ids:
-            ok = row[row >= 0]
-            keys.append(snap.strings("id", ok) if unit == "record" else [cat.session_names[n] for n in ok.tolist()])
+        found = [row[row >= 0] for row in fused.ids]
+        if unit == "record":  # one read of the id column for every row
+            every = iter(snap.strings("id", np.concatenate(found)) if found else [])
+            keys = [[next(every) for _ in range(ok.size)] for ok in found]
+        else:
+            keys = [[cat.session_names[n] for n in ok.tolist()] for ok in found]
         B = len(ran["queries"])
         meta = {"config": self.to_config(), "unit": unit,
                 "channels": {c.kind: r for c, r in zip(ran["channels"], ran["results"])},

@@ -344,10 +344,16 @@ class Catalog:
     def numbers(self, keys: list[str], unit: str) -> list[int | None]:
         """Record sequence numbers (``unit="record"``: ``keys`` are record ids) or session numbers of ``keys``
         (None: not held)."""
+        out: list[int | None] = [None] * len(keys)
+        at = [j for j, k in enumerate(keys) if isinstance(k, str)]  # anything else names nothing held
         if unit == "record":
-            return self.memory.seqs_of(keys, snapshot=self.snapshot) if self.snapshot is not None else \
-                [None] * len(keys)
-        return [self.session_num.get(k) for k in keys]
+            if at and self.snapshot is not None:
+                for j, s in zip(at, self.memory.seqs_of([keys[j] for j in at], snapshot=self.snapshot)):
+                    out[j] = s
+            return out
+        for j in at:
+            out[j] = self.session_num.get(keys[j])
+        return out
 
     def speakers(self, snap, seqs: np.ndarray) -> list[str | None]:
         """``metadata.speaker`` of the records with sequence numbers ``seqs`` (None: none)."""

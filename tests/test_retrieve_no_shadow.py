@@ -141,6 +141,12 @@ def test_updates_of_text_and_time_are_seen_by_the_channels(monkeypatch):
     assert temporal() == ["a1", "a4"]
     assert "a3" not in entity("What about Tofu?")
     assert r.catalog.session_times("x") == [T0 - 30 * DAY, T0 - 20 * DAY + MIN, T0 - 5 * DAY + MIN]
+    # a session emptied, then given a record again, is that record's (tenant and start)
+    m.delete(["b1"])
+    assert r.search("Paris", k=5, where={"tenant": "y"}).ids(0) == [] and r.catalog.session_times("y") == []
+    m.add([{"id": "b2", "session": "s9", "tenant": "y", "time": T0, "text": "Jon: back from Rome"}], time_unit="ms")
+    r.sync()
+    assert r.catalog.session_times("y") == [T0] and r.catalog.members["s9"] == [r.catalog.seq_of["b2"]]
     m.close()
 
 

@@ -214,6 +214,8 @@ class Catalog:
                 self._members.append(_E64)
                 self._tenant.append(t)
                 self._start.append(MISSING_TIME)
+            elif not self._members[num].size and num not in grown:  # a session emptied earlier: anew
+                self._tenant[num], self._start[num] = t, MISSING_TIME
             elif self._tenant[num] != t:
                 self._tenant[num] = None  # mixed tenants: the session document has no tenant
             nums[j] = num

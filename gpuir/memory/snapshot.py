@@ -17,11 +17,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from ..analysis import Analyzer
 from ..bm25 import BM25Params
 from .columns import Interner
 from .docfreq import DfTable
+from .records import MISSING_TIME, STRING_FIELDS
 from .segments import SegView
+
+#: The string columns :meth:`Snapshot.strings` reads: the stored strings and the dictionary-coded fields.
+STRING_COLUMNS: tuple[str, ...] = ("id", "text", "metadata", *STRING_FIELDS)
 
 
 class Snapshot:
@@ -110,6 +116,91 @@ class Snapshot:
 
     def record(self, vi: int, row: int) -> dict:
         return self.views[vi].seg.record(row, self.dicts)
+
+    # ------------------------------------------------------------------ columns by sequence number
+    def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the live records with sequence numbers ``seqs`` are: one binary search per segment.
+
+        Parameters
+        ----------
+        seqs : ndarray, shape (m,), int, host, any order
+
+        Returns
+        -------
+        views, rows : ndarrays, shape (m,), int64, host
+            The position in :attr:`views` and the row of each record; -1 and -1 where
+            ``seqs[i]`` is no live record of this snapshot.
+        """
+        seqs = np.asarray(seqs, dtype=np.int64).reshape(-1)
+        vi = np.full(seqs.size, -1, dtype=np.int64)
+        rows = np.full(seqs.size, -1, dtype=np.int64)
+        if not seqs.size:
+            return vi, rows
+        lo, hi = int(seqs.min()), int(seqs.max())
+        for i, v in enumerate(self.views):
+            s = v.seg.seqs
+            if not s.size or hi < s[0] or lo > s[-1]:
+                continue
+            pos = np.minimum(np.searchsorted(s, seqs), s.size - 1)
+            hit = s[pos] == seqs
+            if v.live is not None:
+                hit &= v.live[pos]
+            vi[hit] = i
+            rows[hit] = pos[hit]
+        return vi, rows
+
+    def _gather(self, seqs: np.ndarray, read) -> list:
+        """``read(segment, rows)`` (a list per row) of each live record of ``seqs``, None for the others."""
+        vi, rows = self.locate(seqs)
+        out: list = [None] * vi.size
+        for i in np.unique(vi[vi >= 0]).tolist():
+            at = np.flatnonzero(vi == i)
+            for j, x in zip(at.tolist(), read(self.views[i].seg, rows[at])):
+                out[j] = x
+        return out
+
+    def strings(self, field: str, seqs: np.ndarray) -> list[str | None]:
+        """One string column of the records with sequence numbers ``seqs`` (vectorised per segment).
+
+        Parameters
+        ----------
+        field : one of :data:`STRING_COLUMNS`
+            ``"id"``, ``"text"``, ``"metadata"`` (the compact JSON as stored, ``""`` when
+            absent; it may hold ``expires_at``: :func:`~gpuir.memory.records.make_record`
+            reads it), or a dictionary-coded field (``"session"``, ``"tenant"``, ...:
+            None when the record has none).
+        seqs : ndarray, shape (m,), int, host
+
+        Returns
+        -------
+        list of m (str or None): None also where ``seqs[i]`` is no live record.
+        """
+        if field in ("id", "text", "metadata"):
+            col = {"id": "ids", "text": "texts", "metadata": "meta"}[field]
+            return self._gather(seqs, lambda seg, rows: getattr(seg, col).take(rows).tolist())
+        if field not in STRING_FIELDS:
+            raise ValueError(f"no string column {field!r}: choose one of {', '.join(STRING_COLUMNS)}")
+        values = self.dicts[field].values
+
+        def read(seg, rows):
+            return [None if c < 0 else values[c] for c in seg.codes[field][rows].tolist()]
+
+        return self._gather(seqs, read)
+
+    def times(self, seqs: np.ndarray) -> np.ndarray:
+        """The time column of the records with sequence numbers ``seqs``.
+
+        Returns
+        -------
+        ndarray, shape (m,), int64, host: epoch ms; :data:`~gpuir.memory.records.MISSING_TIME`
+        where a record has no time or ``seqs[i]`` is no live record.
+        """
+        vi, rows = self.locate(seqs)
+        out = np.full(vi.size, MISSING_TIME, dtype=np.int64)
+        for i in np.unique(vi[vi >= 0]).tolist():
+            at = np.flatnonzero(vi == i)
+            out[at] = self.views[i].seg.time[rows[at]]
+        return out
 
 
 _local = threading.local()

@@ -833,6 +833,26 @@ class Memory:
             raise UnknownIdError(unknown, "get")
         return [None if r is None else public_record(r) for r in recs]
 
+    def seqs_of(self, ids: Iterable[str], snapshot: Snapshot | None = None) -> list[int | None]:
+        """The sequence number of each id, in the order given (None: no live record of ``snapshot`` has it).
+
+        Parameters
+        ----------
+        ids : iterable of str
+        snapshot : Snapshot, optional
+            The state asked about (default: the current one); an id added, deleted or
+            updated since a given snapshot reads as it reads now, then is checked live there.
+        """
+        ids = _id_list(ids, "seqs_of")
+        with self._commit_lock:
+            snap = self._snap if snapshot is None else snapshot
+            seqs = self._ids.get_many(ids, snap.views)
+        if snapshot is None or not ids:
+            return seqs
+        arr = np.asarray([-1 if s is None else s for s in seqs], dtype=np.int64)
+        live = snapshot.locate(arr)[0] >= 0
+        return [s if ok else None for s, ok in zip(seqs, live.tolist())]
+
     def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
              cursor: str | None = None, time_unit: str | None = None) -> listing.Page:
         """A page of the records passing ``where``, in a stable order, with a cursor for the next page.

@@ -2,8 +2,8 @@
 
 * :mod:`~gpuir.retrieve.config`: :class:`RetrieverConfig` / :class:`ChannelConfig`
   (plain dataclasses, JSON round trip) and :func:`default_config`.
-* :mod:`~gpuir.retrieve.catalog`: record -> session maps and session documents,
-  kept in step with the memory.
+* :mod:`~gpuir.retrieve.catalog`: the session numbering and session documents,
+  kept in step with the memory (the records themselves are read from its snapshots).
 * :mod:`~gpuir.retrieve.registry`: the channel registry (:func:`register_channel`,
   the ``gpuir.channels`` entry-point group, the :class:`Channel` interface).
 * :mod:`~gpuir.retrieve.channels`: the built-in channels ``bm25``, ``bm25_session``,

@@ -176,13 +176,11 @@ def ranked_rows(rows: Any, unit: str, catalog: Any, allowed: list[np.ndarray | N
     rows = list(rows)
     if len(rows) != len(allowed):
         raise ValueError(f"a channel returned {len(rows)} ranked lists for {len(allowed)} queries")
-    num_of = catalog.seq_of if unit == "record" else catalog.session_num
     nums, vals = [], []
     for row, a in zip(rows, allowed):
         got: dict[int, float] = {}
-        for pair in row:
-            key, score = pair
-            n = num_of.get(key)
+        pairs = [(key, score) for key, score in row]
+        for n, (_, score) in zip(catalog.numbers([key for key, _ in pairs], unit), pairs):
             if n is None:
                 continue
             got[n] = max(float(score), got.get(n, -np.inf))
@@ -221,18 +219,19 @@ class EntityGraphResource:
         self.seqs: set[int] = set()
 
     def sync(self, change: Change) -> None:
-        cat, g = change.catalog, self.graph
+        cat, g, snap = change.catalog, self.graph, change.snapshot
         gone = [s for s in change.removed_seqs if s in self.seqs]
-        if len(self.seqs) > len(cat.seq_of) + len(gone):  # after open: records deleted meanwhile
-            gone += sorted(self.seqs - set(cat.seq_of.values()) - set(gone))
+        if len(self.seqs) > len(snap) + len(gone):  # after open: records deleted meanwhile
+            held = np.asarray(sorted(self.seqs - set(gone)), dtype=np.int64)
+            gone += held[~cat.holds(held)].tolist()
         if gone:
             g.remove(np.asarray(gone, dtype=np.int64))
             self.seqs.difference_update(gone)
-        new = [rid for rid in change.added if cat.seq_of[rid] not in self.seqs]
+        new = [s for s in change.added_seqs if s not in self.seqs]
         if new:
-            seqs = np.asarray([cat.seq_of[r] for r in new], dtype=np.int64)
-            g.add(seqs, [cat.text_of[r] for r in new], [cat.speaker_of.get(r) for r in new])
-            self.seqs.update(seqs.tolist())
+            seqs = np.asarray(new, dtype=np.int64)
+            g.add(seqs, snap.strings("text", seqs), cat.speakers(snap, seqs))  # the memory's own columns
+            self.seqs.update(new)
 
     def save(self, folder) -> None:
         self.graph.save(folder / "entity_graph")
@@ -375,7 +374,7 @@ class TemporalChannel(Channel):
                 hit, hs = seqs[j][ok], scores[j][ok]
                 a = allowed[j] if allowed[j] is not None else np.zeros(0, np.int64)
                 rest = a[~np.isin(a, hit)]
-                rest = rest[np.lexsort((rest, -cat.time_of_seq[rest].astype(np.float64)))]
+                rest = rest[np.lexsort((rest, -snap.times(rest).astype(np.float64)))]
                 nums[i] = np.concatenate([hit, rest]).astype(np.int64)
                 vals[i] = np.concatenate([hs, np.zeros(rest.size, np.float32)])
         return _rows(nums, vals, k)
@@ -415,8 +414,7 @@ class EntityChannel(Channel):
             seqs, sc = graph.score(queries[i], allowed=allowed[i], max_hops=hops, depth=k)
             seqs = np.asarray(seqs, np.int64)
             sc = np.asarray(sc, np.float32)
-            live = (seqs >= 0) & (seqs < cat.seq_session.size)
-            live[live] = cat.seq_session[seqs[live]] >= 0  # records the catalog still holds
+            live = cat.holds(seqs)  # live records of the snapshot
             nums[i], vals[i] = seqs[live], sc[live]
         return sorted_rows(nums, vals, k)
 

@@ -195,9 +195,12 @@ class Change:
     removed_seqs : list of int
         Their sequence numbers.
     catalog : Catalog
-        The record maps after the sync (``seq_of``, ``text_of``, ``speaker_of`` ...).
+        The session numbering after the sync (and views of the snapshot's columns: ``seq_of``, ``text_of`` ...).
     snapshot : Snapshot
-        The memory's snapshot after the sync.
+        The memory's snapshot after the sync: read the records' columns from it
+        (``snapshot.strings("text", seqs)``, ``snapshot.times(seqs)``).
+    added_seqs : list of int
+        The sequence numbers of the records added (as ``added``).
     """
 
     added: list[str]
@@ -205,6 +208,7 @@ class Change:
     removed_seqs: list[int]
     catalog: Any
     snapshot: Any
+    added_seqs: list[int] = field(default_factory=list)
 
 
 class ChannelContext:

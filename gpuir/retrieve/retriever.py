@@ -205,7 +205,7 @@ class Retriever:
     def _sync(self):
         cat = self.catalog
         snap = cat.sync()
-        change = Change(cat.added, cat.removed, cat.removed_seqs, cat, snap)
+        change = Change(cat.added, cat.removed, cat.removed_seqs, cat, snap, cat.added_seqs)
         for part in self._parts():
             part.sync(change)
         return snap
@@ -415,7 +415,7 @@ class Retriever:
         if self.router is not None:
             res = self.router.search(queries, int(k), where, unit, backend, anchors)
         elif self.config.type_filter is not None:
-            res = search_with_widening(self.search_fused, self.sync, self.catalog.type_of,
+            res = search_with_widening(self.search_fused, self.sync, self.catalog.ids_of_type,
                                        self.config.type_filter["min_results"], queries, int(k), where, unit,
                                        backend, anchors)
         else:
@@ -448,12 +448,19 @@ class Retriever:
         return res
 
     def results(self, ran: dict[str, Any], fused: SearchResults) -> RetrieverResults:
-        """Wrap fused numbers into :class:`RetrieverResults` (ids, hits)."""
-        cat, unit = self.catalog, ran["unit"]
-        keys = []
-        for row in fused.ids:
-            ok = row[row >= 0].tolist()
-            keys.append([cat.id_of_seq[n] for n in ok] if unit == "record" else [cat.session_names[n] for n in ok])
+        """Wrap fused numbers into :class:`RetrieverResults` (ids, hits).
+
+        Record ids are read from the snapshot every channel read; for sessions, the
+        record search that lists each session's best records runs here
+        (:meth:`session_records`), so ``hits()`` only reads and formats.
+        """
+        cat, unit, snap = self.catalog, ran["unit"], ran["snapshot"]
+        found = [row[row >= 0] for row in fused.ids]
+        if unit == "record":  # one read of the id column for every row
+            every = iter(snap.strings("id", np.concatenate(found)) if found else [])
+            keys = [[next(every) for _ in range(ok.size)] for ok in found]
+        else:
+            keys = [[cat.session_names[n] for n in ok.tolist()] for ok in found]
         B = len(ran["queries"])
         meta = {"config": self.to_config(), "unit": unit,
                 "channels": {c.kind: r for c, r in zip(ran["channels"], ran["results"])},
@@ -462,8 +469,7 @@ class Retriever:
                 "windows": list(ran.get("windows") or [None] * B), "notes": list(ran.get("notes", []))}
         if ran["records"] is not None:
             meta["backend"] = ran["records"].meta.get("backend")
-        memory, n_best = self.memory, self.config.session_records
-        records = ran["records"]
+        memory = self.memory
 
         def record_hits(i: int) -> list[dict[str, Any]]:
             got = memory.get(keys[i], missing_ok=True)  # the memory's own records: raw text, never enriched
@@ -473,22 +479,56 @@ class Retriever:
                     out.append({"id": rec.pop("id"), "score": float(s), **rec})
             return out
 
+        if unit == "record":
+            return RetrieverResults(unit, keys, fused.scores.astype(np.float32), fused.ids.astype(np.int64),
+                                    record_hits, meta)
+        n_best = self.config.session_records
+        records, row_of = self.session_records(ran, keys)
+        seqs = None if records is None else cat.record_seqs(records)
+
         def session_hits(i: int) -> list[dict[str, Any]]:
             best: dict[str, list[dict[str, Any]]] = {}
-            if n_best and keys[i]:
-                rec_hits = records.hits(i) if records is not None else self.memory.search(
-                    ran["queries"][i], k=100, where=_row_where(ran["where"], i), backend=ran["backend"]).hits(0)
-                for h in rec_hits:
-                    sess = cat.session_of.get(h["id"])
-                    if sess is not None and len(best.setdefault(sess, [])) < n_best:
-                        if cat.enrich is not None and h["id"] in cat.text_of:
-                            h = {**h, "text": cat.text_of[h["id"]]}  # the raw text, not the enriched index's
+            j = row_of.get(i)
+            if j is not None:
+                hit_seqs = seqs[j][seqs[j] >= 0]
+                raw = snap.strings("text", hit_seqs) if cat.enrich is not None else None
+                for n, h in enumerate(records.hits(j)):
+                    sess = h.get("session") or h["id"]
+                    if len(best.setdefault(sess, [])) < n_best:
+                        if raw is not None:
+                            h = {**h, "text": raw[n]}  # the raw text, not the enriched index's
                         best[sess].append(h)
             return [{"id": s, "session": s, "score": float(sc), "records": best.get(s, [])}
                     for s, sc in zip(keys[i], fused.scores[i].tolist())]
 
         return RetrieverResults(unit, keys, fused.scores.astype(np.float32), fused.ids.astype(np.int64),
-                                record_hits if unit == "record" else session_hits, meta)
+                                session_hits, meta)
+
+    def session_records(self, ran: dict[str, Any], keys: list[list[str]]) -> tuple[Any, dict[int, int]]:
+        """The record hits a session search lists under each session (its best ``config.session_records``).
+
+        They are the record BM25 hits of the search: the first record BM25 channel's, or,
+        when none ran, those of one batched :meth:`Memory.search` at depth 100 on the
+        search's snapshot, run here, during the search (``hits()`` never searches).
+
+        Returns
+        -------
+        (MemoryResults or None, dict query -> its row there); queries without hit
+        sessions, or without candidates (``where`` False), have no row.
+        """
+        B = len(ran["queries"])
+        if not self.config.session_records:
+            return None, {}
+        if ran["records"] is not None:
+            return ran["records"], {i: i for i in range(B) if keys[i]}
+        where = ran["where"]
+        rows = [i for i in range(B) if keys[i] and _row_where(where, i) is not False]
+        if not rows:
+            return None, {}
+        res = self.memory.search([ran["queries"][i] for i in rows], k=100,
+                                 where=[_row_where(where, i) for i in rows] if where is not None else None,
+                                 backend=ran["backend"], snapshot=ran["snapshot"])
+        return res, {i: j for j, i in enumerate(rows)}
 
 
 def _row_where(where: Any, i: int) -> Any:

@@ -4,7 +4,8 @@ A query whose rule-based type hint (:func:`gpuir.retrieve.query_types.type_hint`
 ``"preference"``, ``"event"``, ``"fact"`` or None) is not None searches only the
 records of that type: a record's type is its ``type`` field, or
 :func:`~gpuir.retrieve.query_types.record_type` of its text when it has none
-(computed once per record, when the catalog reads it). The filter is AND-ed with
+(computed once per record, when the catalog reads it, and kept as a small code by
+sequence number: the ids are read from the memory's snapshot when a query needs them). The filter is AND-ed with
 the caller's ``where`` (so a tenant stays a hard boundary), as an ``id``
 membership condition, and applies to every channel.
 
@@ -34,18 +35,19 @@ def type_hints(queries: list[str]) -> list[str | None]:
     return [type_hint(q) for q in queries]
 
 
-def typed_wheres(type_of: dict[str, str], where: Any, hints: list[str | None]) -> list[Any]:
+def typed_wheres(ids_of_type: Callable[[str], list[str]], where: Any, hints: list[str | None]) -> list[Any]:
     """Each query's ``where`` AND "the record's type is its hint" (unchanged where the hint is None).
 
-    ``type_of`` maps each live record id to its type (the catalog's ``type_of``).
+    ``ids_of_type(t)`` lists the live records of type ``t`` (the catalog's :meth:`ids_of_type`);
+    it is asked once per distinct hint.
     """
     by_type: dict[str, list[str]] = {}
-    for rid, t in type_of.items():
-        by_type.setdefault(t, []).append(rid)
     out = []
     for i, h in enumerate(hints):
         w = row_where(where, i)
-        out.append(w if h is None else and_where(w, {"id": {"in": sorted(by_type.get(h, []))}}))
+        if h is not None and h not in by_type:
+            by_type[h] = sorted(ids_of_type(h))
+        out.append(w if h is None else and_where(w, {"id": {"in": by_type[h]}}))
     return out
 
 
@@ -68,7 +70,8 @@ def _replace_rows(res, other, rows: np.ndarray):
     return RetrieverResults(res.unit, keys, scores, numbers, hits, res.meta)
 
 
-def search_with_widening(search: Callable[..., RetrieverResults], sync: Callable[[], Any], type_of: dict[str, str],
+def search_with_widening(search: Callable[..., RetrieverResults], sync: Callable[[], Any],
+                         ids_of_type: Callable[[str], list[str]],
                          min_results: int, queries: list[str], k: int, where: Any, unit: str, backend: str,
                          anchors: np.ndarray) -> RetrieverResults:
     """A search under the type filter, widened per query (module docstring).
@@ -78,9 +81,9 @@ def search_with_widening(search: Callable[..., RetrieverResults], sync: Callable
     search : callable ``(queries, k, where, unit, backend, anchors) -> RetrieverResults``
         The search it wraps (:meth:`Retriever.search_fused`).
     sync : callable
-        Brings ``type_of`` up to date (:meth:`Retriever.sync`).
-    type_of : dict str -> str
-        Each live record's type (the catalog's, updated in place by ``sync``).
+        Brings the catalog's record types up to date (:meth:`Retriever.sync`).
+    ids_of_type : callable ``(type) -> list of str``
+        The ids of the live records of a type (:meth:`Catalog.ids_of_type`, after ``sync``).
     min_results : int
         Fewer surviving results than this widen a query.
 
@@ -96,7 +99,7 @@ def search_with_widening(search: Callable[..., RetrieverResults], sync: Callable
         res = search(queries, k, where, unit, backend, anchors)
         res.meta["type_hints"] = hints
         return res
-    wheres = typed_wheres(type_of, where, hints)
+    wheres = typed_wheres(ids_of_type, where, hints)
     first = search(queries, max(k, min_results), wheres, unit, backend, anchors)
     counts = (first.numbers >= 0).sum(axis=1)
     widen = hinted & (counts < min_results)

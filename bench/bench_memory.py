@@ -251,8 +251,8 @@ def _records(texts: list[str]) -> list[dict[str, str]]:
     return [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
 
 
-def _grow(recs: list[dict[str, str]], batch: int) -> tuple[Memory, dict[str, Any]]:
-    mem = Memory(partition_days=7.0)
+def _grow(recs: list[dict[str, str]], batch: int, merge_factor: int = 8) -> tuple[Memory, dict[str, Any]]:
+    mem = Memory(partition_days=7.0, merge_factor=merge_factor)
     lat, segs, cpu_lat = [], [], []
     c0, w0 = time.process_time(), time.perf_counter()
     for a in range(0, len(recs), batch):
@@ -328,7 +328,8 @@ def run_lme(args, log=print) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "out": os.path.relpath(args.out, REPO) if args.out.is_absolute() else str(args.out),
-        "config": {"batch": args.batch, "reps": args.reps, "k": args.k, "one_core": args.one_core},
+        "config": {"batch": args.batch, "reps": args.reps, "k": args.k, "one_core": args.one_core,
+                   "merge_factor": args.merge_factor},
     }
     corpus = _lme_corpus()
     texts, questions = corpus.texts, corpus.queries
@@ -339,7 +340,7 @@ def run_lme(args, log=print) -> dict[str, Any]:
     log(f"LongMemEval-S: {len(texts):,} turns, {len(questions)} questions")
     # untimed warm-up: imports, numba's cached kernels, the analyzer
     BM25Index.build(texts[:2000], progress=False).search(questions[:5], k=10)
-    _grow(recs[:3000], args.batch)[0].close()
+    _grow(recs[:3000], args.batch, args.merge_factor)[0].close()
     builds, grows = [], []
     mem = idx = None
     for rep in range(args.reps):
@@ -353,7 +354,7 @@ def run_lme(args, log=print) -> dict[str, Any]:
             mem.close()
         mem = None
         gc.collect()
-        mem, g = _grow(recs, args.batch)
+        mem, g = _grow(recs, args.batch, args.merge_factor)
         grows.append(g)
         log(f"  rep {rep}: static build {b['records_per_s_wall']:,.0f} rec/s (CPU {b['records_per_s_cpu']:,.0f}); "
             f"growth {g['records_per_s_wall']:,.0f} rec/s (CPU {g['records_per_s_cpu']:,.0f}), longest add "
@@ -959,6 +960,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--one-core", action="store_true",
                    help="pin the process (and the open probe) to CPU 0, every thread pool at one thread")
     p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")
+    p.add_argument("--merge-factor", type=int, default=8,
+                   help="longmemeval: the grown memory's merge_factor (default 8, the Memory default)")
     p.add_argument("--no-open-probe", dest="open_probe", action="store_false",
                    help="skip saving the grown memory and opening it in fresh processes")
     p.add_argument("--probe-repeats", type=int, default=3, help="fresh processes for the open probe (default 3)")

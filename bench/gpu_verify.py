@@ -871,8 +871,8 @@ def table(res: dict[str, Any]) -> str:
     cells = [c for c in res.get("cells", []) if c["step"] in ("timings_small", "scale", "timings_rest")
              and "case" not in c]
     if cells:
-        lines += ["", "| N | B | k | queries/s | p50 ms (B=1) | prep / h2d / plan / score / topk / d2h ms | "
-                      "fraction of floor | checked |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["", ("| N | B | k | queries/s | p50 ms (B=1) | prep / h2d / plan / score / topk / d2h ms | "
+                       "fraction of floor | checked |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for c in cells:
             ph = c.get("phases_s") or {}
             phs = " / ".join(f"{1e3 * ph.get(x, 0.0):.3f}"

@@ -32,7 +32,7 @@ def has_cupy() -> bool:
     try:
         importlib.import_module("cupy")
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken CuPy wheel raises anything at import (OSError, RuntimeError, ...)
         return False
 
 
@@ -69,7 +69,7 @@ def cuda_device() -> tuple[bool, str]:
 
     try:
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # CUDA driver missing, no device, ...
+    except Exception as e:  # noqa: BLE001 - CUDA driver missing, no device, ...: said in the reason
         return False, f"CuPy is installed but no CUDA device can be used ({type(e).__name__}: {e})"
     if n < 1:
         return False, "CuPy is installed but reports no CUDA device"
@@ -77,7 +77,7 @@ def cuda_device() -> tuple[bool, str]:
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         cupy.zeros(1).sum()  # a real allocation and launch
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the device raises makes it unusable: said in the reason
         return False, f"a CUDA device is visible but unusable ({type(e).__name__}: {e})"
     return True, f"CUDA device 0: {name}"
 

@@ -19,6 +19,19 @@ import numpy as np
 
 DAY = 86_400_000
 
+#: A small two-tenant conversation used by the retrieve tests.
+T0 = 1_714_521_600_000  # 2024-05-01T00:00:00Z
+MIN = 60_000
+ROWS = [  # id, session, tenant, time, speaker, text
+    ("a1", "s1", "x", T0 - 20 * DAY, "Caroline", "Caroline: I went to the LGBTQ support group"),
+    ("a2", "s1", "x", T0 - 20 * DAY + MIN, "Melanie", "Melanie: that sounds great, Caroline"),
+    ("a3", "s2", "x", T0 - 5 * DAY, "Caroline", "Caroline: I adopted a puppy named Biscuit"),
+    ("a4", "s2", "x", T0 - 5 * DAY + MIN, "Melanie", "Melanie: Biscuit is cute, my kids love dogs"),
+    ("a5", "s3", "x", T0 - 2 * DAY, "Caroline", "Caroline: I painted a sunset with Melanie"),
+    ("a6", "s3", "x", T0 - 2 * DAY + MIN, "Melanie", "Melanie: the painting class with Jon was fun"),
+    ("b1", "s9", "y", T0 - 1 * DAY, "Jon", "Jon: I went to Paris with Biscuit"),
+]
+
 # --------------------------------------------------------------------------- temporal
 
 

@@ -14,7 +14,7 @@ cuda_host = pytest.importorskip("cuda_host")
 if cuda_host.find_compiler()[0] is None:
     pytest.skip(f"no C++20 compiler for the host emulation: {cuda_host.find_compiler()[1]}", allow_module_level=True)
 
-from cuda_host.device import real_kernels_installed, small_blocks  # noqa: E402
+from cuda_host.device import real_kernels_installed, small_blocks
 
 U32 = np.uint32
 

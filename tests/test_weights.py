@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from gpuir import bm25
 from gpuir.backends.base import CollectionStats, weigh_queries
-from gpuir.backends.weights import (BOUND_SLACK, has_absent_weight, posting_weights, row_consts, term_weights,
-                                    weight_bound, weights_of)
+from gpuir.backends.weights import (
+    BOUND_SLACK,
+    has_absent_weight,
+    posting_weights,
+    row_consts,
+    term_weights,
+    weight_bound,
+    weights_of,
+)
 from gpuir.bm25 import METHODS, BM25Params
 
 PARAMS = [BM25Params(method=m) for m in METHODS] + [
@@ -98,7 +107,7 @@ def test_row_consts_follow_numpy_pairwise_order():
     w0 = rng.random(off[-1]).astype(np.float32) * 1e3
     mult = rng.integers(1, 4, off[-1])
     got = row_consts(w0, mult, off)
-    want = [np.float32((w0[a:b] * mult[a:b]).sum(dtype=np.float32)) for a, b in zip(off[:-1], off[1:])]
+    want = [np.float32((w0[a:b] * mult[a:b]).sum(dtype=np.float32)) for a, b in itertools.pairwise(off)]
     assert np.array_equal(got.view(np.uint32), np.array(want, np.float32).view(np.uint32))
 
 

@@ -182,11 +182,11 @@ def locate_terms(segs, gids, locs, row0):
     per segment)."""
     loc = np.empty(gids.size, np.int64)
     j = 0
-    for s in segs:
+    for s in segs:  # an explicit counter: the loop runs in numba over a typed list
         _local_terms(s[1], s[2], gids, loc)
         for r in range(gids.size):
             locs[row0 + r, j] = loc[r]
-        j += 1
+        j += 1  # noqa: SIM113
 
 
 @njit(**JIT)

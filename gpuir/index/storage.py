@@ -380,7 +380,7 @@ def _load_version(vdir: Path, mmap: bool, verify: bool) -> tuple[CSRIndex, dict[
             raise IndexFormatError(f"{p}: checksum mismatch (the file is corrupt); rebuild the index")
         try:
             arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure to read a file names it as damaged (np.load raises many types)
             raise IndexFormatError(f"{p}: unreadable ({type(e).__name__}: {e})") from None
         if list(arr.shape) != meta["shape"] or str(arr.dtype) != meta["dtype"]:
             raise IndexFormatError(

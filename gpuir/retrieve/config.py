@@ -182,7 +182,7 @@ class RetrieverConfig:
         if self.enrich is not None and self.enrich not in ENRICH_TABLES:
             raise ValueError(f"enrich must be None or one of {', '.join(ENRICH_TABLES)}, got {self.enrich!r}")
         if not isinstance(self.parallel, bool):
-            raise ValueError(f"parallel must be true or false, got {self.parallel!r}")
+            raise ValueError(f"parallel must be true or false, got {self.parallel!r}")  # noqa: TRY004 - one error type for a bad configuration
 
     @property
     def needs_encoder(self) -> bool:

@@ -270,7 +270,7 @@ class WriterLock:
         self.timeout = float(timeout)
         self._lock = filelock.FileLock(str(self.path / LOCK_NAME), timeout=self.timeout, thread_local=False)
 
-    def __enter__(self) -> WriterLock:
+    def __enter__(self) -> WriterLock:  # noqa: PYI034 - typing.Self needs Python 3.11; gpuir supports 3.10
         try:
             self._lock.acquire()
         except filelock.Timeout:

@@ -224,6 +224,7 @@ def test_tenant_check_refuses_to_return_a_leak(monkeypatch):
     m.add([{"id": "a", "text": "secret plans", "tenant": "acme"},
            {"id": "b", "text": "secret plans", "tenant": "globex"}])
     monkeypatch.setattr(where_mod.Where, "mask", lambda self, view, dicts: np.ones(view.seg.n_docs, bool))
+    monkeypatch.setattr(where_mod.Where, "rows", lambda self, view, dicts: np.arange(view.seg.n_docs, dtype=np.int64))
     with pytest.raises(RuntimeError, match="refusing to return it"):
         m.search("secret", where={"tenant": "acme"})
 

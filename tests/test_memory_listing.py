@@ -102,6 +102,7 @@ def test_listing_is_confined_to_a_tenant(mem, monkeypatch):
     from gpuir.memory import where as where_mod  # defence in depth: a wrong mask is refused, not returned
 
     monkeypatch.setattr(where_mod.Where, "mask", lambda self, view, dicts: np.ones(view.seg.n_docs, bool))
+    monkeypatch.setattr(where_mod.Where, "rows", lambda self, view, dicts: np.arange(view.seg.n_docs, dtype=np.int64))
     with pytest.raises(RuntimeError, match="refusing to return it"):
         _walk(m, where={"tenant": "acme"})
 

@@ -96,7 +96,8 @@ def test_compiled_many_segments_equals_merged(method):
 
 
 def test_where_and_no_where_in_one_batch(monkeypatch):
-    """Queries without a where take the compiled path, the others the generic one, in the same batch."""
+    """Queries with and without a where in one batch all take the compiled path (a where as an allow-list per
+    segment) and equal the oracle and the generic path (one scorer call per segment)."""
     m, model, rng = _grown("lucene", 3)
     qs = [random_query(rng) for _ in range(12)]
     ws = [random_where(rng) if i % 3 == 0 else None for i in range(12)]
@@ -113,7 +114,7 @@ def test_where_and_no_where_in_one_batch(monkeypatch):
                 want = m.search(qs, k=10, where=ws, backend="numba", mode=mode, ties="oldest", **kw)
             np.testing.assert_array_equal(got.seqs, want.seqs, err_msg=mode)
             np.testing.assert_array_equal(got.scores, want.scores, err_msg=mode)
-    assert calls and all(c <= 8 for c in calls), "only the queries without a where went the compiled way"
+    assert calls and max(calls) > 8, "the queries with a where (4 of 12) went the compiled way too"
 
 
 def test_cache_is_per_snapshot_and_filled_once_per_term(monkeypatch):

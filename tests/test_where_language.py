@@ -36,6 +36,7 @@ def ms_of(s: str) -> int:
 
 T0_MS = ms_of(T0.isoformat())
 DAY = 86_400_000
+T_EXPIRE = T0_MS + 2000 * 365 * DAY  # a time past every expires_at below: those records are hidden then
 
 
 def random_record(rng: np.random.Generator, i: int) -> dict:
@@ -266,6 +267,14 @@ def test_every_operator_matches_a_brute_force_evaluation(memory_and_records, see
         got = sorted(r["id"] for r in m.list(where=w, limit=1000).records)
         assert got == want, f"where={w}"
         assert m.count(where=w) == len(want)
+        cw = compile_where(w, time_unit="ms")
+        snap = m.snapshot()
+        for expire in (None, T_EXPIRE):  # rows() (a tenant's rows first) against mask(), also hiding expired records
+            for v in snap.views:
+                rows = cw.at(expire).rows(v, snap.dicts)
+                assert rows.dtype == np.int64
+                np.testing.assert_array_equal(rows, np.flatnonzero(cw.at(expire).mask(v, snap.dicts)),
+                                              err_msg=f"where={w} expire={expire}")
         if rng.random() < 0.25:  # the same filter in a search (partition pruning included)
             res = m.search("common", k=1000, where=w, mode=str(rng.choice(["exhaustive", "newest"])))
             assert sorted(res.ids(0)) == want, f"search where={w}"

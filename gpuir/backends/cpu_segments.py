@@ -261,7 +261,8 @@ def _g_sift_up(hs, hq, hv, hr, i):
 
 
 @njit(**JIT)
-def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i, out_f, counts):
+def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i,
+                    out_f, counts):
     """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
 
     The arguments are packed into few arrays: each one costs the call a conversion.
@@ -288,6 +289,10 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r
     qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct terms' slots in ``locs`` (T,
         ascending in the terms' string order, hence in every segment's local ids), then their multiplicities
     qf : (2T + B,) float32 -- the terms' idf, then their w0, then the rows' constants C
+    filt : (B,) bool -- the rows with a filter (a ``where``)
+    a_off : (B, len(segs) + 1) int64, allow_flat : (A,) int64 -- row i's allowed rows of segment j are
+        ``allow_flat[a_off[i, j]:a_off[i, j + 1]]`` (ascending, live; none: the segment is skipped) when
+        ``filt[i]``; lists and allow-lists are intersected by leapfrogging, as a static index's filters
     r0, r1 : int -- the rows to answer
     ws : (17 N,) uint8 -- the workspace of :func:`~gpuir.backends.cpu_maxscore.search_pruned` (acc, touched,
         sdoc, part as 4-byte arrays, then mark) for N documents, N >= the largest segment's; zero on entry
@@ -342,7 +347,7 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r
     hs = np.empty(k, np.float32)
     hd = np.empty(k, np.int64)
     cnt = np.zeros(4, np.int64)
-    noallow = np.empty(0, np.int64)
+    noallow = allow_flat[0:0]
     nodense = np.empty(0, np.float32)
     nof32 = np.empty(0, np.float32)
     nof64 = np.empty(0, np.float64)
@@ -386,6 +391,12 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r
                     T += 1
             if T == 0:
                 continue
+            al = noallow
+            if filt[i]:
+                lo, hi = a_off[i, si], a_off[i, si + 1]
+                if hi == lo:  # the filter allows nothing here
+                    continue
+                al = allow_flat[lo:hi]
             theta = thetas[i]
             if size == k and np.float64(gs[0]) > theta:
                 theta = np.float64(gs[0])
@@ -418,11 +429,11 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r
                 cnt[c] = 0
             n = -1
             if not neg:
-                n = query_row(ix, wt, live, bix, bp, qs, tb, 0, theta, noallow, _slack(nq), tid, tmul, mul, tidf, tw0,
+                n = query_row(ix, wt, live, bix, bp, qs, tb, 0, theta, al, _slack(nq), tid, tmul, mul, tidf, tw0,
                            tub, tzero, order, bnd, suf, contrib, acc[:N], touched[:N], sdoc[:N], part[:N],
                            mark[:N], ph[:cap], pd[:cap], hs[:cap], hd[:cap], cnt)
             if n < 0:  # no pruning for this row here (a weight may be < 0)
-                n, read = exhaustive_row(ix, wt, live, qs, 0, noallow, scr, hs[:cap], hd[:cap], nodense)
+                n, read = exhaustive_row(ix, wt, live, qs, 0, al, scr, hs[:cap], hd[:cap], nodense)
                 cnt[0] = read
                 cnt[3] = -1
             for c in range(4):

@@ -96,7 +96,7 @@ def _matches(snap: Snapshot, where: Where | None) -> tuple[np.ndarray, np.ndarra
     """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64."""
     seqs, times, vis, rows = [], [], [], []
     for vi, v in enumerate(snap.views):
-        r = v.live_rows() if where is None else np.flatnonzero(where.mask(v, snap.dicts)).astype(np.int64)
+        r = v.live_rows() if where is None else where.rows(v, snap.dicts)
         if r.size:
             seqs.append(v.seg.seqs[r])
             times.append(v.seg.time[r])
@@ -122,7 +122,7 @@ def count(snap: Snapshot, where: Where | None) -> int:
     """Live (and unexpired) records passing ``where``."""
     if where is None:
         return snap.n_docs
-    return int(sum(int(np.count_nonzero(where.mask(v, snap.dicts))) for v in snap.views))
+    return int(sum(int(where.rows(v, snap.dicts).size) for v in snap.views))
 
 
 def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq", descending: bool = False,

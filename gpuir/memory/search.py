@@ -287,23 +287,18 @@ class SegmentEngine:
         """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read).
 
         One scorer call per segment answers every job that can match there; with the compiled
-        engine, jobs without a ``where`` go through one call for all segments
-        (:func:`gpuir.memory.segscan.scan_compiled`).
+        engine, every job goes through one call for all segments, a ``where`` as an allow-list per
+        segment (:func:`gpuir.memory.segscan.scan_compiled`).
         """
         snap = self.snap
-        if self.compiled and self.name == "numba" and view_ids and any(j.where is None for j in jobs):
+        if self.compiled and self.name == "numba" and view_ids and jobs:
             def scorer_of(vi: int):
                 return segment_scorer(snap.views[vi].seg, self.name, snap.params)
 
             sc = scorer_of(view_ids[0])
             if getattr(sc, "_prune", False) and hasattr(sc, "_blocks"):
-                raw = _segscan().scan_compiled(snap, view_ids, [j for j in jobs if j.where is None], k, scorer_of,
-                                               threads=sc.threads)
-                out = {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
-                rest = [j for j in jobs if j.where is not None]
-                if rest:
-                    out.update(self._scan_each(view_ids, rest, k))
-                return out
+                raw = _segscan().scan_compiled(snap, view_ids, jobs, k, scorer_of, threads=sc.threads)
+                return {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
         return self._scan_each(view_ids, jobs, k)
 
     def _scan_each(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
@@ -324,10 +319,9 @@ class SegmentEngine:
                     continue
                 allow = None
                 if job.where is not None:
-                    mask = job.where.mask(view, snap.dicts)
-                    if not mask.any():
+                    allow = job.where.rows(view, snap.dicts)
+                    if not allow.size:
                         continue
-                    allow = np.flatnonzero(mask).astype(np.int64)
                 todo.append((job, lids, sel, allow))
             if not todo:
                 continue
@@ -351,7 +345,7 @@ class SegmentEngine:
                     read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
         return {qi: (top_k(found[qi], k), read[qi]) for qi in read}
 
-    #: Score jobs without a ``where`` over all segments in one compiled call (:mod:`gpuir.memory.segscan`)
+    #: Score the jobs over all segments in one compiled call (:mod:`gpuir.memory.segscan`)
     #: when the backend is "numba"; False: one scorer call per segment (the generic path, for tests).
     compiled = True
 

@@ -1,7 +1,7 @@
 """A snapshot's segments searched in one compiled call, with the snapshot's weights cached.
 
 :class:`~gpuir.memory.search.SegmentEngine` hands the compiled CPU engine
-(``numba``) every query without a ``where`` filter through :func:`scan_compiled`:
+(``numba``) every query through :func:`scan_compiled` (a ``where`` as an allow-list per segment):
 one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
 segments it may read, largest first, the k-th best score found so far carried
 into each next segment as its pruning bound, the hits merged in the memory's
@@ -71,6 +71,8 @@ class SnapshotLayout:
     def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
         self.max_docs = 1
         segs = None
+        #: The views of the segments, in the list's order (largest first).
+        self.order = tuple(view_ids)
         for vi, sc, cache in zip(view_ids, scorers, caches):
             view: SegView = snap.views[vi]
             seg = view.seg
@@ -158,7 +160,8 @@ def _give_workspace(ws: np.ndarray) -> None:
 
 def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
                   threads: int = 1) -> dict[int, tuple[Any, ...]]:
-    """Top-k of each job (no ``where``) over the segments ``view_ids``.
+    """Top-k of each job over the segments ``view_ids`` (a job's ``where`` becomes an allow-list per segment:
+    :meth:`gpuir.memory.where.Where.rows`, computed once per distinct filter and segment).
 
     Returns qi -> (seqs (m,) int64, scores (m,) float32, view positions (m,) int64, rows (m,) int64,
     postings read), the m <= k hits best first (the caller makes its ``Hits``).
@@ -204,6 +207,26 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
                              np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
         T = int(off[-1])
+    filt = np.zeros(B, np.bool_)
+    a_off = np.zeros((B, len(layout.order) + 1), np.int64)
+    parts: list[np.ndarray] = []
+    seen: dict = {}  # a filter shared by several jobs (one tenant's batch) is evaluated once per segment
+    at = 0
+    for i, job in enumerate(jobs):
+        w = job.where
+        if w is None:
+            continue
+        filt[i] = True
+        got = seen.get(id(w))
+        if got is None:
+            rows = [w.rows(snap.views[vi], snap.dicts) for vi in layout.order]
+            off = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum([r.size for r in rows], out=off[1:])
+            got = seen[id(w)] = (at, off)
+            parts.extend(rows)
+            at += int(off[-1])
+        a_off[i] = got[0] + got[1]
+    allow_flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
     params = snap.params
     f = np.float32
     k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)
@@ -237,7 +260,8 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.max_docs)
         try:
-            cpu_segments.search_segments(layout.segs, locs, par, method, has_w0, cached, k, B, qi, qf, r0, r1, ws, out_i,
+            cpu_segments.search_segments(layout.segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt, a_off,
+                                         allow_flat, r0, r1, ws, out_i,
                                          out_f, counts)
         finally:
             _give_workspace(ws)

@@ -211,6 +211,31 @@ class Where:
             m &= _eval(self.root, seg, dicts)
         return m
 
+    def rows(self, view: SegView, dicts: dict[str, Interner]) -> np.ndarray:
+        """The rows :meth:`mask` is True at: ndarray (m,), int64, ascending.
+
+        A filter with a tenant starts from that tenant's rows (the segment's index of
+        rows by code, built once per segment) and tests only them, so a tenant's search
+        costs what the tenant holds, not what the segment holds (the agent case: one
+        tenant among many in a shared memory).
+        """
+        if self.tenant is None:
+            return np.flatnonzero(self.mask(view, dicts)).astype(np.int64)
+        seg = view.seg
+        code = dicts["tenant"].lookup(self.tenant)
+        if code < 0 or not self.may_match_segment(seg):
+            return np.zeros(0, np.int64)
+        rows = seg.rows_with_codes("tenant", np.asarray([code], dtype=np.int64))
+        if view.live is not None and rows.size:
+            rows = rows[view.live[rows]]
+        if self.expire is not None and rows.size:
+            col = expiry_column(seg)
+            if col is not None:
+                rows = rows[col[rows] > self.expire]
+        if self.root is not None and rows.size:
+            rows = rows[_eval(self.root, seg, dicts)[rows]]
+        return rows
+
 
 # --------------------------------------------------------------------------- compile
 

@@ -313,3 +313,28 @@ def test_term_slots_grow_over_searches_of_one_snapshot(monkeypatch):
         np.testing.assert_array_equal(a.scores, b.scores, err_msg=f"query {i}")
     np.testing.assert_array_equal(got[-1].seqs, np.concatenate([w.seqs for w in want]))
     np.testing.assert_array_equal(got[-1].scores, np.concatenate([w.scores for w in want]))
+
+
+def test_filtered_searches_weigh_on_the_way_and_never_fill(monkeypatch):
+    """Searches whose every query has a where never fill the snapshot's weight cache (a tenant's search reads
+    its own rows only); they equal the generic path, and an unfiltered search then fills as before."""
+    m, model, rng = _grown("bm25+", 5)
+    qs = [random_query(rng) for _ in range(10)]
+    ws = [{"tenant": str(rng.choice(["acme", "globex", "initech"]))} for _ in qs]
+    ws = [random_where(rng) | w for w in ws]
+    snap = m.snapshot()
+    for _ in range(3):  # the snapshot's first search, then later ones (which would fill)
+        got = m.search(qs, k=5, where=ws, backend="numba")
+        one = [m.search(q, k=5, where=w, backend="numba") for q, w in zip(qs, ws)]
+        with monkeypatch.context() as mp:
+            mp.setattr(SegmentEngine, "compiled", False)
+            want = m.search(qs, k=5, where=ws, backend="numba")
+        np.testing.assert_array_equal(got.seqs, want.seqs)
+        np.testing.assert_array_equal(got.scores, want.scores)
+        for i, r in enumerate(one):
+            np.testing.assert_array_equal(r.seqs[0], want.seqs[i])
+            np.testing.assert_array_equal(r.scores[0], want.scores[i])
+    state = snap.cached(("compiled",), segscan.SnapshotWeights)
+    assert state.layouts and all(not lay.filled for lay in state.layouts.values()), "filtered searches filled"
+    m.search(qs, k=5, backend="numba")
+    assert any(lay.filled for lay in state.layouts.values()), "an unfiltered batch fills"

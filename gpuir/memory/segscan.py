@@ -17,9 +17,11 @@ operations, hence the same bits), with each term's and each block's exact
 largest weight; later searches read them like a static index reads its cache,
 with its exact bounds. A snapshot searched only once (a memory written between
 every two searches) does not pay for filling: the cache is used from a
-snapshot's second search on, or at once for a batch of several queries.
-Sealed segments themselves are never re-laid out: the cache belongs to the
-snapshot and dies with it.
+snapshot's second search on, or at once for a batch of several queries --
+except for searches whose every query has a ``where``: a tenant's search reads
+its own rows only, so its unfilled terms are weighed on the way rather than
+filled for every tenant's postings. Sealed segments themselves are never re-laid
+out: the cache belongs to the snapshot and dies with it.
 
 Both paths return exactly the generic path's results (tested): the same
 kernels, the same float32 arithmetic, the same tie rule.
@@ -247,6 +249,10 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         else:
             u, first_at = np.unique(gid, return_index=True)
             ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
+        if u is not None and filt.all() and not layout.filled.issuperset(u.tolist()):
+            # every query is filtered (a tenant's search reads its own rows only): filling whole lists would
+            # weigh every tenant's postings; the weights of the rows read are computed on the way instead
+            cached, u = False, None
         if u is not None:
             with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
                 cpu_segments.fill_segments(layout.segs, par[:6].astype(np.float32), method, has_w0,

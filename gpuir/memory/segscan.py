@@ -160,6 +160,45 @@ def _give_workspace(ws: np.ndarray) -> None:
             del _ws_free[8:]
 
 
+# Shared "no filter" arguments (writeable, as the built ones are: one compiled signature; never written)
+_NO_FILTER_1 = np.zeros(1, np.bool_)
+_NO_OFFSETS = np.zeros((1, 1), np.int64)
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+def _allow_lists(snap: Snapshot, layout: SnapshotLayout, jobs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each filtered job's allowed rows in each of the layout's segments (:meth:`gpuir.memory.where.Where.rows`).
+
+    Returns
+    -------
+    filt : (B,) bool -- the jobs with a ``where``
+    a_off : (B, segments + 1) int64 -- job i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
+    allow_flat : (A,) int64
+    """
+    B = len(jobs)
+    filt = np.zeros(B, np.bool_)
+    a_off = np.zeros((B, len(layout.order) + 1), np.int64)
+    parts: list[np.ndarray] = []
+    seen: dict = {}  # a filter shared by several jobs (one tenant's batch) is evaluated once per segment
+    at = 0
+    for i, job in enumerate(jobs):
+        w = job.where
+        if w is None:
+            continue
+        filt[i] = True
+        got = seen.get(id(w))
+        if got is None:
+            rows = [w.rows(snap.views[vi], snap.dicts) for vi in layout.order]
+            off = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum([r.size for r in rows], out=off[1:])
+            got = seen[id(w)] = (at, off)
+            parts.extend(rows)
+            at += int(off[-1])
+        a_off[i] = got[0] + got[1]
+    allow_flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+    return filt, a_off, allow_flat
+
+
 def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
                   threads: int = 1) -> dict[int, tuple[Any, ...]]:
     """Top-k of each job over the segments ``view_ids`` (a job's ``where`` becomes an allow-list per segment:
@@ -209,26 +248,10 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
                              np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
         T = int(off[-1])
-    filt = np.zeros(B, np.bool_)
-    a_off = np.zeros((B, len(layout.order) + 1), np.int64)
-    parts: list[np.ndarray] = []
-    seen: dict = {}  # a filter shared by several jobs (one tenant's batch) is evaluated once per segment
-    at = 0
-    for i, job in enumerate(jobs):
-        w = job.where
-        if w is None:
-            continue
-        filt[i] = True
-        got = seen.get(id(w))
-        if got is None:
-            rows = [w.rows(snap.views[vi], snap.dicts) for vi in layout.order]
-            off = np.zeros(len(rows) + 1, np.int64)
-            np.cumsum([r.size for r in rows], out=off[1:])
-            got = seen[id(w)] = (at, off)
-            parts.extend(rows)
-            at += int(off[-1])
-        a_off[i] = got[0] + got[1]
-    allow_flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+    if all(j.where is None for j in jobs):  # (the common case: nothing to build)
+        filt, a_off, allow_flat = (_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS
+    else:
+        filt, a_off, allow_flat = _allow_lists(snap, layout, jobs)
     params = snap.params
     f = np.float32
     k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import Iterator
+
+from .jsonl import InputError
 
 #: The logger every gpuir module logs under (``logging.getLogger("gpuir.<module>")``).
 LOGGER = "gpuir"
@@ -112,3 +115,22 @@ def lower_cli_log_level(level: int) -> None:
             h.setLevel(level)
     if logger.level == logging.NOTSET or logger.level > level:
         logger.setLevel(level)
+
+
+def where_option(text: str | None) -> dict | None:
+    """A command's ``--where`` (a JSON object of conditions, :mod:`gpuir.memory.where`), parsed; None when not given.
+
+    Raises
+    ------
+    InputError
+        Not JSON, or not an object (the CLI exits 2 with the message).
+    """
+    if text is None:
+        return None
+    try:
+        w = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--where is not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    if not isinstance(w, dict):
+        raise InputError(f"--where must be a JSON object of conditions, e.g. '{{\"tenant\": \"acme\"}}', got {text!r}")
+    return w

@@ -318,7 +318,7 @@ def test_term_slots_grow_over_searches_of_one_snapshot(monkeypatch):
 def test_filtered_searches_weigh_on_the_way_and_never_fill(monkeypatch):
     """Searches whose every query has a where never fill the snapshot's weight cache (a tenant's search reads
     its own rows only); they equal the generic path, and an unfiltered search then fills as before."""
-    m, model, rng = _grown("bm25+", 5)
+    m, _model, rng = _grown("bm25+", 5)
     qs = [random_query(rng) for _ in range(10)]
     ws = [{"tenant": str(rng.choice(["acme", "globex", "initech"]))} for _ in qs]
     ws = [random_where(rng) | w for w in ws]

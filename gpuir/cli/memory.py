@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import BACKENDS
+from ..cli_common import where_option
 from ..jsonl import InputError, read_jsonl
 from ..memory.persist import CURRENT, check_not_orphaned
 from ..progress import progress_bar, show_progress
@@ -179,17 +180,6 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_where(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        w = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"--where is not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
-    if not isinstance(w, dict):
-        raise InputError(f"--where must be a JSON object of conditions, e.g. '{{\"tenant\": \"acme\"}}', got {text!r}")
-    return w
-
 
 def _and(a: dict | None, b: dict | None, where: str) -> dict | None:
     if a is None or b is None:
@@ -205,7 +195,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise InputError(f"-k must be a positive integer, got {args.k}")
-    base = _parse_where(args.where)
+    base = where_option(args.where)
     if args.query is not None:
         qids, texts, wheres = ["0"], [args.query], [base]
     else:

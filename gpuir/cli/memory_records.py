@@ -37,21 +37,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..cli_common import where_option
 from ..jsonl import InputError, read_jsonl
 
 TIME_UNITS = ("s", "ms", "us", "ns")
 
-
-def _where(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        w = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"--where is not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
-    if not isinstance(w, dict):
-        raise InputError(f"--where must be a JSON object of conditions, e.g. '{{\"tenant\": \"acme\"}}', got {text!r}")
-    return w
 
 
 def _out(rec: Any) -> None:
@@ -73,7 +63,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     mem = _reader(args.memory_dir)
-    where = _where(args.where)
+    where = where_option(args.where)
     cursor = args.cursor
     while True:
         page = mem.list(where=where, order_by=args.order_by, descending=args.descending, limit=args.limit,
@@ -89,7 +79,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_count(args: argparse.Namespace) -> int:
-    print(_reader(args.memory_dir).count(where=_where(args.where), time_unit=args.time_unit))
+    print(_reader(args.memory_dir).count(where=where_option(args.where), time_unit=args.time_unit))
     return 0
 
 
@@ -128,7 +118,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    n = _reader(args.memory_dir).export(args.out, where=_where(args.where), history=not args.no_history)
+    n = _reader(args.memory_dir).export(args.out, where=where_option(args.where), history=not args.no_history)
     print(f"exported {n} records -> {args.out}", file=sys.stderr)
     return 0
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from ..memory import Memory, RecordError, UnknownIdError, updates
 from ..memory.intake import canonical_records, fold_expiry, to_batch
-from ..memory.records import MISSING_TIME, RecordBatch, normalize_records
+from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
@@ -648,7 +648,7 @@ class ShardedMemory:
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
         """
-        ids = _id_list(ids, "delete")
+        ids = id_list(ids, "delete")
         if not ids:
             return 0
         with self._rw.writing():
@@ -688,7 +688,7 @@ class ShardedMemory:
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (see :meth:`Memory.get <gpuir.memory.Memory.get>`)."""
-        ids = _id_list(ids, "get")
+        ids = id_list(ids, "get")
         with self._rw.reading():
             self._check_open()
             groups: dict[int, list[str]] = {}
@@ -705,7 +705,7 @@ class ShardedMemory:
 
     def contains(self, ids: Iterable[str]) -> list[bool]:
         """Whether each id names a live record (one call per owning shard with ``route="id"``)."""
-        ids = _id_list(ids, "contains")
+        ids = id_list(ids, "contains")
         with self._rw.reading():
             self._check_open()
             present = self._present(list(dict.fromkeys(ids)))
@@ -985,12 +985,3 @@ class ShardedMemory:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _id_list(ids: Iterable[str], what: str) -> list[str]:
-    if isinstance(ids, str):
-        ids = [ids]
-    out = list(ids)
-    bad = [x for x in out if not isinstance(x, str)]
-    if bad:
-        raise TypeError(f"{what}: ids must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
-    return out

@@ -219,6 +219,17 @@ class RecordBatch:
         )
 
 
+def id_list(ids: Iterable[str], what: str) -> list[str]:
+    """Record ids given to ``what`` (a str is one id) as a list; a non-string id is a TypeError naming it."""
+    if isinstance(ids, str):
+        ids = [ids]
+    out = list(ids)
+    bad = [x for x in out if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"{what}: ids must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
+    return out
+
+
 def make_record(
     rid: str, text: str, strings: Mapping[str, str | None], time_ms: int, importance: float, meta: str
 ) -> dict[str, Any]:

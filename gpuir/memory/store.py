@@ -78,7 +78,7 @@ from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
 from .partitions import partition_keys, scan
 from .persist import MemoryFormatError
-from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, normalize_records
+from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, id_list, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
 from .searchargs import check_search_args
 from .segments import VECTORS_PREFIX, SegView, merge_segments, segment_arrays, segment_from_file
@@ -522,7 +522,7 @@ class Memory:
         """
         with self._write_lock:
             self._check_writable()
-            ids = list(dict.fromkeys(_id_list(ids, "delete")))
+            ids = list(dict.fromkeys(id_list(ids, "delete")))
             self._purge_expired()
             seq_of = self._ids.get_many(ids)
             unknown = [rid for rid, s in zip(ids, seq_of) if s is None]
@@ -812,7 +812,7 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok`` (then unknown ids give None).
         """
-        ids = _id_list(ids, "get")
+        ids = id_list(ids, "get")
         with self._commit_lock:
             snap = self._snap
             seq_of = self._ids.get_many(ids, snap.views)
@@ -843,7 +843,7 @@ class Memory:
             The state asked about (default: the current one); an id added, deleted or
             updated since a given snapshot reads as it reads now, then is checked live there.
         """
-        ids = _id_list(ids, "seqs_of")
+        ids = id_list(ids, "seqs_of")
         with self._commit_lock:
             snap = self._snap if snapshot is None else snapshot
             seqs = self._ids.get_many(ids, snap.views)
@@ -1216,7 +1216,7 @@ class Memory:
             An id naming no live record.
         """
         emb = self._embedding(embedding)
-        ids = _id_list(ids, "vectors")
+        ids = id_list(ids, "vectors")
         with self._commit_lock:
             snap = self._snap
             seq_of = self._ids.get_many(ids, snap.views)
@@ -1629,15 +1629,6 @@ class Memory:
     def path(self) -> Path | None:
         return self._path
 
-
-def _id_list(ids: Iterable[str], what: str) -> list[str]:
-    if isinstance(ids, str):
-        ids = [ids]
-    out = list(ids)
-    bad = [x for x in out if not isinstance(x, str)]
-    if bad:
-        raise TypeError(f"{what}: ids must be strings, got {type(bad[0]).__name__} {bad[0]!r}")
-    return out
 
 
 def _check_tenants(snap: Snapshot, wheres, vidx: np.ndarray, rows: np.ndarray) -> None:

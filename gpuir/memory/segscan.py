@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from ..backends import cpu_segments
-from ..backends.jitcall import entry_point
 from ..backends.numba_backend import shared_pool
 from ..backends.weights import BOUND_SLACK, has_absent_weight
 from .segments import SegView
@@ -90,26 +89,11 @@ class SnapshotLayout:
                 cpu_segments.segment_list_append(segs, item)
             self.max_docs = max(self.max_docs, int(sc.index.n_docs))
         self.segs = segs
-        #: The compiled functions called on :attr:`segs`, each typed once for this layout (:meth:`call`).
-        self._entries: dict[Any, Any] = {}
         #: Global term codes whose weights are in every one of these segments' caches.
         self.filled: set[int] = set()
         #: Term slots: global code -> row of :attr:`locs` (its local id in each segment).
         self.slot_of: dict[int, int] = {}
         self.locs = np.empty((64, len(view_ids)), np.int64)
-
-    def call(self, fn, *args) -> Any:
-        """``fn(*args)`` for a compiled function ``fn`` of the segment list, without Numba's per-call typing.
-
-        The segment list's type is a tree of some fifty array types that Numba's dispatcher would hash
-        afresh on every call (about 70 microseconds: a third of a question's time on a 15-segment memory);
-        it is typed here once per layout and function (:func:`gpuir.backends.jitcall.entry_point`). Every
-        caller passes arguments of fixed types (arrays made the same way, Python ints and bools; tested).
-        """
-        ep = self._entries.get(fn)
-        if ep is None:
-            ep = self._entries[fn] = entry_point(fn, args)
-        return ep(*args)
 
     def slots(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The slots of global codes ``gids`` (new ones located in every segment first) and the slot table
@@ -124,7 +108,7 @@ class SnapshotLayout:
                 grown = np.empty((max(2 * self.locs.shape[0], n0 + len(new)), self.locs.shape[1]), np.int64)
                 grown[:n0] = self.locs[:n0]
                 self.locs = grown
-            self.call(cpu_segments.locate_terms, self.segs, np.array(new, np.int64), self.locs, int(n0))
+            cpu_segments.locate_terms(self.segs, np.array(new, np.int64), self.locs, n0)
             for i, g in enumerate(new):
                 self.slot_of[g] = n0 + i
             got = [get(g) for g in gids.tolist()]
@@ -226,7 +210,6 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
     """
     B = len(jobs)
-    k = int(k)  # (a NumPy integer would be typed otherwise: see SnapshotLayout.call)
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:
         state.searches += 1
@@ -295,9 +278,9 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
             cached, u = False, None
         if u is not None:
             with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
-                layout.call(cpu_segments.fill_segments, layout.segs, par[:6].astype(np.float32), method, has_w0,
-                            np.ascontiguousarray(u, np.int64), np.ascontiguousarray(ui, np.float32),
-                            np.ascontiguousarray(uw, np.float32))
+                cpu_segments.fill_segments(layout.segs, par[:6].astype(np.float32), method, has_w0,
+                                           np.ascontiguousarray(u), np.ascontiguousarray(ui),
+                                           np.ascontiguousarray(uw))
                 layout.filled.update(u.tolist())
     out_i = np.full((3, B, k), -1, np.int64)
     out_f = np.full((B, k), -np.inf, np.float32)
@@ -306,8 +289,9 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.max_docs)
         try:
-            layout.call(cpu_segments.search_segments, layout.segs, locs, par, method, has_w0, cached, k, B, qi, qf,
-                        filt, a_off, allow_flat, int(r0), int(r1), ws, out_i, out_f, counts)
+            cpu_segments.search_segments(layout.segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt, a_off,
+                                         allow_flat, r0, r1, ws, out_i,
+                                         out_f, counts)
         finally:
             _give_workspace(ws)
 

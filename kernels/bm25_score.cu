@@ -1,6 +1,7 @@
 // kernels/bm25_score.cu -- BM25 over one sealed segment with the search's statistics applied
-// per query: tile bounds, best-first seeding, a list of the tiles that can still matter, fused
-// tile scoring with candidate emission, dense rows for parity, haystack (forward-layout) scoring.
+// per query: tile bounds, a seed over each row's best tiles, a list of the tiles that can still
+// matter, fused tile scoring cut to the sub-blocks that can still matter, with candidate emission,
+// dense rows for parity, haystack (forward-layout) scoring.
 //
 // Segment (device, uploaded once per scorer by gpuir/backends/cupy_backend.py; never re-weighted)
 // -------------------------------------------------------------------------------------------------
@@ -14,6 +15,11 @@
 //                                              packed tf (low 16 bits, 0xFFFF = >= 65535) | length << 16
 //                                              (capped at 65535); none for an empty block
 //   term_imp_off (V+1,) int64, term_imp        the impacts of a light term's whole list
+//   dir_sub_off (H*n_tiles+1,) int64,          the impacts of t's postings in each of tile j's 16
+//     dir_sub_cnt (H*n_tiles,) uint64,         sub-blocks of TILE/16 documents, sub-block by sub-block;
+//     dir_sub_imp uint32                       bits 4s..4s+3 of the count word: how many sub-block s has
+//                                              (<= 15: a longer frontier keeps 14 and merges the rest
+//                                              into one dominating pair; 0 = no posting there)
 //   live (ceil(N/32),) uint32                  bit d: document d exists (has_live = 0: all do)
 // Tile j holds documents [j*TILE, (j+1)*TILE). Terms with many postings (the long lists that
 // dominate the work) get a directory row: their sub-range in a tile is two loads, their bound
@@ -47,6 +53,9 @@
 //   U = ((0 + scaled(b_1)) + scaled(b_2)) + ... [+ C]
 // is a float32 sum in the scoring order over the terms present in the tile; float32 addition and
 // multiplication by m > 0 are non-decreasing, so by induction every score in the tile is <= U.
+// A sub-block's bound ub[s] is the same sum over the terms with a posting in sub-block s, each
+// bounded by its sub-block impacts (a directory term) or its whole list's (a light term); a term's
+// postings in a tile are one sorted run, so the sub-block boundaries are binary searches in it.
 //
 // The pipeline (host: CupyScorer._run_rows)
 // -----------------------------------------
@@ -54,33 +63,46 @@
 //               row: sets bit i of lmask[q, tile(d)] -- which tiles hold the row's light terms,
 //               from the postings, with no search per tile.
 // tile_bounds   one thread per (row, tile): U as a key (0 = no query term in the tile, or no
-//               allowed document), into ukey; best[q] = atomicMax of (key << 32 | ~tile): the
-//               row's best tile (ties: the lower tile).
-// tile_score    mode 0 (seed): block-item i scores row i's best tile. mode 1 (list): items[i] =
-//               (q << 32 | j) for i < *n_items. Persistent blocks take items i = blockIdx.x,
-//               + gridDim.x, ... For (q, j):
+//               allowed document), into ukey.
+// seed_tiles    one block per row: its GPUIR_SEEDS (16) best tiles, (key(U) << 32 | ~tile)
+//               descending (ties: the lower tile), into seeds.
+// tile_score    mode 0 (seeds): item i scores seeds[i] (row i / 16) and zeroes its ukey (so the list
+//               never holds it). mode 1 (list): items[i] = (q << 32 | j) for i < *n_items.
+//               Persistent blocks take items i = blockIdx.x, + gridDim.x, ... For (q, j):
 //                 1. skip when key(U) < theta[q] (strictly);
 //                 2. filter: the tile's part of the allow-list as a shared bitmask;
-//                 3. accumulate the rounds; untouched slots keep a NaN marker (a sum of exactly
-//                    0 is still a candidate); deleted documents (live) are never touched;
+//                 2b. the sub-block cut: thread (i, s) bounds term i in sub-block s, thread s sums
+//                    its sub-block's bounds in term order [+ C]; the sub-blocks with a posting whose
+//                    key(ub[s]) >= theta[q] (read now) are kept, the others are never read;
+//                 3. accumulate the rounds over the kept sub-blocks' postings (one index space per
+//                    term: a kept posting's place is found by a 4-step search of the kept prefix
+//                    sums); untouched slots keep a NaN marker (a sum of exactly 0 is still a
+//                    candidate); deleted documents (live) are never touched;
 //                 4. tile bound L: when the tile has >= k candidates, two histogram passes (key
 //                    bits 31..21, then 20..10 inside the chosen bin) find L with >= k of the
 //                    tile's candidates >= L; theta[q] = atomicMax(theta[q], L);
 //                 5. emit every candidate with key >= max(L, theta[q]) -- ties included -- into
 //                    q's slots (warp-aggregated atomicAdd on counts[q], which counts past the
 //                    capacity).
-// tile_list     one thread per (row, tile): after the seed, appends (q, j) to items when
-//               key(U) >= theta[q] and j is not the seed tile (warp-aggregated atomicAdd on
-//               n_items). Tiles whose bound is below the seed's threshold never become work.
+// (select_topk, raw keys, then seed_theta: theta[q] = max(theta[q], the k-th best key the seeds
+//               emitted) -- the seeds' k-th best together, not only each tile's own L; k <= 4096.)
+// tile_list     one thread per (row, tile): after the seeds, appends (q, j) to items when
+//               key(U) >= theta[q] (the seeds' keys are 0 by now; warp-aggregated atomicAdd on
+//               n_items). Tiles whose bound is below the seeds' threshold never become work.
 // Exactness: let s_k be q's true k-th best score and T its true top k (ties at s_k broken by
 // document number). theta[q] only ever holds values L with >= k real candidates at or above
-// them, so theta[q] <= s_k always. Every d in T has score(d) >= s_k >= theta and >= L of its
-// tile, and its tile has U >= score(d) >= s_k >= theta: it is the seed tile or in the list and
-// never skipped, so d is emitted. The exact selection (topk.cu) over the emitted keys returns T.
+// them (a tile's L: >= k of its scored documents; seed_theta: k emitted documents of distinct
+// seed tiles), so theta[q] <= s_k always. Every d in T has score(d) >= s_k >= theta, and its tile
+// has U >= score(d) >= theta: it is a seed or in the list and never skipped; its sub-block has
+// ub >= score(d) >= theta: never cut, so d gets all its adds in term order; score(d) >= L of its
+// tile (else k scored documents of the tile beat it), so d is emitted. The exact selection
+// (topk.cu) over the emitted keys returns T.
 // If counts[q] exceeds the capacity, the host reruns q with theta[q] set to the value this run
-// ended with: every document >= it was emitted by this run (its tile was visited and every
-// threshold it met was <= the final theta), so the rerun emits at most counts[q] keys and fits a
-// buffer of that size.
+// ended with: every document >= it was emitted by this run (its tile was visited, its sub-block
+// kept, and every threshold it met -- L of its tile included, which went into theta -- was <= the
+// final theta), so the rerun emits at most counts[q] keys and fits a buffer of that size. (The
+// rerun's L may be lower, its cut having removed more sub-blocks, but it emits only documents >=
+// the final theta.) The rerun is planned again from its rows: bounds, seeds, list, grid.
 //
 // tile_dense: grid (tiles, rows): steps 2 and 3 for every tile, then the final scores (or -inf)
 // into a dense (rows, N) float32 array, for score_matrix.
@@ -92,8 +114,8 @@
 // query terms). One composite key per allowed document (0 = no query term, or deleted).
 //
 // Instantiations (name_expressions, gpuir/backends/kernels.py):
-//   light_marks<256, 4096>, tile_bounds<256, 4096>, tile_score<256, 4096>, tile_list<256>,
-//   tile_dense<256, 4096>, haystack_score<256>
+//   light_marks<256, 4096>, tile_bounds<256, 4096>, seed_tiles<256>, tile_score<256, 4096>,
+//   seed_theta, tile_list<256>, tile_dense<256, 4096>, haystack_score<256>
 #include "common.cuh"
 
 #define GPUIR_ROW_FILTERED 1   // row_flags: the row has an allow-list

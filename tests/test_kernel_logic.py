@@ -964,3 +964,22 @@ def test_seeds_are_the_best_bound_tiles_and_raise_theta(model_device, corpus):
     finally:
         km.MODELS["seed_tiles"], km.MODELS["seed_theta"] = real_seed, real_theta
     assert seen.get("seeds") and seen.get("raised", 0) > 0
+
+
+def test_overflow_reruns_are_planned_again(model_device, corpus, monkeypatch):
+    """A rerun of overflowing rows runs the whole plan again for those rows only: bounds, seeds, list."""
+    idx, qs, _ = corpus
+    gpu = model_device(idx, haystack="never")
+    real = cb.candidate_slots
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 3))
+    cp = model_device.cp
+    n0 = len(cp.launches)
+    res = gpu.search(qs[5:9], 10)
+    _exact(NumpyScorer(idx, BM25Params()).search(qs[5:9], 10), res)
+    over = res.meta["overflow_rows"]
+    assert over > 0
+    rows = {name.split("<")[0]: [] for name, *_ in cp.launches[n0:]}
+    for name, grid, *_ in cp.launches[n0:]:
+        rows[name.split("<")[0]].append(grid)
+    assert len(rows["tile_bounds"]) == len(rows["seed_tiles"]) == len(rows["tile_list"]) == 2
+    assert rows["tile_bounds"][1][1] == rows["seed_tiles"][1][0] == over  # the rerun's rows only

@@ -36,6 +36,7 @@ run (``bench/gpu_verify.py``) settle those.
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import re
 import sys
 import types
@@ -709,6 +710,8 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         the host, tests/cuda_host); ``host_args`` are NumPy arrays and scalars.
     """
     cp = types.SimpleNamespace(__version__="none (fake cupy: kernel model)")
+    # importlib.util.find_spec("cupy") (gpuir._compat.cuda_device) raises on a module without a spec
+    cp.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
         setattr(cp, nm, getattr(np, nm))
     cp.ndarray = DevArray

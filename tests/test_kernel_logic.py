@@ -873,12 +873,21 @@ def test_a_top_document_alone_in_its_sub_block_at_theta(model_device):
     ref = NumpyScorer(idx, BM25Params())
     gpu = model_device(idx, haystack="never")
     qs = [np.array([5, 6], np.int64), np.array([4, 6], np.int64), np.array([6], np.int64)]
+    sub = K.TILE_DOCS // cb.SUBS  # small_tiles: 64-document tiles, sub-blocks of 4
+    alone = 0
     for k in (1, 2, 3, 4, 13):
         want = ref.search(qs, k)
         kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
         kth[~np.isfinite(want.scores[:, k - 1])] = 0
         res = _run_with_theta(gpu, model_device.cp, qs, k, kth)  # theta = the k-th score from the start
         _exact(want, res, f"k={k}")
+        dense = ref.score_matrix(qs)
+        for i in range(len(qs)):
+            d = int(want.ids[i, k - 1])
+            if d >= 0:
+                blk = dense[i, d // sub * sub:(d // sub + 1) * sub]
+                alone += int(np.isfinite(blk).sum() == 1)
+    assert alone > 0, "no k-th document was alone in its sub-block: the case is not exercised"
 
 
 def _run_with_theta(gpu, cp, qs, k, theta):

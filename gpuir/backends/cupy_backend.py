@@ -27,13 +27,17 @@ Per batch of B queries:
    search, each with its own stream).
 3. **Plan**: ``light_marks`` marks the tiles holding each row's short-list
    terms from their postings; ``tile_bounds`` computes every (row, tile) score
-   bound from the summaries and the row's idf, and each row's best tile.
-4. **Score**: ``tile_score`` scores each row's best tile first (a threshold
-   close to the final one, at once); ``tile_list`` keeps the (row, tile) pairs
-   whose bound still reaches the threshold; ``tile_score`` scores them with
-   persistent blocks, raising the threshold as it goes and emitting only
-   candidates that can still reach the top k. ``haystack_score`` scores rows
-   with a small allow-list from a document-major copy of the segment.
+   bound from the summaries and the row's idf; ``seed_tiles`` picks each row's
+   16 best-bound tiles.
+4. **Score**: ``tile_score`` scores the seeds first, and their k-th best
+   together (``select_topk`` on raw keys, ``seed_theta``) becomes the threshold;
+   ``tile_list`` keeps the (row, tile) pairs whose bound still reaches it;
+   ``tile_score`` scores them with persistent blocks, raising the threshold as
+   it goes. In every visited tile only the 256-document sub-blocks whose bound
+   reaches the threshold are read (``meta["blocks_scored"]`` /
+   ``["blocks_skipped"]``), and only candidates that can still reach the top k
+   are emitted. ``haystack_score`` scores rows with a small allow-list from a
+   document-major copy of the segment (first, before the seeds' selection).
 5. **Select**: ``select_topk`` (radix select + bitonic sort) for k <= 4096;
    above, ``pack_candidates`` + a device sort + ``decode_keys``.
 6. **One device-to-host copy** of ids, scores, candidate counts, thresholds.
@@ -41,9 +45,9 @@ Per batch of B queries:
    reached, which bounds its candidates by the count it saw: the rerun fits.
 
 Device memory: the segment (offsets int64, doc_ids int32, tfs int32: 8 bytes per
-posting; document lengths, 4 bytes per document), the tile directory (8 bytes
-per (long term, tile)), the forward copy if used (8 bytes per posting), and per
-row 8 x (candidate slots) + 20 x (tiles) + 12 k bytes. Batches are cut into
+posting; document lengths, 4 bytes per document), the tile directory (28 bytes
+per (long term, tile) and 4 per impact), the forward copy if used (8 bytes per
+posting), and per row 8 x (candidate slots) + 20 x (tiles) + 20 k + 128 bytes. Batches are cut into
 chunks that fit the memory budget; on an out-of-memory error the pool is freed
 and the budget halved.
 
@@ -1445,8 +1449,9 @@ class CupyScorer(Scorer):
             prep) and ``total_s`` (wall clock); with ``timing=True`` also
             ``h2d_s``, ``plan_s``, ``score_s``, ``topk_s``, ``d2h_s`` (device time
             from CUDA events). Also ``n_chunks``, ``rows_per_chunk``,
-            ``candidates``, ``tiles_scored``, ``tile_items``, ``light_pairs``,
-            ``overflow_rows``, ``haystack_rows``, ``n_tiles``.
+            ``candidates``, ``tiles_scored``, ``tile_items``, ``blocks_scored``,
+            ``blocks_skipped``, ``light_pairs``, ``overflow_rows``, ``haystack_rows``,
+            ``n_tiles``.
         """
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")

@@ -4,14 +4,16 @@ Nothing here touches a GPU. Two uses:
 
 * **The model** mirrors ``kernels/bm25_score.cu`` and ``kernels/topk.cu``
   operation by operation: tiles, one term per round in ascending term id, the
-  float32 tile bounds and the skip test, the running per-row threshold (tile
-  bound L from two histogram passes, block bound R from the block's running
-  histogram, ``atomicMax``), candidate emission with a capacity and a counter
+  float32 tile bounds and the skip test, each row's 16 seed tiles and their
+  joint k-th best as the threshold, the float32 sub-block bounds and the
+  sub-block cut, the running per-row threshold (tile bound L from two histogram
+  passes, ``atomicMax``), candidate emission with a capacity and a counter
   that keeps counting, the haystack (forward-layout) scoring and the radix
   select with its early exits, gather and sentinel slots. Blocks of
   ``tile_score`` run as interleaved generators that yield wherever the kernel
   touches global state another block may change (the threshold read before the
-  skip test, the publish/read before emission, the emission itself), and a
+  skip test and before the cut, the publish/read before emission, the
+  emission itself), and a
   seeded scheduler picks which block moves next -- so tests cover many orders
   in which a GPU could run them. tests/test_kernel_logic.py checks the model
   against :class:`~gpuir.backends.numpy_backend.NumpyScorer` bit for bit.
@@ -347,8 +349,8 @@ def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
     ub, pres = _sub_bounds(a, q, j, base, end)
     yield  # theta is read for the sub-block cut
     keep = int(sum(1 << s for s in range(SUBS) if int(float_to_ordered(ub[s:s + 1])[0]) >= int(theta[q]))) & pres
-    a["blocks_scored"][q] += bin(keep).count("1")
-    a["blocks_skipped"][q] += bin(pres & ~keep).count("1")
+    a["blocks_scored"][q] += keep.bit_count()
+    a["blocks_skipped"][q] += (pres & ~keep).bit_count()
     if keep == 0:
         return
     touched, acc = _accumulate(a, q, j, base, end, allowed, keep)

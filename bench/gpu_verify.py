@@ -565,6 +565,7 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
                 "tiles_scored": last.meta.get("tiles_scored"), "tile_items": last.meta.get("tile_items"),
                 "tile_cells": (last.meta.get("n_tiles") or 0) * B, "light_pairs": last.meta.get("light_pairs"),
                 "overflow_rows": last.meta.get("overflow_rows"), "persistent_blocks": last.meta.get("persistent_blocks"),
+                "blocks_scored": last.meta.get("blocks_scored"), "blocks_skipped": last.meta.get("blocks_skipped"),
                 "same_twice": exact_equal(first, last)}
         chk = check_results(ref, qs, last, rows=run.sizes["check_rows"], deadline=run.deadline(20.0))
         cell["check"] = chk
@@ -683,7 +684,8 @@ def step_scale(run: Run) -> dict[str, Any]:
         chk = check_results(ref, qs, r1, rows=run.sizes["check_rows"], deadline=run.deadline(25.0))
         case = {"case": name, "batch": b, "k": k, "BxN": b * n, "seconds": round(dt, 3),
                 "same_twice": exact_equal(r1, r2), **chk, "candidates": r1.meta.get("candidates"),
-                "overflow_rows": r1.meta.get("overflow_rows")}
+                "overflow_rows": r1.meta.get("overflow_rows"), "tiles_scored": r1.meta.get("tiles_scored"),
+                "blocks_scored": r1.meta.get("blocks_scored"), "blocks_skipped": r1.meta.get("blocks_skipped")}
         if run.left() > 40:
             sub = qs[:4]
             case["numpy_full_equal_rows"] = len(sub)

@@ -161,6 +161,185 @@ def model_query(idx, d, n_tiles, q, ks, params, stats):
     return out
 
 
+SEED_TILES = 16  # the built seed (gpuir.backends.kernels.SEED_TILES)
+
+
+def _key(x):
+    """Ordered uint32 keys of float32 scores (kernel_model.float_to_ordered), as int64."""
+    from gpuir.backends.kernel_model import float_to_ordered
+
+    return float_to_ordered(np.asarray(x, np.float32)).astype(np.int64)
+
+
+def _kth_key(keys, k):
+    """The k-th largest key, 0 when there are fewer than k."""
+    return int(np.partition(keys, keys.size - k)[keys.size - k]) if keys.size >= k else 0
+
+
+def _tile_l(keys, k):
+    """tile_score's tile bound L: the k-th best key truncated to bits 31..10 (0 with fewer than k)."""
+    return (_kth_key(keys, k) >> 10) << 10
+
+
+def built_query(idx, d, n_tiles, q, ks, params, avgdl):
+    """What the built kernels' planning does for one query, per k: before (one seed tile, tile cut) and after.
+
+    Mirrors ``kernels/bm25_score.cu`` decision by decision, with NumPy: float32 tile bounds U (each
+    present term's largest impact bound, summed in term order) and their keys; scores as the
+    reference adds them. **before**: the best tile seeds theta with its own L; the tiles with
+    key(U) >= theta are read whole. **after**: the 16 best tiles (key(U) desc, lower tile first) are
+    read whole (their sub-block cut runs against theta = 0: the seeds start together), theta = the
+    k-th best key of the seeds' documents (select_topk over their emitted keys, seed_theta); the
+    other tiles with key(U) >= theta are listed, and in each only the sub-blocks whose bound
+    (each present term's largest sub-block impact bound, or a light term's whole-list bound,
+    summed in term order) reaches theta are read -- with theta held at the seed's value
+    ("pessimistic": every list item at once, as when the device's blocks take them together) or
+    raised by each tile's L in tile order ("sequential": one block taking the list in order).
+    """
+    from gpuir.backends.cupy_backend import SUBS
+
+    terms = np.unique(q)
+    df_all = np.diff(idx.offsets)
+    terms = terms[df_all[terms] > 0]
+    if terms.size == 0:
+        return None
+    N = idx.n_docs
+    sub = TILE // SUBS
+    n_sub = n_tiles * SUBS
+    idf, w0 = term_weights(df_all[terms], N, params)
+    U = np.zeros(n_tiles, np.float32)
+    present = np.zeros(n_tiles, bool)
+    UB = np.zeros(n_sub, np.float32)
+    post_tile = np.zeros(n_tiles, np.int64)
+    post_sub = np.zeros(n_sub, np.int64)
+    acc = np.zeros(N, np.float32)
+    touched = np.zeros(N, bool)
+    for i, t in enumerate(terms.tolist()):
+        s, e = int(idx.offsets[t]), int(idx.offsets[t + 1])
+        docs = idx.doc_ids[s:e].astype(np.int64)
+        w = weights_of(idx.tfs[s:e], idx.doc_lens[docs], idf[i], w0[i], avgdl, params)
+        acc[docs] = acc[docs] + w
+        touched[docs] = True
+        tl, sb = docs // TILE, docs // sub
+        post_tile += np.bincount(tl, minlength=n_tiles)
+        cnt_sub = np.bincount(sb, minlength=n_sub)
+        post_sub += cnt_sub
+        bt = np.zeros(n_tiles, np.float32)
+        bs = np.zeros(n_sub, np.float32)
+        r = int(d["dir_row"][t])
+        if r >= 0:
+            off = d["dir_imp_off"][r * n_tiles:(r + 1) * n_tiles + 1]
+            tf, dl = unpack(d["dir_imp"][off[0]:off[-1]])
+            b = weight_bound(tf, dl, np.full(tf.size, idf[i]), np.full(tf.size, w0[i]), avgdl, params)
+            has = np.flatnonzero(np.diff(off) > 0)
+            bt[has] = np.maximum.reduceat(b, (off[:-1] - off[0])[has])
+            cells = slice(r * n_tiles, (r + 1) * n_tiles)
+            words = d["dir_sub_cnt"][cells].astype(np.uint64)
+            n_imp = ((words[:, None] >> (4 * np.arange(SUBS, dtype=np.uint64))[None, :]) & np.uint64(15))
+            n_imp = n_imp.astype(np.int64).reshape(-1)  # per sub-block of the term's row, in order
+            s0, s1 = int(d["dir_sub_off"][r * n_tiles]), int(d["dir_sub_off"][(r + 1) * n_tiles])
+            tf, dl = unpack(d["dir_sub_imp"][s0:s1])
+            b = weight_bound(tf, dl, np.full(tf.size, idf[i]), np.full(tf.size, w0[i]), avgdl, params)
+            starts = np.concatenate([[0], np.cumsum(n_imp)[:-1]])
+            hs = np.flatnonzero(n_imp > 0)
+            bs[hs] = np.maximum.reduceat(b, starts[hs])
+        else:
+            pairs = d["term_imp"][d["term_imp_off"][t]:d["term_imp_off"][t + 1]]
+            tf, dl = unpack(pairs)
+            b = np.float32(weight_bound(tf, dl, np.full(tf.size, idf[i]), np.full(tf.size, w0[i]), avgdl,
+                                        params).max())
+            bt[np.unique(tl)] = b
+            bs[np.unique(sb)] = b
+        present |= bt > 0
+        U = (U + bt).astype(np.float32)  # term order, float32, as the kernels add
+        UB = (UB + bs).astype(np.float32)
+    ukey = np.where(post_tile > 0, _key(U), 0)
+    ubkey = np.where(post_sub > 0, _key(UB), 0)
+    cand = np.flatnonzero(touched)
+    ckey = _key(acc[cand])
+    ctile = cand // TILE
+    floor = 8 * int(post_tile.sum())
+    order = np.lexsort((np.arange(n_tiles), -ukey))
+    order = order[ukey[order] > 0]
+    tstart = np.searchsorted(ctile, np.arange(n_tiles + 1))  # cand ascends: each tile's candidates are a run
+    tile_docs = [ckey[tstart[j]:tstart[j + 1]] for j in range(n_tiles)]
+    csub = (cand % TILE) // sub
+    out = {}
+    for k in ks:
+        sk = _kth_key(ckey, k)
+        row = {"floor": floor, "cells": int((post_tile > 0).sum())}
+        # before: one seed tile, tile cut
+        seed = order[:1]
+        theta = _tile_l(tile_docs[seed[0]], k) if seed.size else 0
+        vis = (ukey >= max(theta, 1)) | np.isin(np.arange(n_tiles), seed)
+        row["before_tiles"] = int(vis.sum())
+        row["before_bytes"] = 12 * int(post_tile[vis].sum())
+        # after: 16 seeds read whole, theta = their k-th best, list with the sub-block cut
+        seeds = order[:SEED_TILES]
+        in_seed = np.zeros(n_tiles, bool)
+        in_seed[seeds] = True
+        theta = _kth_key(ckey[in_seed[ctile]], k)
+        theta = max([theta] + [_tile_l(tile_docs[j], k) for j in seeds])
+        listed = (ukey >= max(theta, 1)) & ~in_seed
+        sub_tile = np.repeat(np.arange(n_tiles), SUBS)
+        has_post = post_sub > 0
+        seed_subs = in_seed[sub_tile] & has_post
+        row["after_tiles"] = int(in_seed.sum() + listed.sum())
+        row["after_list_items"] = int(listed.sum())
+        for mode in ("pessimistic", "sequential", "final"):
+            if mode == "pessimistic":
+                th_sub = np.full(n_sub, theta)
+            elif mode == "final":  # the final k-th score from the start: the best these bounds allow
+                th_sub = np.full(n_sub, sk)
+            else:
+                th_tile = np.full(n_tiles, theta)
+                th = theta
+                for j in np.flatnonzero(listed):  # tile order, theta raised by each tile's own L
+                    th_tile[j] = th
+                    if ukey[j] < th:
+                        continue
+                    kept = (ubkey[j * SUBS:(j + 1) * SUBS] >= th)
+                    sc = tile_docs[j]
+                    if sc.size:
+                        th = max(th, _tile_l(sc[kept[csub[tstart[j]:tstart[j + 1]]]], k))
+                th_sub = np.repeat(th_tile, SUBS)
+                vis_tiles = listed & (ukey >= th_tile)
+            lst = listed if mode != "sequential" else vis_tiles
+            kept = lst[sub_tile] & has_post & (ubkey >= th_sub)
+            skipped = lst[sub_tile] & has_post & ~kept
+            row[f"after_{mode}_bytes"] = 12 * int(post_sub[seed_subs | kept].sum())
+            row[f"after_{mode}_blocks_scored"] = int((seed_subs | kept).sum())
+            row[f"after_{mode}_blocks_skipped"] = int(skipped.sum())
+            row[f"after_{mode}_tiles"] = int(in_seed.sum() + lst.sum())
+        row["ideal_tiles"] = int(np.unique(ctile[ckey >= sk]).size) if sk else 0
+        out[k] = row
+    return out
+
+
+def main_built(a, idx, d, n_tiles, sets, params) -> dict:
+    result = {"machine": {"node": platform.node() or "machine", "cpu": platform.processor() or platform.machine(),
+                          "python": sys.version.split()[0]},
+              "what": "the built planning (kernels/bm25_score.cu), modelled with NumPy; bytes = 12 per posting read",
+              "n_docs": idx.n_docs, "n_tiles": n_tiles, "tile": TILE, "sub_block": TILE // 16,
+              "seed_tiles": SEED_TILES, "queries_per_set": a.queries, "sets": {}}
+    for name, qs in sets.items():
+        rows = {k: [] for k in a.k}
+        for q in qs:
+            r = built_query(idx, d, n_tiles, q, a.k, params, idx.avgdl)
+            if r:
+                for k in a.k:
+                    rows[k].append(r[k])
+        result["sets"][name] = {}
+        for k in a.k:
+            tot = {f: int(sum(r[f] for r in rows[k])) for f in rows[k][0]}
+            tot["queries"] = len(rows[k])
+            for f in list(tot):
+                if f.endswith("_bytes"):
+                    tot[f.replace("_bytes", "_over_floor")] = tot[f] / tot["floor"]
+            result["sets"][name][str(k)] = tot
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n-docs", type=int, default=2_700_000)
@@ -168,6 +347,9 @@ def main(argv=None) -> int:
     p.add_argument("-k", type=int, nargs="+", default=[10, 100])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--built", action="store_true",
+                   help="count what the built planning does, before and after the sub-block design "
+                        "(writes model_visits_built_<machine>.json)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     idx, tok_off, tok = make_index(a.n_docs, a.seed, np)
@@ -178,6 +360,23 @@ def main(argv=None) -> int:
     avgdl = idx.avgdl
     sets = {"document tokens (the device run's)": make_queries(tok_off, tok, idx.n_terms, a.queries, a.seed),
             "with a rare term": rare_queries(tok_off, tok, np.diff(idx.offsets), idx.n_docs, a.queries, a.seed)}
+    if a.built:
+        res = main_built(a, idx, d, n_tiles, sets, params)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"model_visits_built_{platform.node() or 'machine'}.json"
+        path.write_text(json.dumps(res, indent=1))
+        print("| queries | k | tiles before | bytes / floor before | tiles after | blocks scored / skipped "
+              "| bytes / floor after (theta of the seed) | after, theta rising in tile order | after, final theta |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, per_k in res["sets"].items():
+            for k, v in per_k.items():
+                print(f"| {name} | {k} | {v['before_tiles']:,} | {v['before_over_floor']:.2f} | "
+                      f"{v['after_pessimistic_tiles']:,} | {v['after_pessimistic_blocks_scored']:,} / "
+                      f"{v['after_pessimistic_blocks_skipped']:,} | {v['after_pessimistic_over_floor']:.2f} | "
+                      f"{v['after_sequential_over_floor']:.2f} | {v['after_final_over_floor']:.2f} |")
+        print(f"wrote {path}", file=sys.stderr)
+        return 0
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "python": sys.version.split()[0]},
               "n_docs": idx.n_docs, "n_tiles": n_tiles, "tile": TILE, "queries_per_set": a.queries, "sets": {}}
     for name, qs in sets.items():

@@ -1,6 +1,7 @@
 // kernels/bm25_score.cu -- BM25 over one sealed segment with the search's statistics applied
-// per query: tile bounds, best-first seeding, a list of the tiles that can still matter, fused
-// tile scoring with candidate emission, dense rows for parity, haystack (forward-layout) scoring.
+// per query: tile bounds, a seed over each row's best tiles, a list of the tiles that can still
+// matter, fused tile scoring cut to the sub-blocks that can still matter, with candidate emission,
+// dense rows for parity, haystack (forward-layout) scoring.
 //
 // Segment (device, uploaded once per scorer by gpuir/backends/cupy_backend.py; never re-weighted)
 // -------------------------------------------------------------------------------------------------
@@ -14,6 +15,11 @@
 //                                              packed tf (low 16 bits, 0xFFFF = >= 65535) | length << 16
 //                                              (capped at 65535); none for an empty block
 //   term_imp_off (V+1,) int64, term_imp        the impacts of a light term's whole list
+//   dir_sub_off (H*n_tiles+1,) int64,          the impacts of t's postings in each of tile j's 16
+//     dir_sub_cnt (H*n_tiles,) uint64,         sub-blocks of TILE/16 documents, sub-block by sub-block;
+//     dir_sub_imp uint32                       bits 4s..4s+3 of the count word: how many sub-block s has
+//                                              (<= 15: a longer frontier keeps 14 and merges the rest
+//                                              into one dominating pair; 0 = no posting there)
 //   live (ceil(N/32),) uint32                  bit d: document d exists (has_live = 0: all do)
 // Tile j holds documents [j*TILE, (j+1)*TILE). Terms with many postings (the long lists that
 // dominate the work) get a directory row: their sub-range in a tile is two loads, their bound
@@ -47,6 +53,9 @@
 //   U = ((0 + scaled(b_1)) + scaled(b_2)) + ... [+ C]
 // is a float32 sum in the scoring order over the terms present in the tile; float32 addition and
 // multiplication by m > 0 are non-decreasing, so by induction every score in the tile is <= U.
+// A sub-block's bound ub[s] is the same sum over the terms with a posting in sub-block s, each
+// bounded by its sub-block impacts (a directory term) or its whole list's (a light term); a term's
+// postings in a tile are one sorted run, so the sub-block boundaries are binary searches in it.
 //
 // The pipeline (host: CupyScorer._run_rows)
 // -----------------------------------------
@@ -54,33 +63,46 @@
 //               row: sets bit i of lmask[q, tile(d)] -- which tiles hold the row's light terms,
 //               from the postings, with no search per tile.
 // tile_bounds   one thread per (row, tile): U as a key (0 = no query term in the tile, or no
-//               allowed document), into ukey; best[q] = atomicMax of (key << 32 | ~tile): the
-//               row's best tile (ties: the lower tile).
-// tile_score    mode 0 (seed): block-item i scores row i's best tile. mode 1 (list): items[i] =
-//               (q << 32 | j) for i < *n_items. Persistent blocks take items i = blockIdx.x,
-//               + gridDim.x, ... For (q, j):
+//               allowed document), into ukey.
+// seed_tiles    one block per row: its GPUIR_SEEDS (16) best tiles, (key(U) << 32 | ~tile)
+//               descending (ties: the lower tile), into seeds.
+// tile_score    mode 0 (seeds): item i scores seeds[i] (row i / 16) and zeroes its ukey (so the list
+//               never holds it). mode 1 (list): items[i] = (q << 32 | j) for i < *n_items.
+//               Persistent blocks take items i = blockIdx.x, + gridDim.x, ... For (q, j):
 //                 1. skip when key(U) < theta[q] (strictly);
 //                 2. filter: the tile's part of the allow-list as a shared bitmask;
-//                 3. accumulate the rounds; untouched slots keep a NaN marker (a sum of exactly
-//                    0 is still a candidate); deleted documents (live) are never touched;
+//                 2b. the sub-block cut: thread (i, s) bounds term i in sub-block s, thread s sums
+//                    its sub-block's bounds in term order [+ C]; the sub-blocks with a posting whose
+//                    key(ub[s]) >= theta[q] (read now) are kept, the others are never read;
+//                 3. accumulate the rounds over the kept sub-blocks' postings (one index space per
+//                    term: a kept posting's place is found by a 4-step search of the kept prefix
+//                    sums); untouched slots keep a NaN marker (a sum of exactly 0 is still a
+//                    candidate); deleted documents (live) are never touched;
 //                 4. tile bound L: when the tile has >= k candidates, two histogram passes (key
 //                    bits 31..21, then 20..10 inside the chosen bin) find L with >= k of the
 //                    tile's candidates >= L; theta[q] = atomicMax(theta[q], L);
 //                 5. emit every candidate with key >= max(L, theta[q]) -- ties included -- into
 //                    q's slots (warp-aggregated atomicAdd on counts[q], which counts past the
 //                    capacity).
-// tile_list     one thread per (row, tile): after the seed, appends (q, j) to items when
-//               key(U) >= theta[q] and j is not the seed tile (warp-aggregated atomicAdd on
-//               n_items). Tiles whose bound is below the seed's threshold never become work.
+// (select_topk, raw keys, then seed_theta: theta[q] = max(theta[q], the k-th best key the seeds
+//               emitted) -- the seeds' k-th best together, not only each tile's own L; k <= 4096.)
+// tile_list     one thread per (row, tile): after the seeds, appends (q, j) to items when
+//               key(U) >= theta[q] (the seeds' keys are 0 by now; warp-aggregated atomicAdd on
+//               n_items). Tiles whose bound is below the seeds' threshold never become work.
 // Exactness: let s_k be q's true k-th best score and T its true top k (ties at s_k broken by
 // document number). theta[q] only ever holds values L with >= k real candidates at or above
-// them, so theta[q] <= s_k always. Every d in T has score(d) >= s_k >= theta and >= L of its
-// tile, and its tile has U >= score(d) >= s_k >= theta: it is the seed tile or in the list and
-// never skipped, so d is emitted. The exact selection (topk.cu) over the emitted keys returns T.
+// them (a tile's L: >= k of its scored documents; seed_theta: k emitted documents of distinct
+// seed tiles), so theta[q] <= s_k always. Every d in T has score(d) >= s_k >= theta, and its tile
+// has U >= score(d) >= theta: it is a seed or in the list and never skipped; its sub-block has
+// ub >= score(d) >= theta: never cut, so d gets all its adds in term order; score(d) >= L of its
+// tile (else k scored documents of the tile beat it), so d is emitted. The exact selection
+// (topk.cu) over the emitted keys returns T.
 // If counts[q] exceeds the capacity, the host reruns q with theta[q] set to the value this run
-// ended with: every document >= it was emitted by this run (its tile was visited and every
-// threshold it met was <= the final theta), so the rerun emits at most counts[q] keys and fits a
-// buffer of that size.
+// ended with: every document >= it was emitted by this run (its tile was visited, its sub-block
+// kept, and every threshold it met -- L of its tile included, which went into theta -- was <= the
+// final theta), so the rerun emits at most counts[q] keys and fits a buffer of that size. (The
+// rerun's L may be lower, its cut having removed more sub-blocks, but it emits only documents >=
+// the final theta.) The rerun is planned again from its rows: bounds, seeds, list, grid.
 //
 // tile_dense: grid (tiles, rows): steps 2 and 3 for every tile, then the final scores (or -inf)
 // into a dense (rows, N) float32 array, for score_matrix.
@@ -92,14 +114,16 @@
 // query terms). One composite key per allowed document (0 = no query term, or deleted).
 //
 // Instantiations (name_expressions, gpuir/backends/kernels.py):
-//   light_marks<256, 4096>, tile_bounds<256, 4096>, tile_score<256, 4096>, tile_list<256>,
-//   tile_dense<256, 4096>, haystack_score<256>
+//   light_marks<256, 4096>, tile_bounds<256, 4096>, seed_tiles<256>, tile_score<256, 4096>,
+//   seed_theta, tile_list<256>, tile_dense<256, 4096>, haystack_score<256>
 #include "common.cuh"
 
 #define GPUIR_ROW_FILTERED 1   // row_flags: the row has an allow-list
 #define GPUIR_ROW_OFF_TILES 2  // row_flags: the row is not scored by the tile kernels
 #define GPUIR_EMPTY_SLOT 0x7FC00001u  // accumulator marker: a NaN no sum produces
 #define GPUIR_LIGHT_BITS 64    // light terms 0..63 of a row are marked from their postings
+#define GPUIR_SUBS 16          // sub-blocks per tile; a directory cell's count word holds 16 4-bit counts
+#define GPUIR_SEEDS 16         // tiles per row scored first (seed_tiles), best bound first
 #ifndef GPUIR_ILP
 #define GPUIR_ILP 4            // postings per thread whose loads are in flight at once (accumulate_tile)
 #endif
@@ -114,14 +138,20 @@ __device__ __forceinline__ bool bit_set(const unsigned int* __restrict__ bits, l
     return (bits[i >> 5] >> (i & 31)) & 1u;
 }
 
-// Posting sub-ranges of the terms qt_term[tb .. tb+n) of a row in tile j (documents
-// [base, end)), one term per thread, into s_lo / s_len.
-__device__ __forceinline__ void term_ranges(
+// Posting sub-ranges of the terms qt_term[tb .. tb+n) (n <= THREADS / GPUIR_SUBS) of a row in tile j
+// (documents [base, end)), split at the starts of the tile's GPUIR_SUBS sub-blocks of TILE / GPUIR_SUBS
+// documents. A term's postings in a tile are one sorted run, so each boundary is a binary search
+// in that run: thread (i, s) = (tid / GPUIR_SUBS, tid % GPUIR_SUBS) finds term i's first posting
+// at or after sub-block s; s_lo[i] = the run's first posting, s_off[i * (GPUIR_SUBS + 1) + s] the
+// sub-block's first posting relative to it (entry GPUIR_SUBS: the run's length). No barrier.
+template <int TILE>
+__device__ __forceinline__ void sub_ranges(
     const long long* __restrict__ offsets, const int* __restrict__ doc_ids,
     const int* __restrict__ dir_row, const int* __restrict__ dir_start, int n_tiles,
     const int* __restrict__ qt_term, int tb, int n, long long j, int base, int end,
-    long long* s_lo, int* s_len) {
-    const int i = threadIdx.x;
+    long long* s_lo, int* s_off) {
+    constexpr int SUB = TILE / GPUIR_SUBS;
+    const int i = threadIdx.x / GPUIR_SUBS, s = threadIdx.x % GPUIR_SUBS;
     if (i < n) {
         const int t = qt_term[tb + i];
         const long long o0 = offsets[t], o1 = offsets[t + 1];
@@ -135,9 +165,20 @@ __device__ __forceinline__ void term_ranges(
             lo = lower_bound(doc_ids, o0, o1, base);
             hi = lower_bound(doc_ids, lo, o1, end);
         }
-        s_lo[i] = lo;
-        s_len[i] = (int)(hi - lo);
+        const long long p = s == 0 ? lo : lower_bound(doc_ids, lo, hi, base + s * SUB);
+        s_off[i * (GPUIR_SUBS + 1) + s] = (int)(p - lo);
+        if (s == 0) {
+            s_lo[i] = lo;
+            s_off[i * (GPUIR_SUBS + 1) + GPUIR_SUBS] = (int)(hi - lo);
+        }
     }
+}
+
+// Sum of the 4-bit counts of sub-blocks 0..s-1 in a directory cell's count word.
+__device__ __forceinline__ long long nibble_prefix(unsigned long long w, int s) {
+    w = s > 0 ? (w & (~0ull >> (64 - 4 * s))) : 0ull;
+    w = (w & 0x0F0F0F0F0F0F0F0Full) + ((w >> 4) & 0x0F0F0F0F0F0F0F0Full);  // bytes <= 30
+    return (long long)((w * 0x0101010101010101ull) >> 56);               // their sum <= 240
 }
 
 // The tile's allowed documents as a bitmask (TILE/32 words). Returns false (uniformly) when
@@ -165,9 +206,12 @@ __device__ __forceinline__ bool load_allow(const long long* __restrict__ allow_o
     return true;
 }
 
-// The rounds. s_val[0..TILE) ends holding the float bits of each document's sum, or
-// GPUIR_EMPTY_SLOT. The ranges are computed batch by batch (s_lo/s_len hold one batch of
-// THREADS terms). Ends with a barrier.
+// The rounds over the sub-blocks whose bit is set in `keep` (every sub-block: tile_dense).
+// s_val[0..TILE) ends holding the float bits of each document's sum, or GPUIR_EMPTY_SLOT. The
+// terms go in batches of THREADS / GPUIR_SUBS (sub_ranges); when `ready`, the first batch's
+// ranges are already in s_lo / s_off (the block-bound pass left them). A document of a kept
+// sub-block gets every one of its terms' adds, in term order; one of a skipped sub-block gets
+// none (its slot stays empty: no candidate). Ends with a barrier.
 template <int THREADS, int TILE>
 __device__ __forceinline__ void accumulate_tile(
     const long long* __restrict__ offsets, const int* __restrict__ doc_ids, const int* __restrict__ tfs,
@@ -175,16 +219,32 @@ __device__ __forceinline__ void accumulate_tile(
     int n_tiles, const unsigned int* __restrict__ live, int has_live,
     const int* __restrict__ qt_term, const float* __restrict__ qt_mult, const float* __restrict__ qt_idf,
     const float* __restrict__ qt_w0, int t0, int nt, long long j, int base, int end, bool filtered,
-    const unsigned int* s_allow, unsigned int* s_val, long long* s_lo, int* s_len, GPUIR_BM25_PARAMS) {
+    unsigned int keep, bool ready, const unsigned int* s_allow, unsigned int* s_val, long long* s_lo, int* s_off,
+    int* s_kpre, GPUIR_BM25_PARAMS) {
+    constexpr int TB = THREADS / GPUIR_SUBS;  // terms per batch
+    constexpr int W = GPUIR_SUBS + 1;
     for (int i = threadIdx.x; i < TILE; i += THREADS) s_val[i] = GPUIR_EMPTY_SLOT;
-    for (int tb = 0; tb < nt; tb += THREADS) {
-        const int n = nt - tb < THREADS ? nt - tb : THREADS;
+    for (int tb = 0; tb < nt; tb += TB) {
+        const int n = nt - tb < TB ? nt - tb : TB;
         __syncthreads();
-        term_ranges(offsets, doc_ids, dir_row, dir_start, n_tiles, qt_term, t0 + tb, n, j, base, end, s_lo, s_len);
+        if (!(ready && tb == 0))
+            sub_ranges<TILE>(offsets, doc_ids, dir_row, dir_start, n_tiles, qt_term, t0 + tb, n, j, base, end, s_lo,
+                             s_off);
+        __syncthreads();
+        if ((int)threadIdx.x < n) {  // the kept sub-blocks' postings of term i, as one index space
+            const int i = threadIdx.x;
+            int run = 0;
+            for (int s = 0; s < GPUIR_SUBS; ++s) {
+                s_kpre[i * W + s] = run;
+                if ((keep >> s) & 1u) run += s_off[i * W + s + 1] - s_off[i * W + s];
+            }
+            s_kpre[i * W + GPUIR_SUBS] = run;
+        }
         __syncthreads();
         for (int i = 0; i < n; ++i) {
-            const int len = s_len[i];
+            const int len = s_kpre[i * W + GPUIR_SUBS];
             if (len == 0) continue;  // uniform: shared value read after a barrier
+            const bool whole = len == s_off[i * W + GPUIR_SUBS];  // no posting of a skipped sub-block
             const long long lo = s_lo[i];
             const int u = t0 + tb + i;
             const float m = qt_mult[u], idf = qt_idf[u], w0 = qt_w0[u];
@@ -197,12 +257,20 @@ __device__ __forceinline__ void accumulate_tile(
                     const int p = p0 + v * THREADS;
                     dd[v] = -1;
                     if (p < len) {
-                        const int d = doc_ids[lo + p] - base;
-                        const bool keep = (!filtered || ((s_allow[d >> 5] >> (d & 31)) & 1u)) &&
-                                          (!has_live || bit_set(live, (long long)base + d));
-                        if (keep) {
+                        int at = p;  // the p-th kept posting's place in the run
+                        if (!whole) {
+                            int s = 0;  // the last sub-block whose kept postings start at or before p
+#pragma unroll
+                            for (int h = GPUIR_SUBS / 2; h > 0; h >>= 1)
+                                if (s_kpre[i * W + s + h] <= p) s += h;
+                            at = s_off[i * W + s] + (p - s_kpre[i * W + s]);
+                        }
+                        const int d = doc_ids[lo + at] - base;
+                        const bool ok = (!filtered || ((s_allow[d >> 5] >> (d & 31)) & 1u)) &&
+                                        (!has_live || bit_set(live, (long long)base + d));
+                        if (ok) {
                             dd[v] = d;
-                            tf[v] = tfs[lo + p];
+                            tf[v] = tfs[lo + at];
                         }
                     }
                 }
@@ -268,7 +336,6 @@ __global__ void __launch_bounds__(THREADS, 2) tile_bounds(
     const int* __restrict__ allow_docs,       // (A,) int32
     const unsigned long long* __restrict__ lmask,  // (R, n_tiles) uint64 from light_marks
     unsigned int* __restrict__ ukey,          // (R, n_tiles) uint32 out: bound keys, 0 = nothing
-    unsigned long long* __restrict__ best,    // (R,) uint64, zeroed by the caller: (key << 32 | ~tile)
     int n_rows, GPUIR_BM25_PARAMS) {
     const int q = blockIdx.y;
     const long long j = blockIdx.x * (long long)THREADS + threadIdx.x;
@@ -325,21 +392,127 @@ __global__ void __launch_bounds__(THREADS, 2) tile_bounds(
             if (any) {
                 if (has_w0) bound = gpuir::add_rn(bound, row_const[q]);
                 key = gpuir::float_to_ordered(bound);  // > 0 for every real bound
-                atomicMax(&best[q], ((unsigned long long)key << 32) | (unsigned long long)(~(unsigned int)j));
             }
         }
     }
     ukey[(long long)q * n_tiles + j] = key;
 }
 
+// Each row's GPUIR_SEEDS best tiles: the largest (key(U) << 32 | ~tile) of its tiles with U > 0,
+// descending, 0-padded, into seeds[q * GPUIR_SEEDS ..]. One block per row: the GPUIR_SEEDS-th
+// largest key K by three histogram passes over the row's keys (bits 31..21, 20..10, 9..0), then
+// the keys above K (any order) and the lowest tiles with key K, then thread 0 sorts them.
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) seed_tiles(
+    const unsigned int* __restrict__ ukey,    // (R, n_tiles) uint32 from tile_bounds
+    int n_tiles, int n_rows,
+    unsigned long long* __restrict__ seeds) { // (R * GPUIR_SEEDS,) out
+    constexpr int BINS = GPUIR_RADIX_BINS;
+    __shared__ int s_hist[BINS];
+    __shared__ int s_warp[GPUIR_WARP];
+    __shared__ int s_bin, s_above, s_binc, s_n, s_total;
+    __shared__ unsigned long long s_top[GPUIR_SEEDS];
+    const int q = blockIdx.x, tid = threadIdx.x;
+    if (q >= n_rows) return;  // uniform
+    const unsigned int* row = ukey + (long long)q * n_tiles;
+    // K: the GPUIR_SEEDS-th largest nonzero key (0 when the row has fewer nonzero keys)
+    unsigned int prefix = 0u, pmask = 0u;
+    int krem = GPUIR_SEEDS;
+    bool all = false;
+    for (int pass = 0; pass < 3; ++pass) {
+        const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+        const int width = pass == 2 ? 10 : 11;
+        for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
+        if (tid == 0) s_bin = -1;
+        __syncthreads();
+        for (int j = tid; j < n_tiles; j += THREADS) {
+            const unsigned int u = row[j];
+            if (u != 0u && (u & pmask) == prefix) atomicAdd(&s_hist[(u >> shift) & ((1u << width) - 1u)], 1);
+        }
+        __syncthreads();
+        gpuir::find_bin<THREADS>(s_hist, 1 << width, krem, s_warp, &s_bin, &s_above, &s_binc, &s_total);
+        if (s_bin < 0) {  // uniform: fewer nonzero keys than GPUIR_SEEDS (only possible in pass 0)
+            all = true;
+            break;
+        }
+        prefix |= (unsigned int)s_bin << shift;
+        pmask |= ((1u << width) - 1u) << shift;
+        krem -= s_above;
+        __syncthreads();  // everyone has read s_bin / s_above before the next pass resets them
+    }
+    const unsigned int kth = all ? 1u : prefix;  // take keys > kth, then keys == kth (lowest tiles first)
+    if (tid == 0) s_n = 0;
+    __syncthreads();
+    for (int j = tid; j < n_tiles; j += THREADS) {
+        const unsigned int u = row[j];
+        if (u > kth || (all && u == kth)) {
+            const int slot = atomicAdd(&s_n, 1);
+            s_top[slot] = ((unsigned long long)u << 32) | (unsigned long long)(~(unsigned int)j);
+        }
+    }
+    __syncthreads();
+    if (!all) {  // krem tiles with key == kth, in tile order (uniform loop: block-wide scans)
+        int taken = 0;
+        for (int j0 = 0; j0 < n_tiles && taken < krem; j0 += THREADS) {
+            const int j = j0 + tid;
+            const bool pred = j < n_tiles && row[j] == kth;
+            const int before = gpuir::block_exclusive_sum<THREADS>(pred ? 1 : 0, s_warp, nullptr);
+            const int total = __syncthreads_count(pred);
+            if (pred && taken + before < krem)
+                s_top[GPUIR_SEEDS - krem + taken + before] =
+                    ((unsigned long long)kth << 32) | (unsigned long long)(~(unsigned int)j);
+            taken += total;
+        }
+        if (tid == 0) s_n = GPUIR_SEEDS;
+        __syncthreads();
+    }
+    if (tid == 0) {  // insertion sort, descending
+        const int n = s_n;
+        for (int a = 1; a < n; ++a) {
+            const unsigned long long x = s_top[a];
+            int b = a - 1;
+            while (b >= 0 && s_top[b] < x) {
+                s_top[b + 1] = s_top[b];
+                --b;
+            }
+            s_top[b + 1] = x;
+        }
+        for (int a = 0; a < GPUIR_SEEDS; ++a) seeds[(long long)q * GPUIR_SEEDS + a] = a < n ? s_top[a] : 0ull;
+    }
+}
+
+// theta[q] = max(theta[q], score word of top[q * k + k - 1]) for the rows on the tile path: the
+// k-th best key the seed tiles emitted (select_topk's raw keys; 0 = fewer than k), so k real
+// candidates lie at or above it and it is <= s_k.
+__global__ void seed_theta(const long long* __restrict__ top,  // (R, k) raw keys, descending
+                           int k, int n_rows,
+                           const int* __restrict__ row_flags,  // (R,) int32
+                           unsigned int* __restrict__ theta) {  // (R,) uint32 in/out
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= n_rows || (row_flags[q] & GPUIR_ROW_OFF_TILES)) return;
+    const unsigned long long key = (unsigned long long)top[(long long)q * k + k - 1];
+    const unsigned int sk = (unsigned int)(key >> 32);
+    if (key != 0ull && sk > theta[q]) theta[q] = sk;
+}
+
+// Blocks of tile_score per SM its registers must allow: 4 (64 registers a thread). The sub-block
+// bounds (bound_of's double arithmetic) inside the item loop spill at 48 registers (5 blocks) with
+// nvcc 13 for sm_90 and with NVRTC for sm_80.
+#define GPUIR_TILE_SCORE_BLOCKS 4
+
 template <int THREADS, int TILE>
-__global__ void __launch_bounds__(THREADS, 5) tile_score(
+__global__ void __launch_bounds__(THREADS, GPUIR_TILE_SCORE_BLOCKS) tile_score(
     const long long* __restrict__ offsets,    // (V+1,) int64
     const int* __restrict__ doc_ids,          // (P,) int32
     const int* __restrict__ tfs,              // (P,) int32
     const int* __restrict__ doc_lens,         // (N,) int32
     const int* __restrict__ dir_row,          // (V,) int32
     const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
+    const long long* __restrict__ dir_sub_off,        // (H*n_tiles+1,) int64: a cell's sub-block impacts
+    const unsigned long long* __restrict__ dir_sub_cnt,  // (H*n_tiles,) uint64: 16 4-bit counts per cell
+    const unsigned int* __restrict__ dir_sub_imp,     // uint32 (tf, length) pairs, by sub-block
+    const long long* __restrict__ term_imp_off,       // (V+1,) int64: a light term's impacts
+    const unsigned int* __restrict__ term_imp,        // uint32 (tf, length) pairs
     int n_tiles, long long n_docs,
     const unsigned int* __restrict__ live,    // (ceil(N/32),) uint32 live bits
     int has_live,
@@ -352,32 +525,39 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
     const int* __restrict__ row_flags,        // (R,) int32
     const long long* __restrict__ allow_off,  // (R+1,) int64
     const int* __restrict__ allow_docs,       // (A,) int32
-    const unsigned int* __restrict__ ukey,    // (R, n_tiles) uint32 from tile_bounds
-    const unsigned long long* __restrict__ best,   // (R,) uint64 from tile_bounds
+    unsigned int* __restrict__ ukey,          // (R, n_tiles) uint32 from tile_bounds; mode 0 zeroes its seeds'
+    const unsigned long long* __restrict__ seeds,  // (R * GPUIR_SEEDS,) uint64 from seed_tiles
     const unsigned long long* __restrict__ items,  // mode 1: (q << 32 | j) work items
     const int* __restrict__ n_items,          // mode 1: (1,) int32 item count
-    int mode,                                 // 0: seed (item q = row q's best tile), 1: the list
+    int mode,                                 // 0: the seeds (item i = seeds[i]), 1: the list
     unsigned int* __restrict__ theta,         // (R,) uint32 ordered keys, in/out
     int* __restrict__ counts,                 // (R,) int32 (may exceed the capacity)
     int* __restrict__ tiles_scored,           // (R,) int32
+    int* __restrict__ blocks_scored,          // (R,) int32: sub-blocks with postings, scored
+    int* __restrict__ blocks_skipped,         // (R,) int32: sub-blocks with postings, cut
     const long long* __restrict__ cand_off,   // (R+1,) int64
     unsigned long long* __restrict__ cand,    // (cand_off[R],) uint64 composite keys
     int n_rows, int k, GPUIR_BM25_PARAMS) {
     constexpr int BINS = GPUIR_RADIX_BINS;
+    constexpr int TB = THREADS / GPUIR_SUBS;
+    constexpr int W = GPUIR_SUBS + 1;
     static_assert(TILE % THREADS == 0 && TILE % 32 == 0, "TILE must be a multiple of THREADS and 32");
+    static_assert(THREADS % GPUIR_SUBS == 0 && TILE % GPUIR_SUBS == 0 && GPUIR_SUBS == 16, "16 sub-blocks");
     __shared__ unsigned int s_val[TILE];
     __shared__ unsigned int s_allow[TILE / 32];
-    __shared__ long long s_lo[THREADS];
-    __shared__ int s_len[THREADS];
+    __shared__ long long s_lo[TB];
+    __shared__ int s_off[TB * W];
+    __shared__ int s_kpre[TB * W];
+    __shared__ float s_tb[TB * GPUIR_SUBS];
     __shared__ int s_hist[BINS];
     __shared__ int s_warp[GPUIR_WARP];
     __shared__ long long s_range[2];
     __shared__ int s_q, s_go, s_bin, s_above, s_binc;
     __shared__ long long s_j;
-    __shared__ unsigned int s_thr;
+    __shared__ unsigned int s_thr, s_pres, s_keep;
 
     const int tid = threadIdx.x, lane = tid & (GPUIR_WARP - 1);
-    const int n_work = mode == 0 ? n_rows : n_items[0];
+    const int n_work = mode == 0 ? n_rows * GPUIR_SEEDS : n_items[0];
     for (int it = blockIdx.x; it < n_work; it += gridDim.x) {
         __syncthreads();  // the previous item's readers of s_q, s_j, s_thr are done
         if (tid == 0) {
@@ -385,8 +565,8 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
             long long j;
             bool ok;
             if (mode == 0) {
-                q = it;
-                const unsigned long long b = best[q];
+                q = it / GPUIR_SEEDS;
+                const unsigned long long b = seeds[it];
                 ok = b != 0ull;
                 j = (long long)(~(unsigned int)(b & 0xFFFFFFFFull));
             } else {
@@ -397,13 +577,17 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
             }
             int go = 0;
             if (ok) {
-                const unsigned int u = ukey[(long long)q * n_tiles + j];
-                go = u != 0u && u >= gpuir::atomic_read(&theta[q]);
+                unsigned int* cell = &ukey[(long long)q * n_tiles + j];
+                const unsigned int u = *cell;
+                if (mode == 0) *cell = 0u;  // a seed is never listed again (tile_list skips key 0)
+                const unsigned int th = gpuir::atomic_read(&theta[q]);
+                go = u != 0u && u >= th;
                 if (go) atomicAdd(&tiles_scored[q], 1);
             }
             s_q = q;
             s_j = j;
             s_go = go;
+            s_pres = 0u;
         }
         __syncthreads();
         if (!s_go) continue;  // uniform
@@ -412,18 +596,83 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
         const int flags = row_flags[q];
         const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
         const bool filtered = (flags & GPUIR_ROW_FILTERED) != 0;
-        const float rc = row_const[q];
-        const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
         const int base = (int)(j * TILE);
         const int end = (long long)base + TILE < n_docs ? base + TILE : (int)n_docs;
         // filter
         if (filtered && !gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, q, base, end, s_allow, s_range))
             continue;
-        // accumulate
+        // sub-block bounds: ub[s] = the float32 sum, in the scoring order, of each term's largest impact
+        // bound in sub-block s (0 for a term without a posting there) [+ C]; thread s < GPUIR_SUBS keeps
+        // its sub-block's running sum. Terms in batches of TB: thread (i, s) bounds term i in sub-block s.
+        {
+            const double K1 = (double)k1, B = (double)b, D = (double)delta, inv_avgdl = gpuir::recip_f64(avgdl);
+            float ub = 0.0f;
+            for (int tb = 0; tb < nt; tb += TB) {
+                const int n = nt - tb < TB ? nt - tb : TB;
+                __syncthreads();
+                gpuir::sub_ranges<TILE>(offsets, doc_ids, dir_row, dir_start, n_tiles, qt_term, t0 + tb, n, j, base,
+                                        end, s_lo, s_off);
+                __syncthreads();
+                const int i = tid / GPUIR_SUBS, s = tid % GPUIR_SUBS;
+                if (i < TB) {
+                    float bb = 0.0f;
+                    if (i < n && s_off[i * W + s + 1] > s_off[i * W + s]) {  // term i has postings in sub-block s
+                        const int u = t0 + tb + i;
+                        const int t = qt_term[u];
+                        const int r = dir_row[t];
+                        const unsigned int* imp;
+                        long long h0, h1;
+                        if (r >= 0) {  // the sub-block's own impacts
+                            const long long cell = (long long)r * n_tiles + j;
+                            const unsigned long long w = dir_sub_cnt[cell];
+                            h0 = dir_sub_off[cell] + gpuir::nibble_prefix(w, s);
+                            h1 = h0 + (long long)((w >> (4 * s)) & 15ull);
+                            imp = dir_sub_imp;
+                        } else {       // a light term: its whole list's impacts
+                            h0 = term_imp_off[t];
+                            h1 = term_imp_off[t + 1];
+                            imp = term_imp;
+                        }
+                        const float idf = qt_idf[u], w0 = qt_w0[u];
+#pragma unroll 1
+                        for (long long h = h0; h < h1; ++h) {
+                            const float b1 = gpuir::bound_of(imp[h], idf, w0, method, K1, B, D, inv_avgdl, has_w0);
+                            bb = b1 > bb ? b1 : bb;
+                        }
+                        bb = gpuir::scaled(bb, qt_mult[u]);
+                        atomicOr(&s_pres, 1u << s);
+                    }
+                    s_tb[i * GPUIR_SUBS + s] = bb;
+                }
+                __syncthreads();
+                if (tid < GPUIR_SUBS)
+                    for (int h = 0; h < n; ++h) ub = gpuir::add_rn(ub, s_tb[h * GPUIR_SUBS + tid]);
+            }
+            if (tid < GPUIR_WARP) {  // warp 0: the sub-blocks whose bound reaches theta
+                bool pred = false;
+                if (tid < GPUIR_SUBS) {
+                    const float ubc = has_w0 ? gpuir::add_rn(ub, row_const[q]) : ub;
+                    pred = gpuir::float_to_ordered(ubc) >= gpuir::atomic_read(&theta[q]);
+                }
+                const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
+                if (tid == 0) {
+                    const unsigned int pres = s_pres, keep = ballot & pres;
+                    s_keep = keep;
+                    atomicAdd(&blocks_scored[q], __popc(keep));
+                    atomicAdd(&blocks_skipped[q], __popc(pres & ~keep));
+                }
+            }
+            __syncthreads();
+        }
+        const unsigned int keep = s_keep;
+        if (keep == 0u) continue;  // uniform: nothing here can reach theta
+        // accumulate the kept sub-blocks
         gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, tfs, doc_lens, dir_row, dir_start, n_tiles, live,
                                               has_live, qt_term, qt_mult, qt_idf, qt_w0, t0, nt, j, base, end,
-                                              filtered, s_allow, s_val, s_lo, s_len, GPUIR_BM25_ARGS);
+                                              filtered, keep, nt <= TB, s_allow, s_val, s_lo, s_off, s_kpre,
+                                              GPUIR_BM25_ARGS);
         // final keys (0 = no candidate), candidate count, histogram of bits 31..21
+        const float rc = row_const[q];
         for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
         __syncthreads();
         int mine = 0;
@@ -466,6 +715,7 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
         }
         __syncthreads();
         const unsigned int thr = s_thr;
+        const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
         // emit (TILE % THREADS == 0: all 32 lanes of a warp run every iteration)
         for (int i = tid; i < TILE; i += THREADS) {
             const unsigned int key = s_val[i];
@@ -484,8 +734,7 @@ __global__ void __launch_bounds__(THREADS, 5) tile_score(
 
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS) tile_list(
-    const unsigned int* __restrict__ ukey,    // (R, n_tiles) uint32
-    const unsigned long long* __restrict__ best,  // (R,) uint64
+    const unsigned int* __restrict__ ukey,    // (R, n_tiles) uint32; the seeds' keys zeroed by tile_score
     const unsigned int* __restrict__ theta,   // (R,) uint32, after the seed
     int n_tiles, int n_rows,
     unsigned long long* __restrict__ items,   // (R * n_tiles,) out: (q << 32 | j)
@@ -496,9 +745,7 @@ __global__ void __launch_bounds__(THREADS) tile_list(
     bool pred = false;
     if (q < n_rows && j < n_tiles) {
         const unsigned int u = ukey[(long long)q * n_tiles + j];
-        const unsigned long long b = best[q];
-        const long long seed = (long long)(~(unsigned int)(b & 0xFFFFFFFFull));
-        pred = u != 0u && u >= theta[q] && j != seed;
+        pred = u != 0u && u >= theta[q];
     }
     // every lane reaches the ballot: the block is a whole number of warps and nobody returned
     const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
@@ -531,10 +778,12 @@ __global__ void __launch_bounds__(THREADS, 5) tile_dense(
     float* __restrict__ out,                  // (R, N) float32: score, or -inf
     int n_rows, GPUIR_BM25_PARAMS) {
     static_assert(TILE % THREADS == 0 && TILE % 32 == 0, "TILE must be a multiple of THREADS and 32");
+    static_assert(THREADS % GPUIR_SUBS == 0 && TILE % GPUIR_SUBS == 0, "whole sub-blocks");
     __shared__ unsigned int s_val[TILE];
     __shared__ unsigned int s_allow[TILE / 32];
-    __shared__ long long s_lo[THREADS];
-    __shared__ int s_len[THREADS];
+    __shared__ long long s_lo[THREADS / GPUIR_SUBS];
+    __shared__ int s_off[THREADS / GPUIR_SUBS * (GPUIR_SUBS + 1)];
+    __shared__ int s_kpre[THREADS / GPUIR_SUBS * (GPUIR_SUBS + 1)];
     __shared__ long long s_range[2];
 
     const long long j = blockIdx.x;
@@ -549,7 +798,8 @@ __global__ void __launch_bounds__(THREADS, 5) tile_dense(
     if (any) {
         gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, tfs, doc_lens, dir_row, dir_start, n_tiles, live,
                                               has_live, qt_term, qt_mult, qt_idf, qt_w0, t0, nt, j, base, end,
-                                              filtered, s_allow, s_val, s_lo, s_len, GPUIR_BM25_ARGS);
+                                              filtered, 0xFFFFu, false, s_allow, s_val, s_lo, s_off, s_kpre,
+                                              GPUIR_BM25_ARGS);
     }
     float* row = out + (long long)q * n_docs;
     const float rc = row_const[q];

@@ -507,7 +507,8 @@ def test_threshold_semantics_can_fail(model_device):
     kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
     batch = gpu.prepare(qs, None)
     stats = {"n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0, "tile_items": 0,
-             "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0}
+             "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0, "blocks_scored": 0,
+             "blocks_skipped": 0}
 
     def run(theta):
         res = cb.empty_results(len(qs), k)
@@ -530,8 +531,8 @@ def test_summation_order_matters_and_is_detected(model_device, monkeypatch):
     ref, gpu = NumpyScorer(idx, BM25Params()), model_device(idx, haystack="never")
     _exact(ref.search(qs, 50), gpu.search(qs, 50))
     real = km._accumulate
-    monkeypatch.setattr(km, "_accumulate", lambda a, q, j, base, end, allowed: real(_reversed(a, q), q, j, base, end,
-                                                                                   allowed))
+    monkeypatch.setattr(km, "_accumulate", lambda a, q, j, base, end, allowed, *keep: real(_reversed(a, q), q, j, base,
+                                                                                          end, allowed, *keep))
     a, b = ref.search(qs, 50), gpu.search(qs, 50)
     assert not np.array_equal(a.scores, b.scores)
 
@@ -793,3 +794,201 @@ def test_directory_in_chunks_and_the_doubling_scan(monkeypatch):
     assert set(whole) == set(parts)
     for name in whole:
         assert np.array_equal(whole[name], parts[name]), name
+
+
+# =============================================================================
+# Sub-block bounds and the sub-block cut (impacts per 1/16 of a tile)
+# =============================================================================
+def test_sub_block_impacts_bound_every_posting():
+    """Every posting of a heavy term is dominated by an impact of its own sub-block; empty ones have none."""
+    idx = random_index(3000, 80, seed=3, heavy_df=2500)
+    tile = 64
+    n_tiles = -(-idx.n_docs // tile)
+    d = cb.build_directory(idx.offsets, idx.doc_ids, idx.tfs, idx.doc_lens, tile, n_tiles, 2 * n_tiles)
+    sub = tile // cb.SUBS
+    heavy = np.flatnonzero(d["dir_row"] >= 0)
+    assert heavy.size >= 2
+    for t in heavy:
+        r = int(d["dir_row"][t])
+        docs = idx.doc_ids[idx.offsets[t]:idx.offsets[t + 1]].astype(np.int64)
+        tf, dl = idx.tfs[idx.offsets[t]:idx.offsets[t + 1]], idx.doc_lens[docs]
+        for j in range(n_tiles):
+            cell = r * n_tiles + j
+            w, o = int(d["dir_sub_cnt"][cell]), int(d["dir_sub_off"][cell])
+            for s in range(cb.SUBS):
+                c = (w >> (4 * s)) & 15
+                imp = d["dir_sub_imp"][o:o + c].astype(np.int64)
+                o += c
+                sel = (docs // sub) == j * cb.SUBS + s
+                assert (c == 0) == (not sel.any()), (t, j, s)
+                for a, b in zip(tf[sel], dl[sel]):
+                    assert ((imp & 0xFFFF) >= a).__and__((imp >> 16) <= b).any(), (t, j, s, a, b)
+            assert o == int(d["dir_sub_off"][cell + 1])
+
+
+def test_a_long_sub_block_frontier_is_merged_into_an_upper_bound():
+    tf = np.arange(40, 0, -1)
+    dl = np.arange(400, 0, -10)  # 40 non-dominated pairs in one sub-block
+    off, cnt, pairs = cb.sub_block_impacts(np.zeros(40, np.int64), tf, dl, 1)
+    assert off.tolist() == [0, 15] and int(cnt[0]) == 15
+    p = pairs.astype(np.int64)
+    assert (p[:14] & 0xFFFF).tolist() == tf[:14].tolist() and (p[:14] >> 16).tolist() == dl[:14].tolist()
+    assert (int(p[14]) & 0xFFFF, int(p[14]) >> 16) == (26, 10)  # dominates pairs 14..39
+    for a, b in zip(tf, dl):
+        assert (((p & 0xFFFF) >= a) & ((p >> 16) <= b)).any()
+
+
+def _tie_index(n_docs: int = 1024, seed: int = 5) -> CSRIndex:
+    """Every document has length 9 and tf 1 or 2 of a few terms: thousands of exact ties at every score."""
+    rng = np.random.default_rng(seed)
+    doc_ids, tfs, offsets = [], [], [0]
+    for df in (n_docs - 3, 700, 300, 90, 40, 12, 3):
+        d = np.sort(rng.choice(n_docs, df, replace=False)).astype(np.int32)
+        doc_ids.append(d)
+        tfs.append(rng.integers(1, 3, d.size).astype(np.int32))
+        offsets.append(offsets[-1] + df)
+    return CSRIndex(offsets=np.array(offsets, np.int64), doc_ids=np.concatenate(doc_ids), tfs=np.concatenate(tfs),
+                    doc_lens=np.full(n_docs, 9, np.int32), vocab=[f"t{i}" for i in range(7)],
+                    ids=[str(i) for i in range(n_docs)])
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_sub_block_cut_with_ties_at_the_threshold(model_device, method):
+    """Many documents tie at the k-th score across sub-blocks and tiles: the cut acts and stays exact."""
+    idx = _tie_index()
+    ref, gpu = NumpyScorer(idx, BM25Params(method=method)), model_device(idx, method, haystack="never")
+    qs = [np.array(q, np.int64) for q in ([0, 1], [0, 1, 2], [1, 2, 3], [0, 4, 5], [2, 2, 6], [0, 1, 2, 3, 4, 5, 6])]
+    cut = 0
+    for k in (1, 7, 50, 333):
+        res = gpu.search(qs, k)
+        _exact(ref.search(qs, k), res, f"{method} k={k}")
+        cut += res.meta["blocks_skipped"]
+        assert res.meta["blocks_scored"] > 0
+    assert cut > 0, "the sub-block cut never acted: the test does not exercise it"
+
+
+def test_a_top_document_alone_in_its_sub_block_at_theta(model_device):
+    """The k-th document is the only posting of its sub-block and scores exactly theta: it must be kept."""
+    idx = _tie_index()
+    ref = NumpyScorer(idx, BM25Params())
+    gpu = model_device(idx, haystack="never")
+    qs = [np.array([5, 6], np.int64), np.array([4, 6], np.int64), np.array([6], np.int64)]
+    sub = K.TILE_DOCS // cb.SUBS  # small_tiles: 64-document tiles, sub-blocks of 4
+    alone = 0
+    for k in (1, 2, 3, 4, 13):
+        want = ref.search(qs, k)
+        kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
+        kth[~np.isfinite(want.scores[:, k - 1])] = 0
+        res = _run_with_theta(gpu, model_device.cp, qs, k, kth)  # theta = the k-th score from the start
+        _exact(want, res, f"k={k}")
+        dense = ref.score_matrix(qs)
+        for i in range(len(qs)):
+            d = int(want.ids[i, k - 1])
+            if d >= 0:
+                blk = dense[i, d // sub * sub:(d // sub + 1) * sub]
+                alone += int(np.isfinite(blk).sum() == 1)
+    assert alone > 0, "no k-th document was alone in its sub-block: the case is not exercised"
+
+
+def _run_with_theta(gpu, cp, qs, k, theta):
+    res = cb.empty_results(len(qs), k)
+    ws = gpu._acquire()
+    stats = {"n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0, "tile_items": 0,
+             "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0, "blocks_scored": 0,
+             "blocks_skipped": 0}
+    gpu._search_rows(ws, gpu.prepare(qs, None), k, cb.search_consts(gpu.params, gpu.stats.avgdl),
+                     gpu._live_bits(None), cb._Timer(cp, False), stats, res.ids, res.scores,
+                     theta0=np.asarray(theta).astype(np.uint32))
+    res.meta = stats
+    return res
+
+
+def test_a_sub_block_bound_one_ulp_below_its_best_score_is_caught(model_device, monkeypatch):
+    """The cut is exact with the tightest true bound (each block's best real score) and fails one ulp below it.
+
+    The model's sub-block bounds are replaced by the exact largest score of each sub-block (a valid,
+    tightest bound: the control) and then by that score's predecessor float (a bound one ulp too low):
+    with theta = the k-th score from the start, the block holding the k-th document is cut.
+    """
+    idx = random_index(1500, 50, seed=61, heavy_df=1200)
+    ref = NumpyScorer(idx, BM25Params())
+    qs = random_queries(50, 10, seed=62, max_terms=4)[1:]
+    k = 5
+    want = ref.search(qs, k)
+    kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
+    dense = ref.score_matrix(qs)
+    real = km._sub_bounds
+
+    def exact_max(ulps):
+        def sub_bounds(a, q, j, base, end):
+            ub, pres = real(a, q, j, base, end)
+            sub = int(a["TILE"]) // km.SUBS
+            row = dense[q]  # one chunk of the whole batch: the launch's row q is query q
+            for s in range(km.SUBS):
+                lo, hi = base + s * sub, min(base + (s + 1) * sub, end)
+                sc = row[lo:hi] if hi > lo else np.zeros(0, np.float32)
+                sc = sc[np.isfinite(sc)]
+                if (pres >> s) & 1 and sc.size:
+                    m = np.float32(sc.max())
+                    ub[s] = np.nextafter(m, np.float32(-np.inf)) if ulps else m
+            return ub, pres
+        return sub_bounds
+
+    gpu = model_device(idx, haystack="never")
+    monkeypatch.setattr(km, "_sub_bounds", exact_max(0))
+    good = _run_with_theta(gpu, model_device.cp, qs, k, kth)
+    _exact(want, good, "tightest true bound")
+    assert good.meta["blocks_skipped"] > 0
+    monkeypatch.setattr(km, "_sub_bounds", exact_max(1))
+    bad = _run_with_theta(gpu, model_device.cp, qs, k, kth)
+    assert not np.array_equal(bad.ids, want.ids), "a sub-block bound one ulp too low went unnoticed"
+
+
+def test_seeds_are_the_best_bound_tiles_and_raise_theta(model_device, corpus):
+    """seed_tiles picks each row's 16 best (bound, lower tile) tiles; their k-th best becomes theta."""
+    idx, qs, _ = corpus
+    gpu = model_device(idx, haystack="never")
+    seen = {}
+    real_seed, real_theta = km.MODELS["seed_tiles"], km.MODELS["seed_theta"]
+
+    def seed_tiles(a, grid):
+        real_seed(a, grid)
+        n_tiles, R = int(a["n_tiles"]), int(a["n_rows"])
+        for q in range(R):
+            u = a["ukey"][q * n_tiles:(q + 1) * n_tiles].astype(np.int64)
+            order = sorted((j for j in range(n_tiles) if u[j]), key=lambda j: (-u[j], j))[:km.SEEDS]
+            got = [(~int(x)) & 0xFFFFFFFF for x in a["seeds"][q * km.SEEDS:(q + 1) * km.SEEDS] if int(x)]
+            assert got == order, (q, got, order)
+        seen["seeds"] = True
+
+    def seed_theta(a, grid):
+        before = a["theta"].copy()
+        real_theta(a, grid)
+        seen["raised"] = seen.get("raised", 0) + int((a["theta"] > before).sum())
+
+    km.MODELS["seed_tiles"], km.MODELS["seed_theta"] = seed_tiles, seed_theta
+    try:
+        ref = NumpyScorer(idx, BM25Params())
+        _exact(ref.search(qs, 3), gpu.search(qs, 3))
+    finally:
+        km.MODELS["seed_tiles"], km.MODELS["seed_theta"] = real_seed, real_theta
+    assert seen.get("seeds") and seen.get("raised", 0) > 0
+
+
+def test_overflow_reruns_are_planned_again(model_device, corpus, monkeypatch):
+    """A rerun of overflowing rows runs the whole plan again for those rows only: bounds, seeds, list."""
+    idx, qs, _ = corpus
+    gpu = model_device(idx, haystack="never")
+    real = cb.candidate_slots
+    monkeypatch.setattr(cb, "candidate_slots", lambda *a, **kw: np.minimum(real(*a, **kw), 3))
+    cp = model_device.cp
+    n0 = len(cp.launches)
+    res = gpu.search(qs[5:9], 10)
+    _exact(NumpyScorer(idx, BM25Params()).search(qs[5:9], 10), res)
+    over = res.meta["overflow_rows"]
+    assert over > 0
+    rows = {name.split("<")[0]: [] for name, *_ in cp.launches[n0:]}
+    for name, grid, *_ in cp.launches[n0:]:
+        rows[name.split("<")[0]].append(grid)
+    assert len(rows["tile_bounds"]) == len(rows["seed_tiles"]) == len(rows["tile_list"]) == 2
+    assert rows["tile_bounds"][1][1] == rows["seed_tiles"][1][0] == over  # the rerun's rows only

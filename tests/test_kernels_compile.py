@@ -276,9 +276,10 @@ def test_kernel_dir_override(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------
 # Resource report (ptxas -v through each NVRTC, and through nvcc)
 # ---------------------------------------------------------------------------
-#: tile_score's blocks of 256 threads per SM that its registers must allow: 4 on
-#: sm_80 (what its ~37.5 KB of shared memory allows in 164 KB), 5 on sm_90.
-TILE_SCORE_MIN_BLOCKS = {"sm_80": 4, "sm_90": 5}
+#: tile_score's blocks of 256 threads per SM that its registers must allow: 4 (64 registers).
+#: Five (48 registers) spilled once the sub-block bounds (double arithmetic) joined the item loop
+#: (nvcc 13 for sm_90, NVRTC for sm_80); 4 x ~28 KB of shared memory fits both SMs.
+TILE_SCORE_MIN_BLOCKS = {"sm_80": 4, "sm_90": 4}
 
 
 def resource_problems(arch: str, rep: dict) -> list[str]:
@@ -318,7 +319,7 @@ def resources(request):
 
 def test_no_spills_and_resources_fit(resources):
     """Every kernel, with this NVRTC: no spills, no stack, registers and static shared memory that let its
-    blocks run (tile_score: 4 blocks per SM on sm_80, 5 on sm_90)."""
+    blocks run (tile_score: 4 blocks per SM)."""
     from gpuir.backends.kernel_model import STATIC_SMEM
 
     major, arch, rep = resources
@@ -349,7 +350,7 @@ def test_a_spilling_kernel_fails_the_check(tmp_path, monkeypatch, compiler):
     d = tmp_path / "kernels"
     shutil.copytree(K.KERNEL_DIR, d)
     src = (d / "bm25_score.cu").read_text()
-    old = "__global__ void __launch_bounds__(THREADS, 5) tile_score("
+    old = "__global__ void __launch_bounds__(THREADS, GPUIR_TILE_SCORE_BLOCKS) tile_score("
     assert src.count(old) == 1
     (d / "bm25_score.cu").write_text(src.replace(old, "__global__ void __maxnreg__(24) tile_score("))
     monkeypatch.setattr(K, "KERNEL_DIR", d)

@@ -708,8 +708,16 @@ SCORE_BUGS = {
     # tile holding part of the top k is left out of the work list.
     "nomult": ("bound = gpuir::add_rn(bound, gpuir::scaled(bt, qt_mult[t0 + i]));",
                "bound = gpuir::add_rn(bound, bt);"),
-    # The seed tile is listed again: its documents are emitted twice.
-    "seedtwice": ("pred = u != 0u && u >= theta[q] && j != seed;", "pred = u != 0u && u >= theta[q];"),
+    # A seed tile is listed again (its key not zeroed): its documents are emitted twice.
+    "seedtwice": ("if (mode == 0) *cell = 0u;", ""),
+    # The sub-block bound ignores a repeated term's multiplicity: below some real scores, so a sub-block
+    # holding part of the top k is cut.
+    "subnomult": ("bb = gpuir::scaled(bb, qt_mult[u]);", ""),
+    # Light terms (no directory row) add nothing to the sub-block bounds.
+    "subnolight": ("h0 = term_imp_off[t];\n", "h0 = term_imp_off[t + 1];\n"),
+    # The keep mask shifted by one sub-block: a block is cut by its neighbour's bound.
+    "subshift": ("const unsigned int pres = s_pres, keep = ballot & pres;",
+                 "const unsigned int pres = s_pres, keep = (ballot << 1) & pres;"),
 }
 
 
@@ -736,10 +744,15 @@ def test_planted_bugs_in_select_topk_are_caught():
 def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
     """Each bug fails the exact comparison on inputs where the real kernel passes it."""
     bugs = load("score_planted")
-    # 1. No round barrier: with 12-term queries some document's terms are added out of order.
+    # 1. No round barrier: some document's terms are added out of order. The terms go in batches of
+    #    THREADS / 16 = 2 (one barrier between batches), so the unprotected pairs are terms 2i, 2i+1, whose
+    #    adds commute only for the first pair (0 + a + b): queries of frequent terms, so that documents
+    #    hold many of them.
     idx = random_index(1000, 120, seed=41, heavy_df=900)
     rng = np.random.default_rng(42)
-    qs = [rng.integers(0, 120, 12).astype(np.int64) for _ in range(12)]
+    frequent = np.argsort(-np.diff(idx.offsets), kind="stable")[:16]
+    qs = [rng.choice(frequent, 12, replace=False).astype(np.int64) for _ in range(12)]
+    qs += [rng.integers(0, 120, 12).astype(np.int64) for _ in range(12)]
     ref = NumpyScorer(idx, BM25Params())
     want = ref.search(qs, 50)
     differs = []
@@ -772,6 +785,30 @@ def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
         assert not np.array_equal(got.ids, want3.ids), f"planted bug {bug} went unnoticed"
     with small_blocks(), real_kernels_installed(modules=mods):
         exact(want3, cb.CupyScorer(idx, BM25Params(), haystack="never").search(q3, 5), "control")
+
+
+def test_planted_bugs_in_the_sub_block_cut_are_caught(mods, topk_mod):
+    """Each bug in the sub-block bounds or the seeds fails the exact comparison; the real kernel passes and cuts."""
+    bugs = load("score_planted")
+    idx = random_index(1000, 120, seed=41, heavy_df=900)
+    rng = np.random.default_rng(44)
+    qs = [rng.integers(0, 120, int(rng.integers(2, 6))).astype(np.int64) for _ in range(16)]
+    qs += [np.repeat(q[:3], 3) for q in qs[:8]]  # repeated terms
+    qs += [np.array([0, 1, t], np.int64) for t in range(60, 120, 6)]  # frequent terms and a light one
+    ref = NumpyScorer(idx, BM25Params())
+    for k in (3, 20):
+        want = ref.search(qs, k)
+        with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
+            res = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, k)
+        exact(want, res, f"control k={k}")
+        assert res.meta["blocks_skipped"] > 0 and res.meta["blocks_scored"] > 0
+    want = ref.search(qs, 3)
+    for bug in ("subnomult", "subnolight", "subshift", "seedtwice"):
+        with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
+                                                             "topk.cu": topk_mod}):
+            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 3)
+        assert not (np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)), \
+            f"planted bug {bug} went unnoticed"
 
 
 # =============================================================================

@@ -27,13 +27,17 @@ Per batch of B queries:
    search, each with its own stream).
 3. **Plan**: ``light_marks`` marks the tiles holding each row's short-list
    terms from their postings; ``tile_bounds`` computes every (row, tile) score
-   bound from the summaries and the row's idf, and each row's best tile.
-4. **Score**: ``tile_score`` scores each row's best tile first (a threshold
-   close to the final one, at once); ``tile_list`` keeps the (row, tile) pairs
-   whose bound still reaches the threshold; ``tile_score`` scores them with
-   persistent blocks, raising the threshold as it goes and emitting only
-   candidates that can still reach the top k. ``haystack_score`` scores rows
-   with a small allow-list from a document-major copy of the segment.
+   bound from the summaries and the row's idf; ``seed_tiles`` picks each row's
+   16 best-bound tiles.
+4. **Score**: ``tile_score`` scores the seeds first, and their k-th best
+   together (``select_topk`` on raw keys, ``seed_theta``) becomes the threshold;
+   ``tile_list`` keeps the (row, tile) pairs whose bound still reaches it;
+   ``tile_score`` scores them with persistent blocks, raising the threshold as
+   it goes. In every visited tile only the 256-document sub-blocks whose bound
+   reaches the threshold are read (``meta["blocks_scored"]`` /
+   ``["blocks_skipped"]``), and only candidates that can still reach the top k
+   are emitted. ``haystack_score`` scores rows with a small allow-list from a
+   document-major copy of the segment (first, before the seeds' selection).
 5. **Select**: ``select_topk`` (radix select + bitonic sort) for k <= 4096;
    above, ``pack_candidates`` + a device sort + ``decode_keys``.
 6. **One device-to-host copy** of ids, scores, candidate counts, thresholds.
@@ -41,9 +45,9 @@ Per batch of B queries:
    reached, which bounds its candidates by the count it saw: the rerun fits.
 
 Device memory: the segment (offsets int64, doc_ids int32, tfs int32: 8 bytes per
-posting; document lengths, 4 bytes per document), the tile directory (8 bytes
-per (long term, tile)), the forward copy if used (8 bytes per posting), and per
-row 8 x (candidate slots) + 20 x (tiles) + 12 k bytes. Batches are cut into
+posting; document lengths, 4 bytes per document), the tile directory (28 bytes
+per (long term, tile) and 4 per impact), the forward copy if used (8 bytes per
+posting), and per row 8 x (candidate slots) + 20 x (tiles) + 20 k + 128 bytes. Batches are cut into
 chunks that fit the memory budget; on an out-of-memory error the pool is freed
 and the budget halved.
 
@@ -127,7 +131,7 @@ def running_max(v: Any, xp: Any = np) -> Any:
     return run
 
 
-def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[Any, Any]:
+def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np, blocks: bool = False) -> tuple[Any, Any]:
     """The impacts of each block: its (tf, document length) pairs that no other pair dominates.
 
     Every BM25 variant's weight grows with tf and shrinks with the document
@@ -146,15 +150,20 @@ def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[
         The posting's tf and its document's length (capped at 0xFFFF as in :func:`pack_summaries`).
     xp : numpy or cupy
 
+    blocks : bool
+        Return each impact's block (int64 (n,), ascending) instead of the (n_blocks+1,) offsets:
+        for many small blocks, most of them empty (:func:`sub_block_impacts`).
+
     Returns
     -------
     off : ndarray (n_blocks+1,), int64
         Block b's impacts are ``pairs[off[b]:off[b+1]]`` (none for an empty block).
+        With ``blocks=True``: the block of each impact, int64 (n,), non-decreasing.
     pairs : ndarray (n,), uint32
         :func:`pack_summaries` of each impact, tf descending within a block.
     """
     if int(blk.size) == 0:
-        return xp.zeros(n_blocks + 1, xp.int64), xp.zeros(0, xp.uint32)
+        return xp.zeros(0 if blocks else n_blocks + 1, xp.int64), xp.zeros(0, xp.uint32)
     t = xp.minimum(xp.asarray(tf).astype(xp.int64), 0xFFFF)
     d = xp.minimum(xp.asarray(dl).astype(xp.int64), 0xFFFF)
     comp = (xp.asarray(blk).astype(xp.int64) << 32) | ((0xFFFF - t) << 16) | d  # block asc, tf desc, dl asc
@@ -170,8 +179,62 @@ def frontiers(blk: Any, tf: Any, dl: Any, n_blocks: int, xp: Any = np) -> tuple[
     prev = xp.concatenate([xp.full(1, -1, xp.int64), run[:-1]])
     keep = ((prev >> 17) != b) | ((0x1FFFF - (prev & 0x1FFFF)) > d)  # first of its block, or strictly shorter
     b, t, d = b[keep], t[keep], d[keep]
+    if blocks:
+        return b, (t | (d << 16)).astype(xp.uint32)
     off = xp.searchsorted(b, xp.arange(n_blocks + 1, dtype=xp.int64), side="left").astype(xp.int64)
     return off, (t | (d << 16)).astype(xp.uint32)
+
+
+#: Sub-blocks per tile (``kernels/bm25_score.cu``: GPUIR_SUBS): each has its own impacts.
+SUBS = 16
+#: Most impacts a sub-block keeps (a 4-bit count); longer frontiers are merged into an upper bound.
+SUB_MAX_IMPACTS = 15
+
+
+def sub_block_impacts(sub: Any, tf: Any, dl: Any, n_cells: int, xp: Any = np) -> tuple[Any, Any, Any]:
+    """The impacts of each (directory cell, sub-block), at most :data:`SUB_MAX_IMPACTS` each.
+
+    Parameters
+    ----------
+    sub : ndarray (m,), int64
+        ``cell * SUBS + s`` of each posting: its directory cell (row x n_tiles + tile) and the
+        sub-block s (of ``tile / SUBS`` documents) of the tile holding its document.
+    tf, dl : ndarray (m,), integer
+        The posting's tf and its document's length.
+    n_cells : int
+
+    Returns
+    -------
+    off : ndarray (n_cells+1,), int64
+        Cell c's impacts are ``pairs[off[c]:off[c+1]]``, sub-block by sub-block.
+    cnt : ndarray (n_cells,), uint64
+        Bits 4s..4s+3: the number of impacts of sub-block s (0: no posting there).
+    pairs : ndarray (n,), uint32
+        Packed (tf, length) pairs (:func:`pack_summaries`). A sub-block whose frontier is
+        longer than :data:`SUB_MAX_IMPACTS` keeps its first 14 pairs (tf descending, so length
+        descending too) and one pair (the 15th's tf, the last's length) that dominates the rest:
+        its bound is still an upper bound of every posting of the sub-block.
+    """
+    b, pairs = frontiers(sub, tf, dl, 0, xp, blocks=True)
+    if int(b.size) == 0:
+        return xp.zeros(n_cells + 1, xp.int64), xp.zeros(max(n_cells, 1), xp.uint64), pairs
+    first = xp.searchsorted(b, b, side="left")
+    last = xp.searchsorted(b, b, side="right") - 1
+    rank = xp.arange(b.size, dtype=xp.int64) - first
+    cap = SUB_MAX_IMPACTS - 1
+    merged = (rank == cap) & (last - first > cap)  # the pair that stands for ranks 14.. of its block
+    pairs = xp.where(merged, (pairs & xp.uint32(0xFFFF)) | (pairs[last] & xp.uint32(0xFFFF0000)), pairs)
+    keep = rank <= cap
+    b, pairs = b[keep], pairs[keep].astype(xp.uint32)
+    cell, s = b // SUBS, b % SUBS
+    n = xp.minimum(xp.searchsorted(b, b, side="right") - xp.searchsorted(b, b, side="left"), SUB_MAX_IMPACTS)
+    val = n.astype(xp.uint64) << (4 * s).astype(xp.uint64)
+    head = xp.concatenate([xp.ones(1, bool), b[1:] != b[:-1]])  # one value per sub-block
+    val = xp.where(head, val, xp.uint64(0))
+    csum = xp.concatenate([xp.zeros(1, xp.uint64), xp.cumsum(val, dtype=xp.uint64)])
+    off = xp.searchsorted(cell, xp.arange(n_cells + 1, dtype=xp.int64), side="left").astype(xp.int64)
+    cnt = csum[off[1:]] - csum[off[:-1]]  # distinct nibbles: the sum is their bitwise or
+    return off, cnt.astype(xp.uint64), pairs
 
 
 #: Postings per chunk when building a directory (bounds the temporaries: ~40 bytes each).
@@ -194,7 +257,10 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
         posting in tile j (documents [j*tile, (j+1)*tile)), relative to ``offsets[t]``;
         column n_tiles is df; ``dir_imp_off`` (H*n_tiles+1,) int64 and ``dir_imp`` uint32: the
         impacts (:func:`frontiers`) of each (row, tile); ``term_imp_off`` (V+1,) int64 and
-        ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms).
+        ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms);
+        ``dir_sub_off`` (H*n_tiles+1,) int64, ``dir_sub_cnt`` (max(H*n_tiles, 1),) uint64 and
+        ``dir_sub_imp`` uint32: the impacts of each (row, tile)'s :data:`SUBS` sub-blocks of
+        ``tile / SUBS`` documents (:func:`sub_block_impacts`: 8 + 8 bytes per cell, 4 per impact).
     """
     offsets_x = xp.asarray(offsets).astype(xp.int64)
     off_h = np.asarray(offsets.get() if hasattr(offsets, "get") and not isinstance(offsets, np.ndarray)
@@ -211,6 +277,9 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
     dir_start = np.zeros((max(H, 1), n_tiles + 1), np.int32) if xp is np else xp.zeros((max(H, 1), n_tiles + 1),
                                                                                        xp.int32)
     dir_parts, dir_counts = [], xp.zeros(H * n_tiles + 1, xp.int64)
+    sub_parts, sub_counts, sub_cnt = [], xp.zeros(H * n_tiles + 1, xp.int64), xp.zeros(max(H * n_tiles, 1), xp.uint64)
+    if tile % SUBS:
+        raise ValueError(f"a tile of {tile} documents does not split into {SUBS} sub-blocks")
     term_parts, term_counts = [], xp.zeros(V + 1, xp.int64)
     t0 = 0
     while t0 < V:  # chunks of whole terms
@@ -240,6 +309,13 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
                                        H * n_tiles, xp)
                 dir_counts[1:] += off[1:] - off[:-1]
                 dir_parts.append(pairs)
+                cell = row[hv].astype(xp.int64) * n_tiles + tl[hv]
+                sb = (d[hv].astype(xp.int64) % tile) // (tile // SUBS)
+                off, cnt, pairs = sub_block_impacts(cell * SUBS + sb, tfs[p0:p1][hv], dl[hv], H * n_tiles, xp)
+                sub_counts[1:] += off[1:] - off[:-1]
+                sub_cnt += cnt
+                sub_parts.append(pairs)
+                del cell, sb, cnt
             lt = ~hv
             if bool(lt.any()):
                 off, pairs = frontiers(term_of[lt], tfs[p0:p1][lt], dl[lt], V, xp)
@@ -250,7 +326,9 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
     # a block's impacts come from one chunk (whole terms per chunk): concatenating keeps them grouped by block
     dir_imp = xp.concatenate(dir_parts) if dir_parts else xp.zeros(0, xp.uint32)
     term_imp = xp.concatenate(term_parts) if term_parts else xp.zeros(0, xp.uint32)
-    return {"dir_row": xp.asarray(row_h), "dir_start": dir_start.reshape(-1).astype(xp.int32)
+    sub_imp = xp.concatenate(sub_parts) if sub_parts else xp.zeros(0, xp.uint32)
+    return {"dir_sub_off": xp.cumsum(sub_counts).astype(xp.int64), "dir_sub_cnt": sub_cnt,
+            "dir_sub_imp": _nzx(sub_imp, xp), "dir_row": xp.asarray(row_h), "dir_start": dir_start.reshape(-1).astype(xp.int32)
             if H else xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": xp.cumsum(dir_counts).astype(xp.int64),
             "dir_imp": _nzx(dir_imp, xp), "term_imp_off": xp.cumsum(term_counts).astype(xp.int64),
             "term_imp": _nzx(term_imp, xp)}
@@ -659,7 +737,7 @@ class _Graph:
         specs_in = [(R + 1, np.int32), (T, np.int32), (T, np.float32), (T, np.float32), (T, np.float32),
                     (R, np.float32), (R, np.int32), (R + 1, np.int64), (A, np.int32), (R + 1, np.int64),
                     (T, np.int32), (T, np.int32), (T, np.int32), (T + 1, np.int64)]
-        specs_state = [(R, np.int32), (R, np.uint32), (R, np.int32), (R, np.uint64), (1, np.int32)]
+        specs_state = [(R, np.int32), (R, np.uint32), (R, np.int32), (R, np.int32), (R, np.int32), (1, np.int32)]
         self.inputs = [np.zeros(n, dt) for n, dt in specs_in]
         self.state = [np.zeros(n, dt) for n, dt in specs_state]
         views, self.offs, self.h2d_end, self.state_start, self.total = self.ws.layout(
@@ -670,6 +748,8 @@ class _Graph:
         self.ukey = ws.scratch("ukey", cells, cp.uint32)
         self.lmask = ws.scratch("lmask", cells, cp.uint64)
         self.items = ws.scratch("items", cells, cp.uint64)
+        self.seeds = ws.scratch("seeds", R * K.SEED_TILES, cp.uint64)
+        self.seedk = ws.scratch("seedk", R * k, cp.int64)[:R * k]
         self.cand = ws.scratch("cand", R * self.slots, cp.uint64)
         segs = scorer.select_segments(R, k, self.slots)
         self.segs = segs
@@ -696,29 +776,19 @@ class _Graph:
         cp, R, k = scorer._cp, self.R, self.k
         TT, TD = scorer.tile_threads, scorer.tile_docs
         (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, cand_off, lt_row,
-         lt_term, lt_bit, lt_start, counts, theta, tiles, best, n_items, out_ids, out_scores) = self.views
-        live_dev, has_live = self.live
+         lt_term, lt_bit, lt_start, counts, theta, tiles, b_scored, b_skipped, n_items, out_ids,
+         out_scores) = self.views
         bm = sc.args()
         n_tiles = scorer.n_tiles
         self.lmask[:R * n_tiles].fill(0)
         scorer._launch(_SCORE_FILE, f"light_marks<{TT}, {TD}>", (2 * scorer.sm_count,), (TT,),
                        (scorer.d_offsets, scorer.d_doc_ids, lt_row, lt_term, lt_bit, lt_start, np.int32(self.T),
                         np.int32(n_tiles), self.lmask))
-        scorer._launch(_SCORE_FILE, f"tile_bounds<{TT}, {TD}>", (-(-n_tiles // TT), R), (TT,),
-                       (scorer.d_offsets, scorer.d_doc_ids, scorer.d_term_imp_off, scorer.d_term_imp,
-                        scorer.d_dir_row, scorer.d_dir_start, scorer.d_dir_imp_off, scorer.d_dir_imp,
-                        np.int32(n_tiles), np.int64(scorer.index.n_docs), qt_off, qt_term, qt_mult, qt_idf, qt_w0,
-                        row_const, row_flags, allow_off, allow_docs, self.lmask, self.ukey, best, np.int32(R), *bm))
-        common = (scorer.d_offsets, scorer.d_doc_ids, scorer.d_tfs, scorer.d_doc_lens, scorer.d_dir_row,
-                  scorer.d_dir_start, np.int32(n_tiles), np.int64(scorer.index.n_docs), live_dev, has_live, qt_off,
-                  qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, self.ukey, best,
-                  self.items, n_items)
-        tail = (theta, counts, tiles, cand_off, self.cand, np.int32(R), np.int32(k), *bm)
-        name = f"tile_score<{TT}, {TD}>"
-        scorer._launch(_SCORE_FILE, name, (min(R, blocks),), (TT,), (*common, np.int32(0), *tail))
-        scorer._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-n_tiles // TT), R), (TT,),
-                       (self.ukey, best, theta, np.int32(n_tiles), np.int32(R), self.items, n_items))
-        scorer._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
+        scorer._plan(R, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs,
+                     self.lmask, self.ukey, self.seeds, bm)
+        scorer._score_tiles(R, k, self.live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off,
+                            allow_docs, self.ukey, self.seeds, self.items, n_items, theta, counts, tiles, b_scored,
+                            b_skipped, cand_off, self.cand, self.seedk, bm)
         kpad = _next_pow2(k)
         sel, block = f"select_topk<{K.SELECT_THREADS}>", (K.SELECT_THREADS,)
         cand, off, cnt = self.cand, cand_off, counts
@@ -753,8 +823,8 @@ class _Graph:
             x = np.asarray(x, dt)
             ws.host[o:o + x.nbytes] = x.view(np.uint8).reshape(-1)
         st = self.offs[14]
-        state = np.zeros(self.total - st, np.uint8)  # counts, theta, tiles, best, n_items: zeros, then theta0
-        ws.host[st:self.offs[19]] = state[:self.offs[19] - st]
+        state = np.zeros(self.total - st, np.uint8)  # counts, theta, tiles, blocks, n_items: zeros, then theta0
+        ws.host[st:self.offs[20]] = state[:self.offs[20] - st]
         th = np.zeros(R, np.uint32)
         th[:n] = theta0
         ws.host[self.offs[15]:self.offs[15] + 4 * R] = th.view(np.uint8)
@@ -764,10 +834,12 @@ class _Graph:
         ws.stream.synchronize()
         self.runs += 1
         o = self.offs
-        stats["tile_items"] += int(ws.read(o[18], (1,), np.int32)[0]) + int((b.path == PATH_TILES).sum())
+        stats["tile_items"] += int(ws.read(o[19], (1,), np.int32)[0])
         stats["light_pairs"] += int(lt_term.size)
+        stats["blocks_scored"] += int(ws.read(o[17], (R,), np.int32)[:n].sum())
+        stats["blocks_skipped"] += int(ws.read(o[18], (R,), np.int32)[:n].sum())
         stats["graph_runs"] += 1
-        return (ws.read(o[19], (R, self.k), np.int64)[:n], ws.read(o[20], (R, self.k), np.float32)[:n],
+        return (ws.read(o[20], (R, self.k), np.int64)[:n], ws.read(o[21], (R, self.k), np.float32)[:n],
                 ws.read(o[14], (R,), np.int32)[:n], ws.read(o[15], (R,), np.uint32)[:n],
                 ws.read(o[16], (R,), np.int32)[:n], np.full(n, self.slots, np.int64))
 
@@ -876,7 +948,8 @@ class CupyScorer(Scorer):
             #: Device arrays, uploaded once: offsets (V+1,) int64, doc_ids (P,) int32, tfs (P,) int32,
             #: doc_lens (N,) int32, and the directory (:func:`build_directory`): dir_row (V,) int32,
             #: dir_start (H*(n_tiles+1),) int32, dir_imp_off (H*n_tiles+1,) int64, dir_imp uint32,
-            #: term_imp_off (V+1,) int64, term_imp uint32.
+            #: term_imp_off (V+1,) int64, term_imp uint32, and per (row, tile) the impacts of its 16
+            #: sub-blocks: dir_sub_off (H*n_tiles+1,) int64, dir_sub_cnt uint64, dir_sub_imp uint32.
             self.d_offsets = a(np.ascontiguousarray(index.offsets, dtype=np.int64))
             self.d_doc_ids = a(np.ascontiguousarray(index.doc_ids, dtype=np.int32))
             self.d_tfs = a(np.ascontiguousarray(index.tfs, dtype=np.int32))
@@ -902,7 +975,10 @@ class CupyScorer(Scorer):
             self.d_dir_row, self.d_dir_start = d["dir_row"], d["dir_start"]
             self.d_dir_imp_off, self.d_dir_imp = d["dir_imp_off"], d["dir_imp"]
             self.d_term_imp_off, self.d_term_imp = d["term_imp_off"], d["term_imp"]
+            self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp = (d["dir_sub_off"], d["dir_sub_cnt"],
+                                                                          d["dir_sub_imp"])
             self._no_live = a(np.ones(1, np.uint32))
+            self._dummy_f32 = a(np.zeros(1, np.float32))  # select_topk's unused score output (raw keys)
             try:
                 sms = int(cupy.cuda.Device(self.device_id).attributes["MultiProcessorCount"])
             except Exception:  # noqa: BLE001 - informational; 132 = H100 SXM
@@ -949,7 +1025,7 @@ class CupyScorer(Scorer):
     def row_bytes(self, slots: np.ndarray, k: int, batch: Batch) -> np.ndarray:
         """Device bytes each row of ``batch`` needs (int64 (R,))."""
         per = (8 * slots + 12 * k + 96 + 16 * np.diff(batch.qt_off) + 4 * np.diff(batch.allow_off)
-               + 20 * self.n_tiles * (batch.path == PATH_TILES))
+               + (20 * self.n_tiles + 8 * k + 8 * K.SEED_TILES) * (batch.path == PATH_TILES))
         if k > K.SELECT_MAX_K:
             per = per + 8 * (3 * slots + 2 * k)  # packed keys, sort buffers, decoded top keys
         return per.astype(np.int64)
@@ -1072,51 +1148,21 @@ class CupyScorer(Scorer):
                   _nz(b.qt_idf, np.float32), _nz(b.qt_w0, np.float32), b.row_const.astype(np.float32),
                   flags.astype(np.int32), b.allow_off, _nz(b.allow_docs, np.int32), cand_off, _nz(hs, np.int32),
                   hs_start, _nz(lt_row, np.int32), _nz(lt_term, np.int32), _nz(lt_bit, np.int32), lt_start]
-        state = [counts0, theta0.astype(np.uint32), np.zeros(R, np.int32), np.zeros(R, np.uint64),
-                 np.zeros(1, np.int32)]
+        state = [counts0, theta0.astype(np.uint32), np.zeros(R, np.int32), np.zeros(R, np.int32),
+                 np.zeros(R, np.int32), np.zeros(1, np.int32)]
         outputs = [((R, k), np.int64), ((R, k), np.float32)]
         with timer.phase("h2d_s"):
             views, offs, h2d_end, state_start, total = ws.layout(inputs, state, outputs)
             ws.h2d(h2d_end)
         (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, d_cand_off, d_hs,
-         d_hs_start, d_lt_row, d_lt_term, d_lt_bit, d_lt_start, counts, theta, tiles, best, n_items,
+         d_hs_start, d_lt_row, d_lt_term, d_lt_bit, d_lt_start, counts, theta, tiles, b_scored, b_skipped, n_items,
          out_ids, out_scores) = views
         cand = ws.scratch("cand", int(cand_off[-1]), self._cp.uint64)
         live_dev, has_live = live
         bm = sc.args()
         n_tile_rows = int((b.path == PATH_TILES).sum())
-        with timer.phase("plan_s"):
-            if n_tile_rows:
-                cells = R * self.n_tiles
-                ukey = ws.scratch("ukey", cells, self._cp.uint32)
-                lmask = ws.scratch("lmask", cells, self._cp.uint64)
-                items = ws.scratch("items", cells, self._cp.uint64)
-                if lt_term.size:
-                    lmask[:cells].fill(0)
-                    n_post = int(lt_start[-1])
-                    g = min(_MAX_GRID, max(1, -(-n_post // TT)))
-                    self._launch(_SCORE_FILE, f"light_marks<{TT}, {TD}>", (g,), (TT,),
-                                 (self.d_offsets, self.d_doc_ids, d_lt_row, d_lt_term, d_lt_bit, d_lt_start,
-                                  np.int32(lt_term.size), np.int32(self.n_tiles), lmask))
-                self._launch(_SCORE_FILE, f"tile_bounds<{TT}, {TD}>", (-(-self.n_tiles // TT), R), (TT,),
-                             (self.d_offsets, self.d_doc_ids, self.d_term_imp_off, self.d_term_imp, self.d_dir_row,
-                              self.d_dir_start, self.d_dir_imp_off, self.d_dir_imp, np.int32(self.n_tiles), np.int64(self.index.n_docs), qt_off, qt_term,
-                              qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, lmask, ukey, best,
-                              np.int32(R), *bm))
-        with timer.phase("score_s"):
-            if n_tile_rows:
-                blocks = self.persistent_blocks()
-                common = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row,
-                          self.d_dir_start, np.int32(self.n_tiles), np.int64(self.index.n_docs), live_dev, has_live,
-                          qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, ukey,
-                          best, items, n_items)
-                tail = (theta, counts, tiles, d_cand_off, cand, np.int32(R), np.int32(k), *bm)
-                name = f"tile_score<{TT}, {TD}>"
-                self._launch(_SCORE_FILE, name, (min(R, blocks),), (TT,), (*common, np.int32(0), *tail))
-                self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
-                             (ukey, best, theta, np.int32(self.n_tiles), np.int32(R), items, n_items))
-                self._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
-            if hs.size:
+        if hs.size:  # first: the seed selection below reads every row's written candidates
+            with timer.phase("score_s"):
                 fwd_off, fwd_terms, fwd_tfs = self._forward()
                 n_hay = int(hs_start[-1])
                 g = min(_MAX_GRID, max(1, -(-n_hay // K.HAYSTACK_THREADS)))
@@ -1124,17 +1170,80 @@ class CupyScorer(Scorer):
                              (fwd_off, fwd_terms, fwd_tfs, self.d_doc_lens, live_dev, has_live, qt_off, qt_term,
                               qt_mult, qt_idf, qt_w0, row_const, allow_off, allow_docs, d_hs, d_hs_start,
                               np.int32(hs.size), d_cand_off, cand, *bm))
+        if n_tile_rows:
+            cells = R * self.n_tiles
+            ukey = ws.scratch("ukey", cells, self._cp.uint32)
+            lmask = ws.scratch("lmask", cells, self._cp.uint64)
+            items = ws.scratch("items", cells, self._cp.uint64)
+            seeds = ws.scratch("seeds", R * K.SEED_TILES, self._cp.uint64)
+            seedk = ws.scratch("seedk", R * k, self._cp.int64)[:R * k] if k <= K.SELECT_MAX_K else None
+            with timer.phase("plan_s"):
+                if lt_term.size:
+                    lmask[:cells].fill(0)
+                    n_post = int(lt_start[-1])
+                    g = min(_MAX_GRID, max(1, -(-n_post // TT)))
+                    self._launch(_SCORE_FILE, f"light_marks<{TT}, {TD}>", (g,), (TT,),
+                                 (self.d_offsets, self.d_doc_ids, d_lt_row, d_lt_term, d_lt_bit, d_lt_start,
+                                  np.int32(lt_term.size), np.int32(self.n_tiles), lmask))
+                self._plan(R, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs,
+                           lmask, ukey, seeds, bm)
+            with timer.phase("score_s"):
+                self._score_tiles(R, k, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
+                                  allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored,
+                                  b_skipped, d_cand_off, cand, seedk, bm)
         with timer.phase("topk_s"):
             self._select(ws, cand, d_cand_off, counts, theta, R, k, int(slots.max(initial=0)), out_ids, out_scores)
         with timer.phase("d2h_s"):
             ws.d2h(state_start, total)
         ws.stream.synchronize()
-        o = offs[-7:]
+        o = offs[-8:]  # counts, theta, tiles, blocks scored, blocks skipped, n_items, ids, scores
         stats["haystack_rows"] += int(hs.size)
-        stats["tile_items"] += int(ws.read(o[4], (1,), np.int32)[0]) + n_tile_rows
+        stats["tile_items"] += int(ws.read(o[5], (1,), np.int32)[0])
         stats["light_pairs"] += int(lt_term.size)
-        return (ws.read(o[5], (R, k), np.int64), ws.read(o[6], (R, k), np.float32), ws.read(o[0], (R,), np.int32),
+        stats["blocks_scored"] += int(ws.read(o[3], (R,), np.int32).sum())
+        stats["blocks_skipped"] += int(ws.read(o[4], (R,), np.int32).sum())
+        return (ws.read(o[6], (R, k), np.int64), ws.read(o[7], (R, k), np.float32), ws.read(o[0], (R,), np.int32),
                 ws.read(o[1], (R,), np.uint32), ws.read(o[2], (R,), np.int32))
+
+    def _plan(self, R: int, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs,
+              lmask, ukey, seeds, bm: tuple) -> None:
+        """tile_bounds (every (row, tile) bound key into ``ukey``), then seed_tiles (each row's best tiles)."""
+        TT, TD = self.tile_threads, self.tile_docs
+        self._launch(_SCORE_FILE, f"tile_bounds<{TT}, {TD}>", (-(-self.n_tiles // TT), R), (TT,),
+                     (self.d_offsets, self.d_doc_ids, self.d_term_imp_off, self.d_term_imp, self.d_dir_row,
+                      self.d_dir_start, self.d_dir_imp_off, self.d_dir_imp, np.int32(self.n_tiles),
+                      np.int64(self.index.n_docs), qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
+                      allow_off, allow_docs, lmask, ukey, np.int32(R), *bm))
+        self._launch(_SCORE_FILE, f"seed_tiles<{TT}>", (R,), (TT,), (ukey, np.int32(self.n_tiles), np.int32(R), seeds))
+
+    def _score_tiles(self, R: int, k: int, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
+                     allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored, b_skipped,
+                     cand_off, cand, seedk, bm: tuple) -> None:
+        """The seeds, their k-th best as the threshold, the list of tiles that can still matter, the list.
+
+        ``seedk`` (R, k) int64 scratch, or None (k > SELECT_MAX_K: each seed's own k-th best only).
+        ``n_items`` must hold 0 and ``counts`` / ``theta`` / ``tiles`` / ``b_*`` their initial values.
+        """
+        TT, TD = self.tile_threads, self.tile_docs
+        live_dev, has_live = live
+        blocks = self.persistent_blocks()
+        common = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row, self.d_dir_start,
+                  self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp, self.d_term_imp_off, self.d_term_imp,
+                  np.int32(self.n_tiles), np.int64(self.index.n_docs), live_dev, has_live, qt_off, qt_term, qt_mult,
+                  qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, ukey, seeds, items, n_items)
+        tail = (theta, counts, tiles, b_scored, b_skipped, cand_off, cand, np.int32(R), np.int32(k), *bm)
+        name = f"tile_score<{TT}, {TD}>"
+        self._launch(_SCORE_FILE, name, (min(R * K.SEED_TILES, blocks),), (TT,), (*common, np.int32(0), *tail))
+        if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
+            kpad = _next_pow2(k)
+            self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
+                         (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k), np.int32(kpad),
+                          np.int32(1), np.int32(1), seedk, self._dummy_f32), shared_mem=8 * kpad)
+            self._launch(_SCORE_FILE, "seed_theta", (-(-R // _ELEMWISE_BLOCK),), (_ELEMWISE_BLOCK,),
+                         (seedk, np.int32(k), np.int32(R), row_flags, theta))
+        self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
+                     (ukey, theta, np.int32(self.n_tiles), np.int32(R), items, n_items))
+        self._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
 
     def select_segments(self, R: int, k: int, width: int) -> int:
         """Blocks per row of the selection: 1, or up to 64 when a batch of fewer rows than SMs has many candidates.
@@ -1261,7 +1370,7 @@ class CupyScorer(Scorer):
             if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
                 return None
             cells = Rb * self.n_tiles
-            need = 20 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 12 * Rb * k
+            need = 20 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k + 8 * K.SEED_TILES * Rb
             if need > self.budget_bytes():
                 return None
             try:
@@ -1340,8 +1449,9 @@ class CupyScorer(Scorer):
             prep) and ``total_s`` (wall clock); with ``timing=True`` also
             ``h2d_s``, ``plan_s``, ``score_s``, ``topk_s``, ``d2h_s`` (device time
             from CUDA events). Also ``n_chunks``, ``rows_per_chunk``,
-            ``candidates``, ``tiles_scored``, ``tile_items``, ``light_pairs``,
-            ``overflow_rows``, ``haystack_rows``, ``n_tiles``.
+            ``candidates``, ``tiles_scored``, ``tile_items``, ``blocks_scored``,
+            ``blocks_skipped``, ``light_pairs``, ``overflow_rows``, ``haystack_rows``,
+            ``n_tiles``.
         """
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -1353,7 +1463,8 @@ class CupyScorer(Scorer):
         prep_s = time.perf_counter() - t0
         res = empty_results(B, k)
         counters = {"n_chunks": 0, "rows_per_chunk": 0, "candidates": 0, "tiles_scored": 0, "tile_items": 0,
-                    "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0, "graph_runs": 0}
+                    "light_pairs": 0, "overflow_rows": 0, "haystack_rows": 0, "oom_retries": 0, "graph_runs": 0,
+                    "blocks_scored": 0, "blocks_skipped": 0}
         timings: dict[str, float] = {}
         live_sel = np.flatnonzero(batch.path != PATH_NONE)
         if live_sel.size and self.index.n_docs:

@@ -4,14 +4,16 @@ Nothing here touches a GPU. Two uses:
 
 * **The model** mirrors ``kernels/bm25_score.cu`` and ``kernels/topk.cu``
   operation by operation: tiles, one term per round in ascending term id, the
-  float32 tile bounds and the skip test, the running per-row threshold (tile
-  bound L from two histogram passes, block bound R from the block's running
-  histogram, ``atomicMax``), candidate emission with a capacity and a counter
+  float32 tile bounds and the skip test, each row's 16 seed tiles and their
+  joint k-th best as the threshold, the float32 sub-block bounds and the
+  sub-block cut, the running per-row threshold (tile bound L from two histogram
+  passes, ``atomicMax``), candidate emission with a capacity and a counter
   that keeps counting, the haystack (forward-layout) scoring and the radix
   select with its early exits, gather and sentinel slots. Blocks of
   ``tile_score`` run as interleaved generators that yield wherever the kernel
   touches global state another block may change (the threshold read before the
-  skip test, the publish/read before emission, the emission itself), and a
+  skip test and before the cut, the publish/read before emission, the
+  emission itself), and a
   seeded scheduler picks which block moves next -- so tests cover many orders
   in which a GPU could run them. tests/test_kernel_logic.py checks the model
   against :class:`~gpuir.backends.numpy_backend.NumpyScorer` bit for bit.
@@ -36,6 +38,7 @@ run (``bench/gpu_verify.py``) settle those.
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import re
 import sys
 import types
@@ -52,6 +55,8 @@ BINS = 1 << RADIX_BITS
 EMPTY_SLOT = 0x7FC00001
 ROW_FILTERED, ROW_OFF_TILES = 1, 2
 STATIC_SMEM_LIMIT = 48 * 1024
+SUBS = 16  # sub-blocks per tile (GPUIR_SUBS)
+SEEDS = K.SEED_TILES  # tiles per row scored first (GPUIR_SEEDS)
 
 
 # =============================================================================
@@ -188,9 +193,13 @@ def _live(a: dict, docs: np.ndarray) -> np.ndarray:
     return ((words[docs >> 5] >> (docs & 31).astype(np.uint32)) & 1).astype(bool)
 
 
-def _accumulate(a: dict, q: int, j: int, base: int, end: int, allowed: np.ndarray | None):
-    """accumulate_tile: (touched bool (TILE,), sums float32 (TILE,)), one term per round, ascending."""
+def _accumulate(a: dict, q: int, j: int, base: int, end: int, allowed: np.ndarray | None, keep: int = 0xFFFF):
+    """accumulate_tile: (touched bool (TILE,), sums float32 (TILE,)), one term per round, ascending.
+
+    Only documents of the sub-blocks whose bit is set in ``keep`` are read.
+    """
     tile = int(a["TILE"])
+    kept = ((keep >> (np.arange(tile) // (tile // SUBS))) & 1).astype(bool)
     acc = np.zeros(tile, F32)
     touched = np.zeros(tile, bool)
     for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
@@ -199,10 +208,10 @@ def _accumulate(a: dict, q: int, j: int, base: int, end: int, allowed: np.ndarra
             continue
         d = a["doc_ids"][lo:hi].astype(np.int64)
         w = _weights(a, lo, hi, u)
-        keep = _live(a, d)
+        ok = _live(a, d) & kept[d - base]
         if allowed is not None:
-            keep &= allowed[d - base]
-        d, w = d[keep] - base, w[keep]
+            ok &= allowed[d - base]
+        d, w = d[ok] - base, w[ok]
         acc[d] = acc[d] + scaled(w, a["qt_mult"][u])  # a document at most once per round
         touched[d] = True
     return touched, acc
@@ -260,9 +269,63 @@ def model_tile_bounds(a: dict, grid: tuple[int, ...]) -> None:
                     if int(a["has_w0"]):
                         bound = F32(bound + F32(a["row_const"][q]))
                     key = int(float_to_ordered(np.array([bound], F32))[0])
-                    packed = (key << 32) | (~j & 0xFFFFFFFF)
-                    a["best"][q] = max(int(a["best"][q]), packed)
             a["ukey"][q * n_tiles + j] = key
+
+
+def model_seed_tiles(a: dict, grid: tuple[int, ...]) -> None:
+    """seed_tiles: each row's SEEDS largest (key << 32 | ~tile) with key > 0, descending, 0-padded."""
+    n_tiles, S = int(a["n_tiles"]), SEEDS
+    for q in range(int(a["n_rows"])):
+        u = a["ukey"][q * n_tiles:(q + 1) * n_tiles].astype(np.int64)
+        j = np.flatnonzero(u)
+        packed = np.sort((u[j].astype(U64) << U64(32)) | (~j.astype(np.int64) & 0xFFFFFFFF).astype(U64))[::-1][:S]
+        out = np.zeros(S, U64)
+        out[:packed.size] = packed
+        a["seeds"][q * S:(q + 1) * S] = out
+
+
+def model_seed_theta(a: dict, grid: tuple[int, ...]) -> None:
+    k = int(a["k"])
+    for q in range(int(a["n_rows"])):
+        if int(a["row_flags"][q]) & ROW_OFF_TILES:
+            continue
+        key = int(a["top"][q * k + k - 1]) & (2**64 - 1)  # the raw key's bits
+        if key:
+            a["theta"][q] = max(int(a["theta"][q]), key >> 32)
+
+
+def _nibble_prefix(w: int, s: int) -> int:
+    return sum((w >> (4 * h)) & 15 for h in range(s))
+
+
+def _sub_bounds(a: dict, q: int, j: int, base: int, end: int) -> tuple[np.ndarray, int]:
+    """tile_score's sub-block bounds: (float32 (SUBS,) ub[s] [+ C], bitmask of sub-blocks with postings)."""
+    n_tiles, tile = int(a["n_tiles"]), int(a["TILE"])
+    sub = tile // SUBS
+    ub = np.zeros(SUBS, F32)
+    pres = 0
+    for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
+        t = int(a["qt_term"][u])
+        lo, hi = _range(a, t, j, base, end)
+        d = a["doc_ids"][lo:hi].astype(np.int64)
+        r = int(a["dir_row"][t])
+        for s in range(SUBS):
+            inb = int(((d >= base + s * sub) & (d < base + (s + 1) * sub)).sum())
+            bb = F32(0)
+            if inb:
+                pres |= 1 << s
+                if r >= 0:
+                    cell = r * n_tiles + j
+                    w = int(a["dir_sub_cnt"][cell])
+                    h0 = int(a["dir_sub_off"][cell]) + _nibble_prefix(w, s)
+                    imp = a["dir_sub_imp"][h0:h0 + ((w >> (4 * s)) & 15)]
+                else:
+                    imp = a["term_imp"][int(a["term_imp_off"][t]):int(a["term_imp_off"][t + 1])]
+                bb = F32(scaled(max([_bound(a, int(x), u) for x in imp.tolist()], default=F32(0)), a["qt_mult"][u]))
+            ub[s] = F32(ub[s] + bb)
+    if int(a["has_w0"]):
+        ub = (ub + F32(a["row_const"][q])).astype(F32)
+    return ub, pres
 
 
 def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
@@ -273,6 +336,8 @@ def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
     yield  # theta is read for the skip test
     theta = a["theta"]
     u = int(a["ukey"][q * n_tiles + j])
+    if int(a["mode"]) == 0:
+        a["ukey"][q * n_tiles + j] = 0  # a seed is never listed again
     if u == 0 or u < int(theta[q]):
         return
     a["tiles_scored"][q] += 1
@@ -281,7 +346,14 @@ def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
         allowed = _allowed(a, q, base, end)
         if allowed is None:
             return
-    touched, acc = _accumulate(a, q, j, base, end, allowed)
+    ub, pres = _sub_bounds(a, q, j, base, end)
+    yield  # theta is read for the sub-block cut
+    keep = int(sum(1 << s for s in range(SUBS) if int(float_to_ordered(ub[s:s + 1])[0]) >= int(theta[q]))) & pres
+    a["blocks_scored"][q] += keep.bit_count()
+    a["blocks_skipped"][q] += (pres & ~keep).bit_count()
+    if keep == 0:
+        return
+    touched, acc = _accumulate(a, q, j, base, end, allowed, keep)
     keys = _finalize(a, q, touched, acc)
     lb = 0
     if int(touched.sum()) >= k:
@@ -308,13 +380,13 @@ def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
 
 def _tile_block(a: dict, b: int, n_blocks: int) -> Iterator[None]:
     mode = int(a["mode"])
-    n_work = int(a["n_rows"]) if mode == 0 else int(a["n_items"][0])
+    n_work = int(a["n_rows"]) * SEEDS if mode == 0 else int(a["n_items"][0])
     for it in range(b, n_work, n_blocks):
         if mode == 0:
-            best = int(a["best"][it])
-            if best == 0:
+            seed = int(a["seeds"][it])
+            if seed == 0:
                 continue
-            q, j = it, (~best) & 0xFFFFFFFF
+            q, j = it // SEEDS, (~seed) & 0xFFFFFFFF
         else:
             item = int(a["items"][it])
             q, j = item >> 32, item & 0xFFFFFFFF
@@ -342,11 +414,9 @@ def model_tile_list(a: dict, grid: tuple[int, ...]) -> None:
     n_tiles = int(a["n_tiles"])
     n = int(a["n_items"][0])
     for q in range(int(a["n_rows"])):
-        best = int(a["best"][q])
-        seed = (~best) & 0xFFFFFFFF
         for j in range(n_tiles):
             u = int(a["ukey"][q * n_tiles + j])
-            if u != 0 and u >= int(a["theta"][q]) and j != seed:
+            if u != 0 and u >= int(a["theta"][q]):
                 a["items"][n] = (q << 32) | j
                 n += 1
     a["n_items"][0] = n
@@ -474,6 +544,7 @@ def model_decode_keys(a: dict, grid: tuple[int, ...]) -> None:
 
 MODELS: dict[str, Callable[..., None]] = {
     "light_marks": model_light_marks, "tile_bounds": model_tile_bounds, "tile_list": model_tile_list,
+    "seed_tiles": model_seed_tiles, "seed_theta": model_seed_theta,
     "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
     "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
 }
@@ -641,6 +712,8 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         the host, tests/cuda_host); ``host_args`` are NumPy arrays and scalars.
     """
     cp = types.SimpleNamespace(__version__="none (fake cupy: kernel model)")
+    # importlib.util.find_spec("cupy") (gpuir._compat.cuda_device) raises on a module without a spec
+    cp.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     for nm in ("float32", "float64", "uint32", "int32", "int64", "uint64", "uint8"):
         setattr(cp, nm, getattr(np, nm))
     cp.ndarray = DevArray
@@ -798,7 +871,9 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
     return {
         "bm25_score.cu": [f"light_marks<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"tile_bounds<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"seed_tiles<{v['TILE_THREADS']}>",
                           f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          "seed_theta",
                           f"tile_list<{v['TILE_THREADS']}>",
                           f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"haystack_score<{v['HAYSTACK_THREADS']}>"],

@@ -61,6 +61,8 @@ HAYSTACK_THREADS = 256
 #: Final selection (``select_topk``, one block per row) and the largest k it
 #: serves (its shared sort buffer holds next_pow2(k) keys); larger k takes the
 #: sort path (``pack_candidates`` + a device sort + ``decode_keys``).
+#: Tiles per row scored first (``seed_tiles``; kernels/bm25_score.cu GPUIR_SEEDS).
+SEED_TILES = 16
 SELECT_THREADS = 512
 SELECT_MAX_K = 4096
 PACK_THREADS = 256
@@ -70,7 +72,9 @@ NAME_EXPRESSIONS: dict[str, list[str]] = {
     "bm25_score.cu": [
         f"light_marks<{TILE_THREADS}, {TILE_DOCS}>",
         f"tile_bounds<{TILE_THREADS}, {TILE_DOCS}>",
+        f"seed_tiles<{TILE_THREADS}>",
         f"tile_score<{TILE_THREADS}, {TILE_DOCS}>",
+        "seed_theta",
         f"tile_list<{TILE_THREADS}>",
         f"tile_dense<{TILE_THREADS}, {TILE_DOCS}>",
         f"haystack_score<{HAYSTACK_THREADS}>",

@@ -20,7 +20,9 @@ around three rules:
 * **Everything is bounded by the remaining budget.** A step starts only if its
   minimum time is left; each subprocess (pytest, compute-sanitizer) gets a
   timeout of min(its cap, time left) and is killed with its process group; every
-  check loop stops at its deadline and reports how far it got.
+  check loop stops at its deadline and reports how far it got; a timed run is
+  repeated only while one more (as long as the slowest so far) ends in the
+  budget, so a cell keeps at least one timing.
 * **The most valuable evidence first** (:data:`STEPS`): the core GPU tests
   under ``--require-gpu`` -> timings on the small grid (2.7M documents, B = 1
   and 1,024, k = 10 and 100) with bm25s-numba on the same corpus -> scale
@@ -405,6 +407,13 @@ class Run:
         """A perf_counter deadline: cap_s from now, never past the budget (less the reserve)."""
         return time.perf_counter() + max(0.0, min(cap_s, self.left() - self.RESERVE_S))
 
+    def another(self, times: list[float], want: int) -> bool:
+        """Whether to time one more run: fewer than ``want`` so far, and one more (as long as the slowest so
+        far) still ends inside the budget, less the reserve. The first run is always timed."""
+        if not times:
+            return True
+        return len(times) < want and self.left() - self.RESERVE_S > max(times)
+
     def xp(self):
         if self.args.dry_run:
             return np
@@ -524,15 +533,21 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
             gpu.search([q], k)  # warm-up (and compile on first use)
         times = []
         for q in qs:
+            if not run.another(times, len(qs)):  # (each query's search bounded by the budget)
+                break
             t = time.perf_counter()
             gpu.search([q], k)
             times.append(time.perf_counter() - t)
         med = statistics.median(times)
+        qs = qs[:len(times)]
+        m = len(qs)
         floor = _postings_bytes(idx, qs) / len(qs) / (bw * 1e9) if bw else None
         graph_runs = gpu.search([qs[0]], k).meta.get("graph_runs")
         gpu.graphs = False  # the same queries without CUDA graphs, for comparison
         plain = []
         for q in qs:
+            if not run.another(plain, len(qs)):
+                break
             t = time.perf_counter()
             gpu.search([q], k)
             plain.append(time.perf_counter() - t)
@@ -540,7 +555,7 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
         gpu.timing = True  # per-phase device times of one more search (events cost host time: not in the loop)
         last = gpu.search([qs[0]], k)
         gpu.timing = False
-        threads = _concurrent(gpu, qs, k)
+        threads = _concurrent(gpu, qs, k, deadline=run.deadline(60.0))
         cell = {"n_docs": n, "batch": 1, "k": k, "queries": m, "p50_ms": 1e3 * med,
                 "p99_ms": 1e3 * float(np.percentile(times, 99)), "qps": 1.0 / med, "median_s": med,
                 "graph_runs": graph_runs, "p50_ms_without_graphs": 1e3 * statistics.median(plain),
@@ -550,7 +565,7 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
         qs = cycle(pool, B)
         first = gpu.search(qs, k)  # warm-up (and compile on first use)
         times, last = [], first
-        for _ in range(run.args.repeats):
+        while run.another(times, run.args.repeats):  # (at least one; no repeat past the budget)
             t = time.perf_counter()
             last = gpu.search(qs, k)
             times.append(time.perf_counter() - t)
@@ -574,28 +589,32 @@ def _time_cell(run: Run, step: str, n: int, B: int, k: int) -> dict[str, Any] | 
     return cell
 
 
-def _concurrent(gpu, qs: list, k: int, n_threads: int = 8) -> dict[str, Any]:
-    """Agents searching at once: ``n_threads`` threads, one query per search, all of ``qs`` each; queries/s."""
+def _concurrent(gpu, qs: list, k: int, n_threads: int = 8, deadline: float | None = None) -> dict[str, Any]:
+    """Agents searching at once: ``n_threads`` threads, one query per search, all of ``qs`` each (each thread
+    stops at ``deadline``, a ``time.perf_counter()`` value); queries/s."""
     import threading
 
     errors: list[str] = []
+    done = [0] * n_threads
 
-    def work():
+    def work(w: int):
         try:
             for q in qs:
+                if deadline is not None and done[w] and time.perf_counter() > deadline:
+                    return
                 gpu.search([q], k)
+                done[w] += 1
         except Exception as e:  # noqa: BLE001 - reported, not raised in a thread
             errors.append(f"{type(e).__name__}: {e}")
 
-    ts = [threading.Thread(target=work) for _ in range(n_threads)]
+    ts = [threading.Thread(target=work, args=(w,)) for w in range(n_threads)]
     t = time.perf_counter()
     for th in ts:
         th.start()
     for th in ts:
         th.join()
     dt = time.perf_counter() - t
-    return {"threads": n_threads, "queries": n_threads * len(qs), "qps": n_threads * len(qs) / dt,
-            "errors": errors[:3]}
+    return {"threads": n_threads, "queries": sum(done), "qps": sum(done) / dt, "errors": errors[:3]}
 
 
 def _grid(run: Run, step: str, n: int, batches, ks) -> dict[str, Any]:
@@ -618,7 +637,7 @@ def step_bm25s(run: Run) -> dict[str, Any]:
     """bm25s with its numba backend on this machine's CPU, on the small grid's corpus and queries."""
     try:
         import bm25s
-        import numba  # noqa: F401 - the backend needs it
+        import numba  # the backend needs it; its thread count below
     except ImportError as e:
         return {"skipped": f"bm25s / numba not installed ({e}); carry the bm25s wheel"}
     n = run.sizes["n_small"]
@@ -630,8 +649,10 @@ def step_bm25s(run: Run) -> dict[str, Any]:
     retr = bm25s.BM25(backend="numba")
     retr.index(bm25s.tokenization.Tokenized(ids=docs, vocab=vocab), show_progress=False)
     del docs
+    # every thread numba may use here (os.cpu_count() can exceed it: an affinity mask, NUMBA_NUM_THREADS)
+    threads = int(numba.config.NUMBA_NUM_THREADS)
     out: dict[str, Any] = {"bm25s": bm25s.__version__, "n_docs": n, "index_s": round(time.perf_counter() - t, 1),
-                           "cpu_threads": os.cpu_count()}
+                           "cpu_threads": threads}
     for k in run.args.k:
         for B in run.args.batch:
             if run.left() < 15:
@@ -644,20 +665,22 @@ def step_bm25s(run: Run) -> dict[str, Any]:
                 retr.retrieve(one[0], k=k, show_progress=False, n_threads=1)
                 times = []
                 for x in one:
+                    if not run.another(times, len(one)):
+                        break
                     t = time.perf_counter()
                     retr.retrieve(x, k=k, show_progress=False, n_threads=1)
                     times.append(time.perf_counter() - t)
                 med = statistics.median(times)
                 cell = {"n_docs": n, "batch": 1, "k": k, "p50_ms": 1e3 * med, "qps": 1.0 / med, "threads": 1}
             else:
-                retr.retrieve(toks, k=k, show_progress=False, n_threads=-1)
+                retr.retrieve(toks, k=k, show_progress=False, n_threads=threads)
                 times = []
-                for _ in range(max(1, run.args.repeats // 2)):
+                while run.another(times, max(1, run.args.repeats // 2)):
                     t = time.perf_counter()
-                    retr.retrieve(toks, k=k, show_progress=False, n_threads=-1)
+                    retr.retrieve(toks, k=k, show_progress=False, n_threads=threads)
                     times.append(time.perf_counter() - t)
                 med = statistics.median(times)
-                cell = {"n_docs": n, "batch": B, "k": k, "median_s": med, "qps": B / med, "threads": os.cpu_count()}
+                cell = {"n_docs": n, "batch": B, "k": k, "median_s": med, "qps": B / med, "threads": threads}
             run.report.cell("bm25s", cell)
     return out
 
@@ -790,8 +813,8 @@ def step_filtered(run: Run) -> dict[str, Any]:
             run.report.skipped(f"filtered {name}", "budget")
             continue
         gpu.search(qs, 10, allow)  # warm-up
-        ts = []
-        for _ in range(run.args.repeats):
+        ts: list[float] = []
+        while run.another(ts, run.args.repeats):
             t = time.perf_counter()
             res = gpu.search(qs, 10, allow)
             ts.append(time.perf_counter() - t)

@@ -189,3 +189,16 @@ def test_table_of_device_results(gv):
     assert "| tests | pass |" in md and "| racecheck | FAIL |" in md and "timed out after 90" in md
     assert "| 2700000 | 1024 | 10 | 900 |" in md and "scale (budget)" in md and "3000 GB/s" in md
     assert "not a GPU figure" not in md
+
+
+def test_timed_repeats_stop_at_the_budget(gv):
+    """A timed run is repeated only while one more, as long as the slowest so far, still ends inside the budget
+    (less the reserve); the first is always timed. (A dry run on a slow CPU once ran 13 min on a 9-min budget:
+    five repeats of a 47 s cell.)"""
+    run = gv.Run(gv.parse_args(["--dry-run", "--budget-s", "100"]), report=None)
+    assert run.another([], 5), "the first run is always timed"
+    assert run.another([1.0, 2.0], 5) and not run.another([1.0] * 5, 5), "up to the number asked"
+    assert not run.another([96.0], 5), "one more 96 s run would end past 100 s less the 5 s reserve"
+    run.t0 -= 90  # 10 s left, 5 of them reserved
+    assert run.another([4.0], 5) and not run.another([6.0], 5)
+    assert run.another([], 5), "even past the budget a cell keeps one timing"

@@ -340,6 +340,15 @@ def main_built(a, idx, d, n_tiles, sets, params) -> dict:
     return result
 
 
+
+def _write(result: dict, out_dir: str, stem: str) -> Path:
+    """``result`` as ``<out_dir>/<stem>_<machine>.json``; returns the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_{platform.node() or 'machine'}.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n-docs", type=int, default=2_700_000)
@@ -362,10 +371,7 @@ def main(argv=None) -> int:
             "with a rare term": rare_queries(tok_off, tok, np.diff(idx.offsets), idx.n_docs, a.queries, a.seed)}
     if a.built:
         res = main_built(a, idx, d, n_tiles, sets, params)
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"model_visits_built_{platform.node() or 'machine'}.json"
-        path.write_text(json.dumps(res, indent=1))
+        path = _write(res, a.out, "model_visits_built")
         print("| queries | k | tiles before | bytes / floor before | tiles after | blocks scored / skipped "
               "| bytes / floor after (theta of the seed) | after, theta rising in tile order | after, final theta |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -401,10 +407,7 @@ def main(argv=None) -> int:
                 items, b_tile, b_sub = tot[6 + 3 * j: 9 + 3 * j]
                 v["seeded"][str(n_seed)] = {"tiles": int(items), "tile_bytes_over_floor": float(b_tile / floor),
                                             f"sub{SUB}_bytes_over_floor": float(b_sub / floor)}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"model_visits_{platform.node() or 'machine'}.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = _write(result, a.out, "model_visits")
     print("| queries | k | cells before (bound step in the scorer) | cells with postings | items after | ideal tiles "
           "| bytes after / floor | ideal / floor |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -756,6 +756,67 @@ def test_small_batches_run_as_one_captured_graph(model_device, corpus, monkeypat
     assert res.meta["graph_runs"] == 1 and res.meta["overflow_rows"] > 0
 
 
+def test_a_capture_belongs_to_its_thread(model_device, corpus):
+    """One thread capturing a graph (relaxed mode, its own stream) neither refuses another thread's copies nor
+    records its work: the fake cupy's capture state is per thread, as CuPy's current stream is. (A global one
+    made concurrent small searches fail at random in a dry run: another thread's copy was refused while a
+    graph was being captured.)"""
+    cp = model_device.cp
+    a = cp.zeros(4, cp.float32)
+    began, copied = threading.Event(), threading.Event()
+    seen: dict = {}
+
+    def capturing():
+        st = cp.cuda.Stream()
+        st.begin_capture()
+        a.fill(7)  # recorded, not run
+        began.set()
+        copied.wait(10)
+        seen["graph"] = st.end_capture()
+
+    def other():
+        began.wait(10)
+        b = cp.zeros(4, cp.float32)
+        b.set(np.arange(4, dtype=np.float32))  # a copy from another thread while the first captures
+        b.fill(1)  # runs now: never part of the other thread's graph
+        seen["b"] = b.get()
+        copied.set()
+
+    ts = [threading.Thread(target=capturing), threading.Thread(target=other)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    np.testing.assert_array_equal(seen["b"], np.ones(4, np.float32))
+    np.testing.assert_array_equal(a.get(), np.zeros(4, np.float32))  # the capture has not run yet
+    assert len(seen["graph"].ops) == 1
+    seen["graph"].launch()
+    np.testing.assert_array_equal(a.get(), np.full(4, 7, np.float32))
+    # and the model's whole pipeline: small batches as graphs from many threads at once stay exact
+    idx, qs, _ = corpus
+    ref = NumpyScorer(idx, BM25Params(method="bm25+"))
+    gpu = model_device(idx, "bm25+", haystack="never", graphs=True)
+    out: list = [None] * 6
+    errors: list = []
+
+    def work(i):
+        try:
+            out[i] = [gpu.search(qs[j:j + 2], 10) for j in range(i, 24, 6)]
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    ws = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in ws:
+        t.start()
+    for t in ws:
+        t.join()
+    assert not errors, errors
+    assert gpu.graph_error is None
+    for i in range(6):
+        for res, j in zip(out[i], range(i, 24, 6)):
+            _exact(ref.search(qs[j:j + 2], 10), res, f"thread {i}, rows {j}")
+
+
 def test_a_graph_that_cannot_be_captured_turns_graphs_off(model_device, corpus, monkeypatch, caplog):
     """Copies on a capturing stream are refused (as CuPy refuses them); any capture failure leaves the search exact
     on the ordinary path, with graphs off for that scorer and the reason logged."""

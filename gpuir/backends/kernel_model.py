@@ -41,6 +41,7 @@ import contextlib
 import importlib.machinery
 import re
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -633,14 +634,26 @@ def check_launch(sigs: dict, name: str, grid, block, args, shared_mem: int = 0) 
 # =============================================================================
 # The fake cupy
 # =============================================================================
-#: While a fake stream captures a graph: the operations recorded so far (run later, by the graph).
-_CAPTURE: list[Callable[[], None]] | None = None
+class _Capture(threading.local):
+    """While a fake stream captures a graph: the operations recorded so far (run later, by the graph).
+
+    Per thread, as CuPy's current stream is: the scorer captures on its own workspace's stream in
+    relaxed mode, so another thread's copies and launches (on its own stream) go on meanwhile, and
+    never into this graph.
+    """
+
+    ops: list[Callable[[], None]] | None = None
+
+
+_CAPTURE = _Capture()
 
 
 def _deferred(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` now, or record it when a graph is being captured (as CUDA does with stream work)."""
-    if _CAPTURE is not None:
-        _CAPTURE.append(fn)
+    """Run ``fn`` now, or record it when this thread's stream is capturing a graph (as CUDA does with stream
+    work)."""
+    ops = _CAPTURE.ops
+    if ops is not None:
+        ops.append(fn)
         return None
     return fn()
 
@@ -649,7 +662,7 @@ class DevArray(np.ndarray):
     """A 'device' array: a NumPy array with CuPy's ``get`` / ``set`` / ``fill`` (recorded during a capture)."""
 
     def get(self, stream=None, out=None, blocking=True, **_):
-        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+        if _CAPTURE.ops is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
             raise RuntimeError("the current stream is capturing, so D2H transfers are disallowed")
         if out is not None:
             if out.shape != self.shape or out.dtype != self.dtype:
@@ -662,7 +675,7 @@ class DevArray(np.ndarray):
         return _deferred(lambda: np.ndarray.fill(self, value))
 
     def set(self, arr, stream=None):
-        if _CAPTURE is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
+        if _CAPTURE.ops is not None:  # as CuPy: memory.pyx refuses copies on a capturing stream
             raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         arr = np.asarray(arr)
         if arr.shape != self.shape or arr.dtype != self.dtype:
@@ -759,14 +772,12 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             pass
 
         def begin_capture(self, mode=None):
-            global _CAPTURE
-            if _CAPTURE is not None:
+            if _CAPTURE.ops is not None:
                 raise RuntimeError("a capture is already running")
-            _CAPTURE = []
+            _CAPTURE.ops = []
 
         def end_capture(self):
-            global _CAPTURE
-            ops, _CAPTURE = _CAPTURE, None
+            ops, _CAPTURE.ops = _CAPTURE.ops, None
             cp.graph_captures += 1
             return Graph(ops)
 

@@ -149,7 +149,7 @@ async def agent(run: Run, i: int, client: AsyncMemoryClient, bar) -> None:
         rec = {"id": f"m{step}", "text": f"agent note {w} about {VOCAB[(i + step) % len(VOCAB)]}",
                "role": "user", "session": f"s{step // 2}", "time": 1_700_000_000_000 + step * 60_000}
         await think(run)
-        got = await call(run, "add", client.add, [rec])
+        got = await call(run, "add", client.add, [rec], time_unit="ms")  # times are epoch ms
         if got is None:
             continue
         run.acked[i].append((rec["id"], w))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -127,10 +126,9 @@ def where_option(text: str | None) -> dict | None:
     """
     if text is None:
         return None
+    from .memory.where import where_from_json
+
     try:
-        w = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"--where is not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
-    if not isinstance(w, dict):
-        raise InputError(f"--where must be a JSON object of conditions, e.g. '{{\"tenant\": \"acme\"}}', got {text!r}")
-    return w
+        return where_from_json(text, "--where")
+    except ValueError as e:
+        raise InputError(f"{e}: {text!r}") from None

@@ -251,6 +251,23 @@ def _key_default(x: Any) -> str:
     raise TypeError  # not cacheable: compiled without the cache (and its errors raised)
 
 
+def where_from_json(text: str, what: str = "where") -> dict[str, Any]:
+    """A ``where`` given as JSON text (a CLI option, an HTTP query parameter), parsed.
+
+    Raises
+    ------
+    ValueError
+        Not JSON, or not a JSON object of conditions; the message names ``what``.
+    """
+    try:
+        w = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} is not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(w, dict):
+        raise ValueError(f'{what} must be a JSON object of conditions, e.g. {{"tenant": "acme"}}')  # noqa: TRY004
+    return w
+
+
 def compile_where(where: Mapping[str, Any] | None, dicts: dict[str, Interner] | None = None, what: str = "where",
                   time_unit: str | None = None) -> Where | None:
     """Check and compile one ``where`` dict (None -> None); cached per distinct filter.

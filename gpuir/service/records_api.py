@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..memory import RecordError, WhereError
+from ..memory.where import where_from_json
 from .body import BodyError
 from .errors import SEP, ConflictError, NotFoundError, StoreFailedError, TenantError, WriteFailedError, external_hit
 from .http import detail_422, force_tenant, openapi_body, read_body, write_failed
@@ -64,15 +65,7 @@ def _error(loc: list[Any], msg: str) -> JSONResponse:
 
 
 def _where_param(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        w = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"where is not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(w, dict):
-        raise ValueError('where must be a JSON object of conditions, e.g. {"role": "user"}')  # noqa: TRY004 - a 422
-    return w
+    return None if text is None else where_from_json(text)
 
 
 def _external_record(obj: dict[str, Any]) -> dict[str, Any]:

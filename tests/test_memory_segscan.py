@@ -338,3 +338,30 @@ def test_filtered_searches_weigh_on_the_way_and_never_fill(monkeypatch):
     assert state.layouts and all(not lay.filled for lay in state.layouts.values()), "filtered searches filled"
     m.search(qs, k=5, backend="numba")
     assert any(lay.filled for lay in state.layouts.values()), "an unfiltered batch fills"
+
+
+@pytest.mark.parametrize("method", ["bm25+", "lucene"])
+def test_a_batch_plans_each_query_as_it_alone_would(method):
+    """plan_queries makes the batch's arrays once and hands each query views of them: each plan must equal
+    the plan of its query alone (terms, codes, multiplicities, weights, C), for repeated terms, unknown
+    terms, empty queries, and under a shard's statistics."""
+    from gpuir.memory.search import plan_queries
+    from gpuir.memory.termstats import TermStats, restate
+
+    m, _, rng = _grown(method, 3, batches=2, deletes=False)
+    snap = m.snapshot()
+    qs = [random_query(rng) for _ in range(12)] + ["", "zzz-unknown", "w1 w1 w1 w2 zzz-unknown w2"]
+    rng.shuffle(qs)
+    stats = TermStats(n_docs=snap.n_docs + 50, total_len=int(snap.avgdl * (snap.n_docs + 50)),
+                      df={t: 3 for q in qs for t in q.split()})
+    for st in (None, stats):
+        s2 = snap if st is None else restate(snap, st)
+        batch = plan_queries(s2, qs, st)
+        for q, p in zip(qs, batch):
+            (alone,) = plan_queries(s2, [q], st)
+            assert p.terms == alone.terms
+            for a in ("gids", "mult", "idf", "w0"):
+                assert np.array_equal(getattr(p, a), getattr(alone, a)), (q, a)
+            assert p.const.tobytes() == alone.const.tobytes()
+        assert any(len(p.terms) for p in batch) and any(p.empty for p in batch)
+        assert any(int(p.mult.max(initial=0)) > 1 for p in batch), "a repeated term"

@@ -101,7 +101,8 @@ def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = N
 
     Each term's global code, idf and ``w0`` under the snapshot's statistics are
     looked up once per snapshot and kept (:func:`term_table`): a snapshot
-    searched many times weighs each distinct term once.
+    searched many times weighs each distinct term once. The batch's arrays are
+    made once for all its queries; each plan holds views of them.
 
     ``stats`` (a shard's search, :mod:`gpuir.memory.termstats`): ``snap`` is
     restated under the whole collection's statistics, and each query's ``C``
@@ -112,30 +113,33 @@ def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = N
     params = snap.params
     has_w0 = has_absent_weight(params)
     table = term_table(snap)
+    counts = [Counter(an(q)) for q in queries]
+    toks = [sorted(c) for c in counts]
+    missing = list(dict.fromkeys(t for ts in toks for t in ts if t not in table))
+    if missing:
+        _weigh_terms(snap, table, missing)
+    got = [[(t, e) for t in ts if (e := table[t]) is not None] for ts in toks]
+    flat = [e for g in got for _, e in g]
+    n = len(flat)
+    g_all = np.fromiter((e[0] for e in flat), dtype=np.int64, count=n)
+    idf_all = np.fromiter((e[1] for e in flat), dtype=np.float32, count=n)
+    w0_all = np.fromiter((e[2] for e in flat), dtype=np.float32, count=n)
+    mult_all = np.fromiter((c[t] for c, g in zip(counts, got) for t, _ in g), dtype=np.int64, count=n)
     plans = []
-    for q in queries:
-        counts = Counter(an(q))
-        toks = sorted(counts)
-        missing = [t for t in toks if t not in table]
-        if missing:
-            _weigh_terms(snap, table, missing)
-        got = [(t, table[t]) for t in toks]
-        got = [(t, e) for t, e in got if e is not None]
-        T = len(got)
-        terms = [t for t, _ in got]
-        g = np.fromiter((e[0] for _, e in got), dtype=np.int64, count=T)
-        idf = np.fromiter((e[1] for _, e in got), dtype=np.float32, count=T)
-        w0 = np.fromiter((e[2] for _, e in got), dtype=np.float32, count=T)
-        mult = np.fromiter((counts[t] for t in terms), dtype=np.int64, count=T)
+    at = 0
+    for q_toks, c, g in zip(toks, counts, got):
+        end = at + len(g)
+        w0, mult = w0_all[at:end], mult_all[at:end]
         const = np.float32((w0 * mult).sum(dtype=np.float32)) if has_w0 else np.float32(0)
         if stats is not None and has_w0:
-            gdf = np.fromiter((stats.df.get(t, 0) for t in toks), dtype=np.int64, count=len(toks))
+            gdf = np.fromiter((stats.df.get(t, 0) for t in q_toks), dtype=np.int64, count=len(q_toks))
             m = gdf > 0
-            _, w0_all = term_weights(gdf[m], snap.n_docs, params)
-            m_all = np.fromiter((counts[t] for t, o in zip(toks, m.tolist()) if o), dtype=np.int64,
-                                count=int(m.sum()))
-            const = np.float32((w0_all * m_all).sum(dtype=np.float32))
-        plans.append(QueryPlan(terms, g, mult, idf, w0, has_w0, const))
+            _, w0_st = term_weights(gdf[m], snap.n_docs, params)
+            m_st = np.fromiter((c[t] for t, o in zip(q_toks, m.tolist()) if o), dtype=np.int64,
+                               count=int(m.sum()))
+            const = np.float32((w0_st * m_st).sum(dtype=np.float32))
+        plans.append(QueryPlan([t for t, _ in g], g_all[at:end], mult, idf_all[at:end], w0, has_w0, const))
+        at = end
     return plans
 
 

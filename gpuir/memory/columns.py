@@ -3,7 +3,9 @@
 * :class:`StrArray` keeps n strings in two NumPy arrays (``offsets`` (n+1,)
   int64 and ``data`` (B,) uint8): compact in memory, saved as two ``.npy``
   entries, gathered (:meth:`StrArray.take`) and concatenated without a Python
-  loop over the strings.
+  loop over the strings. A concatenation keeps its parts' bytes where they are
+  and joins them only when something asks for ``data`` (a save): a merge no
+  longer copies every text it merges, and reading one string never joins.
 * :class:`Interner` maps strings to integer codes and back. It only ever grows,
   so a code once given never changes meaning: every snapshot of a memory shares
   one interner per string field (and one for the terms) while the writer adds
@@ -33,11 +35,32 @@ class StrArray(Sequence):
     data : ndarray, shape (B,), uint8, host
     """
 
-    __slots__ = ("data", "offsets")
+    __slots__ = ("_chunks", "_data", "offsets")
 
     def __init__(self, offsets: np.ndarray, data: np.ndarray):
         self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.data = np.asarray(data, dtype=np.uint8)
+        self._data: np.ndarray | None = np.asarray(data, dtype=np.uint8)
+        #: Unjoined bytes (a concatenation's): (byte start of each chunk (c + 1,) int64, c uint8 arrays), or None.
+        self._chunks: tuple[np.ndarray, list[np.ndarray]] | None = None
+
+    @property
+    def data(self) -> np.ndarray:
+        """ndarray (B,), uint8, host: every string's bytes (a concatenation's parts are joined on first use)."""
+        if self._data is None:
+            assert self._chunks is not None
+            self._data = np.concatenate(self._chunks[1]) if self._chunks[1] else np.zeros(0, np.uint8)
+            self._chunks = None
+        return self._data
+
+    def _bytes_of(self, a: int, b: int) -> np.ndarray:
+        """Bytes a:b, which lie in one string (so in one chunk), without joining the chunks."""
+        if self._chunks is None:
+            return self.data[a:b]
+        starts, parts = self._chunks
+        c = int(np.searchsorted(starts, a, side="right")) - 1
+        c = min(c, len(parts) - 1)  # (an empty string at the very end)
+        s0 = int(starts[c])
+        return parts[c][a - s0: b - s0]
 
     @classmethod
     def from_list(cls, strings: Iterable[str]) -> StrArray:
@@ -70,7 +93,7 @@ class StrArray(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(f"string {i} out of range [0, {len(self)})")
-        return self.data[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8")
+        return self._bytes_of(int(self.offsets[i]), int(self.offsets[i + 1])).tobytes().decode("utf-8")
 
     def tolist(self) -> list[str]:
         n = len(self)
@@ -110,15 +133,33 @@ class StrArray(Sequence):
 
     @staticmethod
     def concat(parts: Sequence[StrArray]) -> StrArray:
+        """The strings of ``parts``, in order. Their bytes are not copied (see the module docstring)."""
         if not parts:
             return StrArray(np.zeros(1, np.int64), np.zeros(0, np.uint8))
         shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
         off = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
-        return StrArray(off, np.concatenate([p.data for p in parts]))
+        starts: list[int] = []
+        chunks: list[np.ndarray] = []
+        for p, sh in zip(parts, shifts.tolist()):
+            if p._chunks is None:
+                if p._data is not None and p._data.size:
+                    starts.append(sh)
+                    chunks.append(p._data)
+            else:
+                st, ch = p._chunks
+                starts.extend((st[:-1] + sh).tolist())
+                chunks.extend(ch)
+        out = StrArray(off, np.zeros(0, np.uint8))
+        if len(chunks) > 1:
+            out._data, out._chunks = None, (np.array(starts + [int(off[-1])], np.int64), chunks)
+        elif chunks:
+            out._data = chunks[0] if starts[0] == 0 and chunks[0].size == int(off[-1]) else np.concatenate(chunks)
+        return out
 
     @property
     def nbytes(self) -> int:
-        return int(self.offsets.nbytes + self.data.nbytes)
+        data = self._data.nbytes if self._data is not None else sum(c.nbytes for c in self._chunks[1])  # type: ignore
+        return int(self.offsets.nbytes + data)
 
 
 class TermStrings(Sequence):

@@ -46,17 +46,22 @@ class StrArray(Sequence):
     @property
     def data(self) -> np.ndarray:
         """ndarray (B,), uint8, host: every string's bytes (a concatenation's parts are joined on first use)."""
-        if self._data is None:
-            assert self._chunks is not None
-            self._data = np.concatenate(self._chunks[1]) if self._chunks[1] else np.zeros(0, np.uint8)
+        data = self._data
+        if data is None:  # (threads may race here: each joins the same bytes, and chunks stay until data is set)
+            ch = self._chunks
+            if ch is None:
+                return self._data  # type: ignore[return-value]
+            data = np.concatenate(ch[1]) if ch[1] else np.zeros(0, np.uint8)
+            self._data = data
             self._chunks = None
-        return self._data
+        return data
 
     def _bytes_of(self, a: int, b: int) -> np.ndarray:
         """Bytes a:b, which lie in one string (so in one chunk), without joining the chunks."""
-        if self._chunks is None:
+        ch = self._chunks
+        if ch is None:
             return self.data[a:b]
-        starts, parts = self._chunks
+        starts, parts = ch
         c = int(np.searchsorted(starts, a, side="right")) - 1
         c = min(c, len(parts) - 1)  # (an empty string at the very end)
         s0 = int(starts[c])
@@ -158,7 +163,8 @@ class StrArray(Sequence):
 
     @property
     def nbytes(self) -> int:
-        data = self._data.nbytes if self._data is not None else sum(c.nbytes for c in self._chunks[1])  # type: ignore
+        ch = self._chunks
+        data = sum(c.nbytes for c in ch[1]) if ch is not None else self.data.nbytes
         return int(self.offsets.nbytes + data)
 
 

@@ -115,9 +115,9 @@ def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = N
     table = term_table(snap)
     counts = [Counter(an(q)) for q in queries]
     toks = [sorted(c) for c in counts]
-    missing = list(dict.fromkeys(t for ts in toks for t in ts if t not in table))
+    missing = [t for ts in toks for t in ts if t not in table]
     if missing:
-        _weigh_terms(snap, table, missing)
+        _weigh_terms(snap, table, list(dict.fromkeys(missing)))
     got = [[(t, e) for t in ts if (e := table[t]) is not None] for ts in toks]
     flat = [e for g in got for _, e in g]
     n = len(flat)
@@ -127,9 +127,10 @@ def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = N
     mult_all = np.fromiter((c[t] for c, g in zip(counts, got) for t, _ in g), dtype=np.int64, count=n)
     plans = []
     at = 0
+    one = len(queries) == 1
     for q_toks, c, g in zip(toks, counts, got):
         end = at + len(g)
-        w0, mult = w0_all[at:end], mult_all[at:end]
+        w0, mult = (w0_all, mult_all) if one else (w0_all[at:end], mult_all[at:end])
         const = np.float32((w0 * mult).sum(dtype=np.float32)) if has_w0 else np.float32(0)
         if stats is not None and has_w0:
             gdf = np.fromiter((stats.df.get(t, 0) for t in q_toks), dtype=np.int64, count=len(q_toks))
@@ -138,7 +139,8 @@ def plan_queries(snap: Snapshot, queries: list[str], stats: TermStats | None = N
             m_st = np.fromiter((c[t] for t, o in zip(q_toks, m.tolist()) if o), dtype=np.int64,
                                count=int(m.sum()))
             const = np.float32((w0_st * m_st).sum(dtype=np.float32))
-        plans.append(QueryPlan([t for t, _ in g], g_all[at:end], mult, idf_all[at:end], w0, has_w0, const))
+        plans.append(QueryPlan([t for t, _ in g], g_all if one else g_all[at:end], mult,
+                               idf_all if one else idf_all[at:end], w0, has_w0, const))
         at = end
     return plans
 

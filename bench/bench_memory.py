@@ -43,7 +43,8 @@ when the background merges are done), every ``add`` call's duration (the longest
 longest pause); then the 499 questions, top-10, through both (one at a time: p50/p99; as one
 batch: queries/s; bm25s-numba beside them when installed), whether their top-10 (ids and float32
 scores) are identical for every question; and the open probe (step 4). ``--one-core`` pins the
-process (and the probe) to CPU 0 and every thread pool to one thread (set before NumPy loads).
+process (and the probe) to the first CPU it may run on (CPU 0 unless started under ``taskset``) and
+every thread pool to one thread (set before NumPy loads).
 
 Usage::
 
@@ -804,7 +805,8 @@ def _open_line(o: dict[str, Any]) -> str:
             f"**{w['open_and_first_search_s_median']:.3f} s** once the search engine's once-per-process work is done "
             f"(resolving the backend and loading its compiled kernels: {w['resolve_backend_s_median']:.3f} s, done "
             f"first on a tiny memory), {c['open_and_first_search_s_median']:.3f} s when the first search does it; "
-            f"the first search lays out the scorer of every segment it reads (once per segment and process); "
+            f"the first search makes the scorer of every segment it reads (once per segment and process), from "
+            f"the block index the segment's file saved (older files: laid out then); "
             f"resident memory after "
             f"open **{w['rss_after_open_mb_median']:,.0f} MB** ({w['rss_after_open_above_baseline_mb_median']:,.0f} MB "
             f"above the process before it; peak through open {w['peak_rss_through_open_mb_median']:,.0f} MB), "
@@ -958,7 +960,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="synthetic growth while searching (default), or the LongMemEval-S turns against the "
                         "static build")
     p.add_argument("--one-core", action="store_true",
-                   help="pin the process (and the open probe) to CPU 0, every thread pool at one thread")
+                   help="pin the process (and the open probe) to the first CPU it may use (CPU 0 unless "
+                        "started under taskset), every thread pool at one thread")
     p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")
     p.add_argument("--merge-factor", type=int, default=8,
                    help="longmemeval: the grown memory's merge_factor (default 8, the Memory default)")
@@ -1007,8 +1010,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.one_core and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {0})
+    if args.one_core and hasattr(os, "sched_setaffinity"):  # (taskset -c N: stay on N, beside other work)
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     if args.probe_open is not None:
         print(json.dumps(probe_open(args.probe_open, args.probe_query, args.probe_warm_imports)))
         return 0

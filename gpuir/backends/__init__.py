@@ -152,7 +152,7 @@ def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Sc
     """A :class:`Scorer` of the concrete ``backend`` ("numpy", "numba" or "cupy").
 
     ``opts`` go to the scorer: ``stats=`` (every backend), ``prune=`` (numpy,
-    numba), ``threads=`` (numba).
+    numba), ``threads=`` and ``layout=`` (numba).
     """
     if backend == "numpy":
         from .numpy_backend import NumpyScorer

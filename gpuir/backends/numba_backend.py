@@ -12,7 +12,9 @@ asc), filters and padding.
 **Statistics per search.** The constructor lays the segment out once: doc ids,
 raw tf and document lengths (read-only views of the index's arrays, no copy),
 per-term tf/length summaries and a block index whose per-block summaries
-(largest tf, smallest length) no statistic changes. Each search applies its
+(largest tf, smallest length) no statistic changes (:mod:`.block_layout`; a
+memory saves it with each segment's file and hands it back when the segment is
+opened, so a fresh process skips that pass). Each search applies its
 :class:`~gpuir.backends.base.CollectionStats`: the kernels compute a posting's
 weight from its tf and length with the search's idf and avgdl -- the float32
 operations of :func:`~gpuir.backends.weights.weights_of`, in order -- and turn
@@ -61,7 +63,8 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
 from .base import CollectionStats, Scorer, WeightedQueries, weigh_queries
-from .batch_plan import StaticWeights, TermSummaries, check_live, weigh_static
+from .batch_plan import StaticWeights, check_live, weigh_static
+from .block_layout import BlockLayout, lay_out_segment
 from .weights import BOUND_SLACK, has_absent_weight
 
 
@@ -174,6 +177,9 @@ class NumbaScorer(Scorer):
         Default statistics of a search (default: the index's own).
     threads : int, optional
         Queries of one batch scored at once (default :func:`default_threads`).
+    layout : BlockLayout, optional
+        The index's block index, made earlier (:func:`~gpuir.backends.block_layout.from_saved`: a
+        segment file's); default: laid out now (:func:`~gpuir.backends.block_layout.lay_out_segment`).
     """
 
     name = "numba"
@@ -194,6 +200,7 @@ class NumbaScorer(Scorer):
         prune: bool = True,
         stats: CollectionStats | None = None,
         threads: int | None = None,
+        layout: BlockLayout | None = None,
     ):
         from . import cpu_kernels, cpu_maxscore  # numba compiles (or loads its cache) on first call
 
@@ -205,8 +212,15 @@ class NumbaScorer(Scorer):
         self._doc_ids = _ro(index.doc_ids, np.int32)
         #: The segment as the kernels read it: offsets, doc_ids, tfs, doc lengths (read-only).
         self._ix = (self._offsets, self._doc_ids, _ro(index.tfs, np.int32), _ro(index.doc_lens, np.int32))
-        #: Per-term tf / length summaries (the statistics-independent part of the term bounds).
-        self._blocks, self.summaries = self._block_index()
+        #: The block index and per-term tf / length summaries (the statistics-independent part of the
+        #: bounds): laid out here, or the one given (read back from a segment file, :mod:`.block_layout`).
+        if layout is None:
+            layout = self._block_index()
+        elif (layout.block != cpu_maxscore.BLOCK or layout.blocks[0].shape != (self._offsets.size,)
+              or layout.blocks[7].shape != (int(layout.blocks[0][-1]),)):
+            raise ValueError("layout does not fit this index (another block size or vocabulary)")
+        self.layout = layout
+        self._blocks, self.summaries = layout.blocks, layout.summaries
         sm = self.summaries
         self._summ = tuple(_ro(a, np.int32) for a in (sm.maxtf, sm.mindl, sm.mintf, sm.maxdl))
         self._has_w0 = bool(has_absent_weight(params))
@@ -279,47 +293,12 @@ class NumbaScorer(Scorer):
             with self._pool_lock:
                 self._free.append(ws)
 
-    def _block_index(self) -> tuple[tuple[np.ndarray, ...], TermSummaries]:
+    def _block_index(self) -> BlockLayout:
         """Each term's postings cut into blocks of ``BLOCK``, with a doc-space directory, and the
-        per-term summaries; one compiled pass over the postings (:func:`gpuir.backends.cpu_segments.lay_out`).
-
-        Returns
-        -------
-        blocks : tuple
-            blk_off : ndarray (V+1,), int64 -- term t's blocks are blk_off[t]:blk_off[t+1]
-            blk_last : ndarray (NB,), int32 -- document of a block's last posting
-            blk_maxtf, blk_mindl : ndarray (NB,), int32 -- largest tf and smallest document length in the block
-            dir_off : ndarray (V+1,), int64; dir_shift : ndarray (V,), int64; blk_dir : ndarray (ND,), int64
-                Term t's first block whose last document is >= d is at most a step or two
-                after ``blk_dir[dir_off[t] + (d >> dir_shift[t])]``: the directory cuts the
-                document space in 2**dir_shift[t]-sized cells, at least as many as the blocks.
-            starts : ndarray (NB,), int64 -- position of a block's first posting
-        summaries : TermSummaries
-        """
-        from .cpu_segments import lay_out
-
-        bs, N = self._ms.BLOCK, max(self.index.n_docs, 1)
-        lens = np.diff(self._offsets)
-        V = lens.size
-        nblk = -(-lens // bs)
-        blk_off = np.zeros(V + 1, dtype=np.int64)
-        np.cumsum(nblk, out=blk_off[1:])
-        # directory: 2**shift >= N / blocks cells
-        shift = np.floor(np.log2(N / np.maximum(nblk, 1))).astype(np.int64).clip(0, 62)
-        cells = ((N - 1) >> shift) + 1
-        dir_off = np.zeros(V + 1, dtype=np.int64)
-        np.cumsum(cells, out=dir_off[1:])
-        NB = int(blk_off[-1])
-        summ = tuple(np.zeros(V, np.int32) for _ in range(4))
-        blk_last, blk_maxtf, blk_mindl = (np.empty(NB, np.int32) for _ in range(3))
-        starts = np.empty(NB, np.int64)
-        blk_dir = np.empty(int(dir_off[-1]), np.int64)
+        per-term summaries; one compiled pass over the postings
+        (:func:`gpuir.backends.block_layout.lay_out_segment`; the arrays: :class:`BlockLayout`)."""
         ix = self._ix
-        lay_out(ix[0], ix[1], ix[2], ix[3], bs, blk_off, shift, dir_off, summ, blk_last, blk_maxtf, blk_mindl,
-                starts, blk_dir)
-        blocks = (_ro(blk_off, np.int64), _ro(blk_last, np.int32), _ro(blk_maxtf, np.int32), _ro(blk_mindl, np.int32),
-                  _ro(dir_off, np.int64), _ro(shift, np.int64), _ro(blk_dir, np.int64), _ro(starts, np.int64))
-        return blocks, TermSummaries(*summ)
+        return lay_out_segment(ix[0], ix[1], ix[2], ix[3], self.index.n_docs, self._ms.BLOCK)
 
     # -- batch preparation ----------------------------------------------------------
     def _weigh(self, queries: Sequence[np.ndarray], stats: CollectionStats | None,

@@ -242,6 +242,8 @@ def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
     The scorer lays the segment out (raw tf, lengths, block summaries; a device
     upload for "cupy") for the segment's lifetime; every search passes the
     statistics of its snapshot. Two threads asking at once get the same scorer.
+    The compiled CPU scorer takes the block index the segment's file saved, when
+    it saved one (:meth:`~gpuir.memory.segments.Segment.saved_layout`).
     """
     key = ("scorer", backend, params)
     sc = seg.cache.get(key)
@@ -251,7 +253,12 @@ def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
         with lock:
             sc = seg.cache.get(key)
             if sc is None:
-                sc = seg.cache[key] = make_scorer(backend, seg.csr, params)
+                opts = {}
+                if backend == "numba":
+                    lay = seg.saved_layout()
+                    if lay is not None:
+                        opts["layout"] = lay
+                sc = seg.cache[key] = make_scorer(backend, seg.csr, params, **opts)
     return sc
 
 

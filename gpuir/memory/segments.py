@@ -42,6 +42,8 @@ from .columns import Interner, StrArray, TermStrings
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, make_record
 from .termorder import sort_codes
 
+_UNREAD = object()  # an attribute not read from the segment's file yet
+
 
 class Segment:
     """An immutable CSR segment over n records and their columns.
@@ -86,6 +88,7 @@ class Segment:
         "_codes",
         "_csr",
         "_importance",
+        "_layout",
         "_loader",
         "_lock",
         "_maxtf",
@@ -130,6 +133,7 @@ class Segment:
         self._time, self._importance = time, importance
         self._maxtf, self._mindl = maxtf, mindl
         self._loader = loader  # name -> value, for attributes read from the file on first use
+        self._layout: Any = _UNREAD  # the block index its file saved (None: none), read on first use
         self._lock = threading.RLock()
         self.l2g = np.asarray(l2g, dtype=np.int64)
         self.g_order = np.argsort(self.l2g, kind="stable")
@@ -203,6 +207,47 @@ class Segment:
     def mindl(self) -> np.ndarray:
         v = self._mindl
         return v if v is not None else self._get("_mindl")
+
+    def saved_layout(self) -> Any:
+        """The block index the segment's file saved (:class:`~gpuir.backends.block_layout.BlockLayout`, read
+        and checked on first use; for a segment built in memory, the one :meth:`layout_arrays` made for its
+        file), or None: none made yet, or a file without one (older files, or saved with another block
+        size: the scorer lays the segment out then)."""
+        v = self._layout
+        if v is _UNREAD:
+            with self._lock:
+                v = self._layout
+                if v is _UNREAD:
+                    v = self._loader("block_layout") if self._loader is not None else None
+                    if self._loader is not None:
+                        self._layout = v
+        return v
+
+    def layout_arrays(self) -> dict[str, np.ndarray]:
+        """The block index as its file keeps it (:func:`gpuir.backends.block_layout.saved_arrays`): the one
+        the segment's compiled scorer laid out, else the one its file saved, else laid out now; empty
+        without numba (the file is then written without it, as before)."""
+        from ..backends.block_layout import saved_arrays
+
+        lay = None
+        for key, sc in list(self.cache.items()):
+            if isinstance(key, tuple) and key[:2] == ("scorer", "numba") and getattr(sc, "layout", None) is not None:
+                lay = sc.layout
+                break
+        if lay is None:
+            lay = self.saved_layout()
+        if lay is None:
+            from .._compat import numba_available
+
+            if not numba_available()[0]:
+                return {}
+            from ..backends.block_layout import lay_out_segment
+
+            csr = self.csr
+            lay = lay_out_segment(csr.offsets, csr.doc_ids, csr.tfs, csr.doc_lens, self.n_docs)
+            with self._lock:  # what the file now holds: the segment's scorer takes it (not laid out twice)
+                self._layout = lay
+        return saved_arrays(lay)
 
     def vectors(self, name: str) -> np.ndarray:
         """The column of embedding ``name``: ndarray, shape (n, dim), float32 or float16, host (read-only,
@@ -557,7 +602,9 @@ def merge_segments(views: list[SegView], uid: int, partition: int | None, terms:
 
 #: Array names of a segment file (an ``.npz``, see :mod:`gpuir.memory.segfile`); string fields add
 #: ``<f>_codes``, ``<f>_dict_off``, ``<f>_dict_data``. Files written since the arrays became mappable
-#: also hold ``maxtf`` and ``mindl`` (per term), read only when a search needs bounds.
+#: also hold ``maxtf`` and ``mindl`` (per term), read only when a search needs bounds; files written
+#: with numba installed, the compiled scorer's block index (``blk_*``, :mod:`gpuir.backends.block_layout`),
+#: read when the segment's scorer is made.
 SEGMENT_ARRAYS = ("offsets", "doc_ids", "tfs", "doc_lens", "vocab_off", "vocab_data", "seqs", "ids_off",
                   "ids_data", "text_off", "text_data", "meta_off", "meta_data", "time", "importance")
 #: Prefix of the array of each named embedding's vectors (``vectors_<name>``: (n, dim), float32 or float16).
@@ -578,6 +625,7 @@ def segment_arrays(seg: Segment, dicts: dict[str, Interner]) -> dict[str, np.nda
         "text_data": seg.texts.data, "meta_off": seg.meta.offsets, "meta_data": seg.meta.data,
         "time": seg.time, "importance": seg.importance,
         "maxtf": np.asarray(seg.maxtf, np.int32), "mindl": np.asarray(seg.mindl, np.int32),
+        **seg.layout_arrays(),
     }
     for name in seg.vector_names:
         out[VECTORS_PREFIX + name] = seg.vectors(name)
@@ -743,6 +791,10 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
                     raise ValueError(f"array {VECTORS_PREFIX + name[1]} must be ({n}, dim) float32 or float16, "
                                      f"got {v.shape} {v.dtype}")
                 return v
+            if name == "block_layout":
+                from ..backends.block_layout import from_saved
+
+                return from_saved(get, src.__contains__, offsets, n)
             if name == "maxtf_mindl":
                 if "maxtf" not in src or "mindl" not in src:
                     return None

@@ -191,11 +191,11 @@ def from_saved(get: Callable[[str], np.ndarray], has: Callable[[str], bool], off
     if NB and (int(last.min()) < 0 or int(last.max()) >= max(n_docs, 1) or int(mtf.min()) < 1
                or int(mdl.min()) < 0):
         raise ValueError("saved blocks name a document outside the segment, a tf below 1 or a negative length")
-    if ND:  # every entry of term t within blk_off[t]..blk_off[t+1] <=> the whole directory never goes down,
-        # each term's first entry >= blk_off[t] and its last <= blk_off[t+1] (each term has a cell)
-        if (bool(np.any(bdir[1:] < bdir[:-1])) or bool(np.any(bdir[dir_off[:-1]] < blk_off[:-1]))
-                or bool(np.any(bdir[dir_off[1:] - 1] > blk_off[1:]))):
-            raise ValueError("a saved directory entry lies outside its term's blocks")
+    # every entry of term t within blk_off[t]..blk_off[t+1] <=> the whole directory never goes down,
+    # each term's first entry >= blk_off[t] and its last <= blk_off[t+1] (each term has a cell)
+    if ND and (bool(np.any(bdir[1:] < bdir[:-1])) or bool(np.any(bdir[dir_off[:-1]] < blk_off[:-1]))
+               or bool(np.any(bdir[dir_off[1:] - 1] > blk_off[1:]))):
+        raise ValueError("a saved directory entry lies outside its term's blocks")
     summ = arrs["blk_summ"]
     blocks = (_ro(blk_off, np.int64), _ro(last, np.int32), _ro(mtf, np.int32), _ro(mdl, np.int32),
               _ro(dir_off, np.int64), _ro(shift, np.int64), _ro(bdir, np.int64), _ro(starts, np.int64))

@@ -34,10 +34,18 @@ LAYOUT_VERSION = 1
 SAVED = ("blk_layout", "blk_last", "blk_maxtf", "blk_mindl", "blk_dir", "blk_summ")
 
 
-def _ro(a: np.ndarray, dtype) -> np.ndarray:
+def read_only(a: np.ndarray, dtype) -> np.ndarray:
+    """A read-only, C-contiguous ndarray view of ``a`` (a copy only when the dtype or layout differ).
+
+    In-memory and memory-mapped (read-only) arrays then share one compiled
+    specialisation of each kernel: numba types read-only arrays apart.
+    """
     out = np.ascontiguousarray(np.asarray(a), dtype=dtype).view()
     out.flags.writeable = False
     return out
+
+
+_ro = read_only
 
 
 @dataclass(frozen=True)

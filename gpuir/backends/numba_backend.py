@@ -65,6 +65,7 @@ from ..results import SearchResults, padded_arrays
 from .base import CollectionStats, Scorer, WeightedQueries, weigh_queries
 from .batch_plan import StaticWeights, check_live, weigh_static
 from .block_layout import BlockLayout, lay_out_segment
+from .block_layout import read_only as _ro
 from .weights import BOUND_SLACK, has_absent_weight
 
 
@@ -88,17 +89,6 @@ def default_threads() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
-
-
-def _ro(a: np.ndarray, dtype) -> np.ndarray:
-    """A read-only, C-contiguous ndarray view of ``a`` (a copy only when the dtype or layout differ).
-
-    In-memory and memory-mapped (read-only) indexes then share one compiled
-    specialisation of each kernel: numba types read-only arrays apart.
-    """
-    out = np.ascontiguousarray(np.asarray(a), dtype=dtype).view()
-    out.flags.writeable = False
-    return out
 
 
 def _rw(a: np.ndarray, dtype) -> np.ndarray:

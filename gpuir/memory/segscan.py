@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import cpu_segments
+from ..backends.block_layout import read_only as _ro
 from ..backends.numba_backend import shared_pool
 from ..backends.weights import BOUND_SLACK, has_absent_weight
 from .segments import SegView
@@ -42,12 +43,6 @@ from .snapshot import Snapshot
 
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
-
-
-def _ro(a: np.ndarray, dtype) -> np.ndarray:
-    out = np.ascontiguousarray(np.asarray(a), dtype=dtype).view()
-    out.flags.writeable = False
-    return out
 
 
 _NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)

@@ -11,6 +11,7 @@ from _memory_oracle import Model, assert_same, random_query, random_record, rand
 
 from gpuir import Memory
 from gpuir.bm25 import METHODS
+from gpuir.backends import cpu_segments
 from gpuir.memory import segscan
 from gpuir.memory.search import SegmentEngine
 
@@ -76,6 +77,63 @@ def test_compiled_path_equals_generic_path_and_oracle(method, monkeypatch):
         np.testing.assert_array_equal(batch.vidx, generic.vidx)
         np.testing.assert_array_equal(batch.rows, generic.rows)
     assert calls and max(calls) >= len(qs) - 4, "the compiled path answered the batches (queries with a term)"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
+    """Dense unfiltered rows are searched over all segments at once (``union_row``): ids, scores and ties
+    (sequence numbers, which do not follow the rows' order over the segments) equal the segment-by-segment
+    path's and the oracle's, with tombstones, for every variant, one query at a time and in batches."""
+    m, model, rng = _grown(method, 3, batches=6)
+    views = m.snapshot().views
+    assert len(views) >= 8 and any(v.live is not None for v in views)
+    # common words (Zipfian records: w0 is in most of them) make dense rows; rare ones, sparse rows
+    qs = [random_query(rng) for _ in range(24)] + ["w0 w1", "w0 w0 w2 w5", "w1 w3 zzz", "the w0"]
+    seen: list[np.ndarray] = []
+    real = cpu_segments.search_segments
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(a[-1].copy())  # counts: column 1 is -2 for the rows answered all segments at once
+        return out
+
+    monkeypatch.setattr(cpu_segments, "search_segments", spy)
+    for k in (1, 4, 10):
+        ids, scores = model.search(qs, k)
+        m.search(qs, k=k, backend="numba")  # the batch fills the snapshot's weights
+        seen.clear()
+        batch = m.search(qs, k=k, backend="numba")
+        one = [m.search(q, k=k, backend="numba") for q in qs]
+        union_rows = int(sum((c[:, 1] == -2).sum() for c in seen))
+        if method != "bm25l":  # (bm25l's weights may be <= 0: its rows are searched segment by segment)
+            assert union_rows >= 8, f"{method}: the dense rows went all segments at once ({union_rows})"
+        assert_same(batch, ids, scores, f"{method} batch k={k}")
+        for i, r in enumerate(one):
+            assert_same(r, [ids[i]], scores[i:i + 1], f"{method} one query {i} k={k}")
+        with monkeypatch.context() as mp:
+            mp.setattr(segscan, "UNION", False)
+            seen.clear()
+            apart = m.search(qs, k=k, backend="numba")
+            assert not any((c[:, 1] == -2).any() for c in seen)
+        for name in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(batch, name), getattr(apart, name), err_msg=f"{method} {name}")
+
+
+def test_all_segments_at_once_keeps_the_tie_rule_across_segments():
+    """Equal scores in several segments: the lower sequence number first, whatever the segments' order.
+
+    Identical records in every add make every hit tie; segments are searched largest first, so rows of
+    later segments (lower sequence numbers there) come after rows with higher ones in the accumulator."""
+    m = Memory(partition_days=None, merge_factor=64, merge_min=4, background_merges=False)
+    for b in range(6):
+        m.add([{"id": f"b{b}-{i}", "text": "apple pie" if i % 2 else "apple tart"} for i in range(3 + 2 * b)])
+    assert len(m.snapshot().views) == 6
+    for _ in range(2):  # uncached, then all segments at once
+        r = m.search(["apple pie apple"], k=5, backend="numba")
+    got = [h["id"] for h in r.hits(0)]
+    ref = m.search(["apple pie apple"], k=5, backend="numpy")
+    assert got == [h["id"] for h in ref.hits(0)]
+    assert got == ["b0-1", "b1-1", "b1-3", "b2-1", "b2-3"]  # 'pie' rows, oldest first
 
 
 @pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])

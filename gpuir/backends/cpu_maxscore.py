@@ -242,13 +242,15 @@ def _offer(mark, ph, pd, nh, d, v):
 
 
 @njit(**JIT)
-def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, ph, pd, nh):
+def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, ph, pd, nh, base):
     """Add the postings s:e (weights times m) of one list into ``acc``.
 
     With an allow-list only allowed documents count: the list and the
     allow-list are intersected by leapfrogging (galloping on whichever is
     behind), so the shorter one sets the cost; without one, only live
-    documents count (``live`` empty: all). ``mode`` says how touched
+    documents count (``live`` empty: all). ``acc`` and ``live`` are indexed by the list's
+    document ids; ``touched``, ``mark`` and the heap by ``base`` plus them (0 for one index; a
+    segment's first row in a snapshot-wide workspace otherwise). ``mode`` says how touched
     documents are tracked: 0 not at all (dense mode: acc > 0 tells), 1 appended
     to ``touched`` on their first addition, branch-free (acc[d] was 0), 2 the
     same but checked with ``mark[d] & 1`` (zero weights make acc[d] == 0
@@ -270,7 +272,7 @@ def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, p
                 v = acc[d] + pre[p] * m  # x * 1.0f == x: as the reference, which skips the product
                 acc[d] = v
                 if v > hmin:
-                    nh = _offer(mark, ph, pd, nh, d, v)
+                    nh = _offer(mark, ph, pd, nh, base + d, v)
                     if nh == kk:
                         hmin = ph[0]
         else:
@@ -279,7 +281,7 @@ def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, p
                 v = acc[d] + weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0) * m
                 acc[d] = v
                 if v > hmin:
-                    nh = _offer(mark, ph, pd, nh, d, v)
+                    nh = _offer(mark, ph, pd, nh, base + d, v)
                     if nh == kk:
                         hmin = ph[0]
         return nt, nh, e - s
@@ -306,14 +308,14 @@ def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, p
         v = c + weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0) * m
         acc[d] = v
         if mode == 1:
-            touched[nt] = d
+            touched[nt] = base + d
             nt += c == 0
-        elif mode == 2 and c == 0 and (mark[d] & 1) == 0:
-            mark[d] |= 1
-            touched[nt] = d
+        elif mode == 2 and c == 0 and (mark[base + d] & 1) == 0:
+            mark[base + d] |= 1
+            touched[nt] = base + d
             nt += 1
         if v > hmin:
-            nh = _offer(mark, ph, pd, nh, d, v)
+            nh = _offer(mark, ph, pd, nh, base + d, v)
             if nh == kk:
                 hmin = ph[0]
         read += 1
@@ -386,7 +388,6 @@ def _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, 
     """
     offsets, doc_ids, tfs, dls = ix
     pre, fp, method, has_w0 = wt
-    kk = ph.size
     for i in range(n_scan, T):
         r = order[i]
         t = tid[r]
@@ -406,19 +407,53 @@ def _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, 
                 part[keep] = v
                 keep += 1
         n = keep
-        if n >= kk and i < T - 1:  # k-th best partial score: a min-heap of the k largest
-            for j in range(kk):
-                ph[j] = part[j]
-                pd[j] = sdoc[j]
-            for j in range(kk // 2 - 1, -1, -1):
-                sift_down(ph, pd, kk, j)
-            for j in range(kk, n):
-                if part[j] > ph[0]:
-                    ph[0] = part[j]
-                    pd[0] = sdoc[j]
-                    sift_down(ph, pd, kk, 0)
-            lb = max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
+        if i < T - 1:
+            lb = raise_lb(sdoc, part, n, lb, lo1, c0, ph, pd)
     return n
+
+
+@njit(**JIT)
+def raise_lb(sdoc, part, n, lb, lo1, c0, ph, pd):
+    """``lb`` raised to the lower bound of the k-th best of the n partial scores ``part`` (k = ph.size;
+    partial scores only grow), when there are at least k; ``ph, pd`` are scratch (k,)."""
+    kk = ph.size
+    if n < kk:
+        return lb
+    for j in range(kk):  # a min-heap of the k largest
+        ph[j] = part[j]
+        pd[j] = sdoc[j]
+    for j in range(kk // 2 - 1, -1, -1):
+        sift_down(ph, pd, kk, j)
+    for j in range(kk, n):
+        if part[j] > ph[0]:
+            ph[0] = part[j]
+            pd[0] = sdoc[j]
+            sift_down(ph, pd, kk, 0)
+    return max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
+
+
+@njit(**JIT)
+def scan_order(bnd, order, suf, T):
+    """The scan order of T terms with bounds ``bnd`` (T,) float64 into ``order`` (T,) int64: descending
+    bound, then term rank (a Shell sort: T is small); ``suf[i]`` (T + 1,) float64 = the bounds of
+    order[i:] summed."""
+    for r in range(T):
+        order[r] = r
+    gap = 1
+    while gap * 3 + 1 < T:
+        gap = gap * 3 + 1
+    while gap > 0:
+        for i2 in range(gap, T):
+            r = order[i2]
+            j = i2
+            while j >= gap and (bnd[order[j - gap]] < bnd[r] or (bnd[order[j - gap]] == bnd[r] and order[j - gap] > r)):
+                order[j] = order[j - gap]
+                j -= gap
+            order[j] = r
+        gap //= 3
+    suf[T] = 0.0
+    for i2 in range(T - 1, -1, -1):
+        suf[i2] = suf[i2 + 1] + bnd[order[i2]]
 
 
 @njit(**JIT)
@@ -469,22 +504,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
         contrib[r] = -1.0
         post_rest += offsets[t + 1] - offsets[t]
         any_zero = any_zero or tzero[r]
-        order[r] = r
-    gap = 1
-    while gap * 3 + 1 < T:
-        gap = gap * 3 + 1
-    while gap > 0:  # scan order: descending bound, then term id (Shell sort)
-        for i2 in range(gap, T):
-            r = order[i2]
-            j = i2
-            while j >= gap and (bnd[order[j - gap]] < bnd[r] or (bnd[order[j - gap]] == bnd[r] and order[j - gap] > r)):
-                order[j] = order[j - gap]
-                j -= gap
-            order[j] = r
-        gap //= 3
-    suf[T] = 0.0
-    for i2 in range(T - 1, -1, -1):
-        suf[i2] = suf[i2 + 1] + bnd[order[i2]]
+    scan_order(bnd, order, suf, T)
     N = acc.size
     dense = not any_zero and 2 * post_rest >= N
     hi1 = 1.0 + slack
@@ -503,7 +523,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
         if not dense:
             mode = 2 if mode == 2 or tzero[r] else 1
         nt, nh, got = _scan(ix, wt, live, offsets[t], offsets[t + 1], mul[r], tidf[r], tw0[r], allow, acc, mode,
-                            touched, nt, mark, ph, pd, nh)
+                            touched, nt, mark, ph, pd, nh, 0)
         read += got
         post_rest -= offsets[t + 1] - offsets[t]
         if i2 == T - 1:

@@ -26,6 +26,16 @@ score found so far as its ``theta``, and merges the segment's hits into one
 top-k heap ordered by score descending, then sequence number ascending -- the
 memory's tie rule. No Python runs between segments.
 
+**Or all segments as one** (:func:`union_row`). A dense row (its lists hold at
+least half as many postings as the segments have rows) with cached weights and
+no filter is searched over the concatenation of the segments, as over one
+merged segment: rows numbered segment after segment, each term's list the
+concatenation of its pieces, one accumulator, one heap of partial scores, the
+terms' bounds their largest weight in any segment. It reads and finishes what a
+merged segment would; the exact scores are the same float32 sums (a document's
+weights in ascending term order), so are the results (tested against the
+segment-by-segment path and the reference).
+
 A segment is a tuple (see :func:`search_segments`); the store builds the list
 of its snapshot's segments once per snapshot.
 """
@@ -36,8 +46,20 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
-from .cpu_kernels import JIT, exhaustive_row, pop_sorted, sift_down, sift_up, weight
-from .cpu_maxscore import bound64, query_row
+from . import raw_views as rv
+from .cpu_kernels import JIT, advance, exhaustive_row, pop_sorted, sift_down, sift_up, weight
+from .cpu_maxscore import (
+    _PROBE,
+    _SAMPLE,
+    _block_of,
+    _probe,
+    _scan,
+    _select,
+    bound64,
+    query_row,
+    raise_lb,
+    scan_order,
+)
 
 
 @njit(**JIT)
@@ -261,8 +283,214 @@ def _g_sift_up(hs, hq, hv, hr, i):
 
 
 @njit(**JIT)
-def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i,
-                    out_f, counts):
+def _segment_at(bases, d):
+    """The segment holding snapshot row d: s with bases[s] <= d < bases[s + 1] (a binary search)."""
+    lo, hi = 0, bases.size - 2
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if bases[mid] <= d:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+#: The arrays :func:`union_row` reads of each segment: the columns of its
+#: :class:`~gpuir.backends.raw_views.PointerTable` (an address and a length each).
+UNION_COLUMNS = (("offsets", np.int64), ("doc_ids", np.int32), ("pre", np.float32), ("live", np.bool_),
+                 ("ub", np.float64), ("zero", np.bool_), ("neg", np.bool_), ("seqs", np.int64),
+                 ("blk_off", np.int64), ("blk_last", np.int32), ("dir_off", np.int64), ("dir_shift", np.int64),
+                 ("blk_dir", np.int64))
+
+
+@njit(**JIT)
+def _lists(ptrs, s):
+    """Segment s's (offsets, doc_ids, doc_ids, doc_ids): an ``ix`` whose tf and length slots are never
+    read (cached weights), and its weights ``pre``."""
+    doc = rv.i32(ptrs[s, 2], ptrs[s, 3])
+    return (rv.i64(ptrs[s, 0], ptrs[s, 1]), doc, doc, doc), rv.f32(ptrs[s, 4], ptrs[s, 5])
+
+
+@njit(**JIT)
+def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method, has_w0, theta, slack, order, bnd, suf,
+              mul, acc, touched, sdoc, part, mark, ph, pd, gs, gq, gv, gr, cnt):
+    """Top k of one row over every segment at once, as over one merged segment: the dense regime of
+    :func:`gpuir.backends.cpu_maxscore.query_row` with the snapshot's rows numbered segment after
+    segment (segment s's row d is ``bases[s] + d``), each term's list the concatenation of its pieces.
+
+    Terms are scanned in the order of their largest weight in any segment, into one accumulator
+    over all rows; the k-th best partial score over all rows bounds the lists left, as in one index,
+    so a snapshot of many segments reads and finishes what one merged segment would (segment by
+    segment, each segment's search starts from the k-th score of those before it: lower bounds,
+    more survivors). Cached weights only, no filter (the caller checks both).
+
+    Parameters
+    ----------
+    ptrs : (S, 2 * len(UNION_COLUMNS)) int64 -- each segment's arrays (:data:`UNION_COLUMNS`), by address
+        (:class:`gpuir.backends.raw_views.PointerTable`); vis : (S,) int64 -- their views' positions
+    bases : (S + 1,) int64 -- their first rows
+    tloc : (T, S) int64 -- each term's local id in each segment (-1: absent), terms ascending
+    q_mult (T,) int64, q_idf (T,) float32, q_w0 (T,) float32; const : float32 -- the row's terms and constant
+    acc, touched, sdoc, part, mark : the workspace over ``bases[S]`` rows (zero on entry and on return)
+    ph, pd : (k,) scratch; gs, gq, gv, gr : (k,) the row's empty top-k heap (score, sequence number,
+        view, row), filled here
+    cnt : (4,) int64 -- postings read, -1, survivors, rescored
+
+    Returns
+    -------
+    int: hits in the heap, or -1 when the row is not dense here (or a weight may be <= 0): the
+    caller searches it segment by segment.
+    """
+    S = vis.size
+    N = bases[S]
+    post = 0
+    for r in range(T):
+        bnd[r] = 0.0
+        mul[r] = np.float32(q_mult[r])
+    for s in range(S):
+        offsets = rv.i64(ptrs[s, 0], ptrs[s, 1])
+        ub = rv.f64(ptrs[s, 8], ptrs[s, 9])
+        zero = rv.u8(ptrs[s, 10], ptrs[s, 11])
+        neg = rv.u8(ptrs[s, 12], ptrs[s, 13])
+        for r in range(T):
+            t = tloc[r, s]
+            if t >= 0:
+                if zero[t] or neg[t]:  # a weight <= 0: acc > 0 does not mark the touched rows
+                    return -1
+                bnd[r] = max(bnd[r], ub[t])
+                post += offsets[t + 1] - offsets[t]
+    for r in range(T):
+        bnd[r] *= q_mult[r]
+    if 2 * post < N:
+        return -1
+    scan_order(bnd, order, suf, T)
+    hi1 = 1.0 + slack
+    lo1 = 1.0 - slack
+    c0 = np.float64(const) if has_w0 else 0.0
+    kk = ph.size
+    nh = 0
+    read = 0
+    lb = theta
+    n_scan = T
+    noallow = np.empty(0, np.int64)
+    for i2 in range(T):
+        r = order[i2]
+        for s in range(S):
+            t = tloc[r, s]
+            if t >= 0:
+                ix, pre = _lists(ptrs, s)
+                live = rv.u8(ptrs[s, 6], ptrs[s, 7])
+                b0 = bases[s]
+                lo, hi = ix[0][t], ix[0][t + 1]
+                nt, nh, got = _scan(ix, (pre, fp, method, has_w0), live, lo, hi, mul[r], q_idf[r], q_w0[r],
+                                    noallow, acc[b0:bases[s + 1]], 0, touched, 0, mark, ph, pd, nh, b0)
+                read += got
+                post -= hi - lo
+        if i2 == T - 1:
+            continue
+        if nh == kk:
+            lb = max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
+        if lb == -np.inf or (suf[i2 + 1] * hi1 + c0) * hi1 >= lb:
+            continue  # an untouched row could still enter
+        est = _select(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part, _SAMPLE)
+        if est * (_PROBE * (T - i2 - 1) + _PROBE) < post:
+            n_scan = i2 + 1
+            break
+    n = _select(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[n_scan], sdoc, part, 1)  # (resets acc)
+    for j in range(nh):
+        mark[pd[j]] = 0
+    cnt[0] = read
+    cnt[1] = -1
+    cnt[2] = n
+    for i in range(n_scan, T):  # the lists left, merged into the survivors (ascending rows)
+        r = order[i]
+        m = mul[r]
+        rem = suf[i + 1]
+        keep = 0
+        s = -1
+        nxt = np.int64(0)
+        p = np.int64(0)
+        e = np.int64(0)
+        b0 = np.int64(0)
+        ix, pre = _lists(ptrs, 0)
+        for j in range(n):
+            d = sdoc[j]
+            while d >= nxt:  # the next segment: its piece of the list
+                s += 1
+                b0 = bases[s]
+                nxt = bases[s + 1]
+                t = tloc[r, s]
+                p = e = np.int64(0)
+                if t >= 0:
+                    ix, pre = _lists(ptrs, s)
+                    p, e = ix[0][t], ix[0][t + 1]
+            v = part[j]
+            if p < e:
+                dl = d - b0
+                p = advance(ix[1], p, e, dl)
+                if p < e and ix[1][p] == dl:
+                    v = v + pre[p] * m
+            if ((np.float64(v) + rem) * hi1 + c0) * hi1 >= lb:
+                sdoc[keep] = d
+                part[keep] = v
+                keep += 1
+        n = keep
+        if i < T - 1:
+            lb = raise_lb(sdoc, part, n, lb, lo1, c0, ph, pd)
+    # the survivors by descending partial score (part holds -partial: the heap's top is the best),
+    # scored exactly while they can enter: weights in ascending term order, added to 0.0f
+    for j in range(n):
+        part[j] = -part[j]
+    for j in range(n // 2 - 1, -1, -1):
+        sift_down(part, sdoc, n, j)
+    cap = gs.size
+    size = 0
+    while n > 0:
+        v = -np.float64(part[0])
+        d = sdoc[0]
+        if (v * hi1 + c0) * hi1 < (np.float64(gs[0]) if size == cap else lb):
+            break  # no survivor left can reach the k-th score ('<': a tie with a lower sequence number could)
+        n -= 1
+        part[0] = part[n]
+        sdoc[0] = sdoc[n]
+        sift_down(part, sdoc, n, 0)
+        s = _segment_at(bases, d)
+        ix, pre = _lists(ptrs, s)
+        blast = rv.i32(ptrs[s, 18], ptrs[s, 19])
+        bix = (rv.i64(ptrs[s, 16], ptrs[s, 17]), blast, pre, blast, blast, rv.i64(ptrs[s, 20], ptrs[s, 21]),
+               rv.i64(ptrs[s, 22], ptrs[s, 23]), rv.i64(ptrs[s, 24], ptrs[s, 25]))  # (slots 2-4 not read)
+        wt = (pre, fp, method, has_w0)
+        dl = d - bases[s]
+        sc = np.float32(0.0)
+        for r in range(T):
+            t = tloc[r, s]
+            if t >= 0:
+                w = _probe(ix, wt, bix, t, _block_of(bix, t, dl), mul[r], dl, q_idf[r], q_w0[r])
+                if w >= 0:
+                    sc += w
+        cnt[3] += 1
+        if has_w0:
+            sc = sc + const
+        q = rv.i64(ptrs[s, 14], ptrs[s, 15])[dl]
+        if size < cap:
+            gs[size] = sc
+            gq[size] = q
+            gv[size] = vis[s]
+            gr[size] = dl
+            _g_sift_up(gs, gq, gv, gr, size)
+            size += 1
+        elif _worse_seq(gs[0], gq[0], sc, q):
+            gs[0] = sc
+            gq[0] = q
+            gv[0] = vis[s]
+            gr[0] = dl
+            _g_sift_down(gs, gq, gv, gr, size, 0)
+    return size
+
+
+@njit(**JIT)
+def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k, B, qi, qf, filt, a_off, allow_flat, r0,
+                    r1, ws, out_i, out_f, counts):
     """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
 
     The arguments are packed into few arrays: each one costs the call a conversion.
@@ -276,6 +504,8 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt,
         empty: the cache's are used when ``cached``), summ = (maxtf, mindl, mintf, maxdl) (V,) int32,
         live (N,) bool or (0,), cache = (pre, blk_max, ub, zero, neg, filled) (:func:`fill_weights`),
         starts (NB,) int64 (each block's first posting)
+    ptrs, vis : the same segments' arrays by address and their views' positions, as :func:`union_row`
+        takes them (used for the rows it answers: dense, unfiltered, ``cached``)
     locs : (S, len(segs)) int64
         Term slots: row ``q_slot`` holds a query term's local id in each segment (-1: absent),
         :func:`locate_terms`.
@@ -285,6 +515,8 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt,
         theta (a known lower bound of the k-th score worth keeping; -inf: none)
     method : int; has_w0 : bool -- the BM25 variant
     cached : bool -- read the weights from each segment's cache (filled for every row's terms)
+    union : bool -- answer the rows :func:`union_row` can answer (cached, unfiltered, dense, several
+        segments, a workspace over all their rows) over all segments at once; the others, segment by segment
     k : int; B : int -- rows in the batch
     qi : (B + 1 + 2T,) int64 -- row offsets (B+1), then each row's distinct terms' slots in ``locs`` (T,
         ascending in the terms' string order, hence in every segment's local ids), then their multiplicities
@@ -299,7 +531,8 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt,
         and on return
     out_i : (3, B, k) int64 -- sequence number, view position and row of each hit (pre-filled with -1)
     out_f : (B, k) float32 -- its score (pre-filled with -inf)
-    counts : (B, 4) int64 -- postings read, documents touched, survivors, rescored (summed over segments)
+    counts : (B, 4) int64 -- postings read, documents touched (-1: dense; -2: dense, all segments at once),
+        survivors, rescored (summed over segments)
     """
     fp = par[:6].astype(np.float32)
     bp = par[6:11]
@@ -361,6 +594,33 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt,
     gV = np.empty((R, k), np.int64)
     gR = np.empty((R, k), np.int64)
     sizes = np.zeros(R, np.int64)
+    S = len(segs)
+    bases = np.zeros(S + 1, np.int64)
+    for s2 in range(S):
+        bases[s2 + 1] = bases[s2] + ptrs[s2, 15]  # (rows: the length of seqs)
+    done = np.zeros(R, np.bool_)
+    if union and cached and S > 1 and Nw >= bases[S]:  # dense unfiltered rows: all segments at once (union_row)
+        tloc = np.empty((qmax, S), np.int64)
+        for j in range(R):
+            i = rows[j]
+            a, b = q_off[i], q_off[i + 1]
+            nq = b - a
+            if nq == 0 or filt[i]:
+                continue
+            for r in range(nq):
+                for s2 in range(S):
+                    tloc[r, s2] = locs[q_slot[a + r], s2]
+            for c in range(4):
+                cnt[c] = 0
+            n = union_row(ptrs, vis, bases, tloc, nq, q_mult[a:b], q_idf[a:b], q_w0[a:b], consts[i], fp, method, has_w0,
+                          thetas[i], _slack(nq), order, bnd, suf, mul, acc[:bases[S]], touched, sdoc, part, mark, ph,
+                          pd, gS[j], gQ[j], gV[j], gR[j], cnt)
+            if n >= 0:
+                sizes[j] = n
+                done[j] = True
+                for c in range(4):
+                    counts[i, c] = cnt[c]
+                counts[i, 1] = -2
     si = -1
     for s in segs:  # segment by segment (its arrays stay in cache across the rows), rows within
         si += 1
@@ -371,7 +631,7 @@ def search_segments(segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt,
             i = rows[j]
             a, b = q_off[i], q_off[i + 1]
             nq = b - a
-            if nq == 0:
+            if nq == 0 or done[j]:
                 continue
             gs, gq, gv, gr = gS[j], gQ[j], gV[j], gR[j]
             size = sizes[j]

@@ -9,6 +9,20 @@ order (score descending, then sequence number ascending). The per-segment
 Python round trip of the generic path (a scorer call, its argument checks and
 result arrays, per segment) is gone; what remains per search is one call.
 
+**All segments as one.** Once a snapshot's weights are cached, a query without
+a ``where`` whose lists are long (the dense regime: natural-language questions)
+is searched over all the segments at once, as over one merged segment
+(:func:`gpuir.backends.cpu_segments.union_row`): one accumulator over all their
+rows, terms scanned in the order of their bound over all segments, one k-th
+best partial score pruning every segment's lists. Segment by segment, each
+segment's search starts from the k-th score of the segments before it: a lower
+bound, so more survivors to finish (on the LongMemEval turns grown to 15
+segments, the kernel's time went from about 1.6x to about 1.2-1.3x a single
+merged index's; see ``docs/benchmarks.md``). The segments' arrays reach it by
+address (:mod:`gpuir.backends.raw_views`): a typed list's item costs a
+reference count per array, which per term and segment cost more than the
+postings. The workspace then spans all the segments' rows (17 bytes a row).
+
 **The weights of a snapshot.** The statistics of a snapshot never change, so the
 weight of every posting its searches read is computed once per (snapshot,
 segment), on first use, term by term
@@ -37,12 +51,17 @@ import numpy as np
 from ..backends import cpu_segments
 from ..backends.block_layout import read_only as _ro
 from ..backends.numba_backend import shared_pool
+from ..backends.raw_views import PointerTable
 from ..backends.weights import BOUND_SLACK, has_absent_weight
 from .segments import SegView
 from .snapshot import Snapshot
 
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
+
+#: Search the rows that allow it over all segments at once (:func:`gpuir.backends.cpu_segments.union_row`);
+#: False: segment by segment (the same results: tests compare the two).
+UNION = True
 
 
 _NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)
@@ -67,6 +86,11 @@ class SnapshotLayout:
 
     def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
         self.max_docs = 1
+        self.total_docs = 0
+        #: The same segments' arrays by address, for the rows searched over all segments at once.
+        self.ptrs = PointerTable(cpu_segments.UNION_COLUMNS, len(view_ids))
+        #: Their views' positions in the snapshot.
+        self.vis = np.array(view_ids, np.int64)
         segs = None
         #: The views of the segments, in the list's order (largest first).
         self.order = tuple(view_ids)
@@ -76,13 +100,18 @@ class SnapshotLayout:
             live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
             bl = sc._blocks
             bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
+            seqs = _ro(seg.seqs, np.int64)
             item = (np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
-                    _ro(seg.seqs, np.int64), sc._ix, bix, sc._summ, live, cache, bl[7])
+                    seqs, sc._ix, bix, sc._summ, live, cache, bl[7])
+            self.ptrs.add({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": view.live,
+                           "ub": cache[2], "zero": cache[3], "neg": cache[4], "seqs": seqs, "blk_off": bl[0],
+                           "blk_last": bl[1], "dir_off": bl[4], "dir_shift": bl[5], "blk_dir": bl[6]})
             if segs is None:  # (the list is made and filled in compiled code: see cpu_segments.segment_list)
                 segs = cpu_segments.segment_list(item)
             else:
                 cpu_segments.segment_list_append(segs, item)
             self.max_docs = max(self.max_docs, int(sc.index.n_docs))
+            self.total_docs += int(sc.index.n_docs)
         self.segs = segs
         #: Global term codes whose weights are in every one of these segments' caches.
         self.filled: set[int] = set()
@@ -282,11 +311,11 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     counts = np.zeros((B, 4), np.int64)
 
     def run(r0: int, r1: int) -> None:
-        ws = _take_workspace(layout.max_docs)
+        ws = _take_workspace(max(layout.total_docs, 1) if cached else layout.max_docs)
         try:
-            cpu_segments.search_segments(layout.segs, locs, par, method, has_w0, cached, k, B, qi, qf, filt, a_off,
-                                         allow_flat, r0, r1, ws, out_i,
-                                         out_f, counts)
+            cpu_segments.search_segments(layout.segs, layout.ptrs.table, layout.vis, locs, par, method, has_w0, cached,
+                                         UNION, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i, out_f,
+                                         counts)
         finally:
             _give_workspace(ws)
 

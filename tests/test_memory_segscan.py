@@ -10,8 +10,8 @@ import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record, random_where
 
 from gpuir import Memory
-from gpuir.bm25 import METHODS
 from gpuir.backends import cpu_segments
+from gpuir.bm25 import METHODS
 from gpuir.memory import segscan
 from gpuir.memory.search import SegmentEngine
 

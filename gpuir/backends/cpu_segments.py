@@ -382,7 +382,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
                 live = rv.u8(ptrs[s, 6], ptrs[s, 7])
                 b0 = bases[s]
                 lo, hi = ix[0][t], ix[0][t + 1]
-                nt, nh, got = _scan(ix, (pre, fp, method, has_w0), live, lo, hi, mul[r], q_idf[r], q_w0[r],
+                _nt, nh, got = _scan(ix, (pre, fp, method, has_w0), live, lo, hi, mul[r], q_idf[r], q_w0[r],
                                     noallow, acc[b0:bases[s + 1]], 0, touched, 0, mark, ph, pd, nh, b0)
                 read += got
                 post -= hi - lo

@@ -91,13 +91,13 @@ from .cpu_kernels import (
 BLOCK = 64
 #: What finishing one survivor costs, per unscanned list, in postings scanned
 #: (chosen by measurement on LongMemEval-S: 16 to 128 within 10%).
-_PROBE = 32
-#: When deciding to stop, survivors are counted on every _SAMPLE-th candidate (dense: block of 64).
-_SAMPLE = 16
+PROBE_COST = 32
+#: When deciding to stop, survivors are counted on every SAMPLE_STRIDE-th candidate (dense: block of 64).
+SAMPLE_STRIDE = 16
 
 
 @njit(**JIT)
-def _block_of(bix, t, d):
+def block_of(bix, t, d):
     """Block of term t's postings that would hold document d (the first whose last document
     is >= d), or -1 when d lies past the term's last document.
 
@@ -169,7 +169,7 @@ def block_bound(bix, bp, method, has_w0, b, idf, w0):
 
 
 @njit(**JIT)
-def _probe(ix, wt, bix, t, b, m, d, idf, w0):
+def probe_weight(ix, wt, bix, t, b, m, d, idf, w0):
     """Weight of term t (times m) in document d, searched in block b; -1 when d lacks t."""
     if b < 0:
         return np.float32(-1.0)
@@ -202,7 +202,7 @@ def _exact(ix, wt, bix, tid, mul, tidf, tw0, T, d, contrib):
         w = contrib[r]
         if w < 0:
             t = tid[r]
-            w = _probe(ix, wt, bix, t, _block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
+            w = probe_weight(ix, wt, bix, t, block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
         if w >= 0:
             s += w
         contrib[r] = -1.0
@@ -242,7 +242,7 @@ def _offer(mark, ph, pd, nh, d, v):
 
 
 @njit(**JIT)
-def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, ph, pd, nh, base):
+def scan_list(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, ph, pd, nh, base):
     """Add the postings s:e (weights times m) of one list into ``acc``.
 
     With an allow-list only allowed documents count: the list and the
@@ -326,7 +326,7 @@ def _scan(ix, wt, live, s, e, m, idf, w0, allow, acc, mode, touched, nt, mark, p
 
 
 @njit(**JIT)
-def _select(acc, dense, touched, nt, thr, sdoc, part, stride):
+def select_survivors(acc, dense, touched, nt, thr, sdoc, part, stride):
     """Documents whose partial score is >= thr into (sdoc, part); returns how many.
 
     Dense: every document (touched ones have acc > 0), in ascending order, and
@@ -522,7 +522,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
         t = tid[r]
         if not dense:
             mode = 2 if mode == 2 or tzero[r] else 1
-        nt, nh, got = _scan(ix, wt, live, offsets[t], offsets[t + 1], mul[r], tidf[r], tw0[r], allow, acc, mode,
+        nt, nh, got = scan_list(ix, wt, live, offsets[t], offsets[t + 1], mul[r], tidf[r], tw0[r], allow, acc, mode,
                             touched, nt, mark, ph, pd, nh, 0)
         read += got
         post_rest -= offsets[t + 1] - offsets[t]
@@ -533,14 +533,14 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
         if lb == -np.inf or (suf[i2 + 1] * hi1 + c0) * hi1 >= lb:
             continue  # an untouched document could still enter
         # survivors need ((partial + rest) hi1 + c0) hi1 >= lb: few enough to finish them instead?
-        est = _select(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part, _SAMPLE)
-        if est * (_PROBE * (T - i2 - 1) + _PROBE) < post_rest:
+        est = select_survivors(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part, SAMPLE_STRIDE)
+        if est * (PROBE_COST * (T - i2 - 1) + PROBE_COST) < post_rest:
             n_scan = i2 + 1
             break
     rest = suf[n_scan]
     counts[0] = read
     counts[1] = -1 if dense else nt
-    n = _select(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - rest, sdoc, part, 1)
+    n = select_survivors(acc, dense, touched, nt, (lb / hi1 - c0) / hi1 - rest, sdoc, part, 1)
     if not dense:  # reset the workspace
         for j in range(nt):
             acc[touched[j]] = np.float32(0.0)
@@ -577,7 +577,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
                 bm = v
                 for i2 in range(n_scan, T):
                     r = order[i2]
-                    b = _block_of(bix, tid[r], d)
+                    b = block_of(bix, tid[r], d)
                     if b >= 0:
                         bm += block_bound(bix, bp, method, has_w0, b, tidf[r], tw0[r]) * tmul[r]
                 if (bm * hi1 + c0) * hi1 < floor:
@@ -586,7 +586,7 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
             for i2 in range(n_scan, T):  # their postings: exact weights, a tighter bound
                 r = order[i2]
                 t = tid[r]
-                w = _probe(ix, wt, bix, t, _block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
+                w = probe_weight(ix, wt, bix, t, block_of(bix, t, d), mul[r], d, tidf[r], tw0[r])
                 contrib[r] = max(w, np.float32(0.0))
                 v += max(w, np.float32(0.0))
                 if ((v + suf[i2 + 1]) * hi1 + c0) * hi1 < (hs[0] if size == cap else lb):

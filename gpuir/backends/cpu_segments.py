@@ -49,16 +49,16 @@ from numba.typed import List
 from . import raw_views as rv
 from .cpu_kernels import JIT, advance, exhaustive_row, pop_sorted, sift_down, sift_up, weight
 from .cpu_maxscore import (
-    _PROBE,
-    _SAMPLE,
-    _block_of,
-    _probe,
-    _scan,
-    _select,
+    PROBE_COST,
+    SAMPLE_STRIDE,
+    block_of,
     bound64,
+    probe_weight,
     query_row,
     raise_lb,
+    scan_list,
     scan_order,
+    select_survivors,
 )
 
 
@@ -375,6 +375,12 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
     noallow = np.empty(0, np.int64)
     for i2 in range(T):
         r = order[i2]
+        for s in range(S):  # the first line of each piece, asked for ahead of its scan
+            t = tloc[r, s]
+            if t >= 0:
+                lo = rv.i64(ptrs[s, 0], ptrs[s, 1])[t]
+                rv.prefetch(ptrs[s, 2] + 4 * lo)
+                rv.prefetch(ptrs[s, 4] + 4 * lo)
         for s in range(S):
             t = tloc[r, s]
             if t >= 0:
@@ -382,7 +388,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
                 live = rv.u8(ptrs[s, 6], ptrs[s, 7])
                 b0 = bases[s]
                 lo, hi = ix[0][t], ix[0][t + 1]
-                _nt, nh, got = _scan(ix, (pre, fp, method, has_w0), live, lo, hi, mul[r], q_idf[r], q_w0[r],
+                _nt, nh, got = scan_list(ix, (pre, fp, method, has_w0), live, lo, hi, mul[r], q_idf[r], q_w0[r],
                                     noallow, acc[b0:bases[s + 1]], 0, touched, 0, mark, ph, pd, nh, b0)
                 read += got
                 post -= hi - lo
@@ -392,11 +398,12 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
             lb = max(lb, (np.float64(ph[0]) * lo1 + c0) * lo1)
         if lb == -np.inf or (suf[i2 + 1] * hi1 + c0) * hi1 >= lb:
             continue  # an untouched row could still enter
-        est = _select(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part, _SAMPLE)
-        if est * (_PROBE * (T - i2 - 1) + _PROBE) < post:
+        est = select_survivors(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[i2 + 1], sdoc, part,
+                               SAMPLE_STRIDE)
+        if est * (PROBE_COST * (T - i2 - 1) + PROBE_COST) < post:
             n_scan = i2 + 1
             break
-    n = _select(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[n_scan], sdoc, part, 1)  # (resets acc)
+    n = select_survivors(acc, True, touched, 0, (lb / hi1 - c0) / hi1 - suf[n_scan], sdoc, part, 1)  # (resets acc)
     for j in range(nh):
         mark[pd[j]] = 0
     cnt[0] = read
@@ -465,7 +472,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
         for r in range(T):
             t = tloc[r, s]
             if t >= 0:
-                w = _probe(ix, wt, bix, t, _block_of(bix, t, dl), mul[r], dl, q_idf[r], q_w0[r])
+                w = probe_weight(ix, wt, bix, t, block_of(bix, t, dl), mul[r], dl, q_idf[r], q_w0[r])
                 if w >= 0:
                     sc += w
         cnt[3] += 1

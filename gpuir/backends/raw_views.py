@@ -17,7 +17,9 @@ array it points into, and must outlive every compiled call that reads it.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cpu_kernels import JIT
@@ -110,3 +112,20 @@ class PointerTable:
             row[2 * j] = a.ctypes.data if a.size else 0
             row[2 * j + 1] = a.size
         self._n += 1
+
+
+@intrinsic
+def prefetch(typingctx, addr):
+    """Ask the CPU to bring the cache line at ``addr`` (int64) in, for reading (``llvm.prefetch``)."""
+    sig = types.void(types.int64)
+
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # (read, keep in every cache level, data): a hint, never a fault
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen

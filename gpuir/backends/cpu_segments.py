@@ -26,9 +26,9 @@ score found so far as its ``theta``, and merges the segment's hits into one
 top-k heap ordered by score descending, then sequence number ascending -- the
 memory's tie rule. No Python runs between segments.
 
-**Or all segments as one** (:func:`union_row`). A dense row (its lists hold at
-least half as many postings as the segments have rows) with cached weights and
-no filter is searched over the concatenation of the segments, as over one
+**Or all segments as one** (:func:`union_row`). A row dense in every segment
+(its lists hold at least half as many postings as the segment has rows) with
+cached weights and no filter is searched over the concatenation of the segments, as over one
 merged segment: rows numbered segment after segment, each term's list the
 concatenation of its pieces, one accumulator, one heap of partial scores, the
 terms' bounds their largest weight in any segment. It reads and finishes what a
@@ -338,11 +338,11 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
 
     Returns
     -------
-    int: hits in the heap, or -1 when the row is not dense here (or a weight may be <= 0): the
-    caller searches it segment by segment.
+    int: hits in the heap, or -1 when the row is not dense in every segment (its lists hold fewer
+    postings than half a segment's rows) or a weight may be <= 0: the caller searches it segment by
+    segment.
     """
     S = vis.size
-    N = bases[S]
     post = 0
     for r in range(T):
         bnd[r] = 0.0
@@ -352,17 +352,21 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
         ub = rv.f64(ptrs[s, 8], ptrs[s, 9])
         zero = rv.u8(ptrs[s, 10], ptrs[s, 11])
         neg = rv.u8(ptrs[s, 12], ptrs[s, 13])
+        here = 0
         for r in range(T):
             t = tloc[r, s]
             if t >= 0:
                 if zero[t] or neg[t]:  # a weight <= 0: acc > 0 does not mark the touched rows
                     return -1
                 bnd[r] = max(bnd[r], ub[t])
-                post += offsets[t + 1] - offsets[t]
+                here += offsets[t + 1] - offsets[t]
+        if 2 * here < bases[s + 1] - bases[s]:
+            # sparse in this segment: alone, it would track its few touched rows (and may be skipped
+            # whole), where the accumulator's passes here would read every row
+            return -1
+        post += here
     for r in range(T):
         bnd[r] *= q_mult[r]
-    if 2 * post < N:
-        return -1
     scan_order(bnd, order, suf, T)
     hi1 = 1.0 + slack
     lo1 = 1.0 - slack

@@ -10,8 +10,8 @@ Python round trip of the generic path (a scorer call, its argument checks and
 result arrays, per segment) is gone; what remains per search is one call.
 
 **All segments as one.** Once a snapshot's weights are cached, a query without
-a ``where`` whose lists are long (the dense regime: natural-language questions)
-is searched over all the segments at once, as over one merged segment
+a ``where`` whose lists are long in every segment (the dense regime:
+natural-language questions) is searched over all the segments at once, as over one merged segment
 (:func:`gpuir.backends.cpu_segments.union_row`): one accumulator over all their
 rows, terms scanned in the order of their bound over all segments, one k-th
 best partial score pruning every segment's lists. Segment by segment, each

@@ -18,10 +18,11 @@ from gpuir.memory.search import SegmentEngine
 pytest.importorskip("numba")
 
 
-def _grown(method: str, seed: int, batches: int = 5, per: int = 40, deletes: bool = True):
+def _grown(method: str, seed: int, batches: int = 5, per: int = 40, deletes: bool = True,
+           partition_days: float | None = 3):
     """A memory of many small segments (no merges) over several partitions, with tombstones, and its model."""
     rng = np.random.default_rng([seed, len(method)])
-    m = Memory(method=method, partition_days=3, merge_factor=64, merge_min=4, background_merges=False)
+    m = Memory(method=method, partition_days=partition_days, merge_factor=64, merge_min=4, background_merges=False)
     model = Model(analyzer="default", method=method)
     for b in range(batches):
         recs = [random_record(rng, f"r{b}-{i}") for i in range(per)]
@@ -84,9 +85,10 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
     """Dense unfiltered rows are searched over all segments at once (``union_row``): ids, scores and ties
     (sequence numbers, which do not follow the rows' order over the segments) equal the segment-by-segment
     path's and the oracle's, with tombstones, for every variant, one query at a time and in batches."""
-    m, model, rng = _grown(method, 3, batches=6, per=120)  # segments of some 30 rows: dense rows in each
+    # one partition (the union's case), six segments of some 100 rows: dense rows in each
+    m, model, rng = _grown(method, 3, batches=6, per=120, partition_days=None)
     views = m.snapshot().views
-    assert len(views) >= 8 and any(v.live is not None for v in views)
+    assert len(views) >= 6 and any(v.live is not None for v in views)
     # common words (Zipfian records: w0 is in most of them) make dense rows; rare ones, sparse rows
     qs = [random_query(rng) for _ in range(24)] + ["w0 w1 w2", "w0 w0 w2 w5 w1", "w1 w3 w0 zzz", "the w0 w1 w2 w3"]
     seen: list[np.ndarray] = []
@@ -118,6 +120,30 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
             assert not any((c[:, 1] == -2).any() for c in seen)
         for name in ("seqs", "scores", "vidx", "rows"):
             np.testing.assert_array_equal(getattr(batch, name), getattr(apart, name), err_msg=f"{method} {name}")
+
+
+def test_segments_of_several_partitions_go_one_by_one(monkeypatch):
+    """Segments of several time partitions are searched segment by segment (one by one, those that cannot
+    reach the k-th score are skipped); the same records in one partition, all at once."""
+    seen: list[np.ndarray] = []
+    real = cpu_segments.search_segments
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(a[-1].copy())  # counts: column 1 is -2 for the rows answered all segments at once
+        return out
+
+    monkeypatch.setattr(cpu_segments, "search_segments", spy)
+    qs = ["w0 w1 w2", "the w0 w1 w2 w3", "w0 w0 w2 w5 w1"]
+    for days, want in ((3, False), (None, True)):
+        m, model, _ = _grown("lucene", 4, batches=6, per=120, partition_days=days)
+        assert (len({v.seg.partition for v in m.snapshot().views}) > 1) == (days is not None)
+        m.search(qs, k=5, backend="numba")
+        seen.clear()
+        got = m.search(qs, k=5, backend="numba")
+        ids, scores = model.search(qs, 5)
+        assert_same(got, ids, scores, f"partition_days={days}")
+        assert any((c[:, 1] == -2).any() for c in seen) == want, f"partition_days={days}"
 
 
 def test_all_segments_at_once_keeps_the_tie_rule_across_segments():

@@ -59,8 +59,12 @@ from .snapshot import Snapshot
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
 
-#: Search the rows that allow it over all segments at once (:func:`gpuir.backends.cpu_segments.union_row`);
-#: False: segment by segment (the same results: tests compare the two).
+#: Search the rows that allow it over all segments at once (:func:`gpuir.backends.cpu_segments.union_row`)
+#: when the segments hold one time partition; False: segment by segment (the same results: tests compare
+#: the two). Segments of several partitions differ (each holds its own weeks' words), and one by one the
+#: search skips those whose best possible score cannot reach the k-th score found so far, where the
+#: union's accumulator passes read every row: on 1,000,000 synthetic records in 27 weekly partitions, one
+#: question took 0.45 ms p50 all at once against 0.33 ms segment by segment.
 UNION = True
 
 
@@ -91,6 +95,8 @@ class SnapshotLayout:
         self.ptrs = PointerTable(cpu_segments.UNION_COLUMNS, len(view_ids))
         #: Their views' positions in the snapshot.
         self.vis = np.array(view_ids, np.int64)
+        #: Whether they all hold one time partition (slices of one stream, alike: see :data:`UNION`).
+        self.one_partition = len({snap.views[v].seg.partition for v in view_ids}) == 1
         segs = None
         #: The views of the segments, in the list's order (largest first).
         self.order = tuple(view_ids)
@@ -310,11 +316,13 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     out_f = np.full((B, k), -np.inf, np.float32)
     counts = np.zeros((B, 4), np.int64)
 
+    union = bool(UNION and layout.one_partition and cached and len(layout.order) > 1)
+
     def run(r0: int, r1: int) -> None:
-        ws = _take_workspace(max(layout.total_docs, 1) if cached else layout.max_docs)
+        ws = _take_workspace(layout.total_docs if union else layout.max_docs)
         try:
             cpu_segments.search_segments(layout.segs, layout.ptrs.table, layout.vis, locs, par, method, has_w0, cached,
-                                         UNION, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i, out_f,
+                                         union, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i, out_f,
                                          counts)
         finally:
             _give_workspace(ws)

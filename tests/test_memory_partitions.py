@@ -66,7 +66,7 @@ def test_newest_first_is_exact_and_reads_no_more(synth, where, k, monkeypatch):
     # the partitions it never touches); at k = 1 the early stop also saves postings. (Compared with
     # the exhaustive scan segment by segment: searching dense rows over all segments at once, as one
     # index, prunes more than either, and newest-first reads partitions a few at a time.)
-    monkeypatch.setattr(segscan, "UNION", False)
+    monkeypatch.setattr(segscan, "UNION", "never")
     ex = m.search(g.queries, k=k, where=where, mode="exhaustive")
     read_nf, read_ex = nf.meta["postings_read"].sum(), ex.meta["postings_read"].sum()
     assert read_nf <= 1.1 * read_ex

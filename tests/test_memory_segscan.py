@@ -114,7 +114,7 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
         for i, r in enumerate(one):
             assert_same(r, [ids[i]], scores[i:i + 1], f"{method} one query {i} k={k}")
         with monkeypatch.context() as mp:
-            mp.setattr(segscan, "UNION", False)
+            mp.setattr(segscan, "UNION", "never")
             seen.clear()
             apart = m.search(qs, k=k, backend="numba")
             assert not any((c[:, 1] == -2).any() for c in seen)
@@ -144,6 +144,13 @@ def test_segments_of_several_partitions_go_one_by_one(monkeypatch):
         ids, scores = model.search(qs, 5)
         assert_same(got, ids, scores, f"partition_days={days}")
         assert any((c[:, 1] == -2).any() for c in seen) == want, f"partition_days={days}"
+        with monkeypatch.context() as mp:  # forced: the union over several partitions, the same results
+            mp.setattr(segscan, "UNION", "always")
+            seen.clear()
+            forced = m.search(qs, k=5, backend="numba")
+            assert any((c[:, 1] == -2).any() for c in seen)
+        for name in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(forced, name), getattr(got, name))
 
 
 def test_all_segments_at_once_keeps_the_tie_rule_across_segments():

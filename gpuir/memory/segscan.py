@@ -11,7 +11,8 @@ result arrays, per segment) is gone; what remains per search is one call.
 
 **All segments as one.** Once a snapshot's weights are cached, a query without
 a ``where`` whose lists are long in every segment (the dense regime:
-natural-language questions) is searched over all the segments at once, as over one merged segment
+natural-language questions) over segments of one time partition (see
+:data:`UNION`) is searched over all the segments at once, as over one merged segment
 (:func:`gpuir.backends.cpu_segments.union_row`): one accumulator over all their
 rows, terms scanned in the order of their bound over all segments, one k-th
 best partial score pruning every segment's lists. Segment by segment, each
@@ -59,13 +60,13 @@ from .snapshot import Snapshot
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
 
-#: Search the rows that allow it over all segments at once (:func:`gpuir.backends.cpu_segments.union_row`)
-#: when the segments hold one time partition; False: segment by segment (the same results: tests compare
-#: the two). Segments of several partitions differ (each holds its own weeks' words), and one by one the
+#: When to search the rows that allow it over all segments at once
+#: (:func:`gpuir.backends.cpu_segments.union_row`): ``"auto"`` when the segments hold one time
+#: partition, ``"always"``, or ``"never"`` (segment by segment). The results are the same (tests compare
+#: them). Segments of several partitions differ (each holds its own weeks' words), and one by one the
 #: search skips those whose best possible score cannot reach the k-th score found so far, where the
-#: union's accumulator passes read every row: on 1,000,000 synthetic records in 27 weekly partitions, one
-#: question took 0.45 ms p50 all at once against 0.33 ms segment by segment.
-UNION = True
+#: union's accumulator passes read every row (``bench/bench_union.py``).
+UNION = "auto"
 
 
 _NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)
@@ -316,7 +317,7 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     out_f = np.full((B, k), -np.inf, np.float32)
     counts = np.zeros((B, 4), np.int64)
 
-    union = bool(UNION and layout.one_partition and cached and len(layout.order) > 1)
+    union = cached and len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
 
     def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.total_docs if union else layout.max_docs)

@@ -295,12 +295,47 @@ def _segment_at(bases, d):
     return lo
 
 
-#: The arrays :func:`union_row` reads of each segment: the columns of its
-#: :class:`~gpuir.backends.raw_views.PointerTable` (an address and a length each).
+#: The arrays :func:`union_row` reads of each segment, the columns of :func:`pointer_rows`'s table (an
+#: address and a length each), with the dtypes it reads them as.
 UNION_COLUMNS = (("offsets", np.int64), ("doc_ids", np.int32), ("pre", np.float32), ("live", np.bool_),
                  ("ub", np.float64), ("zero", np.bool_), ("neg", np.bool_), ("seqs", np.int64),
                  ("blk_off", np.int64), ("blk_last", np.int32), ("dir_off", np.int64), ("dir_shift", np.int64),
                  ("blk_dir", np.int64))
+_NCOL = 2 * len(UNION_COLUMNS)
+
+
+@njit(**JIT)
+def _put(table, i, j, a):
+    table[i, 2 * j] = a.ctypes.data if a.size else 0
+    table[i, 2 * j + 1] = a.size
+
+
+@njit(**JIT)
+def pointer_rows(segs):
+    """Each segment's :data:`UNION_COLUMNS` by address and length, read from the segment list ``segs``
+    (which keeps the arrays alive: the table is valid while it is).
+
+    Returns
+    -------
+    (S, 2 * len(UNION_COLUMNS)) int64
+    """
+    table = np.zeros((len(segs), _NCOL), np.int64)
+    for i, s in enumerate(segs):
+        ix, bix, cache = s[4], s[5], s[8]
+        _put(table, i, 0, ix[0])
+        _put(table, i, 1, ix[1])
+        _put(table, i, 2, cache[0])
+        _put(table, i, 3, s[7])
+        _put(table, i, 4, cache[2])
+        _put(table, i, 5, cache[3])
+        _put(table, i, 6, cache[4])
+        _put(table, i, 7, s[3])
+        _put(table, i, 8, bix[0])
+        _put(table, i, 9, bix[1])
+        _put(table, i, 10, bix[5])
+        _put(table, i, 11, bix[6])
+        _put(table, i, 12, bix[7])
+    return table
 
 
 @njit(**JIT)
@@ -327,7 +362,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
     Parameters
     ----------
     ptrs : (S, 2 * len(UNION_COLUMNS)) int64 -- each segment's arrays (:data:`UNION_COLUMNS`), by address
-        (:class:`gpuir.backends.raw_views.PointerTable`); vis : (S,) int64 -- their views' positions
+        (:func:`pointer_rows`); vis : (S,) int64 -- their views' positions
     bases : (S + 1,) int64 -- their first rows
     tloc : (T, S) int64 -- each term's local id in each segment (-1: absent), terms ascending
     q_mult (T,) int64, q_idf (T,) float32, q_w0 (T,) float32; const : float32 -- the row's terms and constant
@@ -748,4 +783,4 @@ def _slack(T):
     return 1e-5 + (T + 2) * 2.0**-23
 
 
-__all__ = ["fill_segments", "fill_weights", "locate_terms", "pop_sorted", "search_segments", "sift_down", "sift_up"]
+__all__ = ["fill_segments", "fill_weights", "locate_terms", "pointer_rows", "pop_sorted", "search_segments", "sift_down", "sift_up"]

@@ -10,8 +10,11 @@ given by their addresses and lengths in a row of an int64 table, and compiled
 code rebuilds an array from an address with :func:`numba.carray` (no meminfo,
 no reference count: a view the caller keeps alive).
 
-The caller owns the lifetime: :class:`PointerTable` keeps a reference to every
-array it points into, and must outlive every compiled call that reads it.
+The caller owns the lifetime: whatever holds the arrays (for the memory's
+search, the snapshot's typed list of segments, from which
+:func:`gpuir.backends.cpu_segments.pointer_rows` reads the addresses) must
+outlive every compiled call that reads them; :func:`check_dtypes` checks that
+they have the dtypes they will be read as.
 """
 
 from __future__ import annotations
@@ -79,39 +82,14 @@ _KIND = {np.dtype(np.int64): "i8", np.dtype(np.int32): "i4", np.dtype(np.float32
          np.dtype(np.bool_): "b1", np.dtype(np.uint8): "b1"}
 
 
-class PointerTable:
-    """Rows of addresses and lengths of arrays, for compiled code, with the arrays kept alive.
-
-    Parameters
-    ----------
-    columns : sequence of (name, dtype)
-        The arrays of each row, in order; each takes two int64 columns (address, length).
-
-    Attributes
-    ----------
-    table : ndarray (rows, 2 * len(columns)), int64, host -- filled by :meth:`add`
-    """
-
-    def __init__(self, columns, rows: int):
-        self.columns = tuple((n, np.dtype(d)) for n, d in columns)
-        self.table = np.zeros((rows, 2 * len(self.columns)), np.int64)
-        self._keep: list[np.ndarray] = []
-        self._n = 0
-
-    def add(self, arrays: dict) -> None:
-        """Append a row: ``arrays[name]`` for each column (C-contiguous, of its dtype; None: empty)."""
-        row = self.table[self._n]
-        for j, (name, dt) in enumerate(self.columns):
-            a = arrays[name]
-            if a is None:
-                continue
-            if _KIND.get(a.dtype) != _KIND[dt] or not a.flags.c_contiguous:
-                raise TypeError(f"{name}: need a C-contiguous {dt} array, got {a.dtype} "
-                                f"(contiguous: {a.flags.c_contiguous})")
-            self._keep.append(a)
-            row[2 * j] = a.ctypes.data if a.size else 0
-            row[2 * j + 1] = a.size
-        self._n += 1
+def check_dtypes(arrays: dict, columns) -> None:
+    """Raise TypeError unless each ``arrays[name]`` is a C-contiguous array of its column's dtype (bool
+    and uint8 alike: both are read as bytes), for ``(name, dtype)`` in ``columns``."""
+    for name, dt in columns:
+        a = arrays[name]
+        if _KIND.get(a.dtype) != _KIND[np.dtype(dt)] or not a.flags.c_contiguous:
+            raise TypeError(f"{name}: need a C-contiguous {np.dtype(dt)} array, got {a.dtype} "
+                            f"(contiguous: {a.flags.c_contiguous})")
 
 
 @intrinsic

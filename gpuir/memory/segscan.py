@@ -52,7 +52,7 @@ import numpy as np
 from ..backends import cpu_segments
 from ..backends.block_layout import read_only as _ro
 from ..backends.numba_backend import shared_pool
-from ..backends.raw_views import PointerTable
+from ..backends.raw_views import check_dtypes
 from ..backends.weights import BOUND_SLACK, has_absent_weight
 from .segments import SegView
 from .snapshot import Snapshot
@@ -70,6 +70,7 @@ UNION = "auto"
 
 
 _NO_BOOL = _ro(np.zeros(0, np.bool_), np.bool_)
+_NO_PTRS = np.zeros((0, 2 * len(cpu_segments.UNION_COLUMNS)), np.int64)  # (no union: never read)
 
 
 class SnapshotLayout:
@@ -92,8 +93,9 @@ class SnapshotLayout:
     def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
         self.max_docs = 1
         self.total_docs = 0
-        #: The same segments' arrays by address, for the rows searched over all segments at once.
-        self.ptrs = PointerTable(cpu_segments.UNION_COLUMNS, len(view_ids))
+        #: The same segments' arrays by address (:func:`gpuir.backends.cpu_segments.pointer_rows`), made when
+        #: first searched all at once (valid while :attr:`segs` holds the arrays).
+        self.ptrs: np.ndarray | None = None
         #: Their views' positions in the snapshot.
         self.vis = np.array(view_ids, np.int64)
         #: Whether they all hold one time partition (slices of one stream, alike: see :data:`UNION`).
@@ -110,9 +112,11 @@ class SnapshotLayout:
             seqs = _ro(seg.seqs, np.int64)
             item = (np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
                     seqs, sc._ix, bix, sc._summ, live, cache, bl[7])
-            self.ptrs.add({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": view.live,
-                           "ub": cache[2], "zero": cache[3], "neg": cache[4], "seqs": seqs, "blk_off": bl[0],
-                           "blk_last": bl[1], "dir_off": bl[4], "dir_shift": bl[5], "blk_dir": bl[6]})
+            if segs is None:  # the arrays the union reads by address must have the dtypes it reads them as
+                check_dtypes({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": live,
+                              "ub": cache[2], "zero": cache[3], "neg": cache[4], "seqs": seqs, "blk_off": bl[0],
+                              "blk_last": bl[1], "dir_off": bl[4], "dir_shift": bl[5], "blk_dir": bl[6]},
+                             cpu_segments.UNION_COLUMNS)
             if segs is None:  # (the list is made and filled in compiled code: see cpu_segments.segment_list)
                 segs = cpu_segments.segment_list(item)
             else:
@@ -318,11 +322,14 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
     counts = np.zeros((B, 4), np.int64)
 
     union = cached and len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
+    if union and layout.ptrs is None:
+        layout.ptrs = cpu_segments.pointer_rows(layout.segs)
+    ptrs = layout.ptrs if union else _NO_PTRS
 
     def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.total_docs if union else layout.max_docs)
         try:
-            cpu_segments.search_segments(layout.segs, layout.ptrs.table, layout.vis, locs, par, method, has_w0, cached,
+            cpu_segments.search_segments(layout.segs, ptrs, layout.vis, locs, par, method, has_w0, cached,
                                          union, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i, out_f,
                                          counts)
         finally:

@@ -64,8 +64,8 @@ BATCH_FILLS = 4
 #: (:func:`gpuir.backends.cpu_segments.union_row`): ``"auto"`` when the segments hold one time
 #: partition, ``"always"``, or ``"never"`` (segment by segment). The results are the same (tests compare
 #: them). Segments of several partitions differ (each holds its own weeks' words), and one by one the
-#: search skips those whose best possible score cannot reach the k-th score found so far, where the
-#: union's accumulator passes read every row (``bench/bench_union.py``).
+#: search can skip those whose best possible score cannot reach the k-th score found so far; all at once
+#: read fewer postings there but gained no time (``bench/bench_union.py``), so "auto" leaves them be.
 UNION = "auto"
 
 

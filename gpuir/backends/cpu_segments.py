@@ -641,11 +641,13 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
     gR = np.empty((R, k), np.int64)
     sizes = np.zeros(R, np.int64)
     S = len(segs)
-    bases = np.zeros(S + 1, np.int64)
-    for s2 in range(S):
-        bases[s2 + 1] = bases[s2] + ptrs[s2, 15]  # (rows: the length of seqs)
     done = np.zeros(R, np.bool_)
-    if union and cached and S > 1 and Nw >= bases[S]:  # dense unfiltered rows: all segments at once (union_row)
+    union = union and cached and S > 1 and ptrs.shape[0] == S
+    bases = np.zeros(S + 1, np.int64)
+    if union:
+        for s2 in range(S):
+            bases[s2 + 1] = bases[s2] + ptrs[s2, 15]  # (rows: the length of seqs)
+    if union and Nw >= bases[S]:  # dense unfiltered rows: all segments at once (union_row)
         tloc = np.empty((qmax, S), np.int64)
         for j in range(R):
             i = rows[j]

@@ -395,17 +395,18 @@ class ShardedMemory:
                 raise self._shard_error(s, e, what) from None
 
     def _gather(self, calls: dict[int, Any], what: str) -> dict[int, Any]:
-        """Run one idempotent call per shard at once; a shard that died is waited for and asked again (once)."""
+        """Run one idempotent call per shard at once; a shard that died is waited for and asked again (up to
+        twice, as a write is resent: a shard may die again while it restarts)."""
         ray = self._ray
         refs = {s: f() for s, f in calls.items()}
         out: dict[int, Any] = {}
         for s, ref in refs.items():
-            for attempt in range(2):
+            for attempt in range(3):
                 try:
                     out[s] = ray.get(ref, timeout=self.call_timeout)
                     break
                 except ray.exceptions.RayActorError as e:
-                    if attempt == 1:
+                    if attempt == 2:
                         raise self._shard_error(s, e, what) from None
                     log.warning("shard %d died during %s; waiting for its restart", s, what)
                     self._wait_ready(s, what)

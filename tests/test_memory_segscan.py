@@ -80,6 +80,21 @@ def test_compiled_path_equals_generic_path_and_oracle(method, monkeypatch):
     assert calls and max(calls) >= len(qs) - 4, "the compiled path answered the batches (queries with a term)"
 
 
+def _kernel_counts(monkeypatch) -> list[np.ndarray]:
+    """The counts array of each compiled call after it (column 1 is -2 for the rows answered all segments
+    at once)."""
+    seen: list[np.ndarray] = []
+    real = cpu_segments.search_segments
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(a[-1].copy())
+        return out
+
+    monkeypatch.setattr(cpu_segments, "search_segments", spy)
+    return seen
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
     """Dense unfiltered rows are searched over all segments at once (``union_row``): ids, scores and ties
@@ -91,15 +106,7 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
     assert len(views) >= 6 and any(v.live is not None for v in views)
     # common words (Zipfian records: w0 is in most of them) make dense rows; rare ones, sparse rows
     qs = [random_query(rng) for _ in range(24)] + ["w0 w1 w2", "w0 w0 w2 w5 w1", "w1 w3 w0 zzz", "the w0 w1 w2 w3"]
-    seen: list[np.ndarray] = []
-    real = cpu_segments.search_segments
-
-    def spy(*a):
-        out = real(*a)
-        seen.append(a[-1].copy())  # counts: column 1 is -2 for the rows answered all segments at once
-        return out
-
-    monkeypatch.setattr(cpu_segments, "search_segments", spy)
+    seen = _kernel_counts(monkeypatch)
     for k in (1, 4, 10):
         ids, scores = model.search(qs, k)
         m.search(qs, k=k, backend="numba")  # the batch fills the snapshot's weights
@@ -125,15 +132,7 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
 def test_segments_of_several_partitions_go_one_by_one(monkeypatch):
     """Segments of several time partitions are searched segment by segment (one by one, those that cannot
     reach the k-th score are skipped); the same records in one partition, all at once."""
-    seen: list[np.ndarray] = []
-    real = cpu_segments.search_segments
-
-    def spy(*a):
-        out = real(*a)
-        seen.append(a[-1].copy())  # counts: column 1 is -2 for the rows answered all segments at once
-        return out
-
-    monkeypatch.setattr(cpu_segments, "search_segments", spy)
+    seen = _kernel_counts(monkeypatch)
     qs = ["w0 w1 w2", "the w0 w1 w2 w3", "w0 w0 w2 w5 w1"]
     for days, want in ((3, False), (None, True)):
         m, model, _ = _grown("lucene", 4, batches=6, per=120, partition_days=days)

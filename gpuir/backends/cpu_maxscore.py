@@ -413,6 +413,16 @@ def _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, 
 
 
 @njit(**JIT)
+def heap_by_partial(part, sdoc, n):
+    """The n survivors (sdoc, part) as a heap whose top is the best partial score: ``part`` then holds
+    -partial (a min-heap's top is its least value)."""
+    for j in range(n):
+        part[j] = -part[j]
+    for j in range(n // 2 - 1, -1, -1):
+        sift_down(part, sdoc, n, j)
+
+
+@njit(**JIT)
 def raise_lb(sdoc, part, n, lb, lo1, c0, ph, pd):
     """``lb`` raised to the lower bound of the k-th best of the n partial scores ``part`` (k = ph.size;
     partial scores only grow), when there are at least k; ``ph, pd`` are scratch (k,)."""
@@ -554,12 +564,8 @@ def _query(ix, wt, live, bix, bp, qs, tb, i, theta, allow, slack, tid, tmul, mul
         n = _merge_rest(ix, wt, tid, mul, tidf, tw0, order, suf, n_scan, T, sdoc, part, n, lb, hi1, lo1, c0, ph, pd)
         n_scan = T
         rest = 0.0
-    # phase 2: survivors by descending partial score, exactly scored while they can enter;
-    # part holds -partial, so that the heap's worst (its top) is the best partial score
-    for j in range(n):
-        part[j] = -part[j]
-    for j in range(n // 2 - 1, -1, -1):
-        sift_down(part, sdoc, n, j)
+    # phase 2: survivors by descending partial score, exactly scored while they can enter
+    heap_by_partial(part, sdoc, n)
     cap = hs.size
     size = 0
     while n > 0:

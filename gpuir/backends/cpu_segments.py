@@ -53,6 +53,7 @@ from .cpu_maxscore import (
     SAMPLE_STRIDE,
     block_of,
     bound64,
+    heap_by_partial,
     probe_weight,
     query_row,
     raise_lb,
@@ -483,12 +484,9 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
         n = keep
         if i < T - 1:
             lb = raise_lb(sdoc, part, n, lb, lo1, c0, ph, pd)
-    # the survivors by descending partial score (part holds -partial: the heap's top is the best),
-    # scored exactly while they can enter: weights in ascending term order, added to 0.0f
-    for j in range(n):
-        part[j] = -part[j]
-    for j in range(n // 2 - 1, -1, -1):
-        sift_down(part, sdoc, n, j)
+    # the survivors by descending partial score, scored exactly while they can enter: weights in
+    # ascending term order, added to 0.0f
+    heap_by_partial(part, sdoc, n)
     cap = gs.size
     size = 0
     while n > 0:

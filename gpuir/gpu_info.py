@@ -16,16 +16,38 @@ from ._compat import cuda_device, has_cupy
 
 #: Whether every GPU path of this version has run clean on a GPU (``bench/gpu_verify.py`` green: test suite
 #: under --require-gpu, sanitizers clean, bit-exact scale cases). Set to True only in the commit that adds
-#: such a run's output to bench/results/; :data:`GPU_PATH_STATUS` says what has run and what has not.
-GPU_PATH_VERIFIED = False
+#: such a run's output to bench/results/, together with :data:`VERIFIED_SOURCES_SHA256`: a change to any
+#: of :data:`VERIFIED_SOURCES` after that fails a test until a new device run is committed (or this is False).
+GPU_PATH_VERIFIED = True
 GPU_PATH_STATUS = (
-    "PARTLY VERIFIED on an NVIDIA H100 (bench/results/gpu_verify_NVIDIA_H100_80GB_HBM3_*): the plan-then-score "
-    "kernels ran clean in run 2 of 2026-11-26 (every GPU test, compute-sanitizer memcheck, racecheck, synccheck "
-    "and initcheck; bit-exact at 2.7M and 8.8M documents); the current kernels (impacts, four postings in flight) "
-    "ran bit-exact at 8.8M in run 3. Not yet run on a GPU: the CUDA-graph path for small batches as fixed after "
-    "run 3, and the directory built on the device (each falls back to a verified path if it fails, and logs "
-    "why). Run `python bench/gpu_verify.py` on a GPU machine to check them."
+    "VERIFIED on an NVIDIA H200 (bench/results/gpu_verify_NVIDIA_H200_20261127T072556_510.*, 2026-11-27): "
+    "every GPU test (65 core; the 25 others in a second call, after a fix to one test's own expected tie "
+    "order), compute-sanitizer memcheck, racecheck, synccheck and initcheck clean, "
+    "every checked score bit-exact at 2.7M and 8.8M documents (k up to 5,000, 20,000 rows), the CUDA-graph path "
+    "for small batches and the tile directory built on the device. Earlier runs: "
+    "bench/results/gpu_verify_NVIDIA_H100_80GB_HBM3_* (2026-11-26). Re-run `python bench/gpu_verify.py` on a GPU "
+    "machine after changing the kernels or their host code."
 )
+#: The sources the verification run exercised (repository paths; globs): the kernels and the host code that
+#: compiles, launches and reads them.
+VERIFIED_SOURCES = ("kernels/*.cu", "kernels/*.cuh", "gpuir/backends/cupy_backend.py", "gpuir/backends/kernels.py")
+#: :func:`sources_sha256` of :data:`VERIFIED_SOURCES` at the verified commit.
+VERIFIED_SOURCES_SHA256 = "df716734b14f24ab5e58818837ebc03689a0b35a0cb65c0cb0e59667a72a9932"
+
+
+def sources_sha256(root: str | os.PathLike) -> str:
+    """sha256 over :data:`VERIFIED_SOURCES` under ``root`` (a source tree): each file's path and bytes, sorted
+    by path within each pattern; compared with :data:`VERIFIED_SOURCES_SHA256` by the tests."""
+    import glob
+    import hashlib
+
+    h = hashlib.sha256()
+    for pattern in VERIFIED_SOURCES:
+        for rel in sorted(glob.glob(pattern, root_dir=root)):
+            h.update(rel.encode() + b"\0")
+            with open(os.path.join(root, rel), "rb") as f:
+                h.update(f.read() + b"\0")
+    return h.hexdigest()
 
 
 def _s(x: Any) -> str:

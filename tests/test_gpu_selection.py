@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -88,16 +90,37 @@ def test_gpu_report_never_raises():
 
     rep = gpu_report()
     assert isinstance(rep["usable"], bool) and rep["reason"]
-    # Until every GPU path has run clean on a device, `gpuir info` says what has and what has not.
-    assert rep["gpu_path"]["verified"] is False and "PARTLY VERIFIED" in rep["gpu_path"]["status"]
-    assert "gpu_verify.py" in rep["gpu_path"]["status"] and "Not yet run on a GPU" in rep["gpu_path"]["status"]
-    from pathlib import Path
-
-    results = Path(__file__).resolve().parents[1] / "bench" / "results"
-    assert list(results.glob("gpu_verify_NVIDIA_H100_80GB_HBM3_*.jsonl"))  # the runs it names are committed
+    assert isinstance(rep["gpu_path"]["verified"], bool) and "gpu_verify.py" in rep["gpu_path"]["status"]
     assert "nvml" in rep and isinstance(rep["nvml"]["available"], bool)
     if not rep["nvml"]["available"]:
         assert rep["nvml"]["reason"]
+
+
+def test_the_gpu_path_is_called_verified_only_for_the_sources_that_ran():
+    """`gpuir info` calls the GPU path verified only while the kernels and their host code are the ones the
+    committed device run exercised: changing any of them fails here until a new run is committed (or the
+    flag is set back to False), and the runs the status names are in bench/results/."""
+    import re
+    from pathlib import Path
+
+    from gpuir import gpu_info
+
+    root = Path(__file__).resolve().parents[1]
+    status = gpu_info.GPU_PATH_STATUS
+    for stem in re.findall(r"bench/results/(gpu_verify_[A-Za-z0-9_]+)", status):
+        assert list((root / "bench" / "results").glob(stem + "*.jsonl")), f"{stem} is named but not committed"
+    if gpu_info.GPU_PATH_VERIFIED:
+        assert status.startswith("VERIFIED")
+        (run,) = re.findall(r"bench/results/(gpu_verify_[A-Za-z0-9_]+)\.\*", status)
+        res = [json.loads(line) for line in (root / "bench" / "results" / f"{run}.jsonl").read_text().splitlines()]
+        done = {e["step"]: e["result"] for e in res if e.get("done")}
+        for step in ("tests", "timings_small", "scale", "racecheck", "memcheck", "synccheck", "initcheck"):
+            assert done[step]["ok"], f"{run}: step {step} did not pass"
+        assert gpu_info.sources_sha256(root) == gpu_info.VERIFIED_SOURCES_SHA256, (
+            "kernels/ or the CuPy backend changed since the verified device run: run bench/gpu_verify.py on a GPU "
+            "and commit its files, or set GPU_PATH_VERIFIED = False and say what has not run")
+    else:
+        assert not status.startswith("VERIFIED")
 
 
 @needs_no_gpu

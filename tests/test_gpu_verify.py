@@ -202,3 +202,18 @@ def test_timed_repeats_stop_at_the_budget(gv):
     run.t0 -= 90  # 10 s left, 5 of them reserved
     assert run.another([4.0], 5) and not run.another([6.0], 5)
     assert run.another([], 5), "even past the budget a cell keeps one timing"
+
+
+def test_the_memorys_gpu_tests_pass_on_the_kernel_model(gv):
+    """The GPU-marked tests of the memory run here on the kernel model, as the dry run runs them: a GPU test
+    whose own expectations are stale fails here, not first on a rare device run. (The device run of
+    2026-11-27 found one: the cupy memory test still expected the sequence tie rule of mode="newest".)"""
+    import subprocess
+
+    (rest,) = gv.MODEL_TEST_MODULES[gv.REST_TEST_MODULES]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                        "gpuir.backends.model_device_plugin", "-m", "gpu", rest],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "passed" in tail and int(tail.split(" passed")[0].split()[-1]) >= 5, tail

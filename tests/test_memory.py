@@ -396,8 +396,10 @@ def test_cupy_backend_searches_segments_with_global_statistics(method):
     model.delete(dead)
     qs = [random_query(rng) for _ in range(20)]
     ws = [random_where(rng) if i % 2 else None for i in range(20)]
-    ids, scores = model.search(qs, 10, where=ws)
-    for mode in ("exhaustive", "newest"):
-        got = m.search(qs, k=10, where=ws, backend="cupy", mode=mode)
+    # each mode with its own default tie rule ("newest" breaks ties newest first), and the recency mode
+    # under the sequence rule too
+    for mode, ties in (("exhaustive", None), ("newest", None), ("newest", "oldest")):
+        ids, scores = model.search(qs, 10, where=ws, ties=ties or ("newest" if mode == "newest" else "oldest"))
+        got = m.search(qs, k=10, where=ws, backend="cupy", mode=mode, ties=ties)
         assert got.meta["backend"] == "cupy"
-        assert_same(got, ids, scores, f"cupy {method} {mode}")
+        assert_same(got, ids, scores, f"cupy {method} {mode} ties={ties}")

@@ -123,8 +123,9 @@ def test_info_names_backends_and_auto_choice():
 
     assert info["backends"]["numba"]["usable"] is (importlib.util.find_spec("numba") is not None)
     assert info["auto"]["backend"] in ("numpy", "numba", "cupy") and info["auto"]["reason"]
+    assert info["memory_auto"]["backend"] in ("numpy", "numba", "cupy") and info["memory_auto"]["reason"]
     r = run("info")
-    assert r.returncode == 0 and "auto picks:" in r.stdout
+    assert r.returncode == 0 and "auto picks:" in r.stdout and "a memory's auto picks:" in r.stdout
 
 
 def test_internal_error_exit_1(monkeypatch, index_dir, capsys):

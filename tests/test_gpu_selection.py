@@ -58,6 +58,33 @@ def test_auto_picks_the_cpu_scorer_and_says_why(tiny_index):
     assert res.meta["backend_reason"] == reason
 
 
+def test_a_memorys_auto_takes_the_compiled_engine_even_with_a_gpu(monkeypatch):
+    """On a GPU machine the static index's auto is the GPU, a memory's is numba (measured faster there:
+    docs/gpu.md); cupy stays the memory's when asked for, through GPUIR_BACKEND, or without numba."""
+    from gpuir import Memory, backends
+    from gpuir.backends import resolve_memory_backend
+
+    pytest.importorskip("numba")
+    monkeypatch.delenv("GPUIR_BACKEND", raising=False)
+    monkeypatch.setattr(backends, "cuda_device", lambda: (True, "CUDA device 0: a test GPU"))
+    assert resolve_backend("auto")[0] == "cupy"
+    name, reason = resolve_memory_backend("auto")
+    assert name == "numba" and "not the GPU" in reason and "a test GPU" in reason
+    assert resolve_memory_backend(None)[0] == "numba"
+    assert resolve_memory_backend("cupy")[0] == "cupy" and resolve_memory_backend("numpy")[0] == "numpy"
+    m = Memory()
+    m.add([{"id": "a", "text": "support group"}, {"id": "b", "text": "group"}])
+    res = m.search("support group")
+    assert res.meta["backend"] == "numba" and res.meta["backend_reason"] == reason and res.ids(0) == ["a", "b"]
+    monkeypatch.setenv("GPUIR_BACKEND", "cupy")
+    assert resolve_memory_backend("auto")[0] == "cupy"
+    monkeypatch.delenv("GPUIR_BACKEND")
+    monkeypatch.setattr(backends, "numba_available", lambda: (False, "numba is not installed (test)"))
+    assert resolve_memory_backend("auto")[0] == "cupy"
+    monkeypatch.setattr(backends, "cuda_device", lambda: (False, "no GPU (test)"))
+    assert resolve_memory_backend("auto")[0] == "numpy"
+
+
 def test_env_override_numpy(monkeypatch, tiny_index):
     monkeypatch.setenv("GPUIR_BACKEND", "numpy")
     name, reason = resolve_backend("auto")

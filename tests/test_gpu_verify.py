@@ -213,7 +213,7 @@ def test_the_memorys_gpu_tests_pass_on_the_kernel_model(gv):
     (rest,) = gv.MODEL_TEST_MODULES[gv.REST_TEST_MODULES]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                         "gpuir.backends.model_device_plugin", "-m", "gpu", rest],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, check=False, capture_output=True, text=True, timeout=600)
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "passed" in tail and int(tail.split(" passed")[0].split()[-1]) >= 5, tail

@@ -26,7 +26,8 @@ BACKENDS = ("auto", "numpy", "numba", "cupy")
 
 __all__ = [
     "BACKENDS", "CollectionStats", "DeviceUnavailable", "Scorer", "device_unavailable", "make_scorer",
-    "numba_available", "resolve_array_backend", "resolve_backend", "topk_from_dense", "torch_device",
+    "numba_available", "resolve_array_backend", "resolve_backend", "resolve_memory_backend", "topk_from_dense",
+    "torch_device",
 ]
 
 def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
@@ -78,6 +79,34 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
     if ok:
         return "numba", f"auto: no GPU ({why}); compiled CPU scorer, {nwhy}"
     return "numpy", f"auto: no GPU ({why}) and {nwhy}: NumPy scorer (pip install 'gpuir[cpu]' for the faster one)"
+
+
+#: Where the memory's "auto" prefers the compiled CPU engine to the device, and why (docs/gpu.md, "The memory
+#: on the device"): on an NVIDIA H200 with 16 CPU cores, 1M records in one partition (9 segments),
+#: ``Memory.search`` answered one question in 0.59 ms with numba against 6.4 ms with cupy, and a batch of
+#: 1,024 at 7,961 against 2,024 queries/s (bench/results/bench_memory_device_NVIDIA_H200_*.json): the device
+#: path makes one scorer call per segment, each with the host cost of a whole search.
+MEMORY_AUTO_PREFERS_CPU = True
+
+
+def resolve_memory_backend(name: str | None = "auto") -> tuple[str, str]:
+    """:func:`resolve_backend` for a memory's lexical search: "auto" takes the compiled CPU engine when numba
+    imports, even with a GPU (:data:`MEMORY_AUTO_PREFERS_CPU`); "cupy", asked for or through
+    ``GPUIR_BACKEND``, still runs the memory's segments on the device.
+
+    Returns
+    -------
+    (backend, reason) : (str, str)
+    """
+    auto = (name is None or str(name).lower() == "auto") and not os.environ.get("GPUIR_BACKEND")
+    if auto and MEMORY_AUTO_PREFERS_CPU:
+        usable, why = cuda_device()
+        ok, nwhy = numba_available()
+        if usable and ok:
+            return "numba", (f"auto: the memory's compiled CPU engine ({nwhy}), not the GPU ({why}): the device "
+                             "path calls a scorer per segment and was 4-21x slower at 1M records (docs/gpu.md); "
+                             "backend='cupy' still uses it")
+    return resolve_backend(name)
 
 
 def _is_device_array(a: Any) -> bool:

@@ -126,7 +126,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from .._compat import cuda_device, has_cupy
-    from ..backends import numba_available, resolve_backend
+    from ..backends import numba_available, resolve_backend, resolve_memory_backend
     from ..gpu_info import diagnose, gpu_report
 
     raw = cuda_device()
@@ -146,6 +146,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         info["auto"] = {"backend": name, "reason": reason.replace(raw[1], why) if raw[1] else reason}
     except ValueError as e:
         info["auto"] = {"backend": None, "reason": str(e)}
+    try:  # a memory's lexical search resolves "auto" its own way (numba first, GPU or not)
+        name, reason = resolve_memory_backend("auto")
+        info["memory_auto"] = {"backend": name, "reason": reason.replace(raw[1], why) if raw[1] else reason}
+    except ValueError as e:
+        info["memory_auto"] = {"backend": None, "reason": str(e)}
     info["gpu"] = gpu_report()
     if args.json:
         print(json.dumps(info, indent=2))
@@ -158,6 +163,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if not usable:
         auto_reason = auto_reason.replace(why, "see the cupy line")
     print(f"auto picks: {info['auto']['backend']} ({auto_reason})")
+    mem_reason = info["memory_auto"]["reason"]
+    if not usable:
+        mem_reason = mem_reason.replace(why, "see the cupy line")
+    print(f"a memory's auto picks: {info['memory_auto']['backend']} ({mem_reason})")
     gpu = info["gpu"]
     nvml = gpu["nvml"]
     if nvml.get("available"):

@@ -462,12 +462,12 @@ class ShardServer:
 
     def info(self) -> dict[str, Any]:
         """Counts, the process and the device of this shard."""
-        from ..backends import resolve_backend
+        from ..backends import resolve_memory_backend
 
         mem = self.memory
         snap = mem.snapshot()
         try:
-            backend, reason = resolve_backend("auto")
+            backend, reason = resolve_memory_backend("auto")
         except ValueError as e:  # pragma: no cover - an unusable forced backend
             backend, reason = "unavailable", str(e)
         node, gpus = None, []

@@ -818,7 +818,8 @@ class ShardedMemory:
         """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
 
         Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
-        (``backend`` is each shard's engine: "auto" is CuPy on a GPU shard, else numba).
+        (``backend`` is each shard's engine: "auto" is the memory's, numba when it imports:
+        :func:`gpuir.backends.resolve_memory_backend`).
         Each asked shard returns its top k under the tie rule (:mod:`gpuir.memory.hitorder`)
         with each hit's time; the coordinator merges them under the same rule, so
         the k kept are the one memory's k (``ties="newest"`` included), then

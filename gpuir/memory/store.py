@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import Analyzer
-from ..backends import resolve_backend
+from ..backends import resolve_backend, resolve_memory_backend
 from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from . import listing, persist, updates
@@ -995,7 +995,9 @@ class Memory:
             Filters (see :mod:`gpuir.memory.where`); a tenant named there is a hard boundary.
         backend : {"auto", "numpy", "numba", "cupy"}
             The engine scoring each segment (:mod:`gpuir.memory.search`); "auto" is
-            "cupy" on a machine with a usable GPU, else "numba" (else "numpy").
+            "numba" when it imports, GPU or not (the device path was slower on a memory's
+            segments: :func:`gpuir.backends.resolve_memory_backend`), else "cupy" on a
+            machine with a usable GPU, else "numpy".
         mode : {"exhaustive", "newest", "budgeted"}
             Partition scan (see :mod:`gpuir.memory.partitions`): "newest" returns
             exactly what "exhaustive" returns, reading less; "budgeted" reads at
@@ -1027,7 +1029,7 @@ class Memory:
         """
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
-        name, reason = resolve_backend(backend)
+        name, reason = resolve_memory_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
         if stats is not None:
             snap = restate(snap, stats)

@@ -294,10 +294,10 @@ class Service:
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}
         # Exact BM25 on a CPU engine holds the GIL: it runs on the event loop's thread (see batcher)
-        from ..backends import resolve_backend
+        from ..backends import resolve_memory_backend
 
         try:
-            self.bm25_inline = resolve_backend(backend)[0] != "cupy"
+            self.bm25_inline = resolve_memory_backend(backend)[0] != "cupy"
         except ValueError:  # an unusable backend: each search reports it
             self.bm25_inline = False
 

@@ -11,6 +11,9 @@
 * ``locomo`` / ``oracle`` fixtures: LoCoMo and the LongMemEval oracle split, loaded
   from ``data_dir`` once per test module.
 * ``beir_toy`` fixture: a three-document BEIR folder written under ``tmp_path``.
+* ``GPUIR_TIERED_START=0`` for the whole session (and the processes it starts): a memory's "auto"
+  searches wait for the compiled engine, so what they report does not depend on the order tests
+  run in; ``tests/test_memory_warmup.py`` turns it back on to test the tiered start.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("GPUIR_TIERED_START", "0")  # (see the module docstring)
 
 from gpuir.datapath import data_dir as _data_dir
 from gpuir.eval.datasets import load_locomo, load_longmemeval

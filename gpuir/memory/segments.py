@@ -38,6 +38,7 @@ import numpy as np
 from ..analysis import Analyzer
 from ..index.build import build_csr
 from ..index.csr import CSRIndex
+from . import warmup
 from .columns import Interner, StrArray, TermStrings
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, make_record
 from .termorder import sort_codes
@@ -654,8 +655,10 @@ def check_postings(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, n_
         raise ValueError("tfs must have one entry per posting")
     first, bad_at = 0, -1
     try:  # one compiled pass finds the first bad posting (if any); the NumPy checks below then name it
+        if not warmup.compiled_ready():  # (numba still starting in this process: not worth waiting for)
+            raise ImportError
         from ..backends.cpu_segments import first_bad_posting
-    except ImportError:  # no numba: the NumPy checks over every chunk
+    except ImportError:  # no numba, or not yet: the NumPy checks over every chunk
         pass
     else:
         if doc_ids.dtype == np.int32 and tfs.dtype == np.int32 and offsets.dtype == np.int64:

@@ -64,7 +64,7 @@ from ..analysis import Analyzer
 from ..backends import resolve_backend, resolve_memory_backend
 from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
-from . import listing, persist, updates
+from . import listing, persist, updates, warmup
 from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
@@ -1029,7 +1029,8 @@ class Memory:
         """
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
-        name, reason = resolve_memory_backend(backend)
+        tiered = warmup.tiered(backend)  # (the compiled engine still starting in this process: NumPy now)
+        name, reason = ("numpy", warmup.REASON) if tiered else resolve_memory_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
         if stats is not None:
             snap = restate(snap, stats)
@@ -1040,6 +1041,10 @@ class Memory:
         engine = make_engine(snap, name)
         k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
         out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
+        if name == "numba":
+            warmup.mark_ready()
+        elif tiered:  # answered: now load the compiled engine for the next ones
+            warmup.start(warm_compiled_engine)
         if ties == "newest" or min_score is not None or order_by == "time":  # at the edge (gpuir.memory.hitorder)
             edged = []
             for i, (h, r, p) in enumerate(out):
@@ -1631,6 +1636,24 @@ class Memory:
     def path(self) -> Path | None:
         return self._path
 
+
+
+def warm_compiled_engine() -> None:
+    """Load the compiled engine in this process: numba, then the functions a memory's searches call
+    (from numba's cache), through searches of a tiny two-segment memory (:mod:`gpuir.memory.warmup`)."""
+    from ..backends.cpu_segments import first_bad_posting
+
+    first_bad_posting(np.zeros(2, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), 0)
+    m = Memory(partition_days=None)
+    try:
+        m.add([{"id": "w1", "text": "warm the compiled engine", "session": "s"},
+               {"id": "w2", "text": "the engine loads once per process"}])
+        m.add([{"id": "w3", "text": "searches wait for nothing"}, {"id": "w4", "text": "the engine again"}])
+        for qs in (["engine"], ["compiled engine", "loads once"]):
+            m.search(qs, k=2, backend="numba")
+            m.search(qs, k=2, backend="numba", where={"session": "s"})
+    finally:
+        m.close()
 
 
 def _check_tenants(snap: Snapshot, wheres, vidx: np.ndarray, rows: np.ndarray) -> None:

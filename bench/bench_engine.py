@@ -57,6 +57,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+# Steady-state timings: the compiled engine from the first search, as in a long-running process (a fresh
+# process's tiered start, gpuir.memory.warmup, is timed by bench_memory.py's open probe).
+os.environ.setdefault("GPUIR_TIERED_START", "0")
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:

@@ -53,6 +53,10 @@ sys.path.insert(0, str(REPO))
 from gpuir import Memory, __version__
 from gpuir.cluster import ShardedMemory, runtime
 
+# Steady-state timings: the compiled engine from the first search, as in a long-running process (a fresh
+# process's tiered start, gpuir.memory.warmup, is timed by bench_memory.py's open probe).
+os.environ.setdefault("GPUIR_TIERED_START", "0")
+
 
 def machine() -> dict[str, Any]:
     import psutil

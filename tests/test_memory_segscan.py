@@ -350,10 +350,20 @@ def test_compiled_layout_equals_numpy_reference(n_docs, vocab):
     ("tf", "a term frequency below 1"), ("order", "postings not strictly increasing within a term"),
     ("repeat", "postings not strictly increasing within a term")])
 @pytest.mark.parametrize("where", [3, 40, 97])
-def test_check_postings_names_each_fault_wherever_it_lies(fault, message, where, monkeypatch):
-    """The compiled pass finds the first bad posting; the NumPy checks then name it, in any chunk."""
-    from gpuir.memory import segments
+@pytest.mark.parametrize("compiled", [True, False])
+def test_check_postings_names_each_fault_wherever_it_lies(fault, message, where, compiled, monkeypatch):
+    """The compiled pass finds the first bad posting; the NumPy checks then name it, in any chunk. Without
+    the compiled engine (or while it starts in this process: gpuir.memory.warmup) the NumPy checks alone."""
+    import threading
 
+    from gpuir.memory import segments, warmup
+
+    if compiled:
+        pytest.importorskip("numba")
+    ready = threading.Event()
+    if compiled:
+        ready.set()
+    monkeypatch.setattr(warmup, "_ready", ready)
     monkeypatch.setattr(segments, "_CHUNK", 16)
     offsets = np.array([0, 30, 60, 100], np.int64)
     doc_ids = np.concatenate([np.arange(0, 60, 2), np.arange(1, 31), np.arange(40)]).astype(np.int32)

@@ -654,18 +654,19 @@ def check_postings(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, n_
     if tfs.shape != (P,):
         raise ValueError("tfs must have one entry per posting")
     first, bad_at = 0, -1
-    try:  # one compiled pass finds the first bad posting (if any); the NumPy checks below then name it
-        if not warmup.compiled_ready():  # (numba still starting in this process: not worth waiting for)
-            raise ImportError
-        from ..backends.cpu_segments import first_bad_posting
-    except ImportError:  # no numba, or not yet: the NumPy checks over every chunk
-        pass
-    else:
-        if doc_ids.dtype == np.int32 and tfs.dtype == np.int32 and offsets.dtype == np.int64:
-            bad_at = int(first_bad_posting(offsets, doc_ids, tfs, n_docs))
-            if bad_at < 0:
-                return
-            first = max(0, (bad_at // _CHUNK - 1) * _CHUNK)
+    # one compiled pass finds the first bad posting (if any); the NumPy checks below then name it. Without
+    # numba, or while it is still starting in this process (not worth waiting for), the NumPy checks do it all
+    first_bad_posting = None
+    if warmup.compiled_ready():
+        try:
+            from ..backends.cpu_segments import first_bad_posting
+        except ImportError:
+            first_bad_posting = None
+    if first_bad_posting is not None and (doc_ids.dtype, tfs.dtype, offsets.dtype) == (np.int32, np.int32, np.int64):
+        bad_at = int(first_bad_posting(offsets, doc_ids, tfs, n_docs))
+        if bad_at < 0:
+            return
+        first = max(0, (bad_at // _CHUNK - 1) * _CHUNK)
     starts = np.asarray(offsets[1:-1])
     for a in range(first, P, _CHUNK):
         d = doc_ids[a: a + _CHUNK + 1]

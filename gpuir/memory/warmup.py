@@ -5,8 +5,8 @@ development VM), numba's CPU target loading its registries (0.26 s), then each c
 calls loaded from numba's cache (20-30 ms each). A memory whose ``backend`` is "auto" does not make its
 first searches wait for that. While the compiled engine is not ready in this process, an "auto" search runs
 on the NumPy reference -- the same ids and float32 scores, bit for bit, since every engine is tested
-against it -- and the first such search, once answered, starts the warm-up in a daemon thread. Once the warm-up has run,
-"auto" is the compiled engine. An explicit ``backend="numba"`` (argument or ``GPUIR_BACKEND``) waits for
+against it -- and the first such search, once answered, starts the warm-up in a daemon thread. Once the
+warm-up has run, "auto" is the compiled engine. An explicit ``backend="numba"`` (argument or ``GPUIR_BACKEND``) waits for
 numba as before, and ``GPUIR_TIERED_START=0`` turns the tiering off (every "auto" search then waits).
 
 This module holds only the state; the warm-up's body (a search of a tiny memory through the compiled

@@ -27,6 +27,8 @@ SCRIPT = textwrap.dedent("""
     out["first"] = [first.meta["backend"], first.meta["backend_reason"]]
     out["numba_imported_by_first"] = "numba" in sys.modules
     out["ready_after_first"] = warmup.wait(warm_compiled_engine, timeout=300)
+    snap = m.snapshot()
+    out["laid_out"] = all(("scorer", "numba", snap.params) in v.seg.cache for v in snap.views)
     later = m.search(qs, k=10, backend=sys.argv[1], where={"session": "s1"})
     out["later"] = [later.meta["backend"], later.meta["backend_reason"]]
     ref = m.search(qs, k=10, backend="numpy", where={"session": "s1"})
@@ -69,6 +71,7 @@ def test_first_auto_search_runs_on_numpy_then_the_compiled_engine_takes_over(sav
     assert not out["numba_imported_before"] and not out["numba_imported_by_first"], "the first search spares numba"
     assert out["first"][0] == "numpy" and "starting in the background" in out["first"][1]
     assert out["ready_after_first"] and out["later"][0] == "numba"
+    assert out["laid_out"], "the warm-up lays out the searched snapshot's segments for the compiled engine"
 
 
 @pytest.mark.parametrize("backend,env", [("numba", {}), ("auto", {"GPUIR_BACKEND": "numba"}),

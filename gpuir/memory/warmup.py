@@ -9,8 +9,10 @@ against it -- and the first such search, once answered, starts the warm-up in a 
 warm-up has run, "auto" is the compiled engine. An explicit ``backend="numba"`` (argument or ``GPUIR_BACKEND``) waits for
 numba as before, and ``GPUIR_TIERED_START=0`` turns the tiering off (every "auto" search then waits).
 
-This module holds only the state; the warm-up's body (a search of a tiny memory through the compiled
-engine) is handed in by :class:`~gpuir.memory.store.Memory`, so nothing here imports the memory.
+This module holds only the state; the warm-up's body (searches of a tiny memory through the compiled
+engine, then the first question again on the snapshot it searched, which lays that snapshot's segments out
+for the compiled engine) is handed in by :class:`~gpuir.memory.store.Memory`, so nothing here imports the
+memory.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ def compiled_ready() -> bool:
 
 
 def mark_ready() -> None:
-    """The compiled engine has run in this process (a search asked for it by name): nothing left to warm."""
-    _ready.set()
+    """The compiled engine has run in this process (a search asked for it by name): nothing left to warm,
+    unless the warm-up is running (its own searches ask for it by name): it marks ready when it is done."""
+    if _thread is None:
+        _ready.set()
 
 
 def tiering_enabled() -> bool:

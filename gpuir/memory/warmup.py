@@ -17,6 +17,7 @@ memory.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -90,6 +91,12 @@ def tiered(requested: str | None) -> bool:
         return False
     if (requested is not None and str(requested).lower() != "auto") or os.environ.get("GPUIR_BACKEND"):
         return False
+    return _numba_installed()
+
+
+@functools.cache
+def _numba_installed() -> bool:
+    """Whether numba is installed (looked up once per process, never imported here)."""
     return importlib.util.find_spec("numba") is not None
 
 

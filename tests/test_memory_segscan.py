@@ -36,15 +36,16 @@ def _grown(method: str, seed: int, batches: int = 5, per: int = 40, deletes: boo
 
 
 def _calls(monkeypatch) -> list[int]:
-    """Counts the compiled path's calls (one entry per call: the number of queries it answered)."""
+    """Counts the compiled path's calls (one entry per call: the number of queries it answered), whichever
+    way they come: the whole-batch arrays of an unfiltered search, or per query (filters, modes)."""
     seen: list[int] = []
-    real = segscan.scan_compiled
+    real = segscan.search_compiled
 
     def counting(snap, view_ids, jobs, k, scorer_of, threads=1):
         seen.append(len(jobs))
         return real(snap, view_ids, jobs, k, scorer_of, threads)
 
-    monkeypatch.setattr(segscan, "scan_compiled", counting)
+    monkeypatch.setattr(segscan, "search_compiled", counting)
     return seen
 
 

@@ -303,16 +303,33 @@ class SegmentEngine:
         engine, every job goes through one call for all segments, a ``where`` as an allow-list per
         segment (:func:`gpuir.memory.segscan.scan_compiled`).
         """
-        snap = self.snap
-        if self.compiled and self.name == "numba" and view_ids and jobs:
-            def scorer_of(vi: int):
-                return segment_scorer(snap.views[vi].seg, self.name, snap.params)
-
-            sc = scorer_of(view_ids[0])
-            if getattr(sc, "_prune", False) and hasattr(sc, "_blocks"):
-                raw = _segscan().scan_compiled(snap, view_ids, jobs, k, scorer_of, threads=sc.threads)
-                return {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
+        threads = self._compiled_threads(view_ids) if jobs else None
+        if threads is not None:
+            raw = _segscan().scan_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
+            return {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
         return self._scan_each(view_ids, jobs, k)
+
+    def search_all(self, view_ids: tuple[int, ...], plans: list[QueryPlan],
+                   k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every plan over the segments ``view_ids``, no filter, as arrays: one compiled call, and no
+        per-query objects on the way (:func:`gpuir.memory.segscan.search_compiled`'s (out_i, out_f,
+        counts)); None when the compiled engine does not serve these segments (then :meth:`scan`)."""
+        threads = self._compiled_threads(view_ids)
+        if threads is None:
+            return None
+        jobs = [Job(i, p, None) for i, p in enumerate(plans)]
+        return _segscan().search_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
+
+    def _scorer_of(self, vi: int) -> Scorer:
+        return segment_scorer(self.snap.views[vi].seg, self.name, self.snap.params)
+
+    def _compiled_threads(self, view_ids: tuple[int, ...]) -> int | None:
+        """The compiled engine's threads when it serves the segments ``view_ids`` in one call (numba's
+        pruning scorer, :attr:`compiled` on), else None."""
+        if not (self.compiled and self.name == "numba" and view_ids):
+            return None
+        sc = self._scorer_of(view_ids[0])
+        return sc.threads if getattr(sc, "_prune", False) and hasattr(sc, "_blocks") else None
 
     def _scan_each(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
         """:meth:`scan` with one scorer call per segment (the generic path: any backend, ``where`` filters)."""

@@ -165,13 +165,31 @@ def new_cache(scorer) -> tuple[np.ndarray, ...]:
 
 
 class SnapshotWeights:
-    """The per-snapshot state of the compiled path: weight caches, layouts, a fill lock, a search count."""
+    """The per-snapshot state of the compiled path: weight caches, layouts, a fill lock, a search count,
+    and the BM25 arguments every search of the snapshot passes (:meth:`params`)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.searches = 0
         self.caches: dict[int, tuple[np.ndarray, ...]] = {}
         self.layouts: dict[tuple[int, ...], SnapshotLayout] = {}
+        self._params: tuple[np.ndarray, np.ndarray, int, bool] | None = None
+
+    def params(self, snap: Snapshot) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """(head (11,) float64, fp (6,) float32, method, has_w0): the first 11 entries of
+        :func:`~gpuir.backends.cpu_segments.search_segments`'s ``par`` and the weight parameters of a fill,
+        under the snapshot's statistics (made once: they do not change while the snapshot lives)."""
+        got = self._params
+        if got is None:
+            params = snap.params
+            f = np.float32
+            k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)
+            head = np.empty(11, np.float64)
+            head[:6] = (f(1) - b, b, k1, k1 + f(1), delta, avgdl)
+            head[6:11] = (params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK)
+            got = self._params = (head, head[:6].astype(np.float32), int(params.code),
+                                  bool(has_absent_weight(params)))
+        return got
 
 
 _ws_lock = threading.Lock()
@@ -244,6 +262,26 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
 
     ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
     """
+    out_i, out_f, counts = search_compiled(snap, view_ids, jobs, k, scorer_of, threads)
+    out_seq, out_vi, out_row = out_i
+    out = {}
+    for i, job in enumerate(jobs):
+        m = int(np.count_nonzero(out_seq[i] >= 0))
+        out[job.qi] = (out_seq[i, :m], out_f[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
+    return out
+
+
+def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
+                    threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`scan_compiled`'s search, its results as the compiled call leaves them.
+
+    Returns
+    -------
+    out_i : (3, B, k) int64, host -- each hit's sequence number, view position and row, best first (-1 pads)
+    out_f : (B, k) float32, host -- its score (-inf pads)
+    counts : (B, 4) int64, host -- postings read, then the kernel's counters
+        (:func:`gpuir.backends.cpu_segments.search_segments`)
+    """
     B = len(jobs)
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:
@@ -287,23 +325,22 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         filt, a_off, allow_flat = (_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS
     else:
         filt, a_off, allow_flat = _allow_lists(snap, layout, jobs)
-    params = snap.params
-    f = np.float32
-    k1, b, delta, avgdl = f(params.k1), f(params.b), f(params.delta), f(snap.avgdl)
+    head, fp, method, has_w0 = state.params(snap)
     par = np.empty(11 + B, np.float64)
-    par[:6] = (f(1) - b, b, k1, k1 + f(1), delta, avgdl)
-    par[6:11] = (params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK)
-    par[11:] = [j.theta for j in jobs]
-    method, has_w0 = int(params.code), bool(has_absent_weight(params))
+    par[:11] = head
+    if B == 1:
+        par[11] = jobs[0].theta
+    else:
+        par[11:] = [j.theta for j in jobs]
     cached = not first or B >= BATCH_FILLS
     if cached and T:
         if B == 1:  # a plan's terms are distinct
-            new = [g not in layout.filled for g in gid.tolist()]
-            if any(new):
-                sel = np.array(new)
-                u, ui, uw = gid[sel], qf[:T][sel], qf[T:2 * T][sel]
-            else:
+            g_list = gid.tolist()
+            if layout.filled.issuperset(g_list):
                 u = None
+            else:
+                sel = np.array([g not in layout.filled for g in g_list])
+                u, ui, uw = gid[sel], qf[:T][sel], qf[T:2 * T][sel]
         else:
             u, first_at = np.unique(gid, return_index=True)
             ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
@@ -313,7 +350,7 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
             cached, u = False, None
         if u is not None:
             with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
-                cpu_segments.fill_segments(layout.segs, par[:6].astype(np.float32), method, has_w0,
+                cpu_segments.fill_segments(layout.segs, fp, method, has_w0,
                                            np.ascontiguousarray(u), np.ascontiguousarray(ui),
                                            np.ascontiguousarray(uw))
                 layout.filled.update(u.tolist())
@@ -335,18 +372,11 @@ def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int,
         finally:
             _give_workspace(ws)
 
-    n_thr = min(threads, B)
-    if n_thr <= 1:
+    if threads <= 1 or B == 1:
         run(0, B)
     else:
-        size = max(4, -(-B // (n_thr * 8)))
+        size = max(4, -(-B // (min(threads, B) * 8)))
         pool = shared_pool(threads)
         for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
             fut.result()
-    out_seq, out_vi, out_row = out_i
-    out_score = out_f
-    out = {}
-    for i, job in enumerate(jobs):
-        m = int(np.count_nonzero(out_seq[i] >= 0))
-        out[job.qi] = (out_seq[i, :m], out_score[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
-    return out
+    return out_i, out_f, counts

@@ -76,7 +76,7 @@ from .hitorder import by_time, newest_ties, threshold
 from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
-from .partitions import partition_keys, scan
+from .partitions import partition_keys, scan, scan_unfiltered
 from .persist import MemoryFormatError
 from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, id_list, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
@@ -1040,11 +1040,32 @@ class Memory:
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
         k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
-        out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
+        arrays = None
+        if mode == "exhaustive" and ties != "newest" and min_score is None and order_by == "score" \
+                and all(w is None for w in wheres):  # the common question: one call, no per-query objects
+            arrays = scan_unfiltered(snap, engine, plans, k)
+        if arrays is None:
+            arrays = self._scan_hits(snap, engine, plans, wheres, k, mode, budget, ties, min_score, order_by)
         if name == "numba":
             warmup.mark_ready()
         elif tiered:  # answered: now load the compiled engine (and lay out this snapshot for it)
             warmup.start(lambda: warm_compiled_engine(self, snap, queries[0]))
+        seqs, scores, vidx, rows, read, scanned = arrays
+        _check_tenants(snap, wheres, vidx, rows)
+        return MemoryResults(seqs, scores, snap, vidx, rows, {
+            "backend": name, "backend_reason": reason, "mode": mode, "max_partitions": budget,
+            "postings_read": read, "partitions_scanned": scanned,
+            "partitions": len(snap.partitions), "snapshot_version": snap.version, "ties": ties,
+            "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
+        })
+
+    @staticmethod
+    def _scan_hits(snap: Snapshot, engine, plans, wheres, k: int, mode: str, budget, ties: str,
+                   min_score: float | None, order_by: str) -> tuple[np.ndarray, ...]:
+        """:meth:`search`'s general path: each query's hits through :func:`~gpuir.memory.partitions.scan`
+        (any mode and filter), then the edge rules (:mod:`gpuir.memory.hitorder`), as
+        :func:`~gpuir.memory.partitions.scan_unfiltered`'s arrays."""
+        out = scan(snap, engine, plans, wheres, k + 1 if ties == "newest" else k, mode, budget)
         if ties == "newest" or min_score is not None or order_by == "time":  # at the edge (gpuir.memory.hitorder)
             edged = []
             for i, (h, r, p) in enumerate(out):
@@ -1054,7 +1075,7 @@ class Memory:
                 h = threshold(h, min_score)
                 edged.append((by_time(h, snap) if order_by == "time" else h, r, p))
             out = edged
-        B = len(queries)
+        B = len(plans)
         seqs = np.full((B, k), -1, dtype=np.int64)
         scores = np.full((B, k), -np.inf, dtype=np.float32)
         vidx = np.full((B, k), -1, dtype=np.int64)
@@ -1062,15 +1083,8 @@ class Memory:
         for i, (h, _, _) in enumerate(out):
             m = len(h)
             seqs[i, :m], scores[i, :m], vidx[i, :m], rows[i, :m] = h.seqs, h.scores, h.vidx, h.rows
-        _check_tenants(snap, wheres, vidx, rows)
-        res = MemoryResults(seqs, scores, snap, vidx, rows, {
-            "backend": name, "backend_reason": reason, "mode": mode, "max_partitions": budget,
-            "postings_read": np.array([r for _, r, _ in out], dtype=np.int64),
-            "partitions_scanned": np.array([p for _, _, p in out], dtype=np.int64),
-            "partitions": len(snap.partitions), "snapshot_version": snap.version, "ties": ties,
-            "timings": {"analyze_s": t1 - t0, "search_s": time.perf_counter() - t1},
-        })
-        return res
+        return (seqs, scores, vidx, rows, np.array([r for _, r, _ in out], dtype=np.int64),
+                np.array([p for _, _, p in out], dtype=np.int64))
 
     def term_stats(self, queries: str | Sequence[str]) -> TermStats:
         """This memory's live N, total length and the df of the queries' analysed terms (a shard's report)."""

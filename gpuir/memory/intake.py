@@ -64,7 +64,7 @@ def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | Non
                           f"{type(records).__name__}")
     out: list[dict[str, Any]] = []
     for j, rec in enumerate(records):
-        if not isinstance(rec, Mapping):
+        if rec.__class__ is not dict and not isinstance(rec, Mapping):  # (a plain dict skips the ABC's check)
             raise RecordError(f"{_who(rec, j, start, labels)} is a {type(rec).__name__}; each record must be a "
                               "dict (a JSON object)")
         if not _KNOWN.issuperset(rec.keys()):
@@ -81,7 +81,7 @@ def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | Non
                 new = dict(rec)
             new[f] = ms
         meta = rec.get("metadata")
-        if isinstance(meta, Mapping) and EXPIRES_KEY in meta:
+        if meta is not None and isinstance(meta, Mapping) and EXPIRES_KEY in meta:
             raise RecordError(f"{_who(rec, j, start, labels)}: the metadata key {EXPIRES_KEY!r} is reserved (it "
                               "holds expires_at): give the record's expires_at field instead")
         out.append(new if new is not None else rec if isinstance(rec, dict) else dict(rec))

@@ -12,7 +12,7 @@ from _memory_oracle import Model, assert_same, random_query, random_record, rand
 from gpuir import Memory
 from gpuir.backends import cpu_segments
 from gpuir.bm25 import METHODS
-from gpuir.memory import segscan
+from gpuir.memory import partitions, segscan, store
 from gpuir.memory.search import SegmentEngine
 
 pytest.importorskip("numba")
@@ -467,3 +467,35 @@ def test_a_batch_plans_each_query_as_it_alone_would(method):
             assert p.const.tobytes() == alone.const.tobytes()
         assert any(len(p.terms) for p in batch) and any(p.empty for p in batch)
         assert any(int(p.mult.max(initial=0)) > 1 for p in batch), "a repeated term"
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_a_plain_question_is_one_call_whose_arrays_are_the_results(method, monkeypatch):
+    """An unfiltered "exhaustive" batch (several partitions, tombstones, a query no record matches, k above N)
+    takes partitions.scan_unfiltered -- one compiled call, no per-query hits -- and returns exactly what the
+    general path returns: ids, scores, rows and the meta's postings read and partitions scanned."""
+    m, model, rng = _grown(method, 7)
+    assert len(m.snapshot().partitions) > 1
+    qs = [random_query(rng) for _ in range(12)] + ["zzzunseen qqqnothing"]
+    seen = []
+    real = partitions.scan_unfiltered
+    monkeypatch.setattr(store, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
+    calls = _calls(monkeypatch)
+    for k in (3, 10, 10_000):
+        m.search(qs, k=k, backend="numba")  # (a snapshot's first search: weights per posting; then cached)
+        n = len(calls)
+        fast = m.search(qs, k=k, backend="numba")
+        assert calls[n:] == [len(qs)], "one compiled call for the whole batch"
+        with monkeypatch.context() as mp:
+            mp.setattr(store, "scan_unfiltered", lambda *a: None)  # the general path: partitions.scan, hits per query
+            general = m.search(qs, k=k, backend="numba")
+        for a in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(fast, a), getattr(general, a), err_msg=f"{a} k={k}")
+        for key in ("postings_read", "partitions_scanned"):
+            np.testing.assert_array_equal(fast.meta[key], general.meta[key], err_msg=f"{key} k={k}")
+        assert fast.meta["partitions_scanned"][-1] == 0 and fast.ids(len(qs) - 1) == []
+        ids, scores = model.search(qs, min(k, len(model.live)))
+        assert_same(fast, ids, scores, f"{method} k={k}")
+    assert seen, "the plain question went through scan_unfiltered"
+    where = m.search(qs[:2], k=3, where={"role": "user"}, backend="numba")  # a filter: the general path
+    assert where.meta["backend"] == "numba"

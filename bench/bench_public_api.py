@@ -43,7 +43,7 @@ def _one_core() -> None:
     os.sched_setaffinity(0, {0})
 
 
-def _records(tenant: str) -> tuple[list[dict[str, str]], list[str]]:
+def _records(tenant: str, max_records: int | None, max_questions: int | None) -> tuple[list[dict[str, str]], list[str]]:
     sys.path.insert(0, str(REPO))
     from gpuir.datapath import longmemeval_path
 
@@ -56,7 +56,7 @@ def _records(tenant: str) -> tuple[list[dict[str, str]], list[str]]:
                 seen.setdefault(turn["content"], sid)
     # ids as the service keeps them (TENANT/ID): the saved memory is served as it is
     recs = [{"id": f"{tenant}/t{i}", "text": t, "session": s, "tenant": tenant} for i, (t, s) in enumerate(seen.items())]
-    return recs, [e["question"] for e in data]
+    return recs[:max_records], [e["question"] for e in data][:max_questions]
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--one-core", action="store_true", help="pin this process to CPU 0, thread pools at 1")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--passes", type=int, default=2, help="interleaved passes over the questions")
+    ap.add_argument("--records", type=int, default=None, help="only the first N turns (a quick check)")
+    ap.add_argument("--questions", type=int, default=None, help="only the first N questions (a quick check)")
     args = ap.parse_args(argv)
     if args.one_core:
         _one_core()
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
     from gpuir.service.testing import ServerProcess
 
     tenant = "lme"
-    recs, questions = _records(tenant)
+    recs, questions = _records(tenant, args.records, args.questions)
     print(f"LongMemEval-S: {len(recs):,} turns, {len(questions)} questions", flush=True)
     mem = Memory()
     for a in range(0, len(recs), 1000):
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
         def bare(ids):
             return [i.split("/", 1)[-1] for i in ids]
 
-        same = all(bare(client.search([q], k=k).ids(0)) == bare(mem.search([q], k=k).ids(0)) for q in questions[:100])
+        same = all(bare(client.search([q], k=k).ids(0)) == bare(mem.search([q], k=k).ids(0)) for q in questions[:100])  # (first 100)
         gc.collect()
         gc.freeze()
         lat: dict[str, list[float]] = {n: [] for n in fns}

@@ -229,6 +229,8 @@ class Corpus:
     queries: list[str]
     gold: list[np.ndarray] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    #: Each text's session id, where the corpus has sessions (LongMemEval: the first session holding the turn).
+    sessions: list[str] | None = None
 
 
 def load_longmemeval(max_docs: int | None = None, max_queries: int | None = None) -> Corpus:
@@ -243,21 +245,22 @@ def load_longmemeval(max_docs: int | None = None, max_queries: int | None = None
         )
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
-    seen: dict[str, None] = {}
+    seen: dict[str, str] = {}  # turn text -> the first session holding it
     for entry in data:
-        for session in entry["haystack_sessions"]:
+        for sid, session in zip(entry["haystack_session_ids"], entry["haystack_sessions"]):
             for turn in session:
-                seen.setdefault(turn["content"], None)
+                seen.setdefault(turn["content"], sid)
     texts = list(seen)
+    sessions = list(seen.values())
     queries = [e["question"] for e in data]
     del data, seen
     if max_docs:
-        texts = texts[:max_docs]
+        texts, sessions = texts[:max_docs], sessions[:max_docs]
     if max_queries:
         queries = queries[:max_queries]
     return Corpus("longmemeval", texts, queries, None,
                   {"source": str(path), "dedup": "by turn text", "n_docs": len(texts),
-                   "n_queries": len(queries)})
+                   "n_queries": len(queries)}, sessions)
 
 
 def load_synthetic(n_records: int, n_queries: int, seed: int) -> Corpus:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
 import os
 import subprocess
@@ -44,19 +43,13 @@ def _one_core() -> None:
 
 
 def _records(tenant: str, max_records: int | None, max_questions: int | None) -> tuple[list[dict[str, str]], list[str]]:
-    sys.path.insert(0, str(REPO))
-    from gpuir.datapath import longmemeval_path
+    import bench_cpu  # the one loader of the LongMemEval-S turns (de-duplicated by text)
 
-    with gzip.open(longmemeval_path("s"), "rt", encoding="utf-8") as f:
-        data = json.load(f)
-    seen: dict[str, str] = {}
-    for entry in data:
-        for sid, session in zip(entry["haystack_session_ids"], entry["haystack_sessions"]):
-            for turn in session:
-                seen.setdefault(turn["content"], sid)
+    corpus = bench_cpu.load_longmemeval(max_records, max_questions)
     # ids as the service keeps them (TENANT/ID): the saved memory is served as it is
-    recs = [{"id": f"{tenant}/t{i}", "text": t, "session": s, "tenant": tenant} for i, (t, s) in enumerate(seen.items())]
-    return recs[:max_records], [e["question"] for e in data][:max_questions]
+    recs = [{"id": f"{tenant}/t{i}", "text": t, "session": s, "tenant": tenant}
+            for i, (t, s) in enumerate(zip(corpus.texts, corpus.sessions))]
+    return recs, corpus.queries
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -8,7 +8,10 @@ awaited, and a static :class:`gpuir.BM25Index` built over the same texts. Then, 
 (memory on cupy, memory on numba, static index on cupy, static index on numba):
 
 * one question at a time, ``--one`` questions, interleaved engine by engine (p50 / p99 latency);
-* one batch of ``--queries`` questions (queries/s, median of ``--repeats``);
+* one batch of ``--queries`` questions (queries/s, median of ``--repeats``), and batches of each
+  size in ``--sweep`` (where the device starts to pay);
+* ``memory_cupy_per_query``: the memory on cupy by its general path (one scorer call per query and
+  segment, what an unfiltered batch took before ``SegmentEngine._search_all_each``), batches only;
 * whether the memory's batch results on the device equal its results on the CPU and the static
   index's (ids and float32 scores).
 
@@ -47,11 +50,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--partition-days", type=float, default=7.0, help="0: one partition")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sweep", default="16,64,256", help="comma-separated batch sizes also timed ('' for none)")
     p.add_argument("--model", action="store_true", help="no GPU: cupy is the kernel model (not a GPU figure)")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     if min(a.records, a.batch, a.queries, a.one, a.k, a.repeats) < 1:
         p.error("--records, --batch, --queries, --one, -k and --repeats must be positive")
+    try:
+        a.sweep = [int(x) for x in a.sweep.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--sweep takes comma-separated batch sizes, got {a.sweep!r}")
+    if any(n < 1 for n in a.sweep):
+        p.error("--sweep sizes must be positive")
     if a.out is None:
         a.out = Path(os.environ.get("OUT") or ROOT / "bench" / "results") / (
             f"bench_memory_device_{'model' if a.model else platform.node()}_{a.partition_days:g}d.json")
@@ -67,13 +77,14 @@ def main(argv=None) -> int:
 
     from gpuir import BM25Index, Memory
     from gpuir.gpu_info import gpu_report
+    from gpuir.memory.search import SegmentEngine
     from gpuir.synthetic import generate
 
     res: dict[str, Any] = {"benchmark": "bench_memory_device", "command": " ".join(sys.argv),
                            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                            "machine": machine(), "gpu": gpu_report(), "model": a.model,
                            "config": {k: getattr(a, k) for k in ("records", "batch", "queries", "one", "k",
-                                                                 "repeats", "partition_days", "seed")}}
+                                                                 "repeats", "partition_days", "seed", "sweep")}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(part: str) -> None:
@@ -81,7 +92,7 @@ def main(argv=None) -> int:
         print(f"[bench_memory_device] {part}: {json.dumps(res.get(part), default=str)[:600]}", flush=True)
 
     t = time.perf_counter()
-    g = generate(a.records, n_queries=max(a.queries, a.one), seed=a.seed)
+    g = generate(a.records, n_queries=max(a.queries, a.one, *a.sweep), seed=a.seed)
     mem = Memory(partition_days=a.partition_days or None)
     for i in range(0, a.records, a.batch):
         mem.add(g.records(i, min(i + a.batch, a.records)))
@@ -107,19 +118,32 @@ def main(argv=None) -> int:
     res["one_at_a_time"] = _search_times_together(fns, qs[: a.one])
     save("one_at_a_time")
 
-    batch = qs[: a.queries]
-    out: dict[str, Any] = {}
+    def per_query(q):  # the general path: a scorer call per query and segment
+        SegmentEngine.batch_each = False
+        try:
+            return mem.search(q, k=a.k, backend="cupy")
+        finally:
+            SegmentEngine.batch_each = True
+
+    batch_fns = {**fns, "memory_cupy_per_query": per_query}
     last: dict[str, Any] = {}
-    for name, f in fns.items():
-        times = []
-        for _ in range(a.repeats):
-            t = time.perf_counter()
-            last[name] = f(batch)
-            times.append(time.perf_counter() - t)
-        med = statistics.median(times)
-        out[name] = {"batch": len(batch), "median_s": med, "qps": len(batch) / med, "times_s": times,
-                     "backend": last[name].meta.get("backend")}
-    res["batch"] = out
+
+    def time_batches(batch: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, f in batch_fns.items():
+            f(batch)  # (a new batch size: CUDA graphs and workspaces sized once)
+            times = []
+            for _ in range(a.repeats):
+                t = time.perf_counter()
+                last[name] = f(batch)
+                times.append(time.perf_counter() - t)
+            med = statistics.median(times)
+            out[name] = {"batch": len(batch), "median_s": med, "qps": len(batch) / med, "times_s": times,
+                         "backend": last[name].meta.get("backend")}
+        return out
+
+    batch = qs[: a.queries]
+    res["batch"] = time_batches(batch)
     save("batch")
 
     def same(x, y) -> dict[str, Any]:
@@ -131,8 +155,14 @@ def main(argv=None) -> int:
 
     res["identical"] = {"memory_cupy_vs_memory_numba": same(last["memory_cupy"], last["memory_numba"]),
                         "memory_cupy_vs_static_cupy": same(last["memory_cupy"], last["static_cupy"]),
-                        "static_cupy_vs_static_numba": same(last["static_cupy"], last["static_numba"])}
+                        "static_cupy_vs_static_numba": same(last["static_cupy"], last["static_numba"]),
+                        "memory_cupy_vs_per_query": same(last["memory_cupy"], last["memory_cupy_per_query"])}
     save("identical")
+    res["sweep"] = {}
+    for n in a.sweep:
+        res["sweep"][str(n)] = {name: {"qps": r["qps"], "median_s": r["median_s"]}
+                                for name, r in time_batches(qs[:n]).items()}
+        save("sweep")
     ok = all(v["rows_with_other_ids"] == 0 and v["scores_bit_equal"] for v in res["identical"].values())
     mem.close()
     print(f"wrote {a.out}", flush=True)

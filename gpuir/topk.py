@@ -8,7 +8,9 @@ result is exact (never "some k of the tied ones"):
 * :func:`topk_pairs` -- the best k of one candidate set ``(ids, scores)``
   (:func:`topk_order`: their positions, to gather other arrays alike);
 * :func:`topk_rows` -- the best k of each row of a dense score matrix (NumPy or
-  CuPy), ``-inf`` (and NaN) marking non-candidates, with optional per-column ids.
+  CuPy), ``-inf`` (and NaN) marking non-candidates, with optional per-column ids;
+* :func:`topk_rows_by_id` -- the order of the best k of each row of candidate
+  (id, score) pairs in any order (several top-k lists side by side, say).
 
 Only NumPy is imported; CuPy arrays are handled through their own module.
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "kth_largest", "topk_order", "topk_pairs", "topk_rows"]
+__all__ = ["array_module", "kth_largest", "topk_order", "topk_pairs", "topk_rows", "topk_rows_by_id"]
 
 
 def array_module(a: Any):
@@ -127,3 +129,24 @@ def topk_rows(scores: Any, k: int, col_ids: Any = None) -> tuple[Any, Any]:
         ids = xp.concatenate([ids, xp.full((B, k - kk), -1, xp.int64)], 1)
         sc = xp.concatenate([sc, xp.full((B, k - kk), -xp.inf, xp.float32)], 1)
     return ids, sc
+
+
+def topk_rows_by_id(ids: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the best ``k`` of each row of candidates, best first: score descending, then id ascending.
+
+    Parameters
+    ----------
+    ids : ndarray, shape (B, M), int64, host
+        Candidate ids, distinct within a row, in any order; padding slots hold any id with a ``-inf`` score.
+    scores : ndarray, shape (B, M), float32, host
+        Their scores (no NaN); ``-inf`` marks padding, which sorts after every candidate.
+    k : int
+        How many to keep per row (>= 1).
+
+    Returns
+    -------
+    ndarray, shape (B, min(k, M)), int64, host: column positions into each row of ``ids`` / ``scores``
+    (gather with ``np.take_along_axis``); positions of padding come last.
+    """
+    order = np.lexsort((ids, -scores), axis=1)
+    return order[:, :min(k, ids.shape[1])].astype(np.int64, copy=False)

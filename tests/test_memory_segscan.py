@@ -499,3 +499,34 @@ def test_a_plain_question_is_one_call_whose_arrays_are_the_results(method, monke
     assert seen, "the plain question went through scan_unfiltered"
     where = m.search(qs[:2], k=3, where={"role": "user"}, backend="numba")  # a filter: the general path
     assert where.meta["backend"] == "numba"
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+def test_a_plain_batch_on_numpy_is_one_scorer_call_per_segment(method, monkeypatch):
+    """Without the one compiled call ("numpy" here; "cupy" in tests/test_memory_gpu_host.py), an unfiltered
+    "exhaustive" batch still skips the per-query objects: one scorer call per segment answers every query
+    (SegmentEngine._search_all_each), and the merged arrays equal the general path's and a fresh index's."""
+    from gpuir.backends.numpy_backend import NumpyScorer
+
+    m, model, rng = _grown(method, 11)
+    snap = m.snapshot()
+    assert len(snap.partitions) > 1 and len(snap.views) > 3
+    qs = [random_query(rng) for _ in range(12)] + ["zzzunseen qqqnothing"]
+    calls: list[int] = []
+    real = NumpyScorer.search_weighted
+    monkeypatch.setattr(NumpyScorer, "search_weighted", lambda self, wq, *a, **kw: calls.append(wq.n_rows)
+                        or real(self, wq, *a, **kw))
+    for k in (3, 10, 10_000):
+        del calls[:]
+        fast = m.search(qs, k=k, backend="numpy")
+        assert calls and set(calls) == {len(qs)} and len(calls) <= len(snap.views), calls
+        with monkeypatch.context() as mp:
+            mp.setattr(SegmentEngine, "batch_each", False)  # the general path: partitions.scan, hits per query
+            general = m.search(qs, k=k, backend="numpy")
+        for a in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(fast, a), getattr(general, a), err_msg=f"{a} k={k}")
+        np.testing.assert_array_equal(fast.meta["partitions_scanned"], general.meta["partitions_scanned"])
+        assert (fast.meta["postings_read"] >= general.meta["postings_read"]).all()  # (no bound between segments)
+        assert fast.meta["partitions_scanned"][-1] == 0 and fast.ids(len(qs) - 1) == []
+        ids, scores = model.search(qs, min(k, len(model.live)))
+        assert_same(fast, ids, scores, f"{method} k={k}")

@@ -48,7 +48,7 @@ from ..backends import make_scorer
 from ..backends.base import CollectionStats, Scorer, WeightedQueries
 from ..backends.weights import has_absent_weight, term_weights
 from ..bm25 import BM25Params
-from ..topk import kth_largest, topk_order
+from ..topk import kth_largest, topk_order, topk_rows_by_id
 from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
 from .termstats import TermStats
@@ -316,9 +316,82 @@ class SegmentEngine:
         counts)); None when the compiled engine does not serve these segments (then :meth:`scan`)."""
         threads = self._compiled_threads(view_ids)
         if threads is None:
-            return None
+            return self._search_all_each(view_ids, plans, k) if self.batch_each else None
         jobs = [Job(i, p, None) for i, p in enumerate(plans)]
         return _segscan().search_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
+
+    #: :meth:`search_all` on backends without the one compiled call ("numpy", "cupy"): one scorer
+    #: call per segment for the whole batch (:meth:`_search_all_each`); False: None (then :meth:`scan`).
+    batch_each = True
+
+    def _search_all_each(self, view_ids: tuple[int, ...], plans: list[QueryPlan],
+                         k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`search_all` through each segment's scorer: the whole batch in one call per segment.
+
+        The batch's terms are mapped to each segment's local ids at once (no per-query loop), every
+        row weighed as :meth:`_search_segment` weighs it, and the segments' top k merged under the tie
+        rule (:func:`gpuir.topk.topk_rows_by_id`). No bound passes between segments: a device scorer
+        pays per call, not per posting, so fewer calls beat fewer postings there.
+
+        Returns
+        -------
+        As :func:`gpuir.memory.segscan.search_compiled`: out_i (3, B, k) int64 (sequence number, view
+        position, row; -1 pads), out_f (B, k) float32 (-inf pads), counts (B, 1) int64 (postings read),
+        host.
+        """
+        snap = self.snap
+        B = len(plans)
+        lens = np.fromiter((len(p.terms) for p in plans), np.int64, B)
+        prow = np.repeat(np.arange(B, dtype=np.int64), lens)
+        gids = np.concatenate([p.gids for p in plans]).astype(np.int64, copy=False)
+        mult = np.concatenate([p.mult for p in plans]).astype(np.int64, copy=False)
+        idf = np.concatenate([p.idf for p in plans]).astype(np.float32, copy=False)
+        w0 = np.concatenate([p.w0 for p in plans]).astype(np.float32, copy=False)
+        consts = np.array([p.const for p in plans], np.float32)
+        has_w0 = plans[0].has_w0
+        read = np.zeros(B, np.int64)
+        got_i, got_s, got_v, got_r = [], [], [], []
+        for vi in view_ids:
+            view = snap.views[vi]
+            seg = view.seg
+            lids = seg.local_terms(gids)
+            keep = lids >= 0
+            if not keep.any():
+                continue
+            rows = prow[keep]
+            off = np.zeros(B + 1, np.int64)
+            np.cumsum(np.bincount(rows, minlength=B), out=off[1:])
+            lt = lids[keep]
+            scorer = self._scorer_of(vi)
+            opts: dict[str, Any] = {"live": view.live}
+            if self.use_weighted and hasattr(scorer, "search_weighted"):
+                wq = WeightedQueries(off, lt, mult[keep], idf[keep], w0[keep], consts, has_w0, snap.avgdl)
+                res = scorer.search_weighted(wq, k, None, **opts)
+            else:
+                queries = np.split(np.repeat(lt, mult[keep]), np.cumsum(np.bincount(
+                    rows, weights=mult[keep], minlength=B).astype(np.int64))[:-1])
+                res = scorer.search(queries, k, None, stats=self.stats(vi), consts=consts, **opts)
+            per_row = res.meta.get("postings_rows")
+            if per_row is None:
+                per_row = np.bincount(rows, weights=seg.csr.offsets[lt + 1] - seg.csr.offsets[lt], minlength=B)
+            read += np.asarray(per_row, np.int64)
+            loc = res.ids
+            ok = loc >= 0
+            got_i.append(np.where(ok, seg.seqs[np.where(ok, loc, 0)], -1))
+            got_s.append(res.scores)
+            got_v.append(np.where(ok, vi, -1))
+            got_r.append(np.where(ok, loc, -1))
+        out_i = np.full((3, B, k), -1, np.int64)
+        out_f = np.full((B, k), -np.inf, np.float32)
+        if got_i:
+            seqs, scores = np.concatenate(got_i, 1), np.concatenate(got_s, 1)
+            order = topk_rows_by_id(seqs, scores, k)
+            w = order.shape[1]
+            out_i[0, :, :w] = np.take_along_axis(seqs, order, 1)
+            out_i[1, :, :w] = np.take_along_axis(np.concatenate(got_v, 1), order, 1)
+            out_i[2, :, :w] = np.take_along_axis(np.concatenate(got_r, 1), order, 1)
+            out_f[:, :w] = np.take_along_axis(scores, order, 1)
+        return out_i, out_f, read[:, None]
 
     def _scorer_of(self, vi: int) -> Scorer:
         return segment_scorer(self.snap.views[vi].seg, self.name, self.snap.params)

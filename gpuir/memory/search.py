@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,41 +275,6 @@ def _segscan():
     return _SEGSCAN
 
 
-class _FlatBatch:
-    """A batch of plans as flat arrays (every query's terms in a row): what each segment's call slices.
-
-    Attributes
-    ----------
-    prow : ndarray (T,), int64 -- each term's query
-    gids, mult : ndarray (T,), int64
-    idf, w0 : ndarray (T,), float32
-    consts : ndarray (B,), float32
-    """
-
-    def __init__(self, plans: list[QueryPlan]):
-        self.n_rows = B = len(plans)
-        lens = np.fromiter((len(p.terms) for p in plans), np.int64, B)
-        self.prow = np.repeat(np.arange(B, dtype=np.int64), lens)
-        self.gids = np.concatenate([p.gids for p in plans]).astype(np.int64, copy=False)
-        self.mult = np.concatenate([p.mult for p in plans]).astype(np.int64, copy=False)
-        self.idf = np.concatenate([p.idf for p in plans]).astype(np.float32, copy=False)
-        self.w0 = np.concatenate([p.w0 for p in plans]).astype(np.float32, copy=False)
-        self.consts = np.array([p.const for p in plans], np.float32)
-        self.has_w0 = plans[0].has_w0
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _device_pool(workers: int) -> ThreadPoolExecutor:
-    """The process's threads that overlap device searches (made on first use; grown when more are asked)."""
-    global _POOL
-    with _build_lock:
-        if _POOL is None or _POOL._max_workers < workers:
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="gpuir-device")
-        return _POOL
-
-
 class SegmentEngine:
     """Exact BM25 over a snapshot's segments through one backend's scorers (see the module docstring).
 
@@ -360,10 +324,6 @@ class SegmentEngine:
     #: call per segment for the whole batch (:meth:`_search_all_each`); False: None (then :meth:`scan`).
     batch_each = True
 
-    #: Segments whose device searches overlap (threads, each with its own stream and workspace): a
-    #: device search waits for its results, and the next segment's host work fills that wait.
-    device_workers = 4
-
     def _search_all_each(self, view_ids: tuple[int, ...], plans: list[QueryPlan],
                          k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`search_all` through each segment's scorer: the whole batch in one call per segment.
@@ -371,8 +331,7 @@ class SegmentEngine:
         The batch's terms are mapped to each segment's local ids at once (no per-query loop), every
         row weighed as :meth:`_search_segment` weighs it, and the segments' top k merged under the tie
         rule (:func:`gpuir.topk.topk_rows_by_id`). No bound passes between segments: a device scorer
-        pays per call, not per posting, so fewer calls beat fewer postings there; its calls overlap
-        (:attr:`device_workers`).
+        pays per call, not per posting, so fewer calls beat fewer postings there.
 
         Returns
         -------
@@ -380,61 +339,59 @@ class SegmentEngine:
         position, row; -1 pads), out_f (B, k) float32 (-inf pads), counts (B, 1) int64 (postings read),
         host.
         """
+        snap = self.snap
         B = len(plans)
-        batch = _FlatBatch(plans)
-        if self.name == "cupy" and len(view_ids) > 1 and self.device_workers > 1:
-            got = list(_device_pool(self.device_workers).map(lambda vi: self._segment_top(vi, batch, k), view_ids))
-        else:
-            got = [self._segment_top(vi, batch, k) for vi in view_ids]
-        got = [g for g in got if g is not None]
+        lens = np.fromiter((len(p.terms) for p in plans), np.int64, B)
+        prow = np.repeat(np.arange(B, dtype=np.int64), lens)
+        gids = np.concatenate([p.gids for p in plans]).astype(np.int64, copy=False)
+        mult = np.concatenate([p.mult for p in plans]).astype(np.int64, copy=False)
+        idf = np.concatenate([p.idf for p in plans]).astype(np.float32, copy=False)
+        w0 = np.concatenate([p.w0 for p in plans]).astype(np.float32, copy=False)
+        consts = np.array([p.const for p in plans], np.float32)
+        has_w0 = plans[0].has_w0
+        read = np.zeros(B, np.int64)
+        got_i, got_s, got_v, got_r = [], [], [], []
+        for vi in view_ids:
+            view = snap.views[vi]
+            seg = view.seg
+            lids = seg.local_terms(gids)
+            keep = lids >= 0
+            if not keep.any():
+                continue
+            rows = prow[keep]
+            off = np.zeros(B + 1, np.int64)
+            np.cumsum(np.bincount(rows, minlength=B), out=off[1:])
+            lt = lids[keep]
+            scorer = self._scorer_of(vi)
+            opts: dict[str, Any] = {"live": view.live}
+            if self.use_weighted and hasattr(scorer, "search_weighted"):
+                wq = WeightedQueries(off, lt, mult[keep], idf[keep], w0[keep], consts, has_w0, snap.avgdl)
+                res = scorer.search_weighted(wq, k, None, **opts)
+            else:
+                queries = np.split(np.repeat(lt, mult[keep]), np.cumsum(np.bincount(
+                    rows, weights=mult[keep], minlength=B).astype(np.int64))[:-1])
+                res = scorer.search(queries, k, None, stats=self.stats(vi), consts=consts, **opts)
+            per_row = res.meta.get("postings_rows")
+            if per_row is None:
+                per_row = np.bincount(rows, weights=seg.csr.offsets[lt + 1] - seg.csr.offsets[lt], minlength=B)
+            read += np.asarray(per_row, np.int64)
+            loc = res.ids
+            ok = loc >= 0
+            got_i.append(np.where(ok, seg.seqs[np.where(ok, loc, 0)], -1))
+            got_s.append(res.scores)
+            got_v.append(np.where(ok, vi, -1))
+            got_r.append(np.where(ok, loc, -1))
         out_i = np.full((3, B, k), -1, np.int64)
         out_f = np.full((B, k), -np.inf, np.float32)
-        read = np.zeros(B, np.int64)
-        if got:
-            for g in got:
-                read += g[0]
-            seqs, scores = np.concatenate([g[1] for g in got], 1), np.concatenate([g[2] for g in got], 1)
+        if got_i:
+            seqs, scores = np.concatenate(got_i, 1), np.concatenate(got_s, 1)
             order = topk_rows_by_id(seqs, scores, k)
             w = order.shape[1]
             out_i[0, :, :w] = np.take_along_axis(seqs, order, 1)
-            out_i[1, :, :w] = np.take_along_axis(np.concatenate([g[3] for g in got], 1), order, 1)
-            out_i[2, :, :w] = np.take_along_axis(np.concatenate([g[4] for g in got], 1), order, 1)
+            out_i[1, :, :w] = np.take_along_axis(np.concatenate(got_v, 1), order, 1)
+            out_i[2, :, :w] = np.take_along_axis(np.concatenate(got_r, 1), order, 1)
             out_f[:, :w] = np.take_along_axis(scores, order, 1)
         return out_i, out_f, read[:, None]
-
-    def _segment_top(self, vi: int, batch: _FlatBatch, k: int) -> tuple[np.ndarray, ...] | None:
-        """One scorer call for the whole batch on view ``vi``: (postings read (B,), sequence numbers, scores,
-        view positions, rows (B, k) each; -1 / -inf pads), or None when no query term is in the segment."""
-        snap = self.snap
-        view = snap.views[vi]
-        seg = view.seg
-        B = batch.n_rows
-        lids = seg.local_terms(batch.gids)
-        keep = lids >= 0
-        if not keep.any():
-            return None
-        rows = batch.prow[keep]
-        off = np.zeros(B + 1, np.int64)
-        np.cumsum(np.bincount(rows, minlength=B), out=off[1:])
-        lt = lids[keep]
-        mult = batch.mult[keep]
-        scorer = self._scorer_of(vi)
-        if self.use_weighted and hasattr(scorer, "search_weighted"):
-            wq = WeightedQueries(off, lt, mult, batch.idf[keep], batch.w0[keep], batch.consts, batch.has_w0,
-                                 snap.avgdl)
-            res = scorer.search_weighted(wq, k, None, live=view.live)
-        else:  # each row's terms, repeats kept, as Scorer.search takes them
-            flat = np.repeat(lt, mult)
-            ends = np.cumsum(np.bincount(rows, weights=mult, minlength=B).astype(np.int64)).tolist()
-            queries = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-            res = scorer.search(queries, k, None, stats=self.stats(vi), consts=batch.consts, live=view.live)
-        per_row = res.meta.get("postings_rows")
-        if per_row is None:
-            per_row = np.bincount(rows, weights=seg.csr.offsets[lt + 1] - seg.csr.offsets[lt], minlength=B)
-        loc = res.ids
-        ok = loc >= 0
-        return (np.asarray(per_row, np.int64), np.where(ok, seg.seqs[np.where(ok, loc, 0)], -1), res.scores,
-                np.where(ok, vi, -1), np.where(ok, loc, -1))
 
     def _scorer_of(self, vi: int) -> Scorer:
         return segment_scorer(self.snap.views[vi].seg, self.name, self.snap.params)

@@ -19,15 +19,12 @@ spans many tiles and a block has few threads to emulate.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 from gpuir.backends import kernels as K
 
 from .harness import HostModule, build
-
-_LAUNCHES = threading.Lock()
 
 
 def small_blocks(tile_threads: int = 32, tile_docs: int = 64, select_threads: int = 64,
@@ -87,12 +84,8 @@ def real_kernels_installed(schedule: str = "forward", seed: int = 0, sm_count: i
             def launch(grid, block, args, shared_mem=0):
                 km.check_launch(sigs, name, grid, block, args, shared_mem)
                 cp.launches.append((name, grid, block, shared_mem))
-                def run():
-                    with _LAUNCHES:  # one emulated launch at a time: host threads may search at once, as on a GPU
-                        mod.launch(full, grid, block, [km.as_host(a) for a in args], shared=shared_mem,
-                                   schedule=schedule, seed=seed, **launch_kw)
-
-                km._deferred(run)  # recorded in a capture
+                km._deferred(lambda: mod.launch(full, grid, block, [km.as_host(a) for a in args], shared=shared_mem,
+                                                schedule=schedule, seed=seed, **launch_kw))  # recorded in a capture
 
             return launch
 

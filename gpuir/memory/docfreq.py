@@ -20,11 +20,14 @@ import numpy as np
 _EMPTY = np.zeros(0, np.int64)
 
 
-def _compact(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum ``vals`` per key: sorted unique keys and their non-zero sums (ndarrays, int64)."""
+def _compact(keys: np.ndarray, vals: np.ndarray, runs: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Sum ``vals`` per key: sorted unique keys and their non-zero sums (ndarrays, int64).
+
+    ``runs``: ``keys`` is two sorted runs one after the other (a merge sort's single pass then);
+    otherwise any order (the order of equal keys does not change a sum, so any sort will do)."""
     if keys.size == 0:
         return _EMPTY, _EMPTY
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys, kind="stable" if runs else None)
     k, v = keys[order], vals[order]
     starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
     k, v = k[starts], np.add.reduceat(v, starts)
@@ -155,7 +158,7 @@ class DfLog:
         while len(runs) >= 2 and runs[-2][0].size <= 2 * runs[-1][0].size:  # merge runs of similar size
             b = runs.pop()
             a = runs.pop()
-            runs.append(_compact(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])))
+            runs.append(_compact(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]), runs=True))
         if sum(int(k.size) for k, _ in runs) > self.fold_fraction * size + self.min_fold or t.base.size == 0 and runs:
             base = self.dense[:size].copy()
             base.flags.writeable = False

@@ -88,6 +88,7 @@ class Segment:
     __slots__ = (
         "_codes",
         "_csr",
+        "_g_lookup",
         "_importance",
         "_layout",
         "_loader",
@@ -100,8 +101,6 @@ class Segment:
         "_vectors",
         "cache",
         "df",
-        "g_order",
-        "g_sorted",
         "ids",
         "l2g",
         "length",
@@ -137,8 +136,7 @@ class Segment:
         self._layout: Any = _UNREAD  # the block index its file saved (None: none), read on first use
         self._lock = threading.RLock()
         self.l2g = np.asarray(l2g, dtype=np.int64)
-        self.g_order = np.argsort(self.l2g, kind="stable")
-        self.g_sorted = self.l2g[self.g_order]
+        self._g_lookup: tuple[np.ndarray, np.ndarray] | None = None  # (g_sorted, g_order): on first lookup
         if time_range is None:
             timed = time[time != MISSING_TIME]  # type: ignore[index]
             time_range = (int(timed.min()), int(timed.max())) if timed.size else (None, None)
@@ -298,12 +296,32 @@ class Segment:
     def __repr__(self) -> str:
         return f"Segment(uid={self.uid}, partition={self.partition}, n_docs={self.n_docs}, n_terms={self.n_terms})"
 
+    def _lookup(self) -> tuple[np.ndarray, np.ndarray]:
+        """(g_sorted, g_order), made on first use: a segment merged away before any search never needs them.
+        Two threads may both make them; the results are equal, and either is kept."""
+        lk = self._g_lookup
+        if lk is None:
+            order = np.argsort(self.l2g, kind="stable")
+            lk = self._g_lookup = (self.l2g[order], order)
+        return lk
+
+    @property
+    def g_sorted(self) -> np.ndarray:
+        """The segment's global term codes, ascending: ndarray (V,), int64, host."""
+        return self._lookup()[0]
+
+    @property
+    def g_order(self) -> np.ndarray:
+        """The local term id of each of :attr:`g_sorted`: ndarray (V,), int64, host."""
+        return self._lookup()[1]
+
     def local_terms(self, gids: np.ndarray) -> np.ndarray:
         """Local term ids of global term codes ``gids`` (ndarray (m,), int64); -1 where absent."""
-        if self.g_sorted.size == 0:
+        g_sorted, g_order = self._lookup()
+        if g_sorted.size == 0:
             return np.full(gids.shape, -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.g_sorted, gids), self.g_sorted.size - 1)
-        return np.where(self.g_sorted[pos] == gids, self.g_order[pos], -1)
+        pos = np.minimum(np.searchsorted(g_sorted, gids), g_sorted.size - 1)
+        return np.where(g_sorted[pos] == gids, g_order[pos], -1)
 
     def record(self, row: int, dicts: dict[str, Interner]) -> dict[str, Any]:
         """Row ``row`` as a record dict (absent fields left out)."""

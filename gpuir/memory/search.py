@@ -367,9 +367,10 @@ class SegmentEngine:
             if self.use_weighted and hasattr(scorer, "search_weighted"):
                 wq = WeightedQueries(off, lt, mult[keep], idf[keep], w0[keep], consts, has_w0, snap.avgdl)
                 res = scorer.search_weighted(wq, k, None, **opts)
-            else:
-                queries = np.split(np.repeat(lt, mult[keep]), np.cumsum(np.bincount(
-                    rows, weights=mult[keep], minlength=B).astype(np.int64))[:-1])
+            else:  # each row's terms, repeats kept, as Scorer.search takes them (slices: np.split costs 4x)
+                flat = np.repeat(lt, mult[keep])
+                ends = np.cumsum(np.bincount(rows, weights=mult[keep], minlength=B).astype(np.int64)).tolist()
+                queries = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
                 res = scorer.search(queries, k, None, stats=self.stats(vi), consts=consts, **opts)
             per_row = res.meta.get("postings_rows")
             if per_row is None:

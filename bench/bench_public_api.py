@@ -5,7 +5,8 @@ with its session and one tenant, grown into a :class:`gpuir.Memory` in batches o
 questions. Each question goes, in turn, through
 
 * ``Memory.search`` (no filter: the plain question's path),
-* ``Memory.search`` with ``where={"tenant": ...}`` (what the service sends for a tenant's key),
+* ``Memory.search`` with ``where={"tenant": ...}`` (a pooled memory's tenant search: ``gpuir serve
+  --statistics pooled``; by default the service searches the tenant's own memory without it),
 * ``Retriever(memory).search`` (the default: session BM25 + turn BM25, z-score fusion),
 * ``BM25Index.search`` over the same texts, and bm25s-numba (when installed),
 * the HTTP service: a real ``gpuir serve`` of the saved memory on loopback (its own process, on the other

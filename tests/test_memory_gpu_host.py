@@ -9,6 +9,7 @@ import pytest
 from _memory_oracle import Model, random_query, random_record, random_where
 
 from gpuir import Memory
+from gpuir.bm25 import METHODS
 
 cuda_host = pytest.importorskip("cuda_host")
 if cuda_host.find_compiler()[0] is None:
@@ -28,7 +29,7 @@ def same(res, ids, scores, what):
     assert np.array_equal(got, want), what
 
 
-@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+@pytest.mark.parametrize("method", METHODS)
 def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
@@ -61,7 +62,7 @@ def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
         assert len(scorers) >= 3
 
 
-@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+@pytest.mark.parametrize("method", METHODS)
 def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(method, monkeypatch):
     """An unfiltered batch on "cupy" makes one device search per segment for every query at once (the
     memory's per-query loop cost 11-21x the compiled CPU engine on an H200), and still equals the general

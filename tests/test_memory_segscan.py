@@ -501,7 +501,7 @@ def test_a_plain_question_is_one_call_whose_arrays_are_the_results(method, monke
     assert where.meta["backend"] == "numba"
 
 
-@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+@pytest.mark.parametrize("method", METHODS)
 def test_a_plain_batch_on_numpy_is_one_scorer_call_per_segment(method, monkeypatch):
     """Without the one compiled call ("numpy" here; "cupy" in tests/test_memory_gpu_host.py), an unfiltered
     "exhaustive" batch still skips the per-query objects: one scorer call per segment answers every query

@@ -530,3 +530,55 @@ def test_a_plain_batch_on_numpy_is_one_scorer_call_per_segment(method, monkeypat
         assert fast.meta["partitions_scanned"][-1] == 0 and fast.ids(len(qs) - 1) == []
         ids, scores = model.search(qs, min(k, len(model.live)))
         assert_same(fast, ids, scores, f"{method} k={k}")
+
+
+def test_a_filter_every_record_passes_is_the_plain_question(monkeypatch):
+    """A tenant's filter on a memory holding only that tenant, and the expiry of a search when nothing has
+    expired, select every live record: the search takes the plain question's path (one compiled call, no
+    allow-lists) and returns what the filtered search returns. Once another tenant's record, or an expired
+    one, is in the memory, the filter is applied again (and hides them)."""
+    rng = np.random.default_rng(31)
+    m = Memory(partition_days=3, merge_factor=64, merge_min=4, background_merges=False)
+    model = Model(analyzer="default", method="lucene")
+    for b in range(4):
+        recs = [{**random_record(rng, f"r{b}-{i}"), "tenant": "acme"} for i in range(40)]
+        recs[0]["expires_at"] = "2999-01-01T00:00:00Z"  # (a search's expiry filter: nothing expired yet)
+        m.add(recs)
+        model.add(recs)
+        m.delete([f"r{b}-5"])
+        model.delete([f"r{b}-5"])
+    qs = [random_query(rng) for _ in range(8)]
+    seen = []
+    real = partitions.scan_unfiltered
+    monkeypatch.setattr(store, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
+
+    def forced(where):  # the filter applied: the general path with allow-lists
+        with monkeypatch.context() as mp:
+            mp.setattr(store, "_vacuous_dropped", lambda snap, ws: ws)
+            return m.search(qs, k=10, where=where, backend="numba")
+
+    for where in ({"tenant": "acme"}, None):
+        del seen[:]
+        got = m.search(qs, k=10, where=where, backend="numba")
+        assert seen, f"{where}: the plain question's path"
+        want = forced(where)
+        for a in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(want, a), err_msg=f"{where} {a}")
+        ids, scores = model.search(qs, 10)
+        assert_same(got, ids, scores, f"{where}")
+
+    other = [{"id": "other", "text": " ".join(qs[0].split()[:2]), "tenant": "zeta"}]
+    m.add(other)
+    model.add(other)
+    del seen[:]
+    got = m.search(qs, k=10, where={"tenant": "acme"}, backend="numba")
+    assert not seen, "another tenant's record: the filter is applied"
+    ids, scores = model.search(qs, 10, where={"tenant": "acme"})
+    assert_same(got, ids, scores, "acme among others")
+    m.add([{"id": "gone", "text": qs[1], "tenant": "acme", "expires_at": "2000-01-01T00:00:00Z"}])
+    del seen[:]
+    got = m.search(qs, k=10, backend="numba")
+    assert not seen and "gone" not in got.ids(1), "an expired record: the search's expiry filter is applied"
+    want = forced(None)
+    for a in ("seqs", "scores", "vidx", "rows"):
+        np.testing.assert_array_equal(getattr(got, a), getattr(want, a), err_msg=f"expired {a}")

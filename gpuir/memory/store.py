@@ -1036,16 +1036,17 @@ class Memory:
             snap = restate(snap, stats)
         t0 = time.perf_counter()
         wheres = compile_wheres(where, len(queries), snap.dicts, time_unit, cutoff(snap))
+        scan_wheres = _vacuous_dropped(snap, wheres)
         plans = plan_queries(snap, list(queries), stats)
         t1 = time.perf_counter()
         engine = make_engine(snap, name)
         k = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k: results are min(k, N) wide, as BM25Index's
         arrays = None
         if mode == "exhaustive" and ties != "newest" and min_score is None and order_by == "score" \
-                and all(w is None for w in wheres):  # the common question: one call, no per-query objects
+                and all(w is None for w in scan_wheres):  # the common question: one call, no per-query objects
             arrays = scan_unfiltered(snap, engine, plans, k)
         if arrays is None:
-            arrays = self._scan_hits(snap, engine, plans, wheres, k, mode, budget, ties, min_score, order_by)
+            arrays = self._scan_hits(snap, engine, plans, scan_wheres, k, mode, budget, ties, min_score, order_by)
         if name == "numba":
             warmup.mark_ready()
         elif tiered:  # answered: now load the compiled engine (and lay out this snapshot for it)
@@ -1674,6 +1675,25 @@ def warm_compiled_engine(memory: Memory | None = None, snapshot: Snapshot | None
     if memory is not None:  # (twice: a snapshot's second compiled search fills its weight caches)
         for _ in range(2):
             memory.search([query or "warm"], k=10, backend="numba", snapshot=snapshot)
+
+
+def _vacuous_dropped(snap: Snapshot, wheres: list) -> list:
+    """``wheres`` with None for each filter that every live record of ``snap`` passes
+    (:meth:`~gpuir.memory.where.Where.passes_all`: then the search is the plain question's), decided once
+    per distinct filter of the batch."""
+    if all(w is None for w in wheres):
+        return wheres
+    seen: dict[int, bool] = {}
+    out = []
+    for w in wheres:
+        if w is not None:
+            v = seen.get(id(w))
+            if v is None:
+                v = seen[id(w)] = w.passes_all(snap.views, snap.dicts)
+            if v:
+                w = None
+        out.append(w)
+    return out
 
 
 def _check_tenants(snap: Snapshot, wheres, vidx: np.ndarray, rows: np.ndarray) -> None:

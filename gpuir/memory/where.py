@@ -211,6 +211,15 @@ class Where:
             m &= _eval(self.root, seg, dicts)
         return m
 
+    def passes_all(self, views: Sequence[SegView], dicts: dict[str, Interner]) -> bool:
+        """Whether every live record of ``views`` passes this filter, so that searching with it is searching
+        without it (a tenant's filter on a memory that holds only that tenant; the expiry of a search when
+        nothing has expired yet). Decided only for a filter without conditions besides its tenant and
+        expiry (False otherwise); stops at the first segment holding a record that fails."""
+        if self.root is not None or self.timed_only or self.untimed_only:
+            return False
+        return all(self.rows(v, dicts).size == v.n_live for v in views)
+
     def rows(self, view: SegView, dicts: dict[str, Interner]) -> np.ndarray:
         """The rows :meth:`mask` is True at: ndarray (m,), int64, ascending.
 

@@ -1680,7 +1680,8 @@ def warm_compiled_engine(memory: Memory | None = None, snapshot: Snapshot | None
 def _vacuous_dropped(snap: Snapshot, wheres: list) -> list:
     """``wheres`` with None for each filter that every live record of ``snap`` passes
     (:meth:`~gpuir.memory.where.Where.passes_all`: then the search is the plain question's), decided once
-    per distinct filter of the batch."""
+    per snapshot and filter (only a filter of a tenant and an expiry can pass everything; such a filter is
+    hashable by value)."""
     if all(w is None for w in wheres):
         return wheres
     seen: dict[int, bool] = {}
@@ -1689,7 +1690,8 @@ def _vacuous_dropped(snap: Snapshot, wheres: list) -> list:
         if w is not None:
             v = seen.get(id(w))
             if v is None:
-                v = seen[id(w)] = w.passes_all(snap.views, snap.dicts)
+                v = seen[id(w)] = w.root is None and snap.cached(
+                    ("passes_all", w), lambda w=w: w.passes_all(snap.views, snap.dicts))
             if v:
                 w = None
         out.append(w)

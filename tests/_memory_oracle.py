@@ -248,6 +248,17 @@ class Model:
         return [[idx.ids[d] for d in row if d >= 0] for row in res.ids], res.scores
 
 
+def grow_both(memory, model: Model, rng: np.random.Generator, step: int, n: int, every: int) -> None:
+    """One batch of ``n`` random records ``r{step}-{i}`` added to the memory and its model, then every
+    ``every``-th of them deleted from both (tombstones for the memory)."""
+    recs = [random_record(rng, f"r{step}-{i}") for i in range(n)]
+    memory.add(recs)
+    model.add(recs)
+    dead = [f"r{step}-{i}" for i in range(0, n, every)]
+    memory.delete(dead)
+    model.delete(dead)
+
+
 def assert_same(mem_res, ids, scores, what=""):
     """Memory results equal the fresh index's: ids in order, float32 scores bit for bit."""
     for i in range(len(ids)):

@@ -6,7 +6,7 @@ from datetime import date, datetime, timezone
 
 import numpy as np
 import pytest
-from _memory_oracle import Model, assert_same, random_query, random_record, random_where
+from _memory_oracle import Model, assert_same, grow_both, random_query, random_record, random_where
 
 from gpuir import Memory
 from gpuir.bm25 import METHODS
@@ -273,12 +273,7 @@ def test_numba_and_numpy_engines_equal_the_fresh_index_bit_for_bit(method, monke
     m = Memory(method=method, partition_days=1, merge_factor=3, merge_min=4)
     model = Model(analyzer="default", method=method)
     for batch in range(4):
-        recs = [random_record(rng, f"r{batch}-{i}") for i in range(60)]
-        m.add(recs)
-        model.add(recs)
-        dead = [f"r{batch}-{i}" for i in range(0, 60, 7)]
-        m.delete(dead)
-        model.delete(dead)
+        grow_both(m, model, rng, batch, 60, 7)
         assert any(v.live is not None for v in m.snapshot().views), "tombstones are searched, not purged"
         qs = [random_query(rng) for _ in range(12)]
         ws = [random_where(rng) if i % 2 else None for i in range(12)]

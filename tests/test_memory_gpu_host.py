@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _memory_oracle import Model, random_query, random_record, random_where
+from _memory_oracle import Model, grow_both, random_query, random_where
 
 from gpuir import Memory
 from gpuir.bm25 import METHODS
@@ -43,12 +43,7 @@ def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
         monkeypatch.setattr(backends, "cuda_device", cb.cuda_device)  # the emulated device, for "cupy"
         scorers = {}
         for step in range(3):
-            recs = [random_record(rng, f"r{step}-{i}") for i in range(70)]
-            m.add(recs)
-            model.add(recs)
-            dead = [f"r{step}-{i}" for i in range(0, 70, 6)]
-            m.delete(dead)
-            model.delete(dead)
+            grow_both(m, model, rng, step, 70, 6)
             ids, scores = model.search(qs, 10, where=ws)
             for mode in ("exhaustive", "newest"):
                 res = m.search(qs, k=10, where=ws, backend="cupy", mode=mode, ties="oldest")
@@ -82,12 +77,7 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
     with small_blocks(), real_kernels_installed(schedule="forward"):
         monkeypatch.setattr(backends, "cuda_device", cb.cuda_device)  # the emulated device, for "cupy"
         for step in range(3):
-            recs = [random_record(rng, f"r{step}-{i}") for i in range(70)]
-            m.add(recs)
-            model.add(recs)
-            dead = [f"r{step}-{i}" for i in range(0, 70, 6)]
-            m.delete(dead)
-            model.delete(dead)
+            grow_both(m, model, rng, step, 70, 6)
             n_views = len(m.snapshot().views)
             ids, scores = model.search(qs, 10)
             del calls[:]

@@ -87,6 +87,7 @@ import logging
 import os
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,19 +98,39 @@ from .storage.files import fsync_dir
 log = logging.getLogger("gpuir.wal")
 
 FORMAT = "gpuir-service-wal"
+#: Formats by kind of log: the service's and a shard's ("service"), a :class:`~gpuir.memory.Memory`'s own ("memory").
+FORMATS = {"service": FORMAT, "memory": "gpuir-memory-wal"}
 VERSION = 2
 MAGIC = b"gWAL"
 _HEAD = struct.Struct("<4sQII")  # magic, seq, length, frame crc
 _HCRC = struct.Struct("<I")
 HEADER_BYTES = _HEAD.size + _HCRC.size  # 24
 _V1 = struct.Struct("<II")  # version 1: length, crc32(payload)
-_NAME = re.compile(r"^service-wal-(\d{8})\.log$")
+_NAMES = {kind: re.compile(rf"^{kind}-wal-(\d{{8}})\.log$") for kind in FORMATS}
 #: A single frame larger than this is refused (and read as damage).
 MAX_FRAME = 1 << 30
 #: Mode of every log segment (owner read and write only), whatever the umask.
 FILE_MODE = 0o600
 #: Suffix of a segment set aside by ``--salvage`` (never deleted by gpuir).
 DAMAGED_SUFFIX = ".damaged"
+
+
+class FileOps:
+    """The system calls the log makes on its segment files: one seam, so a test can stand in a disk that
+    loses what was not synced when the power goes (``tests/test_memory_wal.py``'s power-cut layer)."""
+
+    def pwrite(self, fd: int, data: memoryview, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+
+#: The file operations in use (replaced by tests only).
+io = FileOps()
 
 
 class WALCorruptError(ValueError):
@@ -243,7 +264,7 @@ def _resync(data: bytes, pos: int, size: int, after_seq: int | None) -> int:
     return size
 
 
-def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False) -> ReadResult:
+def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False, fmt: str = FORMAT) -> ReadResult:
     """Parse one log segment.
 
     Parameters
@@ -254,6 +275,8 @@ def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False) -> Re
         acknowledged) append and is reported in ``torn_bytes``, not raised.
     salvage : bool
         Keep every intact frame: damage is skipped (reported in ``skipped``), not raised.
+    fmt : str
+        The format its header must name (:data:`FORMATS`).
 
     Raises
     ------
@@ -304,12 +327,12 @@ def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False) -> Re
         skipped.append(Skipped(path, pos, nxt, _WHAT[st], lost))
         pos = nxt
     good_end = size - torn
-    if frames and _is_header(frames[0], VERSION):
+    if frames and _is_header(frames[0], VERSION, fmt):
         return ReadResult(frames[0], frames[1:], good_end, torn, VERSION, first, last, skipped)
     if not frames and (good_end == 0 or salvage):
         return ReadResult({}, [], good_end, torn, VERSION, None, None, skipped)
     if not salvage:
-        raise WALCorruptError(f"{path}: not a {FORMAT} version {VERSION} log (its first frame is not a log "
+        raise WALCorruptError(f"{path}: not a {fmt} version {VERSION} log (its first frame is not a log "
                               f"header: {frames[0]!r:.200})")
     # salvage, the header lost: keep the frames that are operations (the segment is taken as live)
     ops = [f for f in frames if isinstance(f, dict) and f.get("op") in ("add", "delete", "put")]
@@ -318,8 +341,8 @@ def read_segment(path: Path, allow_torn_tail: bool, salvage: bool = False) -> Re
     return ReadResult({}, ops, good_end, torn, VERSION, first, last, skipped)
 
 
-def _is_header(obj: Any, version: int) -> bool:
-    return (isinstance(obj, dict) and obj.get("format") == FORMAT and obj.get("version") == version
+def _is_header(obj: Any, version: int, fmt: str = FORMAT) -> bool:
+    return (isinstance(obj, dict) and obj.get("format") == fmt and obj.get("version") == version
             and isinstance(obj.get("base_generation"), int))
 
 
@@ -361,18 +384,20 @@ def _read_v1(path: Path, data: bytes, salvage: bool) -> ReadResult:
     return ReadResult(frames[0], frames[1:], size, 0, 1, None, None, skipped)
 
 
-def segments(root: Path) -> list[tuple[int, Path]]:
-    """The log segments in ``root``, oldest first: (number, path)."""
+def segments(root: Path, kind: str = "service") -> list[tuple[int, Path]]:
+    """The log segments of the ``kind`` of log in ``root``, oldest first: (number, path)."""
     out = []
+    name = _NAMES[kind]
     for p in root.iterdir():
-        m = _NAME.match(p.name)
+        m = name.match(p.name)
         if m:
             out.append((int(m.group(1)), p))
     return sorted(out)
 
 
-def segment_name(number: int) -> str:
-    return f"service-wal-{number:08d}.log"
+def segment_name(number: int, kind: str = "service") -> str:
+    """The file name of log segment ``number`` of the ``kind`` of log (``service-wal-00000007.log``)."""
+    return f"{kind}-wal-{number:08d}.log"
 
 
 def _create_private(path: Path) -> int:
@@ -392,7 +417,7 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
         if hasattr(os, "pwrite"):
-            n = os.pwrite(fd, view, offset)
+            n = io.pwrite(fd, view, offset)
         else:  # pragma: no cover - Windows
             os.lseek(fd, offset, os.SEEK_SET)
             n = os.write(fd, view)
@@ -426,15 +451,30 @@ class Recovery:
 
 
 class WriteAheadLog:
-    """The appending side of the log (one writer; not thread-safe: the store serialises calls).
+    """The appending side of the log (one writer: appends, roll-backs and rotations are serialised by the
+    caller; :meth:`sync` may run from any thread, beside them: the group commit).
 
     Parameters
     ----------
     root : the memory directory
+    kind : {"service", "memory"}
+        Which log: the service's and a shard's (``service-wal-*.log``), or a
+        :class:`~gpuir.memory.Memory`'s own (``memory-wal-*.log``).
+
+    Group commit: :meth:`write_payloads` appends frames without syncing (under
+    the writer's lock); :meth:`sync` then makes everything written so far
+    durable with one ``fsync``, which covers every writer whose frames were
+    written before it began -- concurrent writers share the fsync.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, kind: str = "service"):
+        if kind not in FORMATS:
+            raise ValueError(f"kind must be one of {', '.join(FORMATS)}, got {kind!r}")
+        self.kind = kind
+        self.format = FORMATS[kind]
         self.root = Path(root)
+        self._sync_lock = threading.Lock()
+        self.synced = (0, 0)  # (segment number, byte offset) up to which the log is known durable
         self._fd: int | None = None
         self.number = 0
         self.bytes = 0  # end of the last good frame of the open segment
@@ -461,16 +501,16 @@ class WriteAheadLog:
             Damage to acknowledged writes (unless ``salvage``), or a log whose
             base generation does not meet the memory's.
         """
-        segs = segments(self.root)
+        segs = segments(self.root, self.kind)
         rec = Recovery([])
         live, folded = [], []
         for i, (num, path) in enumerate(segs):
             newest = i == len(segs) - 1
             try:
-                r = read_segment(path, allow_torn_tail=newest, salvage=salvage)
+                r = read_segment(path, allow_torn_tail=newest, salvage=salvage, fmt=self.format)
             except WALCorruptError:
                 # damage in a segment a save already holds loses nothing: keep it to look at, go on
-                r = read_segment(path, allow_torn_tail=newest, salvage=True)
+                r = read_segment(path, allow_torn_tail=newest, salvage=True, fmt=self.format)
                 if not (r.header and int(r.header["base_generation"]) < generation):
                     raise
             if r.header and int(r.header["base_generation"]) < generation:
@@ -533,7 +573,7 @@ class WriteAheadLog:
             with open(path, "r+b") as f:
                 f.truncate(r.good_end)
                 f.flush()
-                os.fsync(f.fileno())
+                io.fsync(f.fileno())
         if rec.upgraded or self._set_aside:
             rec.needs_checkpoint = True  # never append to a version-1 or salvaged segment
         elif not r.header:  # only a torn header: the segment was never used
@@ -543,6 +583,7 @@ class WriteAheadLog:
         else:
             self._fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
             self.bytes = r.good_end
+            self.synced = (num, r.good_end)
         fsync_dir(self.root)
         return rec
 
@@ -557,24 +598,28 @@ class WriteAheadLog:
                     "need it", path, dest.name)
 
     def _start(self, number: int, generation: int) -> None:
-        path = self.root / segment_name(number)
+        path = self.root / segment_name(number, self.kind)
         seq = self.seq + 1
-        data = frame_bytes(seq, encode_payload({"format": FORMAT, "version": VERSION,
+        data = frame_bytes(seq, encode_payload({"format": self.format, "version": VERSION,
                                                 "base_generation": int(generation)}))
         fd = _create_private(path)
         try:
             _write_all(fd, data, 0)
-            os.fsync(fd)
+            io.fsync(fd)
             fsync_dir(self.root)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)  # created just now, holds nothing acknowledged
             raise
-        old = self._fd
-        self._fd = fd
-        if old is not None:
-            os.close(old)
-        self.number, self.bytes, self.seq = number, len(data), seq
+        with self._sync_lock:  # a concurrent sync never fsyncs a closed (or reused) descriptor
+            old = self._fd
+            if old is not None:
+                io.fsync(old)  # the old segment's frames are durable before writes move on
+            self._fd = fd
+            if old is not None:
+                os.close(old)
+            self.number, self.bytes, self.seq = number, len(data), seq
+            self.synced = (number, len(data))
         self._dirty = False
         self._pending_base = None
 
@@ -586,13 +631,14 @@ class WriteAheadLog:
         if self._fd is None:
             raise RuntimeError("the log is not open (call recover, then checkpoint if it asks)")
         if self._dirty:
-            os.ftruncate(self._fd, self.bytes)
-            os.fsync(self._fd)
+            with self._sync_lock:
+                io.ftruncate(self._fd, self.bytes)
+                io.fsync(self._fd)
             self._dirty = False
             log.info("%s: truncated to %d bytes (the end of the last good frame) after a failed append",
-                     self.root / segment_name(self.number), self.bytes)
+                     self.root / segment_name(self.number, self.kind), self.bytes)
 
-    def append_payloads(self, payloads: list[bytes], ops: int = 0) -> tuple[int, int]:
+    def append_payloads(self, payloads: list[bytes], ops: int = 0, sync: bool = True) -> tuple[int, int]:
         """Append encoded operations and fsync them (group commit: one fsync for the list).
 
         Returns the mark to :meth:`rollback` to (the log before this append).
@@ -611,7 +657,8 @@ class WriteAheadLog:
         try:
             self._dirty = True  # from here on the file may hold bytes after self.bytes
             _write_all(self._fd, data, self.bytes)
-            os.fsync(self._fd)
+            if sync:
+                io.fsync(self._fd)
         except BaseException as e:
             self._undo(mark, e)
             raise
@@ -619,7 +666,37 @@ class WriteAheadLog:
         self.bytes += len(data)
         self.seq = seq
         self.ops += ops
+        if sync:
+            self.synced = (self.number, self.bytes)
         return mark
+
+    def write_payloads(self, payloads: list[bytes], ops: int = 0) -> tuple[int, int]:
+        """Append encoded operations without syncing them (the first half of a group commit).
+
+        The bytes are in the operating system's cache when this returns: they
+        survive the process's crash (``kill -9``), not a power cut, until
+        :meth:`sync`. Returns the mark to :meth:`rollback` to; a failed write is
+        rolled back and raised, as by :meth:`append_payloads`.
+        """
+        return self.append_payloads(payloads, ops, sync=False)
+
+    @property
+    def end(self) -> tuple[int, int]:
+        """(segment number, byte offset) of the end of what was written: what :meth:`sync` must cover."""
+        return (self.number, self.bytes)
+
+    def sync(self, upto: tuple[int, int] | None = None) -> None:
+        """Make the log durable up to ``upto`` (default: everything written), with one ``fsync`` shared by
+        every writer waiting (group commit). Raises the ``fsync``'s error: then nothing after the last
+        successful sync may be taken as durable."""
+        with self._sync_lock:
+            if upto is not None and self.synced >= upto:
+                return  # another writer's fsync covered these bytes
+            if self._fd is None:
+                raise RuntimeError("the log is closed")
+            covered = (self.number, self.bytes)  # written completely before this fsync starts
+            io.fsync(self._fd)
+            self.synced = max(self.synced, covered)
 
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Append operations (dicts) and fsync them."""
@@ -628,14 +705,17 @@ class WriteAheadLog:
     def _undo(self, mark: tuple[int, int], cause: BaseException | None) -> None:
         self.bytes, self.seq = mark
         try:
-            os.ftruncate(self._fd, self.bytes)
-            os.fsync(self._fd)
+            with self._sync_lock:
+                io.ftruncate(self._fd, self.bytes)
+                io.fsync(self._fd)
+                if self.synced[0] == self.number and self.synced[1] > self.bytes:
+                    self.synced = (self.number, self.bytes)
             self._dirty = False
             log.warning("%s: append failed (%s); rolled back to %d bytes (the last good frame)",
-                        self.root / segment_name(self.number), cause, self.bytes)
+                        self.root / segment_name(self.number, self.kind), cause, self.bytes)
         except OSError as e:  # the next append tries again first; until then nothing is appended
             log.error("%s: append failed (%s) and the roll-back failed too (%s); the next append retries it",
-                      self.root / segment_name(self.number), cause, e)
+                      self.root / segment_name(self.number, self.kind), cause, e)
 
     def rollback(self, mark: tuple[int, int], ops: int = 0) -> None:
         """Remove what was appended since ``mark`` (an append whose operations could not be applied)."""
@@ -651,7 +731,7 @@ class WriteAheadLog:
         are blocked (each first retries creating it): an operation appended to
         the old segment would be dropped as "already saved" at the next start.
         """
-        older = [p for _, p in segments(self.root)]
+        older = [p for _, p in segments(self.root, self.kind)]
         self._pending_base = int(generation)
         self.ops = 0
         self._start(self.number + 1, generation)
@@ -659,7 +739,8 @@ class WriteAheadLog:
 
     def rotate(self, next_generation: int) -> list[Path]:
         """Start a new segment for ``next_generation`` (the old checkpoint order); returns the older segments."""
-        older = [p for _, p in segments(self.root)]
+        older = [p for _, p in segments(self.root, self.kind)]
+        self.ops = 0
         self._start(self.number + 1, next_generation)
         return older
 
@@ -675,11 +756,45 @@ class WriteAheadLog:
             except FileNotFoundError:
                 pass
 
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def close(self, sync: bool = False) -> None:
+        """Close the open segment (``sync``: fsync it first)."""
+        with self._sync_lock:
+            if self._fd is not None:
+                try:
+                    if sync:
+                        io.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
 
 
 def _op_size(op: dict[str, Any]) -> int:
     return len(op.get("records") or op.get("ids") or ())
+
+
+def read_log(root: Path, generation: int, kind: str = "memory") -> list[dict[str, Any]]:
+    """The operations a *reader* replays over the memory saved at ``generation``, oldest first; nothing on
+    disk changes (a torn tail of the newest segment is ignored, not truncated: a writer may be appending).
+
+    Raises
+    ------
+    FileNotFoundError
+        A segment vanished while it was read (a writer's checkpoint folded it): read the manifest again
+        and retry.
+    WALCorruptError
+        Damage to acknowledged writes, or a log that does not continue ``generation`` (a newer commit
+        appeared since the manifest was read: read it again and retry).
+    """
+    segs = segments(root, kind)
+    ops: list[dict[str, Any]] = []
+    first = True
+    for i, (_, path) in enumerate(segs):
+        r = read_segment(path, allow_torn_tail=i == len(segs) - 1, fmt=FORMATS[kind])
+        base = int(r.header["base_generation"]) if r.header else None
+        if base is not None and base < generation:
+            continue
+        if first and base is not None and base != generation:
+            raise WALCorruptError(f"{path}: the log continues generation {base}, not {generation}")
+        first = False
+        ops.extend(r.ops)
+    return ops

@@ -111,8 +111,8 @@ def test_the_context_manager_commits_on_a_clean_exit(tmp_path):
 
 def test_an_exception_in_the_block_saves_nothing_and_warns_with_the_count(tmp_path, caplog):
     d = _saved(tmp_path)
+    m = Memory.open(d, durability="none")  # (with a log, the default, the writes are in the log: no warning)
     before = _files(d)
-    m = Memory.open(d)
     with pytest.warns(gpuir.memory.UnsavedWritesWarning, match="2 unsaved write"):  # noqa: PT031, SIM117
         with pytest.raises(RuntimeError, match="boom"), m:
             m.add(_recs(2, 10))
@@ -124,16 +124,18 @@ def test_an_exception_in_the_block_saves_nothing_and_warns_with_the_count(tmp_pa
 
 def test_close_and_garbage_collection_warn_about_unsaved_writes(tmp_path):
     d = _saved(tmp_path)
-    m = Memory.open(d)
+    m = Memory.open(d, durability="none")
     m.add(_recs(1, 10))
-    with pytest.warns(gpuir.memory.UnsavedWritesWarning, match="closed with 1 unsaved write"):
+    with pytest.warns(gpuir.memory.UnsavedWritesWarning, match="closed with 1 unsaved write") as caught:  # noqa: PT031
         m.close()
-    m = Memory.open(d)
+        m.close()  # closing twice warns once
+    assert len([w for w in caught if issubclass(w.category, gpuir.memory.UnsavedWritesWarning)]) == 1
+    m = Memory.open(d, durability="none")
     m.update([{"id": "r1", "text": "changed", "tenant": "t"}])
     with pytest.warns(gpuir.memory.UnsavedWritesWarning, match="garbage-collected with 1 unsaved write"):  # noqa: PT031
         del m
         gc.collect()
-    m = Memory.open(d)
+    m = Memory.open(d, durability="none")
     m.add(_recs(1, 20))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -147,10 +149,16 @@ def test_a_failed_commit_on_exit_raises(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(persist, "commit", full)
-    with pytest.raises(OSError, match="No space"), Memory.open(d) as m:
+    with pytest.raises(OSError, match="No space"), Memory.open(d, durability="none") as m:
         m.add(_recs(1, 10))
     monkeypatch.undo()
     assert len(Memory.open(d, writer=False)) == 5
+    Memory.open(d).close()  # the lock was released
+    monkeypatch.setattr(persist, "commit", full)
+    with pytest.raises(OSError, match="No space"), Memory.open(d) as m:  # the default keeps a log
+        m.add(_recs(1, 10))
+    monkeypatch.undo()
+    assert len(Memory.open(d, writer=False)) == 6  # the add was acknowledged: it is in the log
     Memory.open(d).close()  # the lock was released
 
 

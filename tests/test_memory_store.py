@@ -191,8 +191,9 @@ def _state(d):
 @pytest.mark.parametrize("fail_at", range(10))
 def test_crash_at_any_write_step_keeps_the_last_commit(tmp_path, monkeypatch, fail_at):
     """Fault injection: the save fails at its n-th file operation; the directory still opens at
-    the previous commit (and a later save succeeds)."""
-    m, _ = _filled()
+    the previous commit (and a later save succeeds). Without a log (durability "none"): the commit
+    protocol alone; with one, tests/test_memory_wal.py."""
+    m, _ = _filled(durability="none")
     d = tmp_path / "mem"
     m.save(d)
     before = _state(d)
@@ -242,7 +243,7 @@ from gpuir import Memory
 
 path, seed = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(seed)
-m = Memory(method="bm25l", partition_days=2, merge_factor=3, merge_min=16)
+m = Memory(method="bm25l", partition_days=2, merge_factor=3, merge_min=16, durability="none")  # commits only
 live, n = [], 0
 for gen in range(1, 10_000):
     recs = [random_record(np.random.default_rng([seed, n + i]), f"r{{n + i}}") for i in range(40)]

@@ -175,10 +175,10 @@ class ShardServer:
         self.failed: str | None = None
         self.checkpoints = 0
         if create is not None and not (self.root / persist.CURRENT).exists():
-            mem = Memory(**create)
+            mem = Memory(**{**create, "durability": "none"})  # the shard's own log keeps every write
             mem.save(self.root, lock_timeout=lock_timeout)  # claims the directory; refuses an orphaned memory
         else:
-            mem = Memory.open(self.root, writer=True, lock_timeout=lock_timeout)
+            mem = Memory.open(self.root, writer=True, lock_timeout=lock_timeout, durability="none")
         self.memory = mem
         try:
             self.last_wid = self._read_state()

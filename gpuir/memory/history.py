@@ -88,6 +88,23 @@ class History:
             self.changed = True
 
     # ------------------------------------------------------------------ files
+    def freeze(self) -> History:
+        """A copy to save while writers go on changing this one (the writer's lock held): the lists are
+        copied, the versions (never changed in place) shared. This history counts as saved from now
+        on; a save that fails marks it changed again."""
+        h = History.__new__(History)
+        h.limit = self.limit
+        h._versions = {rid: list(vs) for rid, vs in self._versions.items()}
+        h.changed = self.changed
+        h._entry = self._entry
+        self.changed = False
+        return h
+
+    def adopt(self, saved: History) -> None:
+        """After ``saved`` (from :meth:`freeze`) was written: its file is this history's file on disk."""
+        self._entry = saved._entry
+
+    # ------------------------------------------------------------------ files
     def save(self, root: Path, gen: int) -> dict[str, Any] | None:
         """The manifest entry of the history file for commit ``gen``, writing the file when it changed."""
         if not self._versions:

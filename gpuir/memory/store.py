@@ -64,10 +64,22 @@ from ..analysis import Analyzer
 from ..backends import resolve_backend, resolve_memory_backend
 from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
+from ..wal import WALCorruptError, read_log
+from ..wal import segments as wal_segments
 from . import listing, persist, updates, warmup
 from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
+from .durable import (
+    MemoryClosedError,
+    MemoryLog,
+    batch_from_log,
+    batch_to_log,
+    check_durability,
+    log_holds_writes,
+    vectors_from_log,
+    vectors_to_log,
+)
 from .embeddings import Embedding, VectorError, parse_embeddings
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
@@ -138,6 +150,12 @@ class Memory:
         (``encode_passages`` / ``encode_queries``), a callable ``texts -> array``,
         a model name, ``{"encoder": ..., "dtype": "float16"}``, or None (vectors
         given to :meth:`add`). See :mod:`gpuir.memory.embeddings`.
+    durability : {"fsync", "flush", "none"}
+        Once the memory is bound to a directory (:meth:`save`, :meth:`open`),
+        what a write has done when it returns: logged and fsynced (default;
+        survives a crash and a power cut), logged without fsync (survives a
+        crash of the process, not a power cut), or nothing until the next
+        :meth:`save` (no log). See :mod:`gpuir.memory.durable`.
 
     Examples
     --------
@@ -153,7 +171,8 @@ class Memory:
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
-                 embeddings: Mapping[str, Any] | None = None):
+                 embeddings: Mapping[str, Any] | None = None, durability: str = "fsync"):
+        self._durability = check_durability(durability)
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -206,6 +225,12 @@ class Memory:
         self._history = History(history_limit)
         self._expiring = False  # some record was given an expires_at (saved in the manifest; never reset)
         self._emb: dict[str, Embedding] = parse_embeddings(embeddings)  # every segment carries each one's column
+        self._log: MemoryLog | None = None  # the directory's write-ahead log (gpuir.memory.durable)
+        self._closed = False
+        self._replaying = False  # applying the log's operations (open): nothing is logged again
+        self._save_lock = threading.Lock()  # one save (checkpoint) at a time
+        self._attempt_gen = 0  # the highest generation a save tried to commit (each attempt a new number)
+        self._ckpt_thread: threading.Thread | None = None
         self._snap = self._snapshot()
 
     # ------------------------------------------------------------------ state
@@ -270,9 +295,79 @@ class Memory:
         return self._next_seq
 
     def _check_writable(self) -> None:
+        if self._replaying:
+            return
+        if self._closed:
+            where = f" at {self._path}" if self._path is not None else ""
+            raise MemoryClosedError(f"the memory{where} was closed: it refuses writes and saves. Open the directory "
+                                    "again with Memory.open(path) (or make a new Memory) to write")
         if self._readonly:
             raise ReadOnlyError(f"the memory at {self._path} was opened for reading: open it with "
                                 "Memory.open(path, writer=True) to change it")
+        if self._log is not None and self._log.failed is not None:
+            raise OSError(self._log.failed)
+
+    @property
+    def durability(self) -> str:
+        """What a write has done when it returns (see :mod:`gpuir.memory.durable`)."""
+        return self._durability
+
+    def _log_write(self, op: dict[str, Any], n: int):
+        """Log ``op`` (writer's lock held) before it is applied; None when nothing is logged."""
+        if self._log is None or self._replaying:
+            return None
+        return self._log.write(op, n)
+
+    def _unlog(self, token, n: int) -> None:
+        """Take back a logged operation that could not be applied (writer's lock held)."""
+        if token is not None:
+            self._log.rollback(token[0], n)
+
+    def _durable(self, token) -> None:
+        """After the writer's lock is released: wait for the log's fsync (group commit), then checkpoint in the
+        background when the log has grown enough."""
+        if token is None:
+            return
+        log_ = self._log
+        if log_ is None:  # closed meanwhile: close() synced the log
+            return
+        log_.sync(token[1])
+        if log_.due() and (self._ckpt_thread is None or not self._ckpt_thread.is_alive()):
+            with self._write_lock:
+                if self._closed or (self._ckpt_thread is not None and self._ckpt_thread.is_alive()):
+                    return
+                self._ckpt_thread = threading.Thread(target=self._checkpoint, name="gpuir-memory-checkpoint",
+                                                     daemon=True)
+                self._ckpt_thread.start()
+
+    def _checkpoint(self) -> None:
+        try:
+            self.save()
+        except MemoryClosedError:
+            pass
+        except Exception as e:  # noqa: BLE001 - the log still holds every write; the next one retries
+            log.warning("background checkpoint of %s failed (the log keeps every write): %s: %s", self._path,
+                        type(e).__name__, e)
+
+    def _replay(self, ops: list[dict[str, Any]]) -> int:
+        """Apply the log's operations (open): the writes acknowledged after the last save. Returns their count."""
+        self._replaying = True
+        try:
+            for op in ops:
+                kind = op.get("op")
+                if kind == "add":
+                    self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")),
+                             seqs=op["seqs"])
+                elif kind == "put":
+                    self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
+                                vectors=vectors_from_log(op.get("vectors")))
+                elif kind == "delete":
+                    self.delete(op["ids"], missing_ok=True, keep_history=bool(op.get("keep_history")))
+                else:
+                    raise MemoryFormatError(f"{self._path}: the memory's log holds an unknown operation {kind!r}")
+        finally:
+            self._replaying = False
+        return len(ops)
 
     # ------------------------------------------------------------------ writes
     def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None,
@@ -318,11 +413,24 @@ class Memory:
                 raise RecordError(f"{batch.label(clash[0])}: the id already exists "
                                   f"({len(clash)} such record(s)); use update() to replace records")
             vecs = self._batch_vectors(batch, vectors, "add")
-            added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq), vecs)
-            self._publish(added=added)
-            self._unsaved += len(batch)
+            n = len(batch)
+            given = check_seqs(seqs, n, self._next_seq)
+            token = None
+            if self._log is not None and not self._replaying:
+                if given is None:
+                    given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+                token = self._log_write({"op": "add", "cols": batch_to_log(batch), "seqs": given.tolist(),
+                                         "vectors": vectors_to_log(vecs)}, n)
+            try:
+                added, parts = self._append(batch, given, vecs)
+                self._publish(added=added)
+            except BaseException:
+                self._unlog(token, n)
+                raise
+            self._unsaved += n
             self._merge_policy(parts)
-            return len(batch)
+        self._durable(token)
+        return n
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
                time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
@@ -366,7 +474,8 @@ class Memory:
         return self._write(records, replace, time_unit, "upsert", seqs)
 
     def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
-               seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               seqs: Sequence[int] | np.ndarray | None = None, vectors: Mapping[str, Any] | None = None) -> int:
+        token = None
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records
@@ -392,18 +501,29 @@ class Memory:
             rseqs = [seq_of[rid] for rid in replaced]
             text_of = dict(zip(batch.ids, batch.texts))
             keep = {rid: seq_of[rid] for rid in replaced if current[rid].get("text") == text_of.get(rid)}
-            vecs = self._batch_vectors(batch, None, what, keep)
-            touched = self._remove(rseqs) if replaced else set()
+            vecs = self._batch_vectors(batch, vectors, what, keep)
             if given is not None and len(new) < len(ids):  # the records left as they were use no number
                 given_of = dict(zip(ids, given.tolist()))
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
-            added, parts = self._append(batch, given, vecs)
-            self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
+            n = len(new)
+            if self._log is not None and not self._replaying:
+                if given is None:
+                    given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
+                token = self._log_write({"op": "put", "cols": batch_to_log(batch), "seqs": given.tolist(),
+                                         "vectors": vectors_to_log(vecs)}, n)
+            try:
+                touched = self._remove(rseqs) if replaced else set()
+                added, parts = self._append(batch, given, vecs)
+                self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
+            except BaseException:
+                self._unlog(token, n)
+                raise
             for rid, version in old:
                 self._history.push(rid, version)
-            self._unsaved += len(new)
+            self._unsaved += n
             self._merge_policy(touched | parts)
-            return len(ids)
+        self._durable(token)
+        return len(ids)
 
     # ------------------------------------------------------------------ vectors
     def _batch_vectors(self, batch: RecordBatch, given: Mapping[str, Any] | None, what: str,
@@ -532,16 +652,23 @@ class Memory:
             ids = [rid for rid, s in zip(ids, seq_of) if s is not None]
             if not ids:
                 return 0
+            token = self._log_write({"op": "delete", "ids": ids, "keep_history": bool(keep_history)}, len(ids))
+            try:
+                versions = list(zip(*self.stored(ids))) if keep_history else None
+                touched = self._remove(seqs)
+                self._publish(removed=(ids, seqs))
+            except BaseException:
+                self._unlog(token, len(ids))
+                raise
             if keep_history:
-                for rid, version in zip(*self.stored(ids)):
+                for rid, version in versions:
                     self._history.push(rid, version)
             else:
                 self._history.drop(ids)
-            touched = self._remove(seqs)
-            self._publish(removed=(ids, seqs))
             self._unsaved += len(ids)
             self._merge_policy(touched)
-            return len(ids)
+        self._durable(token)
+        return len(ids)
 
     def _append(self, batch: RecordBatch, seqs: np.ndarray | None = None,
                 vecs: dict[str, np.ndarray] | None = None) -> tuple[dict[str, int], set]:
@@ -963,6 +1090,8 @@ class Memory:
                 to_batch(canon, "ms", labels=labels))
             for rid, versions in hists:
                 self._history.restore(rid, canonical_records(versions, None))
+        if hists and self._log is not None:
+            self.save()  # the restored histories are not operations of the log: a save makes them durable
         if vectors is not None:
             vectors.update(vecs)
         return n
@@ -1155,10 +1284,12 @@ class Memory:
                 if texts and not self._readonly:
                     self._unsaved += len(texts)
                 self._publish()
-                return len(texts)
         finally:
             with self._write_lock:
                 self._merge_paused -= 1
+        if self._log is not None and not self._replaying:
+            self.save()  # the log holds records, not re-encodings: a new embedding is made durable by a save
+        return len(texts)
 
     def search_vectors(self, queries: Any, k: int = 10, where: Any = None, embedding: str | None = None,
                        backend: str = "auto", method: str = "exact", snapshot: Snapshot | None = None,
@@ -1326,67 +1457,99 @@ class Memory:
             The directory holds a memory's files without a commit (``CURRENT``
             missing), its commit is damaged, or another writer changed it.
         """
-        with self._write_lock:
-            self._check_writable()
-            if path is None:
-                if self._path is None:
-                    raise ValueError("this memory has no directory yet: call save(path)")
-                root = self._path
-            else:
-                root = check_path(path)
-            if root != self._path:
-                self._bind(root, lock_timeout)
-            elif self._lock is None:  # closed earlier: take the writer lock again before writing
-                lock = WriterLock(root, timeout=lock_timeout)
-                lock.__enter__()
-                self._lock = lock
-            assert self._path is not None
-            snap = self._snap
-            gen = self._gen + 1
+        with self._save_lock:  # one save at a time; writers wait only for the snapshot and the log's rotation
+            with self._write_lock:
+                self._check_writable()
+                if path is None:
+                    if self._path is None:
+                        raise ValueError("this memory has no directory yet: call save(path)")
+                    root = self._path
+                else:
+                    root = check_path(path)
+                if root != self._path:
+                    self._bind(root, lock_timeout)
+                elif self._lock is None:  # (a writer memory always holds its lock until close)
+                    lock = WriterLock(root, timeout=lock_timeout)
+                    lock.__enter__()
+                    self._lock = lock
+                assert self._path is not None
+                cur_name = self._check_commit(root)
+                snap = self._snap
+                gen = max(self._gen, self._attempt_gen) + 1  # a failed attempt's number is never reused
+                self._attempt_gen = gen
+                unsaved = self._unsaved
+                history = self._history.freeze()
+                state = {"config": self.config(), "next_seq": self._next_seq, "next_uid": self._next_uid,
+                         "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()}}
+                older = []
+                if self._durability != "none":
+                    if self._log is None:
+                        self._log = MemoryLog(root, self._durability)
+                        self._log.start(gen)
+                    else:
+                        older = self._log.rotate(gen)  # writes from here on go to the segment after this save
             try:
-                cur_name, cur = persist.read_manifest(root)
-            except MemoryFormatError as e:
-                if self._gen > 0:
-                    # the commit this memory built on is gone or damaged: writing (and collecting garbage)
-                    # now could destroy what a repair needs
-                    raise MemoryFormatError(f"{e}; refusing to save over it (nothing was written or deleted)") \
-                        from None
-                cur_name, cur = None, None
-            if cur is not None and int(cur["generation"]) != self._gen:
-                raise MemoryFormatError(f"{root} was changed by another writer since this memory loaded or saved "
-                                        f"it (generation {cur['generation']}, expected {self._gen}): reopen it")
-            entries = []
-            saved_views: dict[int, SegView] = {}
-            for v in snap.views:
-                seg = v.seg
-                e = self._saved.get(seg.uid)
-                if e is None:
-                    e = persist.write_segment(root, seg.uid, segment_arrays(seg, self._dicts))
-                    e = {"uid": seg.uid, "partition": seg.partition, "n_docs": seg.n_docs, **e, "deletes": None,
-                         "length": seg.length, "time_min": seg.time_min, "time_max": seg.time_max}
-                e = dict(e)
-                if v.live is None:
-                    e["deletes"] = None
-                elif self._saved_views.get(seg.uid) is not v:
-                    e["deletes"] = persist.write_deletes(root, seg.uid, gen, np.flatnonzero(~v.live))
-                entries.append(e)
-                saved_views[seg.uid] = v
-            manifest = {"generation": gen, "config": self.config(), "next_seq": self._next_seq,
-                        "next_uid": self._next_uid, "n_records": snap.n_docs, "segments": entries,
-                        "history": self._history.save(root, gen), "expiring": self._expiring}
-            if self._emb:  # (absent: a memory without vectors, as before)
-                manifest["embeddings"] = {n: e.to_dict() for n, e in self._emb.items()}
-            name = persist.commit(root, manifest)
-            self._gen = gen
-            self._unsaved = 0
-            self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
-            self._saved_views = saved_views
-            keep = persist.manifest_files(manifest) | {name} | self._prev_files
-            if cur_name:
-                keep.add(cur_name)
-            persist.collect_garbage(root, keep)
-            self._prev_files = persist.manifest_files(manifest) | {name}
+                self._write_save(root, snap, gen, history, state, cur_name)
+            except BaseException:
+                history.changed = True
+                self._history.changed = True  # written again by the next save
+                raise
+            with self._write_lock:
+                self._gen = gen
+                self._unsaved -= unsaved
+                self._history.adopt(history)
+            if older:
+                self._log.drop(older)
             return root
+
+    def _check_commit(self, root: Path) -> str | None:
+        """The name of the commit a save builds on (None: none yet), checked before anything is written."""
+        try:
+            cur_name, cur = persist.read_manifest(root)
+        except MemoryFormatError as e:
+            if self._gen > 0:
+                # the commit this memory built on is gone or damaged: writing (and collecting garbage)
+                # now could destroy what a repair needs
+                raise MemoryFormatError(f"{e}; refusing to save over it (nothing was written or deleted)") \
+                    from None
+            cur_name, cur = None, None
+        if cur is not None and int(cur["generation"]) != self._gen:
+            raise MemoryFormatError(f"{root} was changed by another writer since this memory loaded or saved "
+                                    f"it (generation {cur['generation']}, expected {self._gen}): reopen it")
+        return cur_name
+
+    def _write_save(self, root: Path, snap: Snapshot, gen: int, history: History, state: dict[str, Any],
+                    cur_name: str | None) -> None:
+        """Write and commit generation ``gen`` of ``snap`` (outside the writer's lock; the save lock held)."""
+        entries = []
+        saved_views: dict[int, SegView] = {}
+        for v in snap.views:
+            seg = v.seg
+            e = self._saved.get(seg.uid)
+            if e is None:
+                e = persist.write_segment(root, seg.uid, segment_arrays(seg, self._dicts))
+                e = {"uid": seg.uid, "partition": seg.partition, "n_docs": seg.n_docs, **e, "deletes": None,
+                     "length": seg.length, "time_min": seg.time_min, "time_max": seg.time_max}
+            e = dict(e)
+            if v.live is None:
+                e["deletes"] = None
+            elif self._saved_views.get(seg.uid) is not v:
+                e["deletes"] = persist.write_deletes(root, seg.uid, gen, np.flatnonzero(~v.live))
+            entries.append(e)
+            saved_views[seg.uid] = v
+        manifest = {"generation": gen, "config": state["config"], "next_seq": state["next_seq"],
+                    "next_uid": state["next_uid"], "n_records": snap.n_docs, "segments": entries,
+                    "history": history.save(root, gen), "expiring": state["expiring"]}
+        if state["embeddings"]:  # (absent: a memory without vectors, as before)
+            manifest["embeddings"] = state["embeddings"]
+        name = persist.commit(root, manifest)
+        self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
+        self._saved_views = saved_views
+        keep = persist.manifest_files(manifest) | {name} | self._prev_files
+        if cur_name:
+            keep.add(cur_name)
+        persist.collect_garbage(root, keep)
+        self._prev_files = persist.manifest_files(manifest) | {name}
 
     def _bind(self, root: Path, lock_timeout: float) -> None:
         """Claim ``root`` for this memory (mode 0700) and take its writer lock."""
@@ -1397,11 +1560,17 @@ class Memory:
             if (root / persist.CURRENT).exists():
                 raise MemoryFormatError(f"{root} already holds a memory: open it with Memory.open({str(root)!r})"
                                         " to change it, or save to a new directory")
-            persist.check_not_orphaned(root)  # a damaged memory is never overwritten by a new one
+            logs = wal_segments(root, "memory")  # a log left by a memory whose first commit never happened
+            persist.check_not_orphaned(root, extra=[p.name for _, p in logs if log_holds_writes(p)])
+            for _, p in logs:  # (headers only: nothing was acknowledged there)
+                p.unlink()  # a damaged memory is never overwritten by a new one
         except BaseException:
             lock.__exit__(None, None, None)
             raise
         self._release_lock()  # (not close(): the merges go on; the writes are not dropped: this save writes them)
+        if self._log is not None:  # the old directory keeps its commit and its log, complete
+            self._log.close()
+            self._log = None
         self._lock = lock
         self._path = root
         self._gen = 0
@@ -1410,7 +1579,8 @@ class Memory:
     @classmethod
     def open(cls, path: str | os.PathLike, writer: bool = True, verify: bool | str = True,
              lock_timeout: float = 10.0, background_merges: bool = True,
-             embeddings: Mapping[str, Any] | None = None) -> Memory:
+             embeddings: Mapping[str, Any] | None = None, durability: str = "fsync",
+             salvage: bool = False) -> Memory:
         """Open a memory directory by mapping its segment files.
 
         Only the manifests and the small columns are read at once (each
@@ -1443,14 +1613,27 @@ class Memory:
             records and text queries), or new embeddings (every record is
             encoded now; see :meth:`add_embedding`). The stored vectors are
             mapped like the other columns whether or not an encoder is given.
+        durability : {"fsync", "flush", "none"}
+            See :class:`Memory`. Whatever it is, the directory's log (the
+            writes acknowledged since its last save) is replayed first; with
+            "none" it is then folded into a save and no longer written.
+        salvage : bool
+            A writer only: start although the log is damaged, keeping every
+            intact frame (each skipped byte range logged), fold them into a
+            save at once and set the damaged segment aside. Without it, damage
+            raises :class:`~gpuir.wal.WALCorruptError` naming the file and
+            offset, and nothing is changed.
 
         Raises
         ------
         MemoryFormatError
             No memory there, or a damaged file (named).
+        WALCorruptError
+            Damage to acknowledged writes in the log (unless ``salvage``).
         StoreLockedError
             ``writer`` and another writer holds the lock.
         """
+        check_durability(durability)
         if verify not in (True, False, "full", "lazy"):
             raise ValueError(f"verify must be True, 'full' or False, got {verify!r}")
         root = check_path(path)
@@ -1466,18 +1649,31 @@ class Memory:
                 name, manifest = persist.read_manifest(root)
                 try:
                     mem = cls._load(root, manifest, verify, background_merges)
+                    ops = None if writer else read_log(root, mem._gen)  # a reader sees every acknowledged write
                     break
-                except FileNotFoundError as e:  # a writer committed and cleaned up meanwhile: reload
+                except (FileNotFoundError, WALCorruptError) as e:  # a writer committed and cleaned up meanwhile
+                    if isinstance(e, WALCorruptError) and persist.read_manifest(root)[0] == name:
+                        raise
                     if persist.read_manifest(root)[0] == name or attempt == 4:
                         raise MemoryFormatError(f"{e.filename}: missing (named by {root / name})") from None
         except BaseException:
             if lock is not None:
                 lock.__exit__(None, None, None)
             raise
+        mem._durability = durability
         mem._path = root
         mem._lock = lock
         mem._readonly = not writer
         mem._prev_files = persist.manifest_files(manifest) | {name}
+        try:
+            if ops:
+                mem._replay(ops)
+                mem._unsaved = 0
+            if writer:
+                mem._recover_log(salvage)
+        except BaseException:
+            mem.close(discard_unsaved=True)
+            raise
         try:
             for ename, spec in parse_embeddings(embeddings).items():
                 mem.add_embedding(ename, spec.encoder, spec.dtype if ename not in mem._emb else mem._emb[ename].dtype)
@@ -1561,6 +1757,34 @@ class Memory:
         mem._order.build_in_background(mem._write_lock)  # keys of the loaded vocabulary, off the open's path
         return mem
 
+    def _recover_log(self, salvage: bool) -> None:
+        """Open (writer): replay the directory's log over the loaded commit, then append to it (or, with
+        durability "none", fold it into a save and delete it)."""
+        root = self._path
+        mlog = MemoryLog(root, "flush" if self._durability == "none" else self._durability)
+        t0 = time.perf_counter()
+        rec = mlog.recover(self._gen, salvage=salvage)
+        try:
+            self._replay(rec.ops)
+        except BaseException:
+            mlog.wal.close()
+            raise
+        n = sum(len(op.get("ids") or op.get("seqs") or ()) for op in rec.ops)
+        if rec.ops:
+            log.info("%s: replayed %d logged operation(s) (%d records) in %.3f s", root, len(rec.ops), n,
+                     time.perf_counter() - t0)
+        self._attempt_gen = self._gen
+        self._log = mlog
+        self._unsaved = n
+        mlog.wal.ops = n
+        if rec.needs_checkpoint or (self._durability == "none" and (rec.ops or rec.torn)):
+            self.save()  # a salvaged or old segment is never appended to; "none" keeps no log
+        if self._durability == "none":
+            self._log.close()
+            self._log = None
+            for _, p in wal_segments(root, "memory"):  # every operation is in the commit now
+                p.unlink()
+
     def verify(self) -> dict[str, Any]:
         """Check every file of this memory's committed directory completely: sha256 and size of each file
         in the manifest, every part of every segment file (CRC-32 and structure). Reads every byte once.
@@ -1591,20 +1815,36 @@ class Memory:
             self._lock = None
 
     def close(self, discard_unsaved: bool = False) -> None:
-        """Stop the background merges and release the directory's writer lock (if held).
+        """Stop the background merges, sync and close the log, and release the directory's writer lock.
 
         Queued merges are dropped and a running one is abandoned (its result is
         never published; its segments stay as they are, so nothing is lost);
-        this returns when no merge thread is left. The memory stays usable in
-        this process (a later write starts merging again).
+        this returns when no merge thread is left. A background checkpoint in
+        progress is waited for. Afterwards every write and save raises
+        :class:`~gpuir.memory.durable.MemoryClosedError`; searches and reads of
+        the last snapshot still work. Closing twice does nothing.
 
-        Closing a memory bound to a directory while it holds unsaved writes
-        warns (:class:`UnsavedWritesWarning`, naming the count; also logged):
-        they are not in the directory. Pass ``discard_unsaved=True`` when that
-        is meant (or when they are kept elsewhere, as the service's log keeps them).
+        With a log (durability "fsync" or "flush") every acknowledged write is
+        in the directory already: the next :meth:`open` replays what no save
+        holds. With durability "none", closing a memory bound to a directory
+        while it holds unsaved writes warns (:class:`UnsavedWritesWarning`,
+        naming the count; also logged): they are not in the directory. Pass
+        ``discard_unsaved=True`` when that is meant.
         """
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
         self._stop_merges()
-        self._release_lock(discard_unsaved)
+        t = self._ckpt_thread
+        if t is not None:
+            t.join()
+        with self._save_lock, self._write_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+                discard_unsaved = True  # every write is in the log
+            self._release_lock(discard_unsaved)
 
     def _stop_merges(self) -> None:
         for task in self._merger.stop():
@@ -1630,18 +1870,21 @@ class Memory:
             return
         if exc_type is None:
             try:
-                if self._unsaved:
+                if self._unsaved and not self._closed:
                     self.save()  # an error here propagates: the writes are not silently dropped
             finally:
                 self.close(discard_unsaved=True)
             return
-        if self._unsaved:
+        if self._unsaved and self._log is None and not self._closed:
             self._warn_unsaved(f"left by {exc_type.__name__}")
         self.close(discard_unsaved=True)
 
     def __del__(self):  # pragma: no cover - best effort
         with contextlib.suppress(Exception):
-            if self._lock is not None and self._unsaved:
+            if self._log is not None:
+                self._log.close()  # every write is in it
+                self._log = None
+            elif self._lock is not None and self._unsaved:
                 self._warn_unsaved("garbage-collected")
             if not sys.is_finalizing():  # at exit the daemon merge threads may be frozen holding the merger's lock
                 self._merger.stop(timeout=0)

@@ -226,14 +226,16 @@ class ServiceStore:
         self.max_group = max_group
         self.failed: str | None = None  # why writes are refused (an internal failure), else None
         if (self.root / CURRENT).exists():
-            self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout)
+            # the service logs every operation itself (with the tenant's walls), so the memory keeps no second log
+            self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout,
+                                      durability="none")
         else:
             if self.root.exists() and any(self.root.iterdir()) and not is_claimed(self.root):
                 raise ValueError(f"{self.root} is not empty and not a gpuir memory: choose a new or empty directory")
             if self.root.is_dir():
                 # segments, manifests or a log without CURRENT: a damaged memory, never a new empty one
                 check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
-            self.memory = Memory(**(memory_options or {}))
+            self.memory = Memory(**{**(memory_options or {}), "durability": "none"})
             self.memory.save(self.root, lock_timeout=lock_timeout)
         try:
             self.wal = WriteAheadLog(self.root)

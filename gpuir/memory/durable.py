@@ -1,0 +1,213 @@
+"""A memory's own write-ahead log: every write on a directory is logged before the call returns.
+
+A :class:`~gpuir.memory.Memory` bound to a directory (by :meth:`~gpuir.memory.Memory.save` or
+:meth:`~gpuir.memory.Memory.open`) appends each ``add``, ``update`` / ``replace`` / ``upsert`` and
+``delete`` to ``memory-wal-NNNNNNNN.log`` in that directory (the frames, checksums and recovery rules
+of :mod:`gpuir.wal`) before it returns, and replays the log when the directory is opened again. What
+"before it returns" means is the memory's ``durability``, modelled on SQLite's ``synchronous``:
+
+============  ===========================================  =========================================
+durability    a write has returned once its log frame is   it survives
+============  ===========================================  =========================================
+``"fsync"``   written and fsynced (group commit: writers    a crash of the process (``kill -9``, OOM)
+(default)     waiting at once share one fsync)              and a power cut or kernel crash
+``"flush"``   written to the operating system (no fsync)    a crash of the process; not a power cut
+``"none"``    applied in memory only (no log)               nothing until :meth:`~Memory.save`
+============  ===========================================  =========================================
+
+**What is logged.** The operation *after* validation, as applied: an add's record columns (ids,
+texts, fields, times as epoch ms) with their sequence numbers and vectors; an update's whole new
+versions (``put``) with theirs; a delete's live ids. Replaying a frame therefore needs no encoder
+and gives the same records, numbers and scores; expired records are purged again by the replay.
+
+**Checkpoints** (:meth:`~gpuir.memory.Memory.save`, called by the user, by ``close`` and by the
+memory itself once the log holds ``checkpoint_every`` records) never hold the writer: under the
+writer's lock they only take the snapshot to write and start a new log segment whose header names
+the generation the save will commit (each attempt a new number); the files are written outside the
+lock, and once the commit is durable the older segments are deleted. A crash anywhere leaves either
+the old commit with every segment since it (replayed in order) or the new commit with the segments
+after it: the acknowledged state either way.
+
+**Readers** (``Memory.open(path, writer=False)``) replay the log too, without changing it, so they
+see every write acknowledged before they opened.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..wal import FORMATS, WALCorruptError, WriteAheadLog, encode_payload, read_segment
+from .records import RecordBatch
+
+log = logging.getLogger("gpuir.memory")
+
+#: The durability levels, weakest last (see the module docstring).
+DURABILITY = ("fsync", "flush", "none")
+#: Records logged since the last checkpoint that make the memory checkpoint itself (in the background).
+CHECKPOINT_EVERY = 10_000
+#: ... or log bytes since the last checkpoint.
+CHECKPOINT_BYTES = 64 << 20
+
+__all__ = ["CHECKPOINT_EVERY", "DURABILITY", "MemoryClosedError", "MemoryLog", "batch_from_log",
+           "batch_to_log", "check_durability", "log_holds_writes", "vectors_from_log", "vectors_to_log"]
+
+
+class MemoryClosedError(ValueError):
+    """A write (or save) to a memory after :meth:`~gpuir.memory.Memory.close`."""
+
+
+def check_durability(durability: Any) -> str:
+    """``durability`` checked (one of :data:`DURABILITY`)."""
+    if durability not in DURABILITY:
+        raise ValueError(f"durability must be one of {', '.join(repr(d) for d in DURABILITY)} "
+                         f"(see gpuir.memory.durable), got {durability!r}")
+    return durability
+
+
+# ---------------------------------------------------------------------- payloads
+def batch_to_log(batch: RecordBatch) -> dict[str, Any]:
+    """The columns of ``batch`` as JSON values (its labels are not kept; NaN importance as null)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(batch):
+        if f.name == "labels":
+            continue
+        v = getattr(batch, f.name)
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind == "f":
+                vals = [None if math.isnan(x) else x for x in v.tolist()]  # NaN -> null (strict JSON)
+            else:
+                vals = v.tolist()
+            out[f.name] = {"dtype": v.dtype.str, "values": vals}
+        else:
+            out[f.name] = v
+    return out
+
+
+def batch_from_log(cols: dict[str, Any]) -> RecordBatch:
+    """The :class:`RecordBatch` that :func:`batch_to_log` wrote."""
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(RecordBatch):
+        if f.name not in cols:
+            continue
+        v = cols[f.name]
+        if isinstance(v, dict) and set(v) == {"dtype", "values"}:
+            dt = np.dtype(v["dtype"])
+            vals = [np.nan if x is None else x for x in v["values"]] if dt.kind == "f" else v["values"]
+            v = np.asarray(vals, dtype=dt)
+        kw[f.name] = v
+    return RecordBatch(**kw)
+
+
+def vectors_to_log(vecs: dict[str, np.ndarray] | None) -> dict[str, Any] | None:
+    """Vectors name -> (n, dim) array as base64 of their bytes, with dtype and shape."""
+    if not vecs:
+        return None
+    return {n: {"dtype": a.dtype.str, "shape": list(a.shape),
+                "data": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")}
+            for n, a in vecs.items()}
+
+
+def vectors_from_log(obj: dict[str, Any] | None) -> dict[str, np.ndarray] | None:
+    """The arrays :func:`vectors_to_log` wrote (bit for bit)."""
+    if not obj:
+        return None
+    return {n: np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
+            for n, d in obj.items()}
+
+
+def log_holds_writes(path: Path) -> bool:
+    """Whether a memory log segment holds any operation (a damaged one counts as holding some)."""
+    try:
+        return bool(read_segment(path, allow_torn_tail=True, salvage=False, fmt=FORMATS["memory"]).ops)
+    except (OSError, WALCorruptError):
+        return True
+
+
+# ---------------------------------------------------------------------- the log
+class MemoryLog:
+    """A memory's log: appends under the writer's lock, syncs after it (group commit), rotates at checkpoints.
+
+    Parameters
+    ----------
+    root : the memory directory
+    durability : "fsync" or "flush"
+    """
+
+    def __init__(self, root: Path, durability: str):
+        self.wal = WriteAheadLog(Path(root), kind="memory")
+        self.durability = durability
+        self.failed: str | None = None  # why writes are refused (a failed fsync), else None
+        self._ckpt_lock = threading.Lock()
+
+    @property
+    def ops(self) -> int:
+        """Records logged since the last checkpoint."""
+        return self.wal.ops
+
+    def recover(self, generation: int, salvage: bool = False):
+        """The operations to replay over the memory saved at ``generation`` (:meth:`WriteAheadLog.recover`)."""
+        return self.wal.recover(generation, salvage=salvage)
+
+    def start(self, generation: int) -> None:
+        """Start the first segment of a memory just bound to its directory (base ``generation``)."""
+        self.wal._start(self.wal.number + 1, generation)
+
+    def write(self, op: dict[str, Any], n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Append one operation (``n`` records) without syncing; returns (mark to roll back to, end to sync).
+
+        Raises
+        ------
+        OSError
+            The write failed (rolled back: nothing of it is in the log).
+        """
+        if self.failed is not None:
+            raise OSError(self.failed)
+        mark = self.wal.write_payloads([encode_payload(op)], n)
+        return mark, self.wal.end
+
+    def rollback(self, mark: tuple[int, int], n: int) -> None:
+        """Remove an operation that could not be applied."""
+        self.wal.rollback(mark, n)
+
+    def sync(self, end: tuple[int, int]) -> None:
+        """Wait until the log is durable up to ``end`` (durability "fsync"; "flush" returns at once).
+
+        A failed fsync leaves the memory refusing writes: what the kernel failed to write may be
+        lost, and only a reopen (replaying what the disk holds) tells what is there.
+        """
+        if self.durability != "fsync":
+            return
+        try:
+            self.wal.sync(end)
+        except OSError as e:
+            self.failed = (f"the memory's log could not be synced ({e}): this write may not be durable and "
+                           "the memory refuses further writes; close it and open the directory again")
+            log.error("%s", self.failed)
+            raise OSError(e.errno, self.failed) from e
+
+    def due(self) -> bool:
+        """Whether the log has grown enough for a checkpoint."""
+        return self.wal.ops >= CHECKPOINT_EVERY or self.wal.bytes >= CHECKPOINT_BYTES
+
+    def rotate(self, next_generation: int) -> list[Path]:
+        """Start a segment for the save that will commit ``next_generation``; returns the older segments
+        (deleted by :meth:`drop` once that save is durable)."""
+        return self.wal.rotate(next_generation)
+
+    def drop(self, paths: list[Path]) -> None:
+        self.wal.drop(paths)
+
+    def close(self) -> None:
+        """Sync (whatever the durability: a clean close leaves nothing to chance) and close."""
+        try:
+            self.wal.close(sync=self.failed is None)
+        except OSError as e:
+            log.error("closing the memory's log: the final fsync failed (%s)", e)

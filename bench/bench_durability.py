@@ -1,0 +1,136 @@
+"""What durability costs a writer: single adds and batched adds at each level of ``Memory(durability=...)``.
+
+For each level ("fsync", the default; "flush"; "none") on a fresh memory directory:
+
+* **single adds**: ``--singles`` calls of ``Memory.add`` with one record each (an agent's loop adds one
+  turn at a time): writes per second and the p50 / p99 latency of one call;
+* **batched adds**: the synthetic records in batches of ``--batch`` (an import, a backfill): records
+  per second, and the ratio to "none" (the issue-36 budget: the default loses at most 10%).
+
+The levels run interleaved round by round (``--rounds``), each round on a new directory, and the
+median round is reported, so a slow phase of the machine does not land on one level. The disk under
+``--dir`` (default: a temporary directory) is what the fsyncs pay for; it is named in the output.
+
+    python bench/bench_durability.py --out bench/results/bench_durability_vm.json
+
+Writes JSON (the machine named: CPU model, Python, NumPy, the gpuir commit, the file system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuir import Memory  # noqa: E402
+from gpuir.synthetic import iter_records  # noqa: E402
+
+LEVELS = ("fsync", "flush", "none")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fs(path: Path) -> str:
+    try:
+        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=True).stdout
+        return " ".join(out.splitlines()[-1].split()[:2])
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def one_round(level: str, base: Path, singles: list[dict], batches: list[list[dict]]) -> dict:
+    d = base / f"{level}-{time.monotonic_ns()}"
+    m = Memory(durability=level)
+    m.save(d)
+    lat = []
+    for r in singles:
+        t0 = time.perf_counter()
+        m.add([r])
+        lat.append(time.perf_counter() - t0)
+    m.close(discard_unsaved=True)  # ("none": the writes are measured, not kept)
+    shutil.rmtree(d)
+    d = base / f"{level}-b-{time.monotonic_ns()}"
+    m = Memory(durability=level)
+    m.save(d)
+    n = 0
+    t0 = time.perf_counter()
+    for b in batches:
+        n += m.add(b)
+    batch_s = time.perf_counter() - t0
+    m.close(discard_unsaved=True)  # ("none": the writes are measured, not kept)
+    shutil.rmtree(d)
+    lat_ms = np.asarray(lat) * 1e3
+    return {"single_adds_per_s": len(lat) / float(np.sum(lat)), "single_p50_ms": float(np.percentile(lat_ms, 50)),
+            "single_p99_ms": float(np.percentile(lat_ms, 99)), "batched_records_per_s": n / batch_s}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--singles", type=int, default=500, help="single-record adds per level and round")
+    ap.add_argument("--records", type=int, default=50_000, help="records added in batches per level and round")
+    ap.add_argument("--batch", type=int, default=1_000, help="records per batched add")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="where the memories are written (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if min(args.singles, args.records, args.batch, args.rounds) < 1:
+        ap.error("--singles, --records, --batch and --rounds must be positive")
+    recs = [r for chunk in iter_records(args.records + args.singles, seed=0) for r in chunk]
+    singles = recs[args.records:]
+    batches = [recs[i:i + args.batch] for i in range(0, args.records, args.batch)]
+    base = Path(tempfile.mkdtemp(dir=args.dir, prefix="gpuir-durability-"))
+    rounds: dict[str, list[dict]] = {lv: [] for lv in LEVELS}
+    try:
+        for r in range(args.rounds):
+            for lv in LEVELS:
+                rounds[lv].append(one_round(lv, base, singles, batches))
+                print(f"round {r + 1}/{args.rounds} {lv}: {rounds[lv][-1]}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    med = {lv: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for lv, rs in rounds.items()}
+    for lv in LEVELS:
+        med[lv]["batched_vs_none"] = med[lv]["batched_records_per_s"] / med["none"]["batched_records_per_s"]
+    out = {"bench": "durability", "levels": med, "rounds": rounds,
+           "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+           "machine": {"cpu_model": _cpu_model(), "logical_cores": os.cpu_count(), "filesystem": _fs(base.parent),
+                       "python": platform.python_version(), "numpy": np.__version__},
+           "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    text = json.dumps(out, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(json.dumps(med, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

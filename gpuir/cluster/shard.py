@@ -324,18 +324,25 @@ class ShardServer:
             return reply
 
     def checkpoint(self, force: bool = False) -> int:
-        """Fold the log into the memory's files (a save), as the service does; returns the generation."""
+        """Fold the log into the memory's files (a save); returns the generation.
+
+        Writes wait only for the snapshot: under the shard's lock the memory's snapshot is taken
+        (:meth:`Memory.begin_save`) and the log rotated to a segment whose header names the generation
+        this save will commit; the files are written and committed outside the lock, then the older
+        segments are deleted. A crash before the commit replays the old segments and the new one, in
+        order; a failed save leaves them for the next (which commits another generation number).
+        """
+        older: list[Path] = []
         with self._lock:
             gen = int(persist.read_manifest(self.root)[1]["generation"])
             if not force and not self.wal.ops and not self.memory.unsaved:
                 return gen
             self._write_state()  # the last logged write id, before the log that holds it is folded
-            self.memory.save()
-            gen = int(persist.read_manifest(self.root)[1]["generation"])
-            older = self.wal.after_save(gen)
-            self.wal.drop(older)
-            self.checkpoints += 1
-            return gen
+            job = self.memory.begin_save(on_snapshot=lambda g: older.extend(self.wal.rotate(g)))
+        job.finish()  # writes go on meanwhile (into the rotated segment)
+        self.wal.drop(older)
+        self.checkpoints += 1
+        return job.generation
 
     save = checkpoint
 

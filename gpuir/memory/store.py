@@ -1457,7 +1457,18 @@ class Memory:
             The directory holds a memory's files without a commit (``CURRENT``
             missing), its commit is damaged, or another writer changed it.
         """
-        with self._save_lock:  # one save at a time; writers wait only for the snapshot and the log's rotation
+        return self.begin_save(path, lock_timeout).finish()
+
+    def begin_save(self, path: str | os.PathLike | None = None, lock_timeout: float = 10.0,
+                   on_snapshot: Any = None) -> PendingSave:
+        """The first half of :meth:`save`, for a writer that keeps a log of its own (a shard, the service):
+        under the writer's lock, take the snapshot to save and start the memory's next log segment, and
+        call ``on_snapshot(generation)`` there (e.g. to rotate the caller's own log). Returns a
+        :class:`PendingSave` whose ``finish()`` writes the files and commits, outside the writer's lock
+        (writes go on meanwhile); no other save starts before it finishes. The arguments and errors are
+        :meth:`save`'s."""
+        self._save_lock.acquire()  # one save at a time; released by PendingSave.finish
+        try:
             with self._write_lock:
                 self._check_writable()
                 if path is None:
@@ -1474,33 +1485,24 @@ class Memory:
                     self._lock = lock
                 assert self._path is not None
                 cur_name = self._check_commit(root)
-                snap = self._snap
                 gen = max(self._gen, self._attempt_gen) + 1  # a failed attempt's number is never reused
                 self._attempt_gen = gen
-                unsaved = self._unsaved
-                history = self._history.freeze()
-                state = {"config": self.config(), "next_seq": self._next_seq, "next_uid": self._next_uid,
-                         "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()}}
-                older = []
+                job = PendingSave(self, root, self._snap, gen, self._history.freeze(), cur_name, self._unsaved, {
+                    "config": self.config(), "next_seq": self._next_seq, "next_uid": self._next_uid,
+                    "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()}})
                 if self._durability != "none":
                     if self._log is None:
                         self._log = MemoryLog(root, self._durability)
                         self._log.start(gen)
                     else:
-                        older = self._log.rotate(gen)  # writes from here on go to the segment after this save
-            try:
-                self._write_save(root, snap, gen, history, state, cur_name)
-            except BaseException:
-                history.changed = True
-                self._history.changed = True  # written again by the next save
-                raise
-            with self._write_lock:
-                self._gen = gen
-                self._unsaved -= unsaved
-                self._history.adopt(history)
-            if older:
-                self._log.drop(older)
-            return root
+                        job.older = self._log.rotate(gen)  # writes from here on go to the segment after this save
+                if on_snapshot is not None:
+                    on_snapshot(gen)
+                return job
+        except BaseException:
+            self._history.changed = True
+            self._save_lock.release()
+            raise
 
     def _check_commit(self, root: Path) -> str | None:
         """The name of the commit a save builds on (None: none yet), checked before anything is written."""
@@ -1894,6 +1896,40 @@ class Memory:
     def path(self) -> Path | None:
         return self._path
 
+
+
+class PendingSave:
+    """A save whose snapshot is taken (:meth:`Memory.begin_save`); :meth:`finish` writes and commits it."""
+
+    def __init__(self, mem: Memory, root: Path, snap: Snapshot, gen: int, history: History, cur_name: str | None,
+                 unsaved: int, state: dict[str, Any]):
+        self.mem, self.root, self.snap, self.generation = mem, root, snap, gen
+        self.history, self.cur_name, self.unsaved, self.state = history, cur_name, unsaved, state
+        self.older: list[Path] = []  # the memory's log segments this save folds
+        self._done = False
+
+    def finish(self) -> Path:
+        """Write the files and commit (outside the writer's lock); delete the log segments folded. Returns the
+        directory. Raises what the save raised (nothing of the commit then: the next save retries)."""
+        if self._done:
+            raise RuntimeError("this save has finished already")
+        self._done = True
+        mem = self.mem
+        try:
+            try:
+                mem._write_save(self.root, self.snap, self.generation, self.history, self.state, self.cur_name)
+            except BaseException:
+                mem._history.changed = True  # written again by the next save
+                raise
+            with mem._write_lock:
+                mem._gen = self.generation
+                mem._unsaved -= self.unsaved
+                mem._history.adopt(self.history)
+            if self.older and mem._log is not None:
+                mem._log.drop(self.older)
+            return self.root
+        finally:
+            mem._save_lock.release()
 
 
 def warm_compiled_engine(memory: Memory | None = None, snapshot: Snapshot | None = None, query: str = "") -> None:

@@ -193,8 +193,9 @@ class ShardedStore(ServiceStore):
         check_tenant(tenant)
         return self.memory, pooled_where(where, tenant), True
 
-    def checkpoint(self) -> None:
-        """Fold every shard's log into its memory."""
+    def checkpoint(self, background: bool = False) -> None:
+        """Fold every shard's log into its memory (each shard writes its files outside its own lock, so the
+        shards' writers never wait for the files; ``background`` is the single store's option, unused)."""
         self.memory.save()
         self.wal.ops = 0
         self.checkpoints += 1

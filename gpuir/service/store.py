@@ -225,6 +225,7 @@ class ServiceStore:
         self.checkpoint_seconds = float(checkpoint_seconds)
         self.max_group = max_group
         self.failed: str | None = None  # why writes are refused (an internal failure), else None
+        self._ckpt: threading.Thread | None = None  # a checkpoint finishing in the background
         if (self.root / CURRENT).exists():
             # the service logs every operation itself (with the tenant's walls), so the memory keeps no second log
             self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout,
@@ -536,24 +537,44 @@ class ServiceStore:
     def _checkpoint_safely(self) -> None:
         if self.failed is not None:
             return
+        if self._ckpt is not None and self._ckpt.is_alive():
+            return  # one checkpoint at a time; the writer never waits for one
+        self.last_checkpoint = time.monotonic()
         try:
-            self.checkpoint()
+            self.checkpoint(background=True)
         except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
             log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
-            self.last_checkpoint = time.monotonic()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, background: bool = False) -> None:
         """Fold the log into the memory's segments (call from the writer thread, or when it is stopped).
 
-        Steps: ``Memory.save`` (under the memory's writer lock) commits generation
-        G+1; start a new log segment for G+1; delete the older segments. A save
-        that fails changes nothing (appends go on in the old segment).
+        Steps, in the writer thread: the memory's snapshot is taken (``Memory.begin_save``) and the
+        log rotated to a new segment whose header names the generation G' this save will commit (each
+        attempt a new number); then, in a background thread with ``background`` (the writer goes on
+        acknowledging writes into the new segment), the save writes its files and commits G', and
+        the older segments are deleted. A crash before the commit replays the old segments and the
+        new one in order; a failed save leaves them for the next.
         """
-        self.memory.save()
-        older = self.wal.after_save(self.memory.info()["generation"])
-        self.wal.drop(older)
-        self.checkpoints += 1
-        self.last_checkpoint = time.monotonic()
+        older: list[Path] = []
+        job = self.memory.begin_save(on_snapshot=lambda g: older.extend(self.wal.rotate(g)))
+
+        def finish() -> None:
+            try:
+                job.finish()
+            except Exception as e:
+                if not background:
+                    raise
+                log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
+                return
+            self.wal.drop(older)
+            self.checkpoints += 1
+            self.last_checkpoint = time.monotonic()
+
+        if background:
+            self._ckpt = threading.Thread(target=finish, name="gpuir-service-checkpoint", daemon=True)
+            self._ckpt.start()
+        else:
+            finish()
 
     # ------------------------------------------------------------------ reads
     def get(self, tenant: str, rid: str) -> dict[str, Any] | None:
@@ -621,6 +642,8 @@ class ServiceStore:
         self._closed = True
         self._q.put(None)
         self._thread.join()
+        if self._ckpt is not None:
+            self._ckpt.join()
         try:
             if checkpoint and self.wal.ops and self.failed is None:
                 self.checkpoint()

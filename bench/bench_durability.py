@@ -35,8 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuir import Memory  # noqa: E402
-from gpuir.synthetic import iter_records  # noqa: E402
+from gpuir import Memory
+from gpuir.synthetic import iter_records
 
 LEVELS = ("fsync", "flush", "none")
 

@@ -18,6 +18,7 @@ import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record
 
 from gpuir import Memory
+from gpuir.memory.durable import MemoryClosedError
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT = 60
@@ -178,9 +179,9 @@ def test_close_stops_the_merger_cleanly():
     assert not any(t.name == "gpuir-merge" and t.is_alive() for t in threading.enumerate())
     _check(m, model, rng, "after close")
     m._merger.hook = None
-    _grow(m, model, rng, nid, 1, 3)  # the memory stays usable: a later write merges again
-    assert m.wait_merges(TIMEOUT) and m.merge_log
-    _check(m, model, rng, "merging again")
+    with pytest.raises(MemoryClosedError):  # after close every write is refused (issue 36); reads go on
+        _grow(m, model, rng, nid, 1, 3)
+    _check(m, model, rng, "after a refused write")
     m.close()
 
 

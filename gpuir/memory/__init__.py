@@ -13,6 +13,7 @@ checksummed, incrementally saved directories (:mod:`~gpuir.memory.persist`).
 See ``docs/memory.md`` and ``docs/api.md``.
 """
 
+from .durable import DURABILITY, MemoryClosedError
 from .listing import Page
 from .partitions import MODES, budget_partitions, fit_decay
 from .persist import MemoryFormatError
@@ -25,10 +26,12 @@ from .timeutil import parse_time
 from .where import WhereError
 
 __all__ = [
+    "DURABILITY",
     "FIELDS",
     "MODES",
     "ROLES",
     "Memory",
+    "MemoryClosedError",
     "MemoryFormatError",
     "MemoryResults",
     "Page",

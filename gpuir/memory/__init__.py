@@ -16,7 +16,7 @@ See ``docs/memory.md`` and ``docs/api.md``.
 from .listing import Page
 from .partitions import MODES, budget_partitions, fit_decay
 from .persist import MemoryFormatError
-from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
+from .records import FIELDS, ROLES, DuplicateIdError, RecordError, format_time, to_epoch_ms
 from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
@@ -28,6 +28,7 @@ __all__ = [
     "FIELDS",
     "MODES",
     "ROLES",
+    "DuplicateIdError",
     "Memory",
     "MemoryFormatError",
     "MemoryResults",

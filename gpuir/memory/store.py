@@ -78,7 +78,7 @@ from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
 from .partitions import partition_keys, scan, scan_unfiltered
 from .persist import MemoryFormatError
-from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, id_list, normalize_records
+from .records import MISSING_TIME, STRING_FIELDS, DuplicateIdError, RecordBatch, format_time, id_list, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
 from .searchargs import check_search_args
 from .segments import VECTORS_PREFIX, SegView, merge_segments, segment_arrays, segment_from_file
@@ -315,8 +315,9 @@ class Memory:
             self._note_expiry(batch)
             clash = [i for i, s in enumerate(self._ids.get_many(batch.ids)) if s is not None]
             if clash:
-                raise RecordError(f"{batch.label(clash[0])}: the id already exists "
-                                  f"({len(clash)} such record(s)); use update() to replace records")
+                raise DuplicateIdError(f"{batch.label(clash[0])}: the id already exists "
+                                       f"({len(clash)} such record(s)); use update() to replace records",
+                                       [batch.ids[i] for i in clash])
             vecs = self._batch_vectors(batch, vectors, "add")
             added, parts = self._append(batch, check_seqs(seqs, len(batch), self._next_seq), vecs)
             self._publish(added=added)

@@ -7,6 +7,8 @@ line's through ``gpuir.cli.main``.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuir.memory import DuplicateIdError, Memory, RecordError
@@ -98,3 +100,106 @@ def test_mcp_duplicate_id_names_the_revise_tool():
 
     anyio.run(go)
     assert m.get(["r1"])[0]["text"] == "Rex likes the park"
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+def _cli(*args, stdin: bytes | None = None, monkeypatch=None):
+    """``gpuir ARGS`` in this process: (exit status, stdout, stderr); ``stdin`` is what '-' reads."""
+    import contextlib
+    import io
+    import sys
+
+    from gpuir.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdin
+    if stdin is not None:
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main([str(a) for a in args])
+            except SystemExit as e:
+                rc = e.code
+    finally:
+        sys.stdin = old
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+RECS = [{"id": "m1", "text": "Caroline went to the support group", "session": "s1"},
+        {"id": "m2", "text": "Melanie painted a sunrise", "session": "s1"},
+        {"id": "m3", "text": "the support group met on Sunday", "session": "s2"}]
+
+
+def test_every_file_argument_of_the_memory_cli_reads_dash_as_stdin(tmp_path):
+    """Before: '-' was a file name ('-: no such file')."""
+    mem = tmp_path / "mem"
+    rc, _, err = _cli("memory", "add", mem, "-", stdin=_jsonl(RECS))
+    assert rc == 0 and "added 3 records" in err, err
+    rc, out, err = _cli("memory", "search", mem, "--queries", "-", "-k", "2",
+                        stdin=_jsonl([{"id": "q1", "text": "support group"}, {"id": "q2", "text": "sunrise"}]))
+    assert rc == 0, err
+    assert [[h["id"] for h in json.loads(x)["hits"]] for x in out.splitlines()] == [["m1", "m3"], ["m2"]]
+    rc, _, err = _cli("memory", "update", mem, "-", stdin=_jsonl([{"id": "m2", "text": "Melanie painted a sunset"}]))
+    assert rc == 0 and "updated 1 records" in err, err
+    rc, _, err = _cli("memory", "delete", mem, "--ids", "-", stdin=b"m3\n")
+    assert rc == 0 and "deleted 1 records" in err, err
+    rc, out, err = _cli("memory", "export", mem, "-")
+    assert rc == 0 and "<stdout>" in err, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [r.get("id") for r in lines[1:3]] == ["m1", "m2"] and lines[2]["text"] == "Melanie painted a sunset"
+    rc, _, err = _cli("memory", "import", tmp_path / "copy", "-", stdin=out.encode())
+    assert rc == 0 and "imported 2 records" in err and "created" in err, err
+    rc, out, _ = _cli("memory", "get", tmp_path / "copy", "m1", "m2")
+    assert [json.loads(x)["text"] for x in out.splitlines()] == ["Caroline went to the support group",
+                                                                  "Melanie painted a sunset"]
+    cfg = json.dumps({"channels": [{"kind": "bm25", "depth": 10}], "fusion": None}).encode()
+    rc, out, err = _cli("memory", "search", mem, "--query", "support group", "--config", "-", stdin=cfg)
+    assert rc == 0 and [h["id"] for h in json.loads(out)["hits"]] == ["m1"], err
+
+
+def test_errors_in_standard_input_name_stdin_and_its_line(tmp_path):
+    mem = tmp_path / "mem"
+    rc, _, err = _cli("memory", "add", mem, "-", stdin=_jsonl(RECS[:1]) + b"{not json\n")
+    assert rc == 2 and "<stdin>, line 2: invalid JSON" in err, err
+    assert not mem.exists(), "nothing was created"
+    _cli("memory", "add", mem, "-", stdin=_jsonl(RECS))
+    rc, _, err = _cli("memory", "import", tmp_path / "copy", "-", stdin=b'{"format": "nonsense"}\n')
+    assert rc == 2 and "<stdin>" in err and "gpuir-stdin-" not in err, err
+    rc, _, err = _cli("memory", "search", mem, "--queries", "-", "--config", "-", stdin=b"")
+    assert rc == 2 and "--queries and --config both read standard input" in err, err
+
+
+def test_memory_get_suggests_the_option_not_the_python_argument(tmp_path):
+    """Before: 'pass missing_ok=True to skip unknown ids' from the command line."""
+    mem = tmp_path / "mem"
+    _cli("memory", "add", mem, "-", stdin=_jsonl(RECS))
+    rc, out, err = _cli("memory", "get", mem, "m1", "nope")
+    assert rc == 2 and "--missing-ok" in err and "missing_ok=True" not in err and "'nope'" in err, err
+    assert out == ""
+    rc, out, err = _cli("memory", "get", mem, "m1", "nope", "--missing-ok")
+    assert rc == 0 and [json.loads(x)["id"] for x in out.splitlines()] == ["m1"]
+
+
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_v_and_vv_say_what_search_and_update_do(tmp_path, verbose):
+    """Before: -v and -vv printed nothing for memory search and memory update."""
+    mem = tmp_path / "mem"
+    _cli("memory", "add", mem, "-", stdin=_jsonl(RECS))
+    flags = ["-v"] * verbose
+    rc, out, err = _cli("memory", "search", mem, "--query", "support group", "-k", "2", *flags)
+    assert rc == 0 and len(out.splitlines()) == 1
+    info = "searching 1 query, k=2" in err and "answered 1 query with 2 hits" in err
+    debug = "query 0: 2 hit(s), best 'm1'" in err
+    assert (info, debug) == (verbose >= 1, verbose >= 2), err
+    rc, _, err = _cli("memory", "update", mem, "-", *flags, stdin=_jsonl([{"id": "m1", "session": "s9"}]))
+    assert rc == 0, err
+    info = "update of 1 record(s) from <stdin>" in err and "changed 1 record(s)" in err
+    debug = "ids: 'm1' (1 known, 0 new)" in err
+    assert (info, debug) == (verbose >= 1, verbose >= 2), err

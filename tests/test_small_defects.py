@@ -203,3 +203,13 @@ def test_v_and_vv_say_what_search_and_update_do(tmp_path, verbose):
     info = "update of 1 record(s) from <stdin>" in err and "changed 1 record(s)" in err
     debug = "ids: 'm1' (1 known, 0 new)" in err
     assert (info, debug) == (verbose >= 1, verbose >= 2), err
+
+
+def test_mcp_tells_a_duplicate_from_other_refusals_for_every_backend():
+    """A Memory's DuplicateIdError and the service's 409 (MCP over MemoryClient) are duplicates; nothing else."""
+    pytest.importorskip("httpx")
+    from gpuir.adapters.mcp_server import _is_duplicate
+    from gpuir.service.client import ServiceError
+
+    assert _is_duplicate(DuplicateIdError("x", ["a"])) and _is_duplicate(ServiceError(409, "exists", "POST", "u"))
+    assert not _is_duplicate(ServiceError(404, "no", "GET", "u")) and not _is_duplicate(RecordError("bad time"))

@@ -165,7 +165,8 @@ def check_group(group: list[StoreOp], live: Any) -> list[tuple[StoreOp, int]]:
             if clash:
                 op.future.set_exception(ConflictError(
                     f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
-                    f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
+                    f"{clash[0].split(SEP, 1)[1]!r}: an add never replaces a record; change it with PATCH or PUT "
+                    "(the client's update), or delete it first"))
                 continue
             pending.update(op.batch.ids)
             ok.append((op, len(op.batch.ids)))

@@ -122,7 +122,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
             return {"added": int(mem.add([rec])), "id": rec["id"]}
         except Exception as e:
             if _is_duplicate(e):  # the memory's message names its own method; the agent has a tool for it
-                raise ValueError(f"remember: the id {rec['id']!r} already exists, so nothing was stored: call the "
+                raise ValueError(f"the id {rec['id']!r} already exists, so nothing was stored: call the "
                                  "revise tool to change that record, or remember without an id to store a new "
                                  "one") from None
             raise

@@ -268,3 +268,28 @@ def test_expires_at_equal_to_now_is_expired_in_search_count_list_get_and_export(
     assert reads() == expect(["b", "c"]), "expires_at == now: expired everywhere"
     clock[0] = t + 1
     assert reads() == expect(["c"])
+
+
+def test_searches_of_a_memory_with_expiring_records_add_nothing_per_search_to_its_snapshot(monkeypatch):
+    """Before: each search at a new millisecond kept one more 'passes every record' decision in the
+    snapshot's cache (304 entries after 300 searches), for as long as no write replaced the snapshot."""
+    import time as time_mod
+
+    clock = [1_800_000_000_000]
+    monkeypatch.setattr(time_mod, "time_ns", lambda: clock[0] * 1_000_000)
+    m = Memory()
+    m.add([{"id": f"r{i}", "text": f"fox {i}", "tenant": "t", "expires_at": "2099-01-01T00:00:00Z"}
+           for i in range(50)] + [{"id": "x", "text": "fox soon gone", "tenant": "t",
+                                    "expires_at": clock[0] + 5_000}], time_unit="ms")
+    snap = m.snapshot()
+    for _ in range(3):
+        m.search(["fox"], k=5)
+        m.search(["fox"], k=5, where={"tenant": "t"})
+    before = len(snap._cache)
+    for _ in range(40):
+        clock[0] += 1
+        assert "x" in m.search(["fox soon"], k=1).ids(0) and "x" in m.search(["fox soon"], k=1, where={"tenant": "t"}).ids(0)
+    assert len(snap._cache) == before
+    clock[0] += 5_000  # x expires: the same snapshot now hides it (nothing cached from before says otherwise)
+    assert "x" not in m.search(["fox soon"], k=3).ids(0) and "x" not in m.search(["fox soon"], k=3,
+                                                                                  where={"tenant": "t"}).ids(0)

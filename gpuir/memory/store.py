@@ -1691,8 +1691,13 @@ def _vacuous_dropped(snap: Snapshot, wheres: list) -> list:
         if w is not None:
             v = seen.get(id(w))
             if v is None:
-                v = seen[id(w)] = w.root is None and snap.cached(
-                    ("passes_all", w), lambda w=w: w.passes_all(snap.views, snap.dicts))
+                if w.root is not None:
+                    v = False
+                elif w.expire is not None:  # decided at this instant: kept per snapshot, it would add an
+                    v = w.passes_all(snap.views, snap.dicts)  # entry per millisecond searched (never freed)
+                else:
+                    v = snap.cached(("passes_all", w), lambda w=w: w.passes_all(snap.views, snap.dicts))
+                seen[id(w)] = v
             if v:
                 w = None
         out.append(w)

@@ -10,6 +10,12 @@ The convention (docs/README.md, "Code blocks"), checked here block by block:
 * ``sh`` / ``bash``: run as printed by ``bash -e`` in an empty temporary
   directory, with ``gpuir`` and ``python`` on ``PATH`` (this checkout's); it
   must exit 0;
+* ``bash gpuir-serve`` (the word after the language): the same, against a
+  real ``gpuir serve`` of a new memory started for the block on loopback, with
+  ``GPUIR_URL`` (the server) and ``GPUIR_KEY`` (a key of tenant ``alice``) in
+  its environment -- how the ``curl`` examples of docs/service.md run; the
+  server is stopped (SIGTERM) afterwards, and the block is skipped where
+  ``curl`` is not installed;
 * in both, the ``# -> ...`` comments are the block's standard output, one
   comment per line, in order (``...`` matches anything, runs of whitespace
   compare equal): a shown output is a checked output. A block without such
@@ -49,6 +55,10 @@ REPO = Path(__file__).resolve().parent.parent
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 RUN = {"python", "sh", "bash"}
+#: The fence word that runs a shell block against a ``gpuir serve`` started for it.
+SERVE = "gpuir-serve"
+#: The tenant whose key a served block gets as ``GPUIR_KEY``.
+SERVE_TENANT = "alice"
 #: Languages a block may name, and what the test does with it.
 LANGUAGES = {"python": "run", "sh": "run", "bash": "run", "json": "parse", "text": "never run"}
 TIMEOUT_S = 300
@@ -62,6 +72,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     lang: str | None  # None: an indented block or a fence without a language
     code: str
+    info: tuple[str, ...] = ()  # the fence's words after the language (e.g. "gpuir-serve")
 
     @property
     def name(self) -> str:
@@ -78,8 +89,9 @@ def doc_blocks(paths=DOC_FILES) -> list[Block]:
     for p in paths:
         for tok in md.parse(p.read_text("utf-8")):
             if tok.type == "fence":
-                lang = tok.info.split()[0] if tok.info.strip() else None
-                out.append(Block(p, tok.map[0] + 1, lang, tok.content))
+                words = tok.info.split()
+                lang = words[0] if words else None
+                out.append(Block(p, tok.map[0] + 1, lang, tok.content, tuple(words[1:])))
             elif tok.type == "code_block":
                 out.append(Block(p, tok.map[0] + 1, None, tok.content))
     return out
@@ -132,9 +144,40 @@ def _skip_if_missing(stderr: str) -> None:
             pytest.skip(f"{mod} is not installed here (pip install 'gpuir[{EXTRA_OF_MODULE[mod]}]')")
 
 
+def _serve(tmp: Path):
+    """A ``gpuir serve`` of a new memory on loopback, started, and a key of :data:`SERVE_TENANT`."""
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed here (the block sends its requests with curl)")
+    pytest.importorskip("fastapi", reason="the service extra is not installed (pip install 'gpuir[service]')")
+    from gpuir.service.keys import KeyStore
+    from gpuir.service.testing import ServerProcess
+    from gpuir.storage.dirlock import claim_dir
+
+    root = tmp / "served" / "mem"
+    claim_dir(root, "memory")
+    key = KeyStore(root).add(SERVE_TENANT)
+    return ServerProcess(root).start(), key
+
+
 def run_block(block: Block, tmp: Path) -> subprocess.CompletedProcess:
     work = tmp / "work"
     work.mkdir()
+    env = _env(tmp)
+    server = None
+    if SERVE in block.info:
+        assert block.lang in ("sh", "bash"), f"{block.name}: {SERVE} applies to sh and bash blocks"
+        server, key = _serve(tmp)
+        env.update(GPUIR_URL=server.url, GPUIR_KEY=key)
+    try:
+        return _run(block, tmp, work, env)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(block: Block, tmp: Path, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     if block.lang == "python":
         src = tmp / "block.py"
         src.write_text(block.code, "utf-8")
@@ -146,7 +189,7 @@ def run_block(block: Block, tmp: Path) -> subprocess.CompletedProcess:
     # its own session, so that whatever it leaves running (a server started with '&') is stopped with it;
     # output to files, not pipes, which such a process would hold open
     with open(tmp / "stdout", "w+") as out, open(tmp / "stderr", "w+") as err:
-        proc = subprocess.Popen(cmd, cwd=work, env=_env(tmp), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
             proc.wait(timeout=TIMEOUT_S)
@@ -223,9 +266,32 @@ def _fake(tmp_path, text):
 def test_harness_finds_every_kind_of_block(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     blocks = _fake(tmp_path, "a\n\n```python\nx = 1\n```\n\n    indented\n\n```\nbare\n```\n\n"
-                             "* item\n\n  ```sh\n  echo hi\n  ```\n")
-    assert [(b.line, b.lang) for b in blocks] == [(3, "python"), (7, None), (9, None), (15, "sh")]
+                             "* item\n\n  ```sh\n  echo hi\n  ```\n\n```bash gpuir-serve\ncurl x\n```\n")
+    assert [(b.line, b.lang) for b in blocks] == [(3, "python"), (7, None), (9, None), (15, "sh"), (19, "bash")]
     assert blocks[3].code == "echo hi\n"
+    assert [b.info for b in blocks] == [(), (), (), (), ("gpuir-serve",)]
+
+
+@pytest.mark.parametrize("code, ok", [
+    ('curl -s "$GPUIR_URL/healthz"; echo  # -> {"status":"ok"}\n', True),
+    ('curl -s -H "Authorization: Bearer $GPUIR_KEY" "$GPUIR_URL/v1/tenants/alice/count"; echo  # -> {"count":0}\n',
+     True),
+    ('curl -s -H "Authorization: Bearer $GPUIR_KEY" "$GPUIR_URL/v1/tenants/alice/count"; echo  # -> {"count":1}\n',
+     False),
+    ('curl -sf -H "Authorization: Bearer $GPUIR_KEY" "$GPUIR_URL/v1/tenants/bob/count"\n', False),
+])
+def test_harness_serves_gpuir_serve_blocks(tmp_path, monkeypatch, code, ok):
+    """A ``bash gpuir-serve`` block reaches a real server with a key of tenant alice (and only alice's)."""
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (block,) = _fake(tmp_path, f"```bash gpuir-serve\n{code}```\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", REPO)
+    run = tmp_path / "run"
+    run.mkdir()
+    if ok:
+        test_block_runs_as_printed(block, run)
+    else:
+        with pytest.raises(AssertionError):
+            test_block_runs_as_printed(block, run)
 
 
 def test_shown_output_reads_arrow_comments_only(tmp_path, monkeypatch):

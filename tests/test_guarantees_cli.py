@@ -68,6 +68,40 @@ def corpus(tmp_path):
     return p
 
 
+# -- exit status
+
+
+def test_exit_status_is_0_on_success_2_on_a_users_mistake_and_1_on_an_internal_error(corpus, tmp_path, monkeypatch):
+    """docs/guarantees.md, "Exit status": 0 success; 2 a user's mistake or a file-system error, with a
+    message and no traceback; 1 an internal error (with its traceback, for a bug report)."""
+    ix = tmp_path / "ix"
+    assert run("index", corpus, ix).returncode == 0
+    r = run("search", ix, "--query", "paris", "--format", "jsonl")
+    assert r.returncode == 0 and "d1" in r.stdout
+    mistakes = {
+        "an unknown option": ("search", ix, "--k", "3"),
+        "a missing file": ("index", tmp_path / "missing.jsonl", tmp_path / "ix2"),
+        "a bad parameter": ("search", ix, "--query", "paris", "--k1", "nan"),
+        "a path below a regular file": ("index", corpus, corpus / "below"),
+        "not an index": ("search", tmp_path, "--query", "paris"),
+    }
+    for what, args in mistakes.items():
+        r = run(*args)
+        assert r.returncode == 2 and no_traceback(r) and r.stderr.strip(), (what, r.returncode, r.stderr)
+    import gpuir.engine
+
+    def boom(*a, **k):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(gpuir.engine.BM25Index, "search", boom)
+    r = run("search", ix, "--query", "paris")
+    assert r.returncode == 1 and "internal error: RuntimeError: kaboom" in r.stderr and "Traceback" in r.stderr
+    monkeypatch.undo()
+    # and through the process's own exit status
+    assert [run_process(*a).returncode for a in (("search", ix, "--query", "paris"), mistakes["an unknown option"])
+            ] == [0, 2]
+
+
 # -- ownership
 
 

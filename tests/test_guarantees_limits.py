@@ -38,8 +38,12 @@ def test_a_huge_k_allocates_nothing_k_sized_in_any_api():
     r = idx.search(["budget", "team"], k=10**9)
     assert r.shape == (2, 4) and (r.ids[1, 1:] == -1).all()
     assert _peak_bytes(lambda: idx.search(["budget", "team"], k=10**12)) < 50 << 20
-    m = Memory()  # Memory.search itself still pads to k (left to the memory's owners; the service clamps)
+    m = Memory()  # Memory.search clamps k to its live records too
     m.add([{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)])
+    assert m.search(["budget", "team"], k=10**9).shape == (2, 4)
+    assert _peak_bytes(lambda: m.search(["budget", "team"], k=10**12)) < 50 << 20
+    m.delete(["d2"])
+    assert m.search(["budget"], k=10**9).shape == (1, 3)
     from gpuir.retrieve import Retriever
     from gpuir.retrieve.config import ChannelConfig, RetrieverConfig
 
@@ -112,14 +116,54 @@ def test_a_manifest_edited_after_it_was_written_is_refused(tmp_path):
         BM25Index.load(tmp_path / "idx")
 
 
-def test_a_manifest_without_its_own_checksum_still_loads(tmp_path):
-    """Indexes saved before issue 23 carry no manifest checksum and load as before."""
-    BM25Index.build(DOCS, analyzer="plain").save(tmp_path / "idx")
+def _tamper_postings(mp: Path) -> dict:
+    """Change the postings' term frequencies and recompute their file checksum in the manifest (returned)."""
+    import hashlib
+
+    tfs = mp.parent / "tfs.npy"
+    arr = np.load(tfs)
+    arr[:] += 7
+    np.save(tfs, arr)
+    m = json.loads(mp.read_text())
+    m["files"]["tfs.npy"]["sha256"] = hashlib.sha256(tfs.read_bytes()).hexdigest()
+    return m
+
+
+def test_a_manifest_without_its_own_checksum_is_refused(tmp_path):
+    """Before (issue 36's audit): tampered postings, file checksums recomputed and ``manifest_sha256``
+    deleted loaded, and the scores changed (0.1674 -> 0.3125). From format 3 the checksum is mandatory."""
+    idx = BM25Index.build(DOCS, analyzer="plain")
+    idx.save(tmp_path / "idx")
+    want = idx.search(["budget"], k=1).scores[0, 0]
+    mp = _live_manifest(tmp_path / "idx")
+    assert json.loads(mp.read_text())["format_version"] == 3
+    m = _tamper_postings(mp)
+    del m["manifest_sha256"]
+    mp.write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match="no checksum of its own"):
+        BM25Index.load(tmp_path / "idx")
+    m["format_version"] = 2  # what the field's absence meant before: an index saved before issue 23
+    mp.write_text(json.dumps(m))
+    tampered = BM25Index.load(tmp_path / "idx").search(["budget"], k=1).scores[0, 0]
+    assert tampered != want, "an unkeyed checksum stops damage, not someone who can write the directory"
+
+
+def test_a_version_2_manifest_without_its_own_checksum_still_loads(tmp_path):
+    """Indexes saved before issue 23 (format 2) carry no manifest checksum and load as before; the next
+    save rewrites them as format 3, with the checksum."""
+    idx = BM25Index.build(DOCS, analyzer="plain")
+    idx.save(tmp_path / "idx")
     mp = _live_manifest(tmp_path / "idx")
     m = json.loads(mp.read_text())
     del m["manifest_sha256"]
+    m["format_version"] = 2
     mp.write_text(json.dumps(m))
-    assert BM25Index.load(tmp_path / "idx").search(["budget"], k=1).ids[0, 0] == 0
+    old = BM25Index.load(tmp_path / "idx")
+    assert old.search(["budget"], k=1).ids[0, 0] == 0
+    assert old.search(["budget"], k=1).scores[0, 0] == idx.search(["budget"], k=1).scores[0, 0]
+    old.save(tmp_path / "idx")
+    m = json.loads(_live_manifest(tmp_path / "idx").read_text())
+    assert m["format_version"] == 3 and m["manifest_sha256"] == manifest_digest(m)
 
 
 @pytest.mark.parametrize("meta,msg", [

@@ -141,6 +141,43 @@ def test_a_version_being_loaded_is_not_retired(small, tmp_path):
     assert not vdir.exists()
 
 
+def _version_dirs(root: Path) -> list[str]:
+    """Complete and half-written version folders of an index directory."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p.name.startswith("v-")
+                                                                    or p.name.startswith(".tmp-v-")))
+
+
+def test_disk_space_is_two_versions_between_saves_and_a_readers_one_more_during_a_save(small, tmp_path, monkeypatch):
+    """docs/guarantees.md, "Disk space": between saves the live version and the previous one; during a save
+    the live one, the new one, and any version a reader is loading."""
+    ix = tmp_path / "ix"
+    between = []
+    for _ in range(4):
+        small.save(ix)
+        between.append(len(_version_dirs(ix)))
+    assert between == [1, 2, 2, 2]
+    during: list[list[str]] = []
+    real = storage.fsync_dir
+
+    def spy(p):  # called at each step of a save: the new folder written, renamed, CURRENT moved
+        during.append(_version_dirs(ix))
+        real(p)
+
+    monkeypatch.setattr(storage, "fsync_dir", spy)
+    live = (ix / "CURRENT").read_text().strip()
+    small.save(ix)
+    assert during and max(len(d) for d in during) == 2, during  # the previous one was retired first
+    assert any(live in d and any(x.startswith(".tmp-") for x in d) for d in during), "the live one and the new"
+    previous, live = live, (ix / "CURRENT").read_text().strip()
+    during.clear()
+    with storage.lease_version(ix / previous):  # a reader loading the previous version keeps it
+        small.save(ix)
+        assert max(len(d) for d in during) == 3 and (ix / previous).is_dir()
+        assert len(_version_dirs(ix)) == 3
+    small.save(ix)
+    assert len(_version_dirs(ix)) == 2 and not (ix / previous).exists()
+
+
 # -- old indexes
 
 

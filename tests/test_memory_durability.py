@@ -87,11 +87,29 @@ def test_cli_add_into_a_directory_without_current_is_exit_2_and_deletes_nothing(
 
 def test_an_interrupted_first_save_of_an_empty_memory_does_not_block_the_next(tmp_path):
     d = tmp_path / "mem"
-    Memory().save(d).exists()
+    Memory().save(d)
     (d / "CURRENT").unlink()  # as if the first commit never happened: only an empty manifest is left
+    (left,) = persist.state_files(d)
+    assert left.startswith("manifest-"), "only the empty memory's manifest is there"
+    with pytest.raises(MemoryFormatError, match="CURRENT is missing") as e:  # absent, not damaged
+        Memory.open(d)
+    assert "restore it" not in str(e.value)
     m = Memory()
+    m.add(_recs(3))
     m.save(d)  # nothing to lose there: accepted
     m.close()
+    r = Memory.open(d, writer=False)
+    assert len(r) == 3 and r.get(["r2"])[0]["text"] == "record number 2 about topic2"
+    # the exception is for an empty memory's manifest only: one that holds records blocks the next save
+    d2 = _saved(tmp_path / "two", 4)
+    (d2 / "CURRENT").unlink()
+    for f in persist.state_files(d2):
+        if not f.startswith("manifest-"):
+            (d2 / f).unlink()  # even without its segments, the manifest names records that are lost
+    before = _files(d2)
+    with pytest.raises(MemoryFormatError, match="restore it"):
+        Memory().save(d2)
+    assert _files(d2) == before
 
 
 # ---------------------------------------------------------------------- the context manager

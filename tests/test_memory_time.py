@@ -4,6 +4,7 @@ after which the statistics equal a fresh build), and score thresholds (Memory.se
 
 from __future__ import annotations
 
+import json
 from datetime import date, datetime, timedelta, timezone
 
 import numpy as np
@@ -212,3 +213,83 @@ def test_expiry_survives_save_and_open_and_costs_nothing_when_unused(monkeypatch
     assert m.search("plain").ids(0) == ["a"] and m.count() == 2
     assert m.purge_expired() == 1 and len(m) == 2
     m.close(discard_unsaved=True)
+
+
+def _backends():
+    import importlib.util
+
+    return ["numpy"] + (["numba"] if importlib.util.find_spec("numba") else [])
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("opened", [False, True], ids=["in-memory", "opened"])
+def test_expires_at_equal_to_now_is_expired_in_search_count_list_get_and_export(monkeypatch, tmp_path, backend,
+                                                                                 opened):
+    """The boundary (issue 36's audit: ``expires_at == now`` treated as live in search and count while get
+    hid it survived a mutation): at ``now == expires_at`` the record is gone from every read, at
+    ``now == expires_at - 1 ms`` it is in every one."""
+    import time as time_mod
+
+    t = 1_800_000_000_123
+    clock = [t - 1]
+    monkeypatch.setattr(time_mod, "time_ns", lambda: clock[0] * 1_000_000 + 999_999)  # ms floor: clock[0]
+    iso = lambda ms: datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    m = Memory()
+    m.add([{"id": "a", "text": "the red fox", "tenant": "t", "expires_at": iso(t)},
+           {"id": "b", "text": "the quick fox", "tenant": "t", "expires_at": iso(t + 1)},
+           {"id": "c", "text": "a fox that stays", "tenant": "t"}])
+    if opened:
+        m.save(tmp_path / "m")
+        m.close()
+        m = Memory.open(tmp_path / "m", writer=False)
+
+    def reads():
+        seen = {}
+        for name, where in (("search", None), ("search tenant", {"tenant": "t"}),
+                            ("search filtered", {"text": {"contains": "fox"}})):
+            seen[name] = sorted(m.search(["fox"], k=10, where=where, backend=backend).ids(0))
+        seen["count"] = m.count()
+        seen["count tenant"] = m.count({"tenant": "t"})
+        seen["list"] = sorted(r["id"] for r in m.list(limit=10).records)
+        seen["list by time"] = sorted(r["id"] for r in m.list(order_by="time", limit=10).records)
+        seen["get"] = [r and r["id"] for r in m.get(["a", "b", "c"], missing_ok=True)]
+        path = tmp_path / f"e{clock[0]}.jsonl"
+        m.export(path, history=False)
+        seen["export"] = sorted(json.loads(x)["id"] for x in path.read_text().splitlines()[1:])
+        return seen
+
+    def expect(ids):
+        return {"search": ids, "search tenant": ids, "search filtered": ids, "count": len(ids),
+                "count tenant": len(ids), "list": ids, "list by time": ids,
+                "get": [i if i in ids else None for i in ("a", "b", "c")], "export": ids}
+
+    assert reads() == expect(["a", "b", "c"]), "1 ms before: live everywhere"
+    clock[0] = t
+    assert reads() == expect(["b", "c"]), "expires_at == now: expired everywhere"
+    clock[0] = t + 1
+    assert reads() == expect(["c"])
+
+
+def test_searches_of_a_memory_with_expiring_records_add_nothing_per_search_to_its_snapshot(monkeypatch):
+    """Before: each search at a new millisecond kept one more 'passes every record' decision in the
+    snapshot's cache (304 entries after 300 searches), for as long as no write replaced the snapshot."""
+    import time as time_mod
+
+    clock = [1_800_000_000_000]
+    monkeypatch.setattr(time_mod, "time_ns", lambda: clock[0] * 1_000_000)
+    m = Memory()
+    m.add([{"id": f"r{i}", "text": f"fox {i}", "tenant": "t", "expires_at": "2099-01-01T00:00:00Z"}
+           for i in range(50)] + [{"id": "x", "text": "fox soon gone", "tenant": "t",
+                                    "expires_at": clock[0] + 5_000}], time_unit="ms")
+    snap = m.snapshot()
+    for _ in range(3):
+        m.search(["fox"], k=5)
+        m.search(["fox"], k=5, where={"tenant": "t"})
+    before = len(snap._cache)
+    for _ in range(40):
+        clock[0] += 1
+        assert "x" in m.search(["fox soon"], k=1).ids(0) and "x" in m.search(["fox soon"], k=1, where={"tenant": "t"}).ids(0)
+    assert len(snap._cache) == before
+    clock[0] += 5_000  # x expires: the same snapshot now hides it (nothing cached from before says otherwise)
+    assert "x" not in m.search(["fox soon"], k=3).ids(0) and "x" not in m.search(["fox soon"], k=3,
+                                                                                  where={"tenant": "t"}).ids(0)

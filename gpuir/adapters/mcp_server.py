@@ -75,6 +75,14 @@ def _carry_errors(fn, tool_error: type[Exception]):
     return wrapped
 
 
+def _is_duplicate(e: BaseException) -> bool:
+    """Whether a backend's add refused an id that already exists (a Memory's DuplicateIdError, the
+    service's 409)."""
+    from ..memory.records import DuplicateIdError
+
+    return isinstance(e, DuplicateIdError) or getattr(e, "status", None) == 409
+
+
 def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = None) -> Any:
     """An ``MCPServer`` with the tools ``remember``, ``recall`` and ``forget`` over ``backend``.
 
@@ -110,7 +118,14 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                        ("metadata", metadata), ("tenant", tenant)):
             if v is not None:
                 rec[key] = v
-        return {"added": int(mem.add([rec])), "id": rec["id"]}
+        try:
+            return {"added": int(mem.add([rec])), "id": rec["id"]}
+        except Exception as e:
+            if _is_duplicate(e):  # the memory's message names its own method; the agent has a tool for it
+                raise ValueError(f"the id {rec['id']!r} already exists, so nothing was stored: call the "
+                                 "revise tool to change that record, or remember without an id to store a new "
+                                 "one") from None
+            raise
 
     @tool()
     def recall(query: str, k: int = 5, where: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -125,7 +140,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
         return {"deleted": int(mem.delete(list(ids)))}
 
     if callable(getattr(mem, "update", None)):
-        @server.tool()
+        @tool()
         def revise(id: str, text: str | None = None, session: str | None = None, role: str | None = None,
                    time: str | None = None, importance: float | None = None,
                    metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -142,7 +157,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
             return {"updated": int(mem.update([rec])), "id": id}
 
     if callable(getattr(mem, "list", None)):
-        @server.tool()
+        @tool()
         def browse(where: dict[str, Any] | None = None, limit: int = 20, cursor: str | None = None,
                    newest_first: bool = True) -> dict[str, Any]:
             """A page of memory records (newest first by default), optionally filtered by where."""

@@ -29,6 +29,11 @@ else the default configuration).
 Exit status: 0 success; 2 bad input (the message names what to fix: file and
 line, unknown ids, a second writer, a damaged file); 1 internal error.
 
+Every file argument may be ``-`` (standard input; see :mod:`gpuir.cli.stdio`).
+``-v`` logs what a command reads, searches and writes (INFO: the memory opened,
+the queries, the time taken); ``-vv`` adds each query's hits and each batch's
+backend and time (DEBUG).
+
 ``verify`` reads every byte of the memory's committed files: each file's size
 and sha256 (from the manifest), every array of every segment file against its
 CRC-32, every deletions file (what ``Memory.open`` checks only as the data is
@@ -43,6 +48,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,7 @@ from ..jsonl import InputError, read_jsonl
 from ..memory.persist import CURRENT, check_not_orphaned
 from ..progress import progress_bar, show_progress
 from ..storage.dirlock import claim_dir, is_claimed
+from .stdio import STDIN, check_one_stdin, read_text, shown
 
 BATCH = 10_000
 
@@ -119,15 +126,17 @@ def _open_or_create(args: argparse.Namespace):
 def _cmd_add(args: argparse.Namespace) -> int:
     from ..memory.intake import to_batch
 
+    stdin = args.records == STDIN
     path = Path(args.records)
-    if not path.is_file():
+    if not stdin and not path.is_file():
         raise InputError(f"{path}: no such file")
     mem, created = _open_or_create(args)
     try:
         total = 0
         recs: list[dict] = []
         labels: list[str] = []
-        bar = progress_bar(total=_count_lines(path) if show_progress() else None, desc="add", unit="rec")
+        bar = progress_bar(total=_count_lines(path) if show_progress() and not stdin else None, desc="add",
+                           unit="rec")
 
         def flush():
             nonlocal total
@@ -138,9 +147,9 @@ def _cmd_add(args: argparse.Namespace) -> int:
                 labels.clear()
 
         with bar:
-            for lineno, obj in read_jsonl(path, {}):
+            for lineno, obj in read_jsonl(args.records, {}):
                 recs.append(obj)
-                labels.append(f"{path}, line {lineno}")
+                labels.append(f"{shown(args.records)}, line {lineno}")
                 if len(recs) >= BATCH:
                     flush()
             flush()
@@ -157,20 +166,16 @@ def _cmd_add(args: argparse.Namespace) -> int:
 def _cmd_delete(args: argparse.Namespace) -> int:
     from ..memory.store import Memory, UnknownIdError
 
-    p = Path(args.ids)
-    if not p.is_file():
-        raise InputError(f"{p}: no such file")
-    try:
-        ids = [line.strip() for line in p.read_text("utf-8").splitlines() if line.strip()]
-    except UnicodeDecodeError as e:
-        raise InputError(f"{p}: not valid UTF-8 ({e.reason})") from None
+    p = shown(args.ids)
+    ids = [line.strip() for line in read_text(args.ids).splitlines() if line.strip()]
+    log.info("deleting %d id(s) read from %s in %s", len(ids), p, args.memory_dir)
     mem = Memory.open(args.memory_dir, writer=True, lock_timeout=args.lock_timeout)
     try:
         try:
             n = mem.delete(ids, missing_ok=args.missing_ok)
         except UnknownIdError as e:
-            shown = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
-            raise InputError(f"{p}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {shown}; nothing was "
+            some = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
+            raise InputError(f"{p}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {some}; nothing was "
                              "deleted (--missing-ok skips unknown ids)") from None
         mem.wait_merges()
         mem.save()
@@ -195,26 +200,31 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise InputError(f"-k must be a positive integer, got {args.k}")
+    check_one_stdin(**{"--queries": args.queries, "--config": args.config})
     base = where_option(args.where)
     if args.query is not None:
         qids, texts, wheres = ["0"], [args.query], [base]
     else:
         qids, texts, wheres = [], [], []
+        name = shown(args.queries)
         for lineno, obj in read_jsonl(args.queries, {"id": (str, int), "text": str}):
             w = obj.get("where")
             if w is not None and not isinstance(w, dict):
-                raise InputError(f"{args.queries}, line {lineno}: \"where\" must be a JSON object")
+                raise InputError(f"{name}, line {lineno}: \"where\" must be a JSON object")
             qids.append(str(obj["id"]))
             texts.append(obj["text"])
-            wheres.append(_and(base, w, f"{args.queries}, line {lineno}"))
+            wheres.append(_and(base, w, f"{name}, line {lineno}"))
+    t0 = time.perf_counter()
     mem = Memory.open(args.memory_dir, writer=False)
+    log.info("opened %s: %d records in %d segments (%.3f s)", args.memory_dir, len(mem), len(mem.snapshot().views),
+             time.perf_counter() - t0)
     out = sys.stdout
     opts: dict[str, Any] = {"mode": args.mode}
     if args.max_partitions is not None:
         opts["max_partitions"] = args.max_partitions
     search = mem.search
     if args.config is not None or args.unit == "session":  # a Retriever configuration (gpuir.retrieve)
-        from ..retrieve import Retriever, RetrieverConfig
+        from ..retrieve import Retriever
 
         if args.mode != "exhaustive" or args.max_partitions is not None:
             raise InputError("--mode/--max-partitions apply to plain BM25 search, not with --config or --unit session")
@@ -223,27 +233,57 @@ def _cmd_search(args: argparse.Namespace) -> int:
             retriever = Retriever.open(mem, saved)
         else:
             try:
-                cfg = None if args.config is None else RetrieverConfig.load(args.config)
+                cfg = None if args.config is None else _load_config(args.config)
             except (OSError, ValueError, TypeError) as e:
-                raise InputError(f"--config {args.config}: {e}") from None
+                raise InputError(f"--config {shown(args.config)}: {e}") from None
             retriever = Retriever(mem, cfg)
+        log.info("searching with a retriever: %s", "the saved one" if args.config is None and
+                 (saved / "retriever.json").exists() else shown(args.config or "the default configuration"))
 
         def search(q, k, where, backend):
             return retriever.search(q, k=k, where=where, unit=args.unit, backend=backend)
 
         opts = {}
     batches = range(0, len(texts), 1024)  # a bar (on a terminal) when there are several batches
+    log.info("searching %d quer%s, k=%d, backend %s, %s", len(texts), "y" if len(texts) == 1 else "ies", args.k,
+             args.backend, f"unit {args.unit}" if args.config is not None or args.unit == "session"
+             else f"mode {args.mode}" + (" with a filter" if any(w is not None for w in wheres) else ""))
+    t0, n_hits = time.perf_counter(), 0
     for s in progress_bar(batches, desc="search", unit="batch", enabled=None if len(batches) > 1 else False):
+        t1 = time.perf_counter()
         res = search(texts[s: s + 1024], k=args.k, where=wheres[s: s + 1024], backend=args.backend, **opts)
+        meta = getattr(res, "meta", None) or {}
+        log.debug("queries %d..%d: %.3f s (backend %s%s)", s, s + len(res) - 1, time.perf_counter() - t1,
+                  meta.get("backend", args.backend), f": {meta['backend_reason']}" if meta.get("backend_reason")
+                  else "")
         for i in range(len(res)):
             qid = qids[s + i]
             hits = res.hits(i)
+            n_hits += len(hits)
+            log.debug("query %s: %d hit(s)%s", qid, len(hits),
+                      f", best {hits[0].get('id', hits[0].get('session'))!r} ({hits[0]['score']:.4f})" if hits
+                      else "")
             if args.format == "jsonl":
                 out.write(json.dumps({"query_id": qid, "hits": hits}, ensure_ascii=False) + "\n")
             else:
                 for rank, h in enumerate(hits, 1):
                     out.write(f"{qid} Q0 {h.get('id', h.get('session'))} {rank} {h['score']:.6f} gpuir-memory\n")
+    log.info("answered %d quer%s with %d hits in %.3f s", len(texts), "y" if len(texts) == 1 else "ies", n_hits,
+             time.perf_counter() - t0)
     return 0
+
+
+def _load_config(arg: str):
+    """A Retriever configuration from the file ``arg`` (``-``: standard input)."""
+    from ..retrieve import RetrieverConfig
+
+    if arg != STDIN:
+        return RetrieverConfig.load(arg)
+    try:
+        data = json.loads(read_text(arg))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a JSON retriever configuration ({e})") from None
+    return RetrieverConfig.from_config(data)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -310,7 +350,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pa.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory's directory (created if missing)")
     pa.add_argument("records", metavar="RECORDS.jsonl",
                     help="one record per line: id, text and optional session, role, agent, tenant, time, "
-                         "importance, type, metadata (docs/memory.md)")
+                         "importance, type, metadata (docs/memory.md); - reads standard input")
     pa.add_argument("--analyzer", default=None, choices=sorted(ANALYZERS),
                     help="tokenizer and stemmer, on creation only (default: default)")
     pa.add_argument("--method", default=None, choices=METHODS, help="BM25 variant, on creation only (default: lucene)")
@@ -329,7 +369,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pd = sub.add_parser("delete", help="delete records by id",
                         description="Delete the records named in IDS.txt (one id per line), all or none.")
     pd.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
-    pd.add_argument("--ids", required=True, metavar="IDS.txt", help="one id per line (required)")
+    pd.add_argument("--ids", required=True, metavar="IDS.txt",
+                    help="one id per line (required); - reads standard input")
     pd.add_argument("--missing-ok", action="store_true",
                     help="skip unknown ids instead of failing (default: fail, deleting nothing)")
     lock_timeout(pd)
@@ -344,7 +385,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--query", metavar="TEXT", help="one query (its query_id is 0)")
     g.add_argument("--queries", metavar="QUERIES.jsonl",
                    help='a file of queries, one {"id", "text"[, "where"]} per line; a line\'s where is AND-ed '
-                        "with --where")
+                        "with --where; - reads standard input")
     ps.add_argument("-k", type=int, default=10, help="results per query (default: %(default)s)")
     ps.add_argument("--where", metavar="JSON", default=None,
                     help='filter on record fields and metadata, e.g. \'{"tenant": "acme", "time": {"gte": '
@@ -360,8 +401,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     ps.add_argument("--max-partitions", type=int, default=None, metavar="K",
                     help="partitions to scan with --mode budgeted (default: no limit)")
     ps.add_argument("--config", metavar="CONFIG.json", default=None,
-                    help="search with a Retriever configuration (channels and fusion, docs/retriever.md) "
-                         "instead of plain BM25 (default: plain BM25, or the retriever saved beside the memory "
+                    help="search with a Retriever configuration (channels and fusion, docs/retriever.md; "
+                         "- reads standard input) instead of plain BM25 (default: plain BM25, or the retriever saved beside the memory "
                          "with --unit session)")
     ps.add_argument("--unit", default="record", choices=("record", "session"),
                     help="rank records, or sessions with their best records (default: %(default)s)")

@@ -11,6 +11,11 @@
     gpuir memory export MEMORY_DIR OUT.jsonl [--where JSON] [--no-history]
     gpuir memory import MEMORY_DIR IN.jsonl [--replace] [--no-check-config]
 
+Every file argument may be ``-``: standard input (``update``, ``import``), or
+standard output (``export``); see :mod:`gpuir.cli.stdio`. With ``-v``,
+``update`` logs what it reads and changes (INFO); ``-vv`` adds the ids and
+timings (DEBUG).
+
 Records are written to stdout as JSON lines (times in ISO 8601). ``list``
 writes one page (``--limit`` records, 100 by default) and, when more follow,
 the next page's cursor on stderr as ``next: --cursor CURSOR``; ``--all`` writes
@@ -33,12 +38,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from ..cli_common import where_option
 from ..jsonl import InputError, read_jsonl
+from .stdio import STDIN, input_file, output_file, shown
+
+log = logging.getLogger(__name__)  # gpuir.cli.memory_records
 
 TIME_UNITS = ("s", "ms", "us", "ns")
 
@@ -55,7 +65,15 @@ def _reader(path: str):
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
-    for rec in _reader(args.memory_dir).get(args.ids, missing_ok=args.missing_ok):
+    from ..memory.store import UnknownIdError
+
+    try:
+        recs = _reader(args.memory_dir).get(args.ids, missing_ok=args.missing_ok)
+    except UnknownIdError as e:  # the library's message names its argument (missing_ok=True), not the option
+        some = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
+        raise InputError(f"{len(e.ids)} id(s) name no record in {args.memory_dir}: {some}; nothing was written "
+                         "(--missing-ok skips unknown ids)") from None
+    for rec in recs:
         if rec is not None:
             _out(rec)
     return 0
@@ -92,34 +110,48 @@ def _cmd_history(args: argparse.Namespace) -> int:
 def _cmd_update(args: argparse.Namespace) -> int:
     from ..memory.store import Memory, UnknownIdError
 
-    path = Path(args.patches)
-    if not path.is_file():
+    path = shown(args.patches)
+    if args.patches != STDIN and not Path(args.patches).is_file():
         raise InputError(f"{path}: no such file")
     lines, patches = [], []
-    for lineno, obj in read_jsonl(path, {}):
+    for lineno, obj in read_jsonl(args.patches, {}):
         lines.append(lineno)
         patches.append(obj)
+    how = "upsert" if args.upsert else "update"
+    log.info("%s of %d record(s) from %s in %s (%s)", how, len(patches), path, args.memory_dir,
+             "replacing whole records" if args.replace else "merging the fields given")
+    t0 = time.perf_counter()
     with Memory.open(args.memory_dir, writer=True, lock_timeout=args.lock_timeout) as mem:
+        log.debug("opened %s: %d records (%.3f s)", args.memory_dir, len(mem), time.perf_counter() - t0)
+        if log.isEnabledFor(logging.DEBUG):
+            ids = [p.get("id") for p in patches]
+            known = sum(1 for i in ids if isinstance(i, str) and i in mem)
+            log.debug("ids: %s%s (%d known, %d new)", ", ".join(repr(i) for i in ids[:10]),
+                      " ..." if len(ids) > 10 else "", known, len(ids) - known)
         try:
             if args.upsert:
                 n = mem.upsert(patches, replace=args.replace, time_unit=args.time_unit)
             else:
                 n = mem.update(patches, replace=args.replace, time_unit=args.time_unit)
         except UnknownIdError as e:
-            shown = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
-            raise InputError(f"{path}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {shown}; nothing was "
+            some = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
+            raise InputError(f"{path}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {some}; nothing was "
                              "changed (--upsert adds them)") from None
         except ValueError as e:
             at = ", ".join(f"record {i} is line {n}" for i, n in enumerate(lines) if f"record {i} " in str(e) or
                            str(e).endswith(f"record {i}"))
             raise InputError(f"{path}: {e}" + (f" ({at})" if at else "")) from None
+        log.info("changed %d record(s) in %.3f s; saving %s", n, time.perf_counter() - t0, args.memory_dir)
+    log.debug("saved %s (%.3f s in all)", args.memory_dir, time.perf_counter() - t0)
     print(f"updated {n} records in {args.memory_dir}", file=sys.stderr)  # saved by the with block
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    n = _reader(args.memory_dir).export(args.out, where=where_option(args.where), history=not args.no_history)
-    print(f"exported {n} records -> {args.out}", file=sys.stderr)
+    where = where_option(args.where)
+    with output_file(args.out) as out:
+        n = _reader(args.memory_dir).export(out, where=where, history=not args.no_history)
+    print(f"exported {n} records -> {'<stdout>' if args.out == STDIN else args.out}", file=sys.stderr)
     return 0
 
 
@@ -129,21 +161,22 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from ..storage.dirlock import claim_dir, is_claimed
 
     root = Path(args.memory_dir)
-    if not Path(args.file).is_file():
+    if args.file != STDIN and not Path(args.file).is_file():
         raise InputError(f"{args.file}: no such file")
-    if (root / CURRENT).exists():
-        with Memory.open(root, writer=True, lock_timeout=args.lock_timeout) as mem:
-            n = mem.import_(args.file, replace=args.replace, check_config=not args.no_check_config)
-        created = False
-    else:
-        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not is_claimed(root))):
-            claim_dir(root, "memory")  # raises, naming the problem, before anything is read
-        if root.is_dir():
-            check_not_orphaned(root)
-        mem = Memory.from_export(args.file)
-        mem.save(root, lock_timeout=args.lock_timeout)
-        mem.close()
-        n, created = len(mem), True
+    with input_file(args.file) as src:
+        if (root / CURRENT).exists():
+            with Memory.open(root, writer=True, lock_timeout=args.lock_timeout) as mem:
+                n = mem.import_(src, replace=args.replace, check_config=not args.no_check_config)
+            created = False
+        else:
+            if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not is_claimed(root))):
+                claim_dir(root, "memory")  # raises, naming the problem, before anything is read
+            if root.is_dir():
+                check_not_orphaned(root)
+            mem = Memory.from_export(src)
+            mem.save(root, lock_timeout=args.lock_timeout)
+            mem.close()
+            n, created = len(mem), True
     print(f"imported {n} records -> {args.memory_dir}{' (created)' if created else ''}", file=sys.stderr)
     return 0
 
@@ -196,7 +229,8 @@ def register_records(sub: Any, lock_timeout) -> None:
                        description="Apply every line of PATCHES.jsonl (an id and the fields to change: a field "
                                    "given replaces, null removes, metadata merges key by key) or none, then save.")
     memory_dir(p)
-    p.add_argument("patches", metavar="PATCHES.jsonl", help="one {\"id\": ..., field: value, ...} per line")
+    p.add_argument("patches", metavar="PATCHES.jsonl",
+                   help="one {\"id\": ..., field: value, ...} per line; - reads standard input")
     p.add_argument("--replace", action="store_true", help="replace whole records (default: merge)")
     p.add_argument("--upsert", action="store_true", help="add the ids that do not exist (default: exit 2)")
     time_unit(p)
@@ -213,7 +247,7 @@ def register_records(sub: Any, lock_timeout) -> None:
                        description="Export the records (passing --where) in add order, with their histories, as "
                                    "JSON lines that 'gpuir memory import' reads back exactly.")
     memory_dir(p)
-    p.add_argument("out", metavar="OUT.jsonl", help="the file to write (replaced atomically)")
+    p.add_argument("out", metavar="OUT.jsonl", help="the file to write (replaced atomically); - writes standard output")
     where(p)
     p.add_argument("--no-history", action="store_true", help="leave the records' histories out (default: included)")
     p.set_defaults(func=_cmd_export)
@@ -223,7 +257,8 @@ def register_records(sub: Any, lock_timeout) -> None:
                                    "created with the export's settings; into an existing memory, different analyzer "
                                    "or BM25 settings are refused (--no-check-config to import anyway).")
     p.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory (created when missing or empty)")
-    p.add_argument("file", metavar="IN.jsonl", help="a file written by 'gpuir memory export' or Memory.export")
+    p.add_argument("file", metavar="IN.jsonl",
+                   help="a file written by 'gpuir memory export' or Memory.export; - reads standard input")
     p.add_argument("--replace", action="store_true", help="records whose ids exist replace them (default: exit 2)")
     p.add_argument("--no-check-config", action="store_true",
                    help="import although the export's analyzer or BM25 settings differ (default: refuse, exit 2)")

@@ -1,12 +1,13 @@
 """Saving and loading an index directory: atomic, checksummed, one writer, readers never broken.
 
-Layout of ``INDEX_DIR`` (format version 2)::
+Layout of ``INDEX_DIR`` (format version 3)::
 
     .gpuir                   marker: this directory is a gpuir index (see gpuir.storage.dirlock)
     .gpuir.lock              the writers' lock file (never deleted)
     CURRENT                  one line: the name of the live version folder
     v-<time>-<random>/       one complete, immutable version
-        manifest.json        format version, analyzer, BM25 parameters, shapes, dtypes, sha256
+        manifest.json        format version, analyzer, BM25 parameters, shapes, dtypes, sha256 of every
+                             file, and manifest_sha256 (of the manifest's other fields)
         offsets.npy doc_ids.npy tfs.npy doc_lens.npy
         vocab.json           the terms, a JSON array of strings (any token round-trips)
         ids.json             the user's document ids, a JSON array of strings
@@ -42,9 +43,20 @@ saves in those microseconds), ``CURRENT`` has moved and the load starts over
 (at most :data:`LOAD_ATTEMPTS` times). So a load racing saves returns the old
 or the new version, complete, never an error.
 
-**Formats.** Version 2 adds the marker, the lease file and ``vocab.json``;
-version 1 (``vocab.txt``, one term a line) still loads, and is adopted and
-rewritten as version 2 by the next save.
+**Formats.** Version 3 makes the manifest's own checksum (``manifest_sha256``)
+mandatory: a version-3 manifest without it, or whose fields do not match it, is
+refused. Version 2 added the marker, the lease file and ``vocab.json``; its
+manifests carry ``manifest_sha256`` only when written by gpuir since issue 23
+(checked then), so a version-2 manifest without one still loads -- refusing it
+would strand every index saved before, which nothing could tell from an edited
+one. Version 1 (``vocab.txt``, one term a line) still loads. Both are rewritten
+as version 3 by the next save.
+
+**What the checksums catch.** Damage: a flipped bit, a truncated or missing
+file, a manifest edited by hand. They are not a signature: they are unkeyed,
+so someone who can write the directory can recompute all of them (or rewrite
+the manifest as version 2 without its checksum). Protect the directory with
+file permissions, not with the checksums.
 """
 
 from __future__ import annotations
@@ -81,13 +93,15 @@ from ..storage.files import fsync_dir, sha256_file
 from .csr import CSRIndex
 
 FORMAT = "gpuir-csr"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Format versions this gpuir reads.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+#: The first format version whose manifest must carry its own checksum (:data:`MANIFEST_SHA`).
+CHECKSUMMED_FROM = 3
 ARRAYS = ("offsets", "doc_ids", "tfs", "doc_lens")
 DTYPES = {"offsets": "int64", "doc_ids": "int32", "tfs": "int32", "doc_lens": "int32"}
 #: The vocabulary file of each format version.
-VOCAB_FILE = {1: "vocab.txt", 2: "vocab.json"}
+VOCAB_FILE = {1: "vocab.txt", 2: "vocab.json", 3: "vocab.json"}
 #: Store kind written in the directory marker.
 KIND = "index"
 #: How many times a load reads ``CURRENT`` when versions vanish under it.
@@ -318,7 +332,9 @@ def _check_manifest(mpath: Path, m: Any) -> dict[str, Any]:
 
     A manifest carrying its own checksum (:data:`MANIFEST_SHA`, written by every save since issue 23)
     must match it: a manifest whose file checksums were edited (say, after tampering with the postings)
-    is refused. Manifests saved before carry none and are read as before.
+    is refused. From format version 3 (:data:`CHECKSUMMED_FROM`) the checksum is mandatory; version-2
+    manifests saved before issue 23, and version-1 ones, carry none and are read as before (see the
+    module docstring: the checksums catch damage, not someone who can write the directory).
     """
     if not isinstance(m, dict):
         raise IndexFormatError(f"{mpath}: the manifest must be a JSON object, got {type(m).__name__}; rebuild the index")
@@ -346,6 +362,9 @@ def _check_manifest(mpath: Path, m: Any) -> dict[str, Any]:
             raise IndexFormatError(f'{mpath}: the entry of {fname} in "files" is missing or malformed; rebuild the index')
     if not isinstance(m.get("analyzer", {}), dict):
         raise IndexFormatError(f'{mpath}: "analyzer" must be a JSON object (the analyzer configuration)')
+    if MANIFEST_SHA not in m and version >= CHECKSUMMED_FROM:
+        raise IndexFormatError(f"{mpath}: the manifest of format version {version} has no checksum of its own "
+                               f"({MANIFEST_SHA}): it was edited or damaged after it was written; rebuild the index")
     if MANIFEST_SHA in m and m[MANIFEST_SHA] != manifest_digest(m):
         raise IndexFormatError(f"{mpath}: the manifest's own checksum does not match its contents (the manifest "
                                "was changed after it was written); rebuild the index")

@@ -17,7 +17,7 @@ from .durable import DURABILITY, MemoryClosedError
 from .listing import Page
 from .partitions import MODES, budget_partitions, fit_decay
 from .persist import MemoryFormatError
-from .records import FIELDS, ROLES, RecordError, format_time, to_epoch_ms
+from .records import FIELDS, ROLES, DuplicateIdError, RecordError, format_time, to_epoch_ms
 from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
@@ -30,6 +30,7 @@ __all__ = [
     "FIELDS",
     "MODES",
     "ROLES",
+    "DuplicateIdError",
     "Memory",
     "MemoryClosedError",
     "MemoryFormatError",

@@ -76,7 +76,11 @@ def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | Non
             v = rec.get(f)
             if v is None or (v.__class__ is int and time_unit == "ms" and MIN_MS <= v <= MAX_MS):
                 continue  # absent, or already canonical
-            ms = parse_time(v, f"{_who(rec, j, start, labels)}: {f!r}", time_unit)
+            try:
+                ms = parse_time(v, f"{_who(rec, j, start, labels)}: {f!r}", time_unit)
+            except RecordError as e:
+                e.loc = (start + j, f)  # the record's field, for the service's 422 (loc)
+                raise
             if new is None:
                 new = dict(rec)
             new[f] = ms

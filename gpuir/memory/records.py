@@ -70,7 +70,26 @@ _MS = timedelta(milliseconds=1)
 
 
 class RecordError(ValueError):
-    """A record is malformed; the message names the record, the field and the fix."""
+    """A record is malformed; the message names the record, the field and the fix.
+
+    Attributes
+    ----------
+    loc : tuple
+        Where the problem is, when the raiser knows: ``(position in the batch, field)``, e.g.
+        ``(1, "time")`` (what the service reports as ``["body", "records", 1, "time"]``); else ``()``.
+    """
+
+    def __init__(self, message: str = "", loc: tuple = ()):
+        super().__init__(message)
+        self.loc = tuple(loc)
+
+
+class DuplicateIdError(RecordError):
+    """An add names ids that already exist (nothing is added); ``.ids`` holds them."""
+
+    def __init__(self, message: str = "", ids: list[str] | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.ids = list(ids)
 
 
 def to_epoch_ms(value: Any, what: str = "time") -> int:

@@ -90,7 +90,7 @@ from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
 from .partitions import partition_keys, scan, scan_unfiltered
 from .persist import MemoryFormatError
-from .records import MISSING_TIME, STRING_FIELDS, RecordBatch, RecordError, format_time, id_list, normalize_records
+from .records import MISSING_TIME, STRING_FIELDS, DuplicateIdError, RecordBatch, format_time, id_list, normalize_records
 from .search import MemoryResults, make_engine, plan_queries
 from .searchargs import check_search_args
 from .segments import VECTORS_PREFIX, SegView, merge_segments, segment_arrays, segment_from_file
@@ -410,8 +410,9 @@ class Memory:
             self._note_expiry(batch)
             clash = [i for i, s in enumerate(self._ids.get_many(batch.ids)) if s is not None]
             if clash:
-                raise RecordError(f"{batch.label(clash[0])}: the id already exists "
-                                  f"({len(clash)} such record(s)); use update() to replace records")
+                raise DuplicateIdError(f"{batch.label(clash[0])}: the id already exists "
+                                       f"({len(clash)} such record(s)); use update() to replace records",
+                                       [batch.ids[i] for i in clash])
             vecs = self._batch_vectors(batch, vectors, "add")
             n = len(batch)
             given = check_seqs(seqs, n, self._next_seq)
@@ -1969,8 +1970,13 @@ def _vacuous_dropped(snap: Snapshot, wheres: list) -> list:
         if w is not None:
             v = seen.get(id(w))
             if v is None:
-                v = seen[id(w)] = w.root is None and snap.cached(
-                    ("passes_all", w), lambda w=w: w.passes_all(snap.views, snap.dicts))
+                if w.root is not None:
+                    v = False
+                elif w.expire is not None:  # decided at this instant: kept per snapshot, it would add an
+                    v = w.passes_all(snap.views, snap.dicts)  # entry per millisecond searched (never freed)
+                else:
+                    v = snap.cached(("passes_all", w), lambda w=w: w.passes_all(snap.views, snap.dicts))
+                seen[id(w)] = v
             if v:
                 w = None
         out.append(w)

@@ -461,8 +461,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             fut = svc.store.add(tenant, recs, time_unit=body.time_unit)
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
-        except RecordError as e:
-            return field_error(["records"], str(e))
+        except RecordError as e:  # loc: the record and its field, when known
+            return field_error(["records", *e.loc], str(e))
         except StoreFailedError as e:
             raise write_failed(e) from None
         try:

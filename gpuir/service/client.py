@@ -48,6 +48,11 @@ class ServiceError(RuntimeError):
         super().__init__(f"{method} {url}: HTTP {status}: {detail}")
 
 
+def _changed(reply: dict[str, Any]) -> int:
+    """Records a PATCH or PUT changed: updated, or created (a PUT of a new id answers ``"created": 1``)."""
+    return int(reply.get("updated", 0)) + int(reply.get("created", 0))
+
+
 def _check(r: httpx.Response) -> Any:
     if r.status_code >= 400:
         try:
@@ -155,7 +160,7 @@ class MemoryClient(_Base):
         for rec in _records(records):
             rid, body = _patch(rec)
             method = self._http.put if replace else self._http.patch
-            n += int(_check(method(self._rec(rid), json=body, params=_unit(time_unit)))["updated"])
+            n += _changed(_check(method(self._rec(rid), json=body, params=_unit(time_unit))))
         return n
 
     def upsert(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
@@ -167,7 +172,7 @@ class MemoryClient(_Base):
             r = None if replace else self._http.patch(self._rec(rid), json=body, params=_unit(time_unit))
             if r is None or r.status_code == 404:
                 r = self._http.put(self._rec(rid), json=body, params=_unit(time_unit))
-            n += int(_check(r)["updated"])
+            n += _changed(_check(r))
         return n
 
     def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
@@ -272,7 +277,7 @@ class AsyncMemoryClient(_Base):
             rid, body = _patch(rec)
             method = self._http.put if replace else self._http.patch
             r = await method(self._url(self._rec(rid)), json=body, params=_unit(time_unit), headers=self._headers)
-            n += int(_check(r)["updated"])
+            n += _changed(_check(r))
         return n
 
     async def upsert(self, records: Mapping[str, Any] | Iterable[Mapping[str, Any]], replace: bool = False,
@@ -284,7 +289,7 @@ class AsyncMemoryClient(_Base):
             r = None if replace else await self._http.patch(url, json=body, params=params, headers=self._headers)
             if r is None or r.status_code == 404:
                 r = await self._http.put(url, json=body, params=params, headers=self._headers)
-            n += int(_check(r)["updated"])
+            n += _changed(_check(r))
         return n
 
     async def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,

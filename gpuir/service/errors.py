@@ -14,7 +14,7 @@ from typing import Any
 from ..storage.dirlock import os_error_message
 
 __all__ = ["SEP", "TENANT_RE", "ConflictError", "NotFoundError", "StoreFailedError", "TenantError",
-           "WriteFailedError", "check_tenant", "external_hit", "internal_id", "os_reason"]
+           "WriteFailedError", "check_tenant", "external_hit", "internal_id", "os_reason", "tenants_own"]
 
 #: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
 #: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
@@ -28,6 +28,9 @@ class TenantError(ValueError):
 
 class NotFoundError(KeyError):
     """An id naming no record of the tenant (HTTP 404)."""
+
+    def __str__(self) -> str:  # KeyError's own str() is the repr of its message: quotes around it
+        return str(self.args[0]) if self.args else ""
 
 
 class ConflictError(ValueError):
@@ -71,6 +74,14 @@ def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
     rid = hit["id"]
     hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
     return hit
+
+
+def tenants_own(e: Exception, tenant: str) -> Exception:
+    """``e`` (a :class:`~gpuir.memory.RecordError`) naming the tenant's own ids, not the internal
+    ``TENANT/ID`` ones; its ``loc`` (record and field) is kept."""
+    from ..memory.records import RecordError
+
+    return RecordError(str(e).replace(f"'{tenant}{SEP}", "'"), getattr(e, "loc", ()))
 
 
 def os_reason(e: BaseException) -> str:

@@ -6,7 +6,8 @@
                                         -> {"records": [...], "cursor": "..." | null}
     GET    /v1/tenants/{tenant}/count?where=JSON            -> {"count": n}
     PATCH  /v1/tenants/{tenant}/records/{id}   {fields}     -> {"updated": 1, "record": {...}}  (merge; durable)
-    PUT    /v1/tenants/{tenant}/records/{id}   {record}     -> {"updated": 1, "record": {...}}  (replace or create)
+    PUT    /v1/tenants/{tenant}/records/{id}   {record}     -> {"updated": 1, "created": 0, "record": {...}}  (replace)
+                                                            or {"updated": 0, "created": 1, "record": {...}}  (create)
     GET    /v1/tenants/{tenant}/records/{id}/history        -> {"versions": [...]}  (oldest first)
     GET    /v1/tenants/{tenant}/export                      -> JSON lines (gpuir.memory.export's format)
 
@@ -131,22 +132,24 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
             fut = svc.store.update(tenant, [fields], replace=replace, upsert=replace, time_unit=time_unit)
         except TenantError as e:
             raise HTTPException(403, str(e)) from None
-        except RecordError as e:
-            return _error(["body"], str(e))
+        except RecordError as e:  # loc: the field (the path names the record)
+            return _error(["body", *e.loc[1:]], str(e))
         except StoreFailedError as e:
             raise write_failed(e) from None
         try:
-            n = await asyncio.wrap_future(fut)
+            updated, created = await asyncio.wrap_future(fut)
         except NotFoundError as e:
-            raise HTTPException(404, str(e).strip("'\"")) from None
+            raise HTTPException(404, str(e)) from None
         except RecordError as e:
-            return _error(["body"], str(e))
+            return _error(["body", *e.loc[1:]], str(e))
         except ConflictError as e:  # pragma: no cover - updates never conflict
             raise HTTPException(409, str(e)) from None
         except (WriteFailedError, StoreFailedError) as e:
             raise write_failed(e) from None
         rec = await asyncio.to_thread(svc.store.get, tenant, rid)
-        return {"updated": n, "record": rec}
+        if replace:  # PUT says which it did
+            return {"updated": updated, "created": created, "record": rec}
+        return {"updated": updated, "record": rec}
 
     @r.patch("/v1/tenants/{tenant}/records/{id}", summary="Change fields of a record, keeping the others (durable)",
              openapi_extra=openapi_body(RecordFields))

@@ -166,8 +166,10 @@ class ShardedStore(ServiceStore):
             op.future.set_exception(StoreFailedError(self.failed))
             return
         replace = bool(op.options.get("replace"))
+        created = 0
         try:
             if op.options.get("upsert"):
+                created = sum(1 for r in op.records if r["id"] not in mem)  # the writer is alone: no race
                 n = mem.upsert(op.records, replace=replace, time_unit="ms")
             else:
                 n = mem.update(op.records, replace=replace, time_unit="ms")
@@ -183,7 +185,7 @@ class ShardedStore(ServiceStore):
                                                      f"({type(e).__name__}: {e})"))
             return
         self.wal.ops += n
-        op.future.set_result(n)
+        op.future.set_result((n - created, created))
 
     def reader(self, tenant: str, where: dict[str, Any] | None) -> tuple[Any, Any, bool]:
         """(the sharded memory, ``where`` with internal ids and the tenant, ids internal): a tenant's

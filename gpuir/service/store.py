@@ -61,6 +61,7 @@ from .errors import (
     external_hit,
     internal_id,
     os_reason,
+    tenants_own,
 )
 from .updates import check_patches, commit_update
 from .validate import check_ids, check_record
@@ -164,7 +165,8 @@ def check_group(group: list[StoreOp], live: Any) -> list[tuple[StoreOp, int]]:
             if clash:
                 op.future.set_exception(ConflictError(
                     f"{len(clash)} id(s) already exist in tenant {op.tenant!r}, e.g. "
-                    f"{clash[0].split(SEP, 1)[1]!r}: delete them first (an add never replaces a record)"))
+                    f"{clash[0].split(SEP, 1)[1]!r}: an add never replaces a record; change it with PATCH or PUT "
+                    "(the client's update), or delete it first"))
                 continue
             pending.update(op.batch.ids)
             ok.append((op, len(op.batch.ids)))
@@ -382,7 +384,7 @@ class ServiceStore:
             recs = canonical_records(recs, time_unit)
             batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
-            raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
+            raise tenants_own(e, tenant) from None
         op = StoreOp("add", tenant, records=recs)
         op.batch = batch
         try:
@@ -402,8 +404,9 @@ class ServiceStore:
                time_unit: str | None = None) -> cf.Future:
         """Queue an update of the tenant's records (:meth:`gpuir.Memory.update` semantics: fields merged,
         metadata key by key; ``replace`` replaces whole records; ``upsert`` adds unknown ids); the future
-        gives the number of records, once durable. Unknown ids (without ``upsert``) fail it with
-        :class:`NotFoundError`; a merged record that is malformed, with ``RecordError``."""
+        gives ``(updated, created)``, once durable: the records that existed and those the upsert created.
+        Unknown ids (without ``upsert``) fail it with :class:`NotFoundError`; a merged record that is
+        malformed, with ``RecordError``."""
         check_tenant(tenant)
         recs = check_patches(tenant, patches, time_unit)
         return self._submit(StoreOp("update", tenant, records=recs, options={"replace": replace, "upsert": upsert}))

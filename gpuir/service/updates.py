@@ -22,7 +22,16 @@ from ..memory import updates as memory_updates
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
 from ..wal import encode_payload
-from .errors import SEP, NotFoundError, StoreFailedError, TenantError, WriteFailedError, internal_id, os_reason
+from .errors import (
+    SEP,
+    NotFoundError,
+    StoreFailedError,
+    TenantError,
+    WriteFailedError,
+    internal_id,
+    os_reason,
+    tenants_own,
+)
 from .validate import check_record
 
 log = logging.getLogger("gpuir.service.store")  # the store's writer thread runs these
@@ -56,12 +65,14 @@ def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str
         out = canonical_records(out, time_unit)
         memory_updates.check_ids(out, "update")
     except RecordError as e:
-        raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None
+        raise tenants_own(e, tenant) from None
     return out
 
 
 def commit_update(store: Any, op: Any) -> None:
-    """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread)."""
+    """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread).
+
+    The future gives ``(updated, created)``: records that existed, and records an upsert created."""
     mem = store.memory
     if store.failed is not None:
         op.future.set_exception(StoreFailedError(store.failed))
@@ -69,11 +80,11 @@ def commit_update(store: Any, op: Any) -> None:
     recs = op.records
     ids = [r["id"] for r in recs]
     try:
-        if not op.options.get("upsert"):
-            missing = [rid for rid in ids if rid not in mem]
-            if missing:
-                shown = ", ".join(repr(m.split(SEP, 1)[1]) for m in missing[:5])
-                raise NotFoundError(f"no record {shown} in tenant {op.tenant!r}")
+        missing = [rid for rid in ids if rid not in mem]
+        created = len(missing)  # an upsert creates these (a PUT answers "created")
+        if missing and not op.options.get("upsert"):
+            shown = ", ".join(repr(m.split(SEP, 1)[1]) for m in missing[:5])
+            raise NotFoundError(f"no record {shown} in tenant {op.tenant!r}")
         current = dict(zip(*mem.stored([rid for rid in ids if rid in mem])))
         new, labels, _, _ = memory_updates.plan(recs, current, bool(op.options.get("replace")))
         for i, r in enumerate(new):
@@ -81,13 +92,13 @@ def commit_update(store: Any, op: Any) -> None:
             check_record(r, i)
         normalize_records(fold_expiry(new), labels=labels)  # the merged versions are records
     except RecordError as e:
-        op.future.set_exception(RecordError(str(e).replace(f"'{op.tenant}{SEP}", "'")))
+        op.future.set_exception(tenants_own(e, op.tenant))
         return
     except NotFoundError as e:
         op.future.set_exception(e)
         return
     if not new:
-        op.future.set_result(len(ids))
+        op.future.set_result((len(ids) - created, created))
         return
     t0 = time.perf_counter()
     try:
@@ -114,4 +125,4 @@ def commit_update(store: Any, op: Any) -> None:
         if not isinstance(e, Exception):
             raise
         return
-    op.future.set_result(len(ids))
+    op.future.set_result((len(ids) - created, created))

@@ -77,10 +77,14 @@ def check_value(value: Any, where: str, depth: int = 0) -> None:
 def check_record(rec: Mapping[str, Any], i: int) -> None:
     """Every field of record ``i`` (see the module docstring); raises :class:`RecordError` naming the field."""
     for k, v in rec.items():
-        if k == "metadata" and isinstance(v, Mapping):
-            check_value(v, f"records[{i}].metadata", 0)
-        else:
-            check_value(v, f"records[{i}].{k}", MAX_DEPTH - 1)  # other fields are scalars
+        try:
+            if k == "metadata" and isinstance(v, Mapping):
+                check_value(v, f"records[{i}].metadata", 0)
+            else:
+                check_value(v, f"records[{i}].{k}", MAX_DEPTH - 1)  # other fields are scalars
+        except RecordError as e:
+            e.loc = (i, k)
+            raise
 
 
 def check_ids(ids: list[str]) -> None:

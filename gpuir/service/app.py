@@ -261,8 +261,11 @@ class Service:
 
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                  checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
-                 salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None):
+                 salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None,
+                 operator_reads: bool = False):
         self.root = Path(memory_dir)
+        #: whether an operator key may read (never write) every tenant's records (search, list, history, overview)
+        self.operator_reads = bool(operator_reads)
         self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
                         "salvage": salvage, "statistics": statistics}
         self.backend = backend
@@ -374,15 +377,17 @@ class Service:
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
                backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
-               limits: Limits | None = None):
+               limits: Limits | None = None, operator_reads: bool = False):
     """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
 
     ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
     ``statistics``: "tenant" (default: each tenant's BM25 statistics are its own records') or "pooled".
     ``limits``: bounds on each request's work and the per-key rate (:class:`Limits`).
+    ``operator_reads``: an operator key may read every tenant's records (search, list, count, get, history,
+    overview; never a write), as the memory inspector page at ``/ui`` does for operators; default: it may not.
     """
     svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage,
-                  statistics, limits)
+                  statistics, limits, operator_reads)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -435,7 +440,20 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         # It runs before the body is read: an unauthenticated request is 401 whatever its body.
         owner, _ = key_owner(request)
         if owner == OPERATOR:
-            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records")
+            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records"
+                                + (" (it reads them, never writes them)" if svc.operator_reads else ""))
+        if owner != tenant:
+            raise HTTPException(403, f"this key belongs to another tenant, not {tenant!r}")
+        return tenant
+
+    async def authorize_read(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
+        """As ``authorize``, and an operator key reads any tenant when the server runs with ``operator_reads``."""
+        owner, _ = key_owner(request)
+        if owner == OPERATOR:
+            if svc.operator_reads:
+                return tenant
+            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records "
+                                     "(`gpuir serve --operator-reads` lets it read them)")
         if owner != tenant:
             raise HTTPException(403, f"this key belongs to another tenant, not {tenant!r}")
         return tenant
@@ -475,7 +493,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
 
     @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records",
               openapi_extra=openapi_body(SearchRequest))
-    async def search(request: Request, tenant: str = Depends(authorize)):
+    async def search(request: Request, tenant: str = Depends(authorize_read)):
         try:
             body = await read_body(request, SearchRequest)
         except BodyError as e:
@@ -536,7 +554,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         return Response(data, media_type="application/json")
 
     @app.get("/v1/tenants/{tenant}/records/{id}", summary="One record of the tenant")
-    async def get_record(id: str, tenant: str = Depends(authorize)) -> dict[str, Any]:
+    async def get_record(id: str, tenant: str = Depends(authorize_read)) -> dict[str, Any]:
         rec = await asyncio.to_thread(svc.store.get, tenant, id)
         if rec is None:
             raise HTTPException(404, f"no record {id!r} in tenant {tenant!r}")
@@ -578,7 +596,10 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
 
     from .records_api import records_router
 
-    app.include_router(records_router(svc, authorize))
+    app.include_router(records_router(svc, authorize, authorize_read))
+    from .ui import ui_router
+
+    app.include_router(ui_router(svc, authorize_read, key_owner))
     app.add_middleware(Measure, service=svc)
     app.add_middleware(BodyLimit, limit=int(max_body_bytes))
     return app

@@ -1,6 +1,6 @@
 // The gpuir memory inspector: a static page over the service's own API routes.
 // The key lives in this tab's sessionStorage only and travels in the Authorization header, never in a URL.
-// Every datum is written with textContent or setAttribute (never innerHTML): no record can inject markup.
+// Every datum is written with textContent or setAttribute, never parsed as HTML: no record can inject markup.
 "use strict";
 
 (function () {

@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from gpuir.service.client import MemoryClient  # noqa: E402
-from gpuir.service.keys import KeyStore  # noqa: E402
-from gpuir.service.testing import ServerProcess  # noqa: E402
+from gpuir.service.client import MemoryClient
+from gpuir.service.keys import KeyStore
+from gpuir.service.testing import ServerProcess
 
 CHROMIUM = os.environ.get("GPUIR_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -132,6 +132,7 @@ def test_the_page_and_its_assets_come_from_the_package_with_a_strict_policy(serv
     assert httpx.get(srv.url + "/ui/static/index.htm").status_code == 404
     # the wheel carries them: pyproject's package-data matches every file of gpuir/service/static
     import fnmatch
+
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
@@ -171,8 +172,8 @@ def test_sign_in_search_and_page_through_records_as_the_api_answers(page, server
     pg.click("#records-button")
     seen = []
     while True:
-        pg.wait_for_function("document.querySelector('#records-status').textContent.startsWith('page ' + %d)"
-                             % (len(seen) + 1))
+        pg.wait_for_function("n => document.querySelector('#records-status').textContent.startsWith('page ' + n)",
+                             arg=len(seen) + 1)
         seen.append(pg.eval_on_selector_all("#records tbody tr.record td.rid", "els => els.map(e => e.textContent)"))
         if pg.is_disabled("#records-next"):
             break
@@ -263,7 +264,7 @@ def test_a_bad_filter_shows_the_apis_message(page, server):
 
 
 def test_a_record_holding_markup_is_shown_as_text(page, server):
-    srv, keys = server
+    _srv, keys = server
     pg = page
     _sign_in(pg, keys["alice"])
     pg.fill("#f-session", "s9")
@@ -286,7 +287,7 @@ def test_a_record_holding_markup_is_shown_as_text(page, server):
 
 # ---------------------------------------------------------------------- tenants
 def test_a_tenant_key_sees_only_its_tenant_through_the_page(page, server):
-    srv, keys = server
+    _srv, keys = server
     pg = page
     _sign_in(pg, keys["bob"])
     assert "bob" in pg.text_content("#who-text") and pg.is_hidden("#scope-label")

@@ -10,6 +10,8 @@ copy of any text) and counts, with NumPy over the live rows of each segment:
   (``no_session``: records without one);
 * ``segments``: each segment's records (stored, live) and its time partition.
 
+Expired records (hidden, not yet purged) are not counted, as in ``Memory.list`` and ``Memory.count``.
+
 It is what the service's memory inspector page draws (``GET
 /v1/tenants/{tenant}/overview``); its cost is a pass over the live rows'
 time and session codes, so a page that polls it does not touch the texts or
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .expiry import cutoff as expiry_cutoff
+from .expiry import expired_rows
 from .records import MISSING_TIME
 from .timeutil import format_time
 
@@ -63,9 +67,12 @@ def overview(memory: Any, tenant: str | None = None, bins: int = 40, top_session
     want = None
     if tenant is not None:
         want = snap.dicts["tenant"].index.get(tenant, -2)  # -2: a tenant never stored matches no row
+    cutoff = expiry_cutoff(snap)  # None: nothing in this memory ever expires
     times, sess, segments = [], [], []
     for v in snap.views:
         rows = v.live_rows()
+        if cutoff is not None:  # expired (hidden, not yet purged) records are not counted, as list and count do
+            rows = np.setdiff1d(rows, expired_rows(v, cutoff), assume_unique=True)
         if want is not None:
             rows = rows[v.seg.codes["tenant"][rows] == want]
         segments.append({"uid": int(v.seg.uid), "partition": v.seg.partition, "stored": int(v.seg.n_docs),

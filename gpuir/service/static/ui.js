@@ -377,7 +377,7 @@
       }
       const r = svg("rect", { x: left, y: y, height: row - 4, width: Math.max(1, (x.value / max) * (width - left - 60)),
                               class: "bar" });
-      r.appendChild(svg("title", {}, x.label + ": " + x.value));
+      r.appendChild(svg("title", {}, x.title || (x.label + ": " + x.value)));
       s.appendChild(r);
       s.appendChild(svg("text", { x: left + (Math.max(x.value, x.value2 || 0) / max) * (width - left - 60) + 4,
                                   y: y + 12, class: "axis" },
@@ -396,17 +396,20 @@
         "; updated " + new Date().toLocaleTimeString();
       const pt = $("plot-time");
       clear(pt);
-      pt.appendChild(barChart(o.over_time.map((b) => ({ label: b.start, value: b.records,
-                                                         title: b.start + " to " + b.end + ": " + b.records })),
-                              820, 140));
+      const bins = o.over_time.map((b) => ({ label: b.start, value: b.records,
+                                             title: b.start + " to " + b.end + ": " + b.records }));
+      if (bins.length) bins[bins.length - 1].label = o.time_span.max;  // the newest record, not the span's end
+      pt.appendChild(barChart(bins, 820, 140));
       const ps = $("plot-sessions");
       clear(ps);
       ps.appendChild(rowChart(o.sessions.map((x) => ({ label: x.session, value: x.records })), 820));
       const pg = $("plot-segments");
       clear(pg);
       pg.appendChild(rowChart(o.segments.map((x) => ({
-        label: "segment " + x.uid + (x.partition === null ? "" : " (partition " + x.partition + ")"),
-        value: x.records, value2: x.stored })), 820));
+        label: "segment " + x.uid,
+        value: x.records, value2: x.stored,
+        title: "segment " + x.uid + (x.partition === null ? ", no time partition" : ", partition " + x.partition) +
+          ": " + x.records + " live of " + x.stored + " stored" })), 820));
     } catch (e) {
       fail("memory-error", e);
     }

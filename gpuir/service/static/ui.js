@@ -415,8 +415,16 @@
     }
   }
 
+  // Polling: the next refresh is due a second after the last one answered, so a slow server never has
+  // more than one of this page's requests in flight.
+  async function pollLoop() {
+    if (!state.poll) return;
+    await refreshMemory();
+    if (state.poll) state.poll = setTimeout(pollLoop, 1000);
+  }
+
   function stopPoll() {
-    if (state.poll) clearInterval(state.poll);
+    if (state.poll) clearTimeout(state.poll);
     state.poll = null;
     $("memory-poll").checked = false;
   }
@@ -452,7 +460,7 @@
     $("memory-button").addEventListener("click", refreshMemory);
     $("memory-poll").addEventListener("change", () => {
       if ($("memory-poll").checked) {
-        if (!state.poll) state.poll = setInterval(refreshMemory, 1000);
+        if (!state.poll) state.poll = setTimeout(pollLoop, 1000);
       } else {
         stopPoll();
       }

@@ -436,6 +436,11 @@ def server_figures(text: str) -> dict[str, Any]:
         lab = f'{{method="POST",route="{route}"}}'
         out[f"{short}_server_ms_mean"] = ratio(f"gpuir_request_seconds_sum{lab}", f"gpuir_request_seconds_count{lab}",
                                                1e3)
+    lab = '{method="GET",route="/v1/tenants/{tenant}/overview"}'  # the inspector page's polls (--page)
+    if vals.get(f"gpuir_request_seconds_count{lab}"):
+        out["overview_requests"] = vals[f"gpuir_request_seconds_count{lab}"]
+        out["overview_server_ms_mean"] = ratio(f"gpuir_request_seconds_sum{lab}", f"gpuir_request_seconds_count{lab}",
+                                               1e3)
     return out
 
 
@@ -547,7 +552,9 @@ def _page_both(args, argv) -> int:
                    "search_p50_ms": res["latency_ms"]["search"]["p50"], "search_p99_ms": res["latency_ms"]["search"]["p99"],
                    "add_p50_ms": res["latency_ms"]["add"]["p50"], "add_p99_ms": res["latency_ms"]["add"]["p99"],
                    "errors": res["errors"], "lost_at_end": res["lost_at_end"], "wall_s": res["wall_s"],
-                   "load_average_1_5_15": res["load_average_1_5_15"], **({"page": res["page"]} if on else {})}
+                   "load_average_1_5_15": res["load_average_1_5_15"],
+                   **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
+                       "overview_server_ms_mean")} if on else {})}
             runs[name].append(row)
             print(f"run {r + 1} {name}: {json.dumps(row)}", file=sys.stderr)
     med = {name: {k: float(np.median([x[k] for x in rows])) for k in

@@ -28,6 +28,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--no-first-run", "--disable-sync"]
 INJECT = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> hello <b>bold</b>'
 TOPICS = ("travel", "cooking", "music")
+#: A configuration of three record channels, fused (RRF): its hits carry each channel's rank and contribution.
+HYBRID = {"channels": [{"kind": "bm25", "depth": 50, "weight": 1.0}, {"kind": "temporal", "depth": 50, "weight": 0.5},
+                       {"kind": "entity", "depth": 50, "weight": 0.3}], "fusion": "rrf"}
 
 
 def _alice_records():
@@ -51,6 +54,8 @@ def server(tmp_path_factory):
     ks = KeyStore(root)
     keys = {t: ks.add(t) for t in ("alice", "bob")}
     keys["operator"] = ks.add_operator()
+    (root.parent / "mem.configs").mkdir()
+    (root.parent / "mem.configs" / "hybrid.json").write_text(json.dumps(HYBRID))
     srv = ServerProcess(root, ["--operator-reads"]).start(timeout=300)  # a loaded machine starts slowly
     a = MemoryClient(srv.url, keys["alice"])
     a.add(_alice_records())
@@ -209,6 +214,32 @@ def test_sign_in_search_and_page_through_records_as_the_api_answers(page, server
     secret = keys["alice"].split(".", 2)[2]
     assert pg.urls and not any(secret in u for u in pg.urls)
     assert not pg.console_errors, pg.console_errors
+
+
+def test_a_fused_search_shows_each_channels_rank_and_contribution(page, server):
+    srv, keys = server
+    pg = page
+    _sign_in(pg, keys["alice"])
+    q = "travel plans on 2023-05-03"
+    pg.fill("#q", q)
+    pg.fill("#config", "hybrid")
+    pg.fill("#k", "4")
+    pg.click("#search-button")
+    pg.wait_for_selector("#hits > li table.channels")
+    api = _api(srv, keys["alice"], "POST", "/v1/tenants/alice/search",
+               json={"queries": [q], "k": 4, "config": "hybrid", "explain": True}).json()["results"][0]["hits"]
+    shown = pg.eval_on_selector_all("#hits > li", """els => els.map(li => [...li.querySelectorAll(
+        'table.channels tr')].slice(1).map(tr => [...tr.children].map(td => td.textContent)))""")
+    assert len(shown) == len(api) == 4
+    for rows, h in zip(shown, api):
+        assert [r[0] for r in rows] == ["bm25", "temporal", "entity"]
+        for name, rank, contrib in rows:
+            c = h["channels"][name]
+            assert rank == ("-" if c["rank"] is None else str(c["rank"]))
+            assert contrib == ("-" if c["contribution"] is None else f"{c['contribution']:.5f}")
+        assert sum(c["contribution"] or 0 for c in h["channels"].values()) == pytest.approx(h["score"], rel=1e-5)
+    assert any(h["channels"]["temporal"]["rank"] for h in api)  # the date made the temporal channel run
+    _shot(pg, "ui-channels.png")
 
 
 def test_memory_view_draws_what_the_overview_route_answers(page, server):

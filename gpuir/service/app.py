@@ -145,6 +145,8 @@ class SearchRequest(BaseModel):
     min_score: float | None = Field(None, description="drop hits scoring below it")
     time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
         None, description="unit of times given as bare numbers in where")
+    explain: bool = Field(False, description="with config: each hit carries channels, {kind: {rank, contribution}} "
+                                             "(gpuir.service.explain); ignored without config")
 
 
 class Hits(BaseModel):
@@ -327,7 +329,7 @@ class Service:
     def configs_dir(self) -> Path:
         return self.root.with_name(self.root.name + ".configs")
 
-    def retriever_fn(self, name: str):
+    def retriever_fn(self, name: str, explain: bool = False):
         if not CONFIG_RE.fullmatch(name):
             raise LookupError(f"config {name!r}: use 1 to 64 letters, digits, '_' or '-'")
         path = self.configs_dir() / f"{name}.json"
@@ -350,12 +352,23 @@ class Service:
                 self._retrievers[key] = (Retriever.from_config(mem, path), threading.Lock())
             return self._retrievers[key]
 
+        def hits(retr, res, i: int) -> list[dict[str, Any]]:
+            got = res.hits(i)
+            if explain:
+                from .explain import channel_contributions
+
+                parts = channel_contributions(retr, res, i)
+                if parts is not None:
+                    for h in got:
+                        h["channels"] = parts.get(h["id"], {})
+            return got
+
         def run(queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
             if store.statistics == "pooled":
                 retr, lock = retriever(None)
                 with lock:  # a retriever's catalog catches up with the memory on every search
                     res = retr.search(queries, k=k, where=wheres, backend=self.backend)
-                return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+                return [[external_hit(h) for h in hits(retr, res, i)] for i in range(len(queries))]
             out: list[list[dict[str, Any]]] = [[] for _ in queries]
             groups: dict[str, list[int]] = {}
             for i, w in enumerate(wheres):
@@ -368,7 +381,7 @@ class Service:
                 with lock:
                     res = retr.search([queries[i] for i in idx], k=k, where=ws, backend=self.backend)
                 for j, i in enumerate(idx):
-                    out[i] = res.hits(j)
+                    out[i] = hits(retr, res, j)
             return out
 
         return run
@@ -527,7 +540,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
             try:
-                key, fn, inline = body.config, svc.retriever_fn(body.config), False
+                key = (body.config, "explain") if body.explain else body.config  # batched apart: other replies
+                fn, inline = svc.retriever_fn(body.config, explain=body.explain), False
             except (LookupError, ValueError, TypeError) as e:
                 return field_error(["config"], str(e).strip("'\""))
         rows: list[list[dict[str, Any]]] = []

@@ -229,7 +229,10 @@
     }
     const body = { queries: [q], k: Number($("k").value) || 10 };
     const config = $("config").value.trim();
-    if (config) body.config = config;
+    if (config) {
+      body.config = config;
+      body.explain = true;  // each hit's channels: rank and contribution (when the configuration can say)
+    }
     try {
       const w = buildWhere();
       if (w) body.where = w;

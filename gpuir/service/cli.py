@@ -89,7 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,
                      statistics=args.statistics, limits=limits, operator_reads=args.operator_reads)
     print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops, after a "
-          "checkpoint)", file=sys.stderr, flush=True)
+          f"checkpoint); the memory inspector: http://{args.host}:{args.port}/ui", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=10,
                             timeout_keep_alive=args.keep_alive_seconds, limit_concurrency=args.max_connections,

@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # The extras `make setup` installs (all of them).
 EXTRAS := cpu,gpu,dense,routing,service,ray,langchain,llamaindex,mcp,bench,dev
 
-.PHONY: demo test setup bench-cpu clean
+.PHONY: demo test setup browser bench-cpu clean
 
 setup: $(STAMP)
 
@@ -22,12 +22,17 @@ $(STAMP): pyproject.toml constraints.txt scripts/install_torch.sh
 	sh scripts/install_torch.sh $(BIN)/python
 	@echo "make setup: installing gpuir (editable) with the extras $(EXTRAS)"
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	sh scripts/install_browser.sh
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gpuir demo $(DEMO_ARGS)
 
-test: $(STAMP)
+# Debian's Chromium for the browser tests of the memory inspector page (installed when missing, as root).
+browser:
+	sh scripts/install_browser.sh
+
+test: $(STAMP) browser
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench-cpu: $(STAMP)

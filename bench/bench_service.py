@@ -34,6 +34,16 @@ times its connections on every event, so 1,000 agents queued on a shared pool of
 the benchmark measured its own client. ``--connections N`` shares N connections
 but hands the pool at most N requests at a time (a semaphore), which keeps it cheap.
 
+With ``--page on`` the memory inspector page (``/ui``) is open in headless
+Chromium during the run (Playwright driving Debian's ``/usr/bin/chromium``),
+signed in with the first agent's key on its memory view with "refresh every
+second" on, so it polls ``GET /v1/tenants/{tenant}/overview`` once a second
+(re-opened on the new port after the restart); ``--page both`` runs the whole
+benchmark ``--repeat`` times without and with the page, alternately, and
+writes both series and their ratios (``--out``, default
+``bench/results/service_page_MACHINE.json``). The browser runs on the same
+machine as the server and the agents, so its own CPU is part of what it costs.
+
 Usage::
 
     python bench/bench_service.py --agents 1000 --steps 2 --out bench/results/service_vm_after.json
@@ -41,6 +51,7 @@ Usage::
     python bench/bench_service.py --agents 1000 --steps 3 --think-ms 5000 \
         --out bench/results/service_vm_after_think5s.json --plot docs/img/service_latency_think5s.png
     python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
+    python bench/bench_service.py --agents 200 --steps 6 --page both --repeat 3   # with and without the page
 
 Writes ``--out`` (default ``bench/results/service_<machine>.json``) and ``--plot``
 (default ``docs/img/service_latency.png``).
@@ -197,6 +208,70 @@ async def verify(run: Run, clients: dict[int, AsyncMemoryClient], sem) -> tuple[
     return lost, lost_before
 
 
+class InspectorPage:
+    """The memory inspector open in headless Chromium, polling the overview once a second, in its own thread
+    (Playwright's sync API); ``open(url)`` (re)opens it on a server, ``close()`` ends it."""
+
+    ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-sync")
+
+    def __init__(self, key: str, chromium: str = "/usr/bin/chromium"):
+        import queue
+        import threading
+
+        self.key, self.chromium = key, chromium
+        self.jobs: queue.Queue = queue.Queue()
+        self.polls = {"ok": 0, "failed": 0}
+        self.error: str | None = None
+        self.opened = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from playwright.sync_api import sync_playwright
+
+        try:
+            with sync_playwright() as p:
+                b = p.chromium.launch(executable_path=self.chromium, args=list(self.ARGS), headless=True)
+                pg = b.new_page()
+                pg.set_default_timeout(120_000)
+
+                def seen(r):
+                    if "/overview" in r.url:
+                        self.polls["ok" if r.ok else "failed"] += 1
+
+                pg.on("response", seen)
+                pg.on("requestfailed", lambda r: "/overview" in r.url and self.polls.__setitem__(
+                    "failed", self.polls["failed"] + 1))
+                while True:
+                    job = self.jobs.get()
+                    if job is None:
+                        break
+                    pg.goto(job + "/ui")
+                    pg.fill("#key", self.key)
+                    pg.click("#signin-button")
+                    pg.wait_for_selector("#app:not([hidden])")
+                    pg.click("button[data-tab=memory-tab]")
+                    pg.check("#memory-poll")
+                    self.opened.set()
+                    while self.jobs.empty():
+                        pg.wait_for_timeout(100)  # the page's own timer polls; this thread only waits
+                b.close()
+        except Exception as e:  # noqa: BLE001 - reported in the result, not raised in the benchmark's loop
+            self.error = f"{type(e).__name__}: {e}"
+            self.opened.set()
+
+    def open(self, url: str, timeout: float = 120.0) -> None:
+        self.opened.clear()
+        self.jobs.put(url)
+        self.opened.wait(timeout)
+
+    def close(self) -> dict[str, Any]:
+        self.jobs.put(None)
+        self.thread.join(60)
+        return {"overview_polls": dict(self.polls), "error": self.error}
+
+
 async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
@@ -216,6 +291,10 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                                                                               keepalive_expiry=60.0))
                  for _ in range(args.agents)]
     cpu = {"client_s": 0.0, "server_s": 0.0}
+    page = None
+    if args.page_open:
+        page = InspectorPage(keys[0])
+        await asyncio.to_thread(page.open, server.url)
     try:
         async with contextlib.AsyncExitStack() as stack:
             for p in pools:
@@ -251,6 +330,8 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                 for c in clients.values():
                     c.base_url = server2.url
             server = server2
+            if page is not None:
+                await asyncio.to_thread(page.open, server.url)
             health = (await http.get(server.url + "/healthz", headers=op)).json()
             s0 = server_cpu(server)
             t_verified = time.perf_counter()
@@ -295,6 +376,8 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
             }
             out["_lat"] = run.lat
     finally:
+        if page is not None:
+            out["page"] = await asyncio.to_thread(page.close)
         server.stop()
     return out
 
@@ -353,6 +436,11 @@ def server_figures(text: str) -> dict[str, Any]:
         lab = f'{{method="POST",route="{route}"}}'
         out[f"{short}_server_ms_mean"] = ratio(f"gpuir_request_seconds_sum{lab}", f"gpuir_request_seconds_count{lab}",
                                                1e3)
+    lab = '{method="GET",route="/v1/tenants/{tenant}/overview"}'  # the inspector page's polls (--page)
+    if vals.get(f"gpuir_request_seconds_count{lab}"):
+        out["overview_requests"] = vals[f"gpuir_request_seconds_count{lab}"]
+        out["overview_server_ms_mean"] = ratio(f"gpuir_request_seconds_sum{lab}", f"gpuir_request_seconds_count{lab}",
+                                               1e3)
     return out
 
 
@@ -406,7 +494,14 @@ def main(argv=None) -> int:
                    help="latency plot path (default: docs/img/service_latency.png)")
     p.add_argument("--no-docs", action="store_true", help="write no JSON and no plot (a smoke run)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--page", choices=("off", "on", "both"), default="off",
+                   help="the memory inspector page open and polling every second during the run; both: runs "
+                        "without and with it, alternately, --repeat times each (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each kind with --page both (default: %(default)s)")
     args = p.parse_args(argv)
+    if args.page == "both":
+        return _page_both(args, argv)
+    args.page_open = args.page == "on"
     if args.agents < 1 or args.steps < 2:
         p.error("--agents must be >= 1 and --steps >= 2 (the crash comes mid-run)")
     if args.connections < 0 or not args.think_ms >= 0:
@@ -415,12 +510,7 @@ def main(argv=None) -> int:
         p.error("--kill-at must be between 0 and 1")
     if args.checkpoint_every is None:
         args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
-    with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
-        root = Path(tmp) / "memory"
-        claim_dir(root, "memory")
-        keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
-        operator = KeyStore(root).add_operator()
-        res = asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))
+    res = _one_run(args)
     lat = res.pop("_lat")
     res["machine"] = {"host": socket.gethostname(), **machine_info()}
     res["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -432,6 +522,55 @@ def main(argv=None) -> int:
         print(f"wrote {out} and {args.plot}", file=sys.stderr)
     ok = (res["errors"] == 0 and res["lost_at_end"] == 0 and res["lost_acknowledged_before_kill"] == 0
           and res["records_after_restart_ge_acknowledged_before_kill"])
+    return 0 if ok else 1
+
+
+def _one_run(args) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
+        root = Path(tmp) / "memory"
+        claim_dir(root, "memory")
+        keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
+        operator = KeyStore(root).add_operator()
+        return asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))
+
+
+def _page_both(args, argv) -> int:
+    """The benchmark without and with the inspector page, alternately; medians and their ratios."""
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
+    runs: dict[str, list[dict[str, Any]]] = {"without_page": [], "with_page": []}
+    ok = True
+    for r in range(args.repeat):
+        for name, on in (("without_page", False), ("with_page", True)):
+            args.page_open = on
+            res = _one_run(args)
+            res.pop("_lat")
+            ok &= res["errors"] == 0 and res["lost_at_end"] == 0
+            row = {"throughput_rps": res["throughput_rps"],
+                   "search_p50_ms": res["latency_ms"]["search"]["p50"], "search_p99_ms": res["latency_ms"]["search"]["p99"],
+                   "add_p50_ms": res["latency_ms"]["add"]["p50"], "add_p99_ms": res["latency_ms"]["add"]["p99"],
+                   "errors": res["errors"], "lost_at_end": res["lost_at_end"], "wall_s": res["wall_s"],
+                   "load_average_1_5_15": res["load_average_1_5_15"],
+                   **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
+                       "overview_server_ms_mean")} if on else {})}
+            runs[name].append(row)
+            print(f"run {r + 1} {name}: {json.dumps(row)}", file=sys.stderr)
+    med = {name: {k: float(np.median([x[k] for x in rows])) for k in
+                  ("throughput_rps", "search_p50_ms", "search_p99_ms", "add_p50_ms", "add_p99_ms")}
+           for name, rows in runs.items()}
+    out = {"runs": runs, "median": med,
+           "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},
+           "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
+                        "connections": args.connections or "one per agent", "think_ms": args.think_ms},
+           "machine": {"host": socket.gethostname(), **machine_info()},
+           "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "runs")}, indent=1))
+    if not args.no_docs:
+        path = args.out or REPO / "bench" / "results" / f"service_page_{args.machine}.json"
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -145,6 +145,8 @@ class SearchRequest(BaseModel):
     min_score: float | None = Field(None, description="drop hits scoring below it")
     time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
         None, description="unit of times given as bare numbers in where")
+    explain: bool = Field(False, description="with config: each hit carries channels, {kind: {rank, contribution}} "
+                                             "(gpuir.service.explain); ignored without config")
 
 
 class Hits(BaseModel):
@@ -261,8 +263,11 @@ class Service:
 
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                  checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
-                 salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None):
+                 salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None,
+                 operator_reads: bool = False):
         self.root = Path(memory_dir)
+        #: whether an operator key may read (never write) every tenant's records (search, list, history, overview)
+        self.operator_reads = bool(operator_reads)
         self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
                         "salvage": salvage, "statistics": statistics}
         self.backend = backend
@@ -324,7 +329,7 @@ class Service:
     def configs_dir(self) -> Path:
         return self.root.with_name(self.root.name + ".configs")
 
-    def retriever_fn(self, name: str):
+    def retriever_fn(self, name: str, explain: bool = False):
         if not CONFIG_RE.fullmatch(name):
             raise LookupError(f"config {name!r}: use 1 to 64 letters, digits, '_' or '-'")
         path = self.configs_dir() / f"{name}.json"
@@ -347,12 +352,23 @@ class Service:
                 self._retrievers[key] = (Retriever.from_config(mem, path), threading.Lock())
             return self._retrievers[key]
 
+        def hits(retr, res, i: int) -> list[dict[str, Any]]:
+            got = res.hits(i)
+            if explain:
+                from .explain import channel_contributions
+
+                parts = channel_contributions(retr, res, i)
+                if parts is not None:
+                    for h in got:
+                        h["channels"] = parts.get(h["id"], {})
+            return got
+
         def run(queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
             if store.statistics == "pooled":
                 retr, lock = retriever(None)
                 with lock:  # a retriever's catalog catches up with the memory on every search
                     res = retr.search(queries, k=k, where=wheres, backend=self.backend)
-                return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
+                return [[external_hit(h) for h in hits(retr, res, i)] for i in range(len(queries))]
             out: list[list[dict[str, Any]]] = [[] for _ in queries]
             groups: dict[str, list[int]] = {}
             for i, w in enumerate(wheres):
@@ -365,7 +381,7 @@ class Service:
                 with lock:
                     res = retr.search([queries[i] for i in idx], k=k, where=ws, backend=self.backend)
                 for j, i in enumerate(idx):
-                    out[i] = res.hits(j)
+                    out[i] = hits(retr, res, j)
             return out
 
         return run
@@ -374,15 +390,17 @@ class Service:
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
                backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
-               limits: Limits | None = None):
+               limits: Limits | None = None, operator_reads: bool = False):
     """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
 
     ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
     ``statistics``: "tenant" (default: each tenant's BM25 statistics are its own records') or "pooled".
     ``limits``: bounds on each request's work and the per-key rate (:class:`Limits`).
+    ``operator_reads``: an operator key may read every tenant's records (search, list, count, get, history,
+    overview; never a write), as the memory inspector page at ``/ui`` does for operators; default: it may not.
     """
     svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage,
-                  statistics, limits)
+                  statistics, limits, operator_reads)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -435,7 +453,20 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         # It runs before the body is read: an unauthenticated request is 401 whatever its body.
         owner, _ = key_owner(request)
         if owner == OPERATOR:
-            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records")
+            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records"
+                                + (" (it reads them, never writes them)" if svc.operator_reads else ""))
+        if owner != tenant:
+            raise HTTPException(403, f"this key belongs to another tenant, not {tenant!r}")
+        return tenant
+
+    async def authorize_read(request: Request, tenant: str = PathParam(..., pattern=TENANT_PATTERN)) -> str:
+        """As ``authorize``, and an operator key reads any tenant when the server runs with ``operator_reads``."""
+        owner, _ = key_owner(request)
+        if owner == OPERATOR:
+            if svc.operator_reads:
+                return tenant
+            raise HTTPException(403, "an operator key opens /metrics and /healthz, not a tenant's records "
+                                     "(`gpuir serve --operator-reads` lets it read them)")
         if owner != tenant:
             raise HTTPException(403, f"this key belongs to another tenant, not {tenant!r}")
         return tenant
@@ -475,7 +506,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
 
     @app.post("/v1/tenants/{tenant}/search", response_model=SearchResponse, summary="Search the tenant's records",
               openapi_extra=openapi_body(SearchRequest))
-    async def search(request: Request, tenant: str = Depends(authorize)):
+    async def search(request: Request, tenant: str = Depends(authorize_read)):
         try:
             body = await read_body(request, SearchRequest)
         except BodyError as e:
@@ -509,7 +540,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             key, fn, inline = None, svc.bm25, svc.bm25_inline
         else:
             try:
-                key, fn, inline = body.config, svc.retriever_fn(body.config), False
+                key = (body.config, "explain") if body.explain else body.config  # batched apart: other replies
+                fn, inline = svc.retriever_fn(body.config, explain=body.explain), False
             except (LookupError, ValueError, TypeError) as e:
                 return field_error(["config"], str(e).strip("'\""))
         rows: list[list[dict[str, Any]]] = []
@@ -536,7 +568,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         return Response(data, media_type="application/json")
 
     @app.get("/v1/tenants/{tenant}/records/{id}", summary="One record of the tenant")
-    async def get_record(id: str, tenant: str = Depends(authorize)) -> dict[str, Any]:
+    async def get_record(id: str, tenant: str = Depends(authorize_read)) -> dict[str, Any]:
         rec = await asyncio.to_thread(svc.store.get, tenant, id)
         if rec is None:
             raise HTTPException(404, f"no record {id!r} in tenant {tenant!r}")
@@ -578,7 +610,10 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
 
     from .records_api import records_router
 
-    app.include_router(records_router(svc, authorize))
+    app.include_router(records_router(svc, authorize, authorize_read))
+    from .ui import ui_router
+
+    app.include_router(ui_router(svc, authorize_read, key_owner))
     app.add_middleware(Measure, service=svc)
     app.add_middleware(BodyLimit, limit=int(max_body_bytes))
     return app

@@ -87,9 +87,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,
-                     statistics=args.statistics, limits=limits)
+                     statistics=args.statistics, limits=limits, operator_reads=args.operator_reads)
     print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops, after a "
-          "checkpoint)", file=sys.stderr, flush=True)
+          f"checkpoint); the memory inspector: http://{args.host}:{args.port}/ui", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=10,
                             timeout_keep_alive=args.keep_alive_seconds, limit_concurrency=args.max_connections,
@@ -230,6 +230,9 @@ def add_parsers(subparsers) -> None:
     ps.add_argument("--rate-burst", type=int, default=200, metavar="N",
                     help="requests a key may send at once after a quiet spell (default: %(default)s)")
     ps.add_argument("--access-log", action="store_true", help="log every request (default: off)")
+    ps.add_argument("--operator-reads", action="store_true",
+                    help="an operator key may read (never write) every tenant's records: search, list, history, "
+                         "the overview, as the memory inspector page /ui does for operators (default: off)")
     ps.add_argument("--salvage", action="store_true",
                     help="start although the write-ahead log is damaged: keep every intact frame, report each "
                          "byte range skipped, fold the result into the memory and set the damaged log files aside "

@@ -79,10 +79,12 @@ def _external_record(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def records_router(svc: Any, authorize: Any) -> APIRouter:
-    """The routes of this module over the service ``svc``, each behind ``authorize`` (the tenant's key)."""
+def records_router(svc: Any, authorize: Any, authorize_read: Any = None) -> APIRouter:
+    """The routes of this module over the service ``svc``, each behind ``authorize`` (the tenant's key); the
+    routes that only read behind ``authorize_read`` (default: ``authorize``)."""
 
     r = APIRouter()
+    authorize_read = authorize_read or authorize
 
     def tenant_where(where_text: str | None, tenant: str) -> dict[str, Any]:
         try:
@@ -95,7 +97,7 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
             raise HTTPException(403, str(e)) from None
 
     @r.get("/v1/tenants/{tenant}/records", summary="List the tenant's records, a page at a time")
-    async def list_records(tenant: str = Depends(authorize), where: str | None = Query(
+    async def list_records(tenant: str = Depends(authorize_read), where: str | None = Query(
             None, description="a filter as JSON (docs/memory.md, Filters); the tenant is forced"),
             order_by: Literal["seq", "time"] = "seq", descending: bool = False,
             limit: int = Query(100, ge=1, le=1000), cursor: str | None = None, time_unit: TimeUnit | None = None):
@@ -111,7 +113,7 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         return JSONResponse({"records": recs, "cursor": page.cursor})
 
     @r.get("/v1/tenants/{tenant}/count", summary="Count the tenant's records passing a filter")
-    async def count_records(tenant: str = Depends(authorize), where: str | None = None,
+    async def count_records(tenant: str = Depends(authorize_read), where: str | None = None,
                             time_unit: TimeUnit | None = None):
         w = tenant_where(where, tenant)
         try:
@@ -175,14 +177,14 @@ def records_router(svc: Any, authorize: Any) -> APIRouter:
         return await _put(tenant, id, body, True, time_unit)
 
     @r.get("/v1/tenants/{tenant}/records/{id}/history", summary="A record's earlier versions, oldest first")
-    async def record_history(id: str, tenant: str = Depends(authorize)):
+    async def record_history(id: str, tenant: str = Depends(authorize_read)):
         from .errors import internal_id
 
         versions = await asyncio.to_thread(svc.store.memory.history, internal_id(tenant, id))
         return {"versions": [external_hit(v) for v in versions]}
 
     @r.get("/v1/tenants/{tenant}/export", summary="Every record of the tenant as JSON lines (exact)")
-    async def export_records(tenant: str = Depends(authorize)):
+    async def export_records(tenant: str = Depends(authorize_read)):
         fd, tmp = tempfile.mkstemp(prefix="gpuir-export-", suffix=".jsonl")
         os.close(fd)
         try:

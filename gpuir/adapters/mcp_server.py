@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import as_backend, require
+from . import LocalBackend, as_backend, require
 
 __all__ = ["build_server", "main", "open_memory"]
 
@@ -84,12 +84,30 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     name : str
         The server's name, as MCP clients see it.
     tenant : str, optional
-        Confine the server to one tenant: records it stores get this tenant, and
-        every recall is filtered to it (a hard boundary, see ``gpuir.memory.where``).
+        Confine the server to one tenant: a local memory is used through its scope
+        (``memory.scope(tenant=...)``, :mod:`gpuir.memory.scope`: records stored get
+        this tenant, ids are the tenant's own, and every recall, browse, revise and
+        forget reaches only its records); every tool's ``where`` naming another
+        tenant is refused with a tool error (the service answers 403 to the same filter).
     """
     mcp_server = require("mcp.server.mcpserver", "mcp")
     tool_error = require("mcp.server.mcpserver.exceptions", "mcp").ToolError
     mem = as_backend(backend)
+    scoped = False
+    if tenant is not None:
+        from ..memory.scope import check_tenant
+
+        check_tenant(tenant)
+        if isinstance(mem, LocalBackend) and not hasattr(mem.memory, "fields"):
+            mem = LocalBackend(mem.memory.scope(tenant=tenant), mem.retriever, mem.autosave)
+            scoped = True
+
+    def confined(where: dict[str, Any] | None) -> dict[str, Any] | None:
+        if tenant is None:
+            return where
+        from ..memory.scope import confine_where
+
+        return confine_where(where, {"tenant": tenant})  # ScopeError (a tool error) for another tenant
 
     def tool():
         return lambda fn: server.tool()(_carry_errors(fn, tool_error))
@@ -115,9 +133,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     @tool()
     def recall(query: str, k: int = 5, where: dict[str, Any] | None = None) -> dict[str, Any]:
         """The k memory records most relevant to the query, best first, optionally filtered by where."""
-        if tenant is not None:
-            where = {**(where or {}), "tenant": tenant}
-        return {"hits": mem.search([query], k=k, where=where)[0]}
+        return {"hits": mem.search([query], k=k, where=confined(where))[0]}
 
     @tool()
     def forget(ids: list[str]) -> dict[str, Any]:
@@ -125,7 +141,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
         return {"deleted": int(mem.delete(list(ids)))}
 
     if callable(getattr(mem, "update", None)):
-        @server.tool()
+        @tool()
         def revise(id: str, text: str | None = None, session: str | None = None, role: str | None = None,
                    time: str | None = None, importance: float | None = None,
                    metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -135,20 +151,18 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                            ("importance", importance), ("metadata", metadata)):
                 if v is not None:
                     rec[key] = v
-            if tenant is not None:
+            if tenant is not None and not scoped:  # (a scope refuses another tenant's id itself)
                 got = mem.list(where={"tenant": tenant, "id": id}, limit=1).records
                 if not got:
                     raise ValueError(f"no record {id!r} in tenant {tenant!r}")
             return {"updated": int(mem.update([rec])), "id": id}
 
     if callable(getattr(mem, "list", None)):
-        @server.tool()
+        @tool()
         def browse(where: dict[str, Any] | None = None, limit: int = 20, cursor: str | None = None,
                    newest_first: bool = True) -> dict[str, Any]:
             """A page of memory records (newest first by default), optionally filtered by where."""
-            if tenant is not None:
-                where = {**(where or {}), "tenant": tenant}
-            page = mem.list(where=where, limit=limit, cursor=cursor, order_by="time", descending=newest_first)
+            page = mem.list(where=confined(where), limit=limit, cursor=cursor, order_by="time", descending=newest_first)
             return {"records": page.records, "cursor": page.cursor}
 
     return server

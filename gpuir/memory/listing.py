@@ -34,7 +34,7 @@ from .snapshot import Snapshot
 from .timeutil import public_record
 from .where import Where
 
-__all__ = ["ORDERS", "Page", "count", "fingerprint", "list_page"]
+__all__ = ["ORDERS", "Page", "count", "fingerprint", "ids_matching", "list_page"]
 
 #: Orders of :meth:`Memory.list`.
 ORDERS = ("seq", "time")
@@ -106,6 +106,15 @@ def _matches(snap: Snapshot, where: Where | None) -> tuple[np.ndarray, np.ndarra
         z = np.zeros(0, np.int64)
         return z, z, z, z
     return tuple(np.concatenate(x).astype(np.int64, copy=False) for x in (seqs, times, vis, rows))  # type: ignore
+
+
+def ids_matching(snap: Snapshot, where: Where | None) -> list[str]:
+    """The ids of the live (and unexpired) records of ``snap`` passing ``where``, in add order."""
+    seqs, _, vis, rows = _matches(snap, where)
+    out = []
+    for i in np.argsort(seqs, kind="stable").tolist():
+        out.append(snap.views[int(vis[i])].seg.ids[int(rows[i])])
+    return out
 
 
 def _keys(seqs: np.ndarray, times: np.ndarray, order_by: str, descending: bool) -> list[np.ndarray]:

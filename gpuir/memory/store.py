@@ -64,7 +64,7 @@ from ..analysis import Analyzer
 from ..backends import resolve_backend, resolve_memory_backend
 from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
-from . import listing, persist, updates, warmup
+from . import bulk, listing, persist, scope, updates, warmup
 from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
@@ -138,6 +138,9 @@ class Memory:
         (``encode_passages`` / ``encode_queries``), a callable ``texts -> array``,
         a model name, ``{"encoder": ..., "dtype": "float16"}``, or None (vectors
         given to :meth:`add`). See :mod:`gpuir.memory.embeddings`.
+    require_scope : bool
+        Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`):
+        a memory holding several tenants, used only through :meth:`scope`. Saved with the memory.
 
     Examples
     --------
@@ -153,7 +156,10 @@ class Memory:
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
-                 embeddings: Mapping[str, Any] | None = None):
+                 embeddings: Mapping[str, Any] | None = None, require_scope: bool = False):
+        if not isinstance(require_scope, bool):
+            raise TypeError(f"require_scope must be True or False, got {require_scope!r}")
+        self._require_scope = require_scope  # unscoped reads and writes of records refused (gpuir.memory.scope)
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -214,7 +220,7 @@ class Memory:
         return {"analyzer": self.analyzer_config, "bm25": self.params.to_dict(),
                 "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
                 "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
-                "history_limit": self._history.limit}
+                "history_limit": self._history.limit, "require_scope": self._require_scope}
 
     def _snapshot(self) -> Snapshot:
         self._version += 1
@@ -306,6 +312,8 @@ class Memory:
         RecordError
             A malformed record, or an id that already exists (nothing is added).
         """
+        if self._require_scope:
+            scope.require("add")
         with self._write_lock:
             self._check_writable()
             batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
@@ -367,6 +375,8 @@ class Memory:
 
     def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
                seqs: Sequence[int] | np.ndarray | None = None) -> int:
+        if self._require_scope:
+            scope.require(what)
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records
@@ -502,14 +512,23 @@ class Memory:
         self._merge_policy(touched)
         return len(dead)
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
-        """Delete records by id (tombstones, purged by later merges).
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = False,
+               where: Any = None, time_unit: str | None = None) -> int:
+        """Delete records by id, or every record passing ``where`` (tombstones, purged by later merges).
 
         Parameters
         ----------
+        ids : iterable of str, optional
         keep_history : bool
             Keep the records' histories, with the deleted version as their last
             entry (default: a deleted record's history goes with it).
+        where : dict, optional
+            Instead of ids: delete the records passing this filter (an empty one is
+            refused: :meth:`reset` deletes everything). The filter is resolved to
+            ids under the writer's lock and they are deleted as ids are
+            (:mod:`gpuir.memory.bulk`).
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of bare numbers given as times in ``where``.
 
         Returns
         -------
@@ -520,6 +539,10 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
         """
+        if self._require_scope:
+            scope.require("delete")
+        if where is not None or ids is None:
+            return bulk.delete_where(self, ids, where, keep_history, time_unit)
         with self._write_lock:
             self._check_writable()
             ids = list(dict.fromkeys(id_list(ids, "delete")))
@@ -801,6 +824,41 @@ class Memory:
             with self._write_lock:
                 self._merge_paused -= 1
 
+    def reset(self, confirm: bool = False) -> int:
+        """Delete every record, and every history kept after a delete; the settings stay.
+
+        Every live id is deleted as :meth:`delete` deletes ids (one call, under
+        the writer's lock); then the histories of records deleted earlier with
+        ``keep_history=True`` are forgotten.
+
+        Parameters
+        ----------
+        confirm : bool
+            Must be True (a guard against a slip: nothing else asks).
+
+        Returns
+        -------
+        int: the number of records deleted.
+        """
+        return bulk.reset(self, confirm)
+
+    def scope(self, tenant: str | None = None, agent: str | None = None, session: str | None = None
+              ) -> scope.Scope:
+        """A view confined to a tenant (and/or an agent, a session): every read and write stays inside it,
+        and ids are the tenant's own (:mod:`gpuir.memory.scope`).
+
+        Raises
+        ------
+        ValueError
+            No field named, or an invalid tenant name.
+        """
+        return scope.Scope(self, tenant=tenant, agent=agent, session=session)
+
+    @property
+    def require_scope(self) -> bool:
+        """Whether unscoped reads and writes of records are refused (see :class:`Memory`)."""
+        return self._require_scope
+
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (``time`` and ``expires_at`` as ISO 8601 strings).
@@ -812,6 +870,8 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok`` (then unknown ids give None).
         """
+        if self._require_scope:
+            scope.require("get")
         ids = id_list(ids, "get")
         with self._commit_lock:
             snap = self._snap
@@ -877,6 +937,8 @@ class Memory:
         Page
             ``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (None on the last page).
         """
+        if self._require_scope:
+            scope.require("list")
         snap = self._snap
         w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
         fp = listing.fingerprint(where, order_by, descending, time_unit)
@@ -884,12 +946,16 @@ class Memory:
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """The number of records passing ``where`` (expired records excluded)."""
+        if self._require_scope:
+            scope.require("count")
         snap = self._snap
         return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0])
 
     def history(self, id: str) -> list[dict[str, Any]]:
         """The earlier versions of record ``id``, oldest first, as record dicts ([] when none; see
         :mod:`gpuir.memory.history`). The current version is :meth:`get`'s."""
+        if self._require_scope:
+            scope.require("history")
         if not isinstance(id, str):
             raise TypeError(f"history: the id must be a string, got {type(id).__name__}")
         return self._history.get(id)
@@ -958,7 +1024,7 @@ class Memory:
                                  f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
                                  "differently. Import into Memory.from_export(path), or pass check_config=False")
         canon = canonical_records(recs, None, labels=labels)
-        with self._write_lock:
+        with self._write_lock, scope.inside_scope():  # an import is of the whole memory, as export
             n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(
                 to_batch(canon, "ms", labels=labels))
             for rid, versions in hists:
@@ -976,7 +1042,7 @@ class Memory:
         mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"), k1=bm.get("k1", 1.2),
                   b=bm.get("b", 0.75), delta=bm.get("delta", 0.5), partition_days=cfg.get("partition_days", 7.0),
                   merge_factor=cfg.get("merge_factor", 8), merge_min=cfg.get("merge_min", 1024),
-                  history_limit=cfg.get("history_limit", 10))
+                  history_limit=cfg.get("history_limit", 10), require_scope=bool(cfg.get("require_scope", False)))
         mem.import_(path, vectors=vectors)
         return mem
 
@@ -1027,6 +1093,8 @@ class Memory:
         MemoryResults
             ``hits(i)`` gives dicts with id, score, text and the record's fields (times in ISO 8601).
         """
+        if self._require_scope:
+            scope.require("search")
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
         tiered = warmup.tiered(backend)  # (the compiled engine still starting in this process: NumPy now)
@@ -1189,6 +1257,8 @@ class Memory:
             As :meth:`search`'s: ``hits(i)`` gives dicts with id, score (the cosine, float32), text
             and the record's fields; ties: higher score, then add order.
         """
+        if self._require_scope:
+            scope.require("search_vectors")
         emb = self._embedding(embedding)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -1237,6 +1307,8 @@ class Memory:
         UnknownIdError
             An id naming no live record.
         """
+        if self._require_scope:
+            scope.require("vectors")
         emb = self._embedding(embedding)
         ids = id_list(ids, "vectors")
         with self._commit_lock:
@@ -1495,7 +1567,7 @@ class Memory:
                       k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
                       merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
-                      background_merges=background_merges)
+                      background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)))
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)

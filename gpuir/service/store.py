@@ -47,6 +47,7 @@ from ..memory import Memory, RecordError
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
+from ..memory.scope import tenant_where
 from ..storage.dirlock import check_path, is_claimed
 from ..wal import WriteAheadLog, encode_payload, segments
 from .errors import (
@@ -101,36 +102,8 @@ def tenant_batch(batch: RecordBatch, tenant: str) -> RecordBatch:
     return dataclasses.replace(batch, ids=[rid[cut:] for rid in batch.ids])
 
 
-def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
-    """A tenant's ``where`` for the shared memory: conditions on ``id`` name the internal ids ``TENANT/ID``.
-
-    Strings compared with an id are prefixed, in every clause (``$and``, ``$or``,
-    ``$not`` included): ``eq``, ``ne``, ``in``, ``nin`` and the ranges (a common
-    prefix keeps the order of strings). ``contains`` on ``id`` is refused (a
-    substring could match the prefix); anything else is left for
-    :mod:`gpuir.memory.where` to refuse.
-    """
-    if not isinstance(where, dict) or not where:
-        return where
-    pre = (lambda x: internal_id(tenant, x) if isinstance(x, str) else x)
-    out: dict[str, Any] = {}
-    for k, v in where.items():
-        if k in ("$and", "$or") and isinstance(v, list):
-            out[k] = [pooled_where(w, tenant) for w in v]
-        elif k == "$not":
-            out[k] = pooled_where(v, tenant)
-        elif k == "id" and isinstance(v, dict):
-            if "contains" in v or "$contains" in v:
-                from ..memory.where import WhereError
-
-                raise WhereError("where['id']: 'contains' on ids is not available with pooled statistics "
-                                 "(`gpuir serve --statistics pooled`); use eq, in or a range")
-            out[k] = {op: ([pre(x) for x in val] if isinstance(val, list) else pre(val)) for op, val in v.items()}
-        elif k == "id":
-            out[k] = pre(v)
-        else:
-            out[k] = v
-    return out
+#: A tenant's ``where`` for the shared memory (ids prefixed): :func:`gpuir.memory.scope.tenant_where`.
+pooled_where = tenant_where
 
 
 class StoreOp:

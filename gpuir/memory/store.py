@@ -160,6 +160,7 @@ class Memory:
         if not isinstance(require_scope, bool):
             raise TypeError(f"require_scope must be True or False, got {require_scope!r}")
         self._require_scope = require_scope  # unscoped reads and writes of records refused (gpuir.memory.scope)
+        self._guard_scope = require_scope  # ... unless a caller that confines every request lifted it
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -312,7 +313,7 @@ class Memory:
         RecordError
             A malformed record, or an id that already exists (nothing is added).
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("add")
         with self._write_lock:
             self._check_writable()
@@ -375,7 +376,7 @@ class Memory:
 
     def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
                seqs: Sequence[int] | np.ndarray | None = None) -> int:
-        if self._require_scope:
+        if self._guard_scope:
             scope.require(what)
         with self._write_lock:
             self._check_writable()
@@ -539,7 +540,7 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("delete")
         if where is not None or ids is None:
             return bulk.delete_where(self, ids, where, keep_history, time_unit)
@@ -859,6 +860,12 @@ class Memory:
         """Whether unscoped reads and writes of records are refused (see :class:`Memory`)."""
         return self._require_scope
 
+    def allow_unscoped(self, allow: bool = True) -> None:
+        """Let unscoped reads and writes through in this process, although the memory was made with
+        ``require_scope=True`` (the setting saved stays): for a server that confines every request to
+        its tenant itself, as the service does (:mod:`gpuir.service.store`)."""
+        self._guard_scope = self._require_scope and not allow
+
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (``time`` and ``expires_at`` as ISO 8601 strings).
@@ -870,7 +877,7 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok`` (then unknown ids give None).
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("get")
         ids = id_list(ids, "get")
         with self._commit_lock:
@@ -937,7 +944,7 @@ class Memory:
         Page
             ``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (None on the last page).
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("list")
         snap = self._snap
         w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
@@ -946,7 +953,7 @@ class Memory:
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """The number of records passing ``where`` (expired records excluded)."""
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("count")
         snap = self._snap
         return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0])
@@ -954,7 +961,7 @@ class Memory:
     def history(self, id: str) -> list[dict[str, Any]]:
         """The earlier versions of record ``id``, oldest first, as record dicts ([] when none; see
         :mod:`gpuir.memory.history`). The current version is :meth:`get`'s."""
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("history")
         if not isinstance(id, str):
             raise TypeError(f"history: the id must be a string, got {type(id).__name__}")
@@ -1093,7 +1100,7 @@ class Memory:
         MemoryResults
             ``hits(i)`` gives dicts with id, score, text and the record's fields (times in ISO 8601).
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("search")
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
@@ -1257,7 +1264,7 @@ class Memory:
             As :meth:`search`'s: ``hits(i)`` gives dicts with id, score (the cosine, float32), text
             and the record's fields; ties: higher score, then add order.
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("search_vectors")
         emb = self._embedding(embedding)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -1307,7 +1314,7 @@ class Memory:
         UnknownIdError
             An id naming no live record.
         """
-        if self._require_scope:
+        if self._guard_scope:
             scope.require("vectors")
         emb = self._embedding(embedding)
         ids = id_list(ids, "vectors")

@@ -208,6 +208,7 @@ class ServiceStore:
                 check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
             self.memory = Memory(**(memory_options or {}))
             self.memory.save(self.root, lock_timeout=lock_timeout)
+        self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
         try:
             self.wal = WriteAheadLog(self.root)
             t0 = time.perf_counter()

@@ -149,6 +149,7 @@ def test_require_scope_refuses_unscoped_use_and_is_saved(tmp_path):
     for name, call in calls.items():
         with pytest.raises(ScopeError, match="require_scope"):
             call()
+            pytest.fail(f"unscoped {name} was allowed")
     assert len(m) == 1 and m.get is not None
     m.save(tmp_path / "m")
     m.close()

@@ -132,7 +132,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
         def flush():
             nonlocal total
             if recs:
-                total += mem.add(to_batch(recs, args.time_unit, labels=labels))
+                total += mem.add(to_batch(recs, args.time_unit, labels=labels, stamp=mem.stamp))
                 bar.update(len(recs))
                 recs.clear()
                 labels.clear()

@@ -9,6 +9,11 @@ opaque string for the next page, ``None`` on the last one). Orders:
 ``"time"``
     by ``time`` (then add order); records without a time come after the timed
     ones in either direction.
+``"created_at"``, ``"updated_at"``
+    by the times a memory with ``record_times`` keeps (:mod:`gpuir.memory.stamps`;
+    then add order), records without one last. ``"created_at"`` keeps each
+    record's place through its updates (an update moves it to the end of the
+    add order: see :mod:`gpuir.memory.updates` for why).
 
 ``descending=True`` reverses the order (newest first). **Cursors are stable**:
 a cursor holds the sort key of the last record returned (not a position), so
@@ -31,13 +36,14 @@ import numpy as np
 
 from .records import MISSING_TIME
 from .snapshot import Snapshot
+from .stamps import STAMP_FIELDS, stamp_column
 from .timeutil import public_record
 from .where import Where
 
 __all__ = ["ORDERS", "Page", "count", "fingerprint", "ids_matching", "list_page"]
 
 #: Orders of :meth:`Memory.list`.
-ORDERS = ("seq", "time")
+ORDERS = ("seq", "time", "created_at", "updated_at")
 
 
 @dataclass
@@ -92,14 +98,20 @@ def _decode(cursor: Any, fp: str, width: int) -> list[int]:
     return key
 
 
-def _matches(snap: Snapshot, where: Where | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64."""
+def _matches(snap: Snapshot, where: Where | None, order_by: str = "time"
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64;
+    ``times``: the column ``order_by`` names (``time``, ``created_at`` or ``updated_at``; missing: int64 min)."""
     seqs, times, vis, rows = [], [], [], []
     for vi, v in enumerate(snap.views):
         r = v.live_rows() if where is None else where.rows(v, snap.dicts)
         if r.size:
             seqs.append(v.seg.seqs[r])
-            times.append(v.seg.time[r])
+            if order_by in STAMP_FIELDS:
+                col = stamp_column(v.seg, order_by)
+                times.append(np.full(r.size, MISSING_TIME, np.int64) if col is None else col[r])
+            else:
+                times.append(v.seg.time[r])
             vis.append(np.full(r.size, vi, np.int64))
             rows.append(r)
     if not seqs:
@@ -151,7 +163,7 @@ def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
     width = 1 if order_by == "seq" else 3
     after = None if cursor is None else _decode(cursor, fp, width)
-    seqs, times, vis, rows = _matches(snap, where)
+    seqs, times, vis, rows = _matches(snap, where, order_by)
     keys = _keys(seqs, times, order_by, descending)
     if after is not None and seqs.size:
         gt = np.zeros(seqs.size, dtype=bool)

@@ -318,6 +318,10 @@ class Scope:
         if not isinstance(rec, Mapping):
             raise RecordError(f"{what}: record {i} is a {type(rec).__name__}; each record must be a dict")
         out = dict(rec)
+        if what == "add" and out.get("id") is None:  # generated here: stored as tenant/id like any other
+            from .stamps import uuid7
+
+            out["id"] = uuid7()
         for k, v in self.fields.items():
             got = out.get(k)
             if got is None:

@@ -71,7 +71,7 @@ from .docfreq import DfLog
 from .embeddings import Embedding, VectorError, parse_embeddings
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
-from .history import History
+from .history import History, canonical_entries
 from .hitorder import by_time, newest_ties, threshold
 from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
@@ -141,6 +141,10 @@ class Memory:
     require_scope : bool
         Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`):
         a memory holding several tenants, used only through :meth:`scope`. Saved with the memory.
+    record_times : bool
+        Keep each record's ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`): returned
+        with hits, ``get`` and ``list``, usable in ``where`` and ``list(order_by=...)``. Saved with
+        the memory. (A record added without an id gets a UUIDv7 either way.)
 
     Examples
     --------
@@ -156,9 +160,13 @@ class Memory:
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
-                 embeddings: Mapping[str, Any] | None = None, require_scope: bool = False):
+                 embeddings: Mapping[str, Any] | None = None, require_scope: bool = False,
+                 record_times: bool = False):
         if not isinstance(require_scope, bool):
             raise TypeError(f"require_scope must be True or False, got {require_scope!r}")
+        if not isinstance(record_times, bool):
+            raise TypeError(f"record_times must be True or False, got {record_times!r}")
+        self._record_times = record_times  # created_at / updated_at kept per record (gpuir.memory.stamps)
         self._require_scope = require_scope  # unscoped reads and writes of records refused (gpuir.memory.scope)
         self._guard_scope = require_scope  # ... unless a caller that confines every request lifted it
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
@@ -221,7 +229,8 @@ class Memory:
         return {"analyzer": self.analyzer_config, "bm25": self.params.to_dict(),
                 "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
                 "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
-                "history_limit": self._history.limit, "require_scope": self._require_scope}
+                "history_limit": self._history.limit, "require_scope": self._require_scope,
+                "record_times": self._record_times}
 
     def _snapshot(self) -> Snapshot:
         self._version += 1
@@ -317,7 +326,8 @@ class Memory:
             scope.require("add")
         with self._write_lock:
             self._check_writable()
-            batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
+            batch = records if isinstance(records, RecordBatch) else to_batch(
+                records, time_unit, stamp=self.stamp)  # ids and times decided here
             if not len(batch):
                 return 0
             self._purge_expired()
@@ -347,7 +357,8 @@ class Memory:
 
         Returns
         -------
-        int: the number of records given (a record left as it was counts too).
+        int: the number of records changed (a record the update leaves as it was counts 0: it is not
+        written, gets no new version and no new ``updated_at``).
 
         Raises
         ------
@@ -370,7 +381,7 @@ class Memory:
 
         Returns
         -------
-        int: the number of records given.
+        int: the number of records added or changed (one left as it was counts 0).
         """
         return self._write(records, replace, time_unit, "upsert", seqs)
 
@@ -383,7 +394,7 @@ class Memory:
             if isinstance(records, RecordBatch):  # validated columns: whole records
                 records = [records.record(i) for i in range(len(records))]
                 replace, time_unit = True, "ms"
-            patches = canonical_records(records, time_unit)
+            patches = canonical_records(records, time_unit, stamp="update" if self._record_times else None)
             ids = updates.check_ids(patches, what)
             if not ids:
                 return 0
@@ -397,7 +408,7 @@ class Memory:
             current = dict(zip(*self.stored([rid for rid in ids if seq_of[rid] is not None])))
             new, labels, replaced, old = updates.plan(patches, current, replace)
             if not new:
-                return len(ids)
+                return 0
             batch = normalize_records(fold_expiry(new), labels=labels)
             self._note_expiry(batch)
             rseqs = [seq_of[rid] for rid in replaced]
@@ -410,11 +421,10 @@ class Memory:
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
             added, parts = self._append(batch, given, vecs)
             self._publish(added=added, removed=(replaced, rseqs) if replaced else None)  # removed first, then new
-            for rid, version in old:
-                self._history.push(rid, version)
+            self._history.push_updates(old, new)
             self._unsaved += len(new)
             self._merge_policy(touched | parts)
-            return len(ids)
+            return len(new)
 
     # ------------------------------------------------------------------ vectors
     def _batch_vectors(self, batch: RecordBatch, given: Mapping[str, Any] | None, what: str,
@@ -513,7 +523,7 @@ class Memory:
         self._merge_policy(touched)
         return len(dead)
 
-    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = False,
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
                where: Any = None, time_unit: str | None = None) -> int:
         """Delete records by id, or every record passing ``where`` (tombstones, purged by later merges).
 
@@ -522,7 +532,7 @@ class Memory:
         ids : iterable of str, optional
         keep_history : bool
             Keep the records' histories, with the deleted version as their last
-            entry (default: a deleted record's history goes with it).
+            entry (event "delete"; the default); False: a deleted record's history goes with it.
         where : dict, optional
             Instead of ids: delete the records passing this filter (an empty one is
             refused: :meth:`reset` deletes everything). The filter is resolved to
@@ -557,8 +567,9 @@ class Memory:
             if not ids:
                 return 0
             if keep_history:
+                at = now_ms()
                 for rid, version in zip(*self.stored(ids)):
-                    self._history.push(rid, version)
+                    self._history.push(rid, version, "delete", at)
             else:
                 self._history.drop(ids)
             touched = self._remove(seqs)
@@ -856,6 +867,12 @@ class Memory:
         return scope.Scope(self, tenant=tenant, agent=agent, session=session)
 
     @property
+    def stamp(self) -> str:
+        """How this memory's adds are stamped before they are applied (:func:`~gpuir.memory.intake.to_batch`'s
+        ``stamp``): "add" (ids and times) with ``record_times``, else "id"."""
+        return "add" if self._record_times else "id"
+
+    @property
     def require_scope(self) -> bool:
         """Whether unscoped reads and writes of records are refused (see :class:`Memory`)."""
         return self._require_scope
@@ -928,8 +945,9 @@ class Memory:
         ----------
         where : dict or None
             A filter (:mod:`gpuir.memory.where`); a tenant there is a hard boundary.
-        order_by : {"seq", "time"}
-            Add order, or time (records without a time last); see :mod:`gpuir.memory.listing`.
+        order_by : {"seq", "time", "created_at", "updated_at"}
+            Add order, or time (records without a time last), or the times a memory with
+            ``record_times`` keeps; see :mod:`gpuir.memory.listing`.
         descending : bool
             Newest (or latest-added) first.
         limit : int
@@ -1033,9 +1051,9 @@ class Memory:
         canon = canonical_records(recs, None, labels=labels)
         with self._write_lock, scope.inside_scope():  # an import is of the whole memory, as export
             n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(
-                to_batch(canon, "ms", labels=labels))
+                to_batch(canon, "ms", labels=labels, stamp=self.stamp))
             for rid, versions in hists:
-                self._history.restore(rid, canonical_records(versions, None))
+                self._history.restore(rid, canonical_entries(versions))
         if vectors is not None:
             vectors.update(vecs)
         return n
@@ -1049,7 +1067,8 @@ class Memory:
         mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"), k1=bm.get("k1", 1.2),
                   b=bm.get("b", 0.75), delta=bm.get("delta", 0.5), partition_days=cfg.get("partition_days", 7.0),
                   merge_factor=cfg.get("merge_factor", 8), merge_min=cfg.get("merge_min", 1024),
-                  history_limit=cfg.get("history_limit", 10), require_scope=bool(cfg.get("require_scope", False)))
+                  history_limit=cfg.get("history_limit", 10), require_scope=bool(cfg.get("require_scope", False)),
+                  record_times=bool(cfg.get("record_times", False)))
         mem.import_(path, vectors=vectors)
         return mem
 
@@ -1574,7 +1593,8 @@ class Memory:
                       k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
                       merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
-                      background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)))
+                      background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)),
+                      record_times=bool(cfg.get("record_times", False)))
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)

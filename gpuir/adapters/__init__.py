@@ -86,8 +86,8 @@ class LocalBackend:
     def add(self, records: Iterable[Mapping[str, Any]]) -> int:
         return self._saved(self.memory.add(list(records)))
 
-    def delete(self, ids: Iterable[str]) -> int:
-        return self._saved(self.memory.delete(list(ids), missing_ok=True))
+    def delete(self, ids: Iterable[str], missing_ok: bool = True) -> int:
+        return self._saved(self.memory.delete(list(ids), missing_ok=missing_ok))
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False) -> int:
         return self._saved(self.memory.update(list(records), replace=replace))

@@ -138,7 +138,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     @tool()
     def forget(ids: list[str]) -> dict[str, Any]:
         """Delete memory records by id; unknown ids are skipped."""
-        return {"deleted": int(mem.delete(list(ids)))}
+        return {"deleted": int(mem.delete(list(ids), missing_ok=True))}
 
     if callable(getattr(mem, "update", None)):
         @tool()

@@ -12,7 +12,8 @@ opaque string for the next page, ``None`` on the last one). Orders:
 ``"created_at"``, ``"updated_at"``
     by the times a memory with ``record_times`` keeps (:mod:`gpuir.memory.stamps`;
     then add order), records without one last. ``"created_at"`` keeps each
-    record's place through its updates (an update moves it to the end of the
+    record's place through its updates (among records added in other
+    milliseconds: equal times rank by add order) (an update moves it to the end of the
     add order: see :mod:`gpuir.memory.updates` for why).
 
 ``descending=True`` reverses the order (newest first). **Cursors are stable**:

@@ -480,7 +480,7 @@ class Scope:
         """:meth:`Memory.upsert <gpuir.memory.Memory.upsert>` inside the scope."""
         return self._put(records, replace, time_unit, "upsert")
 
-    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = False,
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
                where: Any = None, time_unit: str | None = None) -> int:
         """:meth:`Memory.delete <gpuir.memory.Memory.delete>` of the scope's records, by id or by ``where``.
 
@@ -502,7 +502,12 @@ class Scope:
                 raise UnknownIdError(unknown, "delete")
             return mem.delete([s for s in stored if s is not None], missing_ok=True, keep_history=keep_history)
 
-    def delete_all(self, keep_history: bool = False) -> int:
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]:
+        """The scope's ids of its records passing ``where`` (all without one), in add order."""
+        with inside_scope():
+            return [self._external(r) for r in self.memory.match_ids(self.where(where), time_unit)]
+
+    def delete_all(self, keep_history: bool = True) -> int:
         """Delete every record of the scope (through the memory's delete of their ids); returns how many."""
         mem = self.memory
         with mem._write_lock, inside_scope():

@@ -836,6 +836,15 @@ class Memory:
             with self._write_lock:
                 self._merge_paused -= 1
 
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in add order: what
+        ``delete(where=where)`` would delete now."""
+        if self._guard_scope:
+            scope.require("match_ids")
+        snap = self._snap
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        return listing.ids_matching(snap, w)
+
     def reset(self, confirm: bool = False) -> int:
         """Delete every record, and every history kept after a delete; the settings stay.
 

@@ -350,7 +350,7 @@ class ServiceStore:
             check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
         try:  # times become epoch ms once, here: the log holds them so (replayed with time_unit="ms")
-            recs = canonical_records(recs, time_unit)
+            recs = canonical_records(recs, time_unit, stamp=self.memory.stamp)  # (times of record_times: logged)
             batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
             raise RecordError(str(e).replace(f"'{tenant}{SEP}", "'")) from None

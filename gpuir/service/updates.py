@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..memory import updates as memory_updates
+from ..memory.expiry import now_ms
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
+from ..memory.stamps import stamp_records
 from ..wal import encode_payload
 from .errors import SEP, NotFoundError, StoreFailedError, TenantError, WriteFailedError, internal_id, os_reason
 from .validate import check_record
@@ -67,6 +69,8 @@ def commit_update(store: Any, op: Any) -> None:
         op.future.set_exception(StoreFailedError(store.failed))
         return
     recs = op.records
+    if mem.stamp == "add":  # a memory with record_times: the change's updated_at, decided before it is logged
+        recs = stamp_records(recs, "update", now_ms())
     ids = [r["id"] for r in recs]
     try:
         if not op.options.get("upsert"):
@@ -86,8 +90,8 @@ def commit_update(store: Any, op: Any) -> None:
     except NotFoundError as e:
         op.future.set_exception(e)
         return
-    if not new:
-        op.future.set_result(len(ids))
+    if not new:  # nothing changes (as Memory.update: 0, nothing logged)
+        op.future.set_result(0)
         return
     t0 = time.perf_counter()
     try:
@@ -114,4 +118,4 @@ def commit_update(store: Any, op: Any) -> None:
         if not isinstance(e, Exception):
             raise
         return
-    op.future.set_result(len(ids))
+    op.future.set_result(len(new))

@@ -54,6 +54,7 @@ def test_openapi_lists_exactly_the_routes(server):
         ("/v1/tenants/{tenant}/records", "GET"), ("/v1/tenants/{tenant}/count", "GET"),
         ("/v1/tenants/{tenant}/records/{id}", "PATCH"), ("/v1/tenants/{tenant}/records/{id}", "PUT"),
         ("/v1/tenants/{tenant}/records/{id}/history", "GET"), ("/v1/tenants/{tenant}/export", "GET"),
+        ("/v1/tenants/{tenant}/delete", "POST"),
     }
     assert httpx.get(srv.url + "/docs").status_code == 404
 

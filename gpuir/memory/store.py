@@ -1059,8 +1059,11 @@ class Memory:
                                  "differently. Import into Memory.from_export(path), or pass check_config=False")
         canon = canonical_records(recs, None, labels=labels)
         with self._write_lock, scope.inside_scope():  # an import is of the whole memory, as export
-            n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(
-                to_batch(canon, "ms", labels=labels, stamp=self.stamp))
+            if replace:  # every record of the file is now as the file has it (unchanged ones included)
+                self.upsert(canon, replace=True, time_unit="ms")
+                n = len(canon)
+            else:
+                n = self.add(to_batch(canon, "ms", labels=labels, stamp=self.stamp))
             for rid, versions in hists:
                 self._history.restore(rid, canonical_entries(versions))
         if vectors is not None:

@@ -16,7 +16,8 @@ Tools
 ``remember(text, id=None, session=None, role=None, time=None, importance=None, metadata=None)``
     Store one record; returns ``{"added": 1, "id": ...}`` (a new id when none is given).
 ``recall(query, k=5, where=None)``
-    The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``.
+    The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``. With ``--tenant``, a
+    ``where`` naming another tenant is a tool error (the service answers 403 to the same filter).
 ``forget(ids)``
     Delete records by id; returns ``{"deleted": n}`` (unknown ids are skipped).
 ``revise(id, text=None, session=None, role=None, time=None, importance=None, metadata=None)``
@@ -39,10 +40,10 @@ from __future__ import annotations
 
 import functools
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
+from ..memory.stamps import uuid7
 from . import LocalBackend, as_backend, require
 
 __all__ = ["build_server", "main", "open_memory"]
@@ -123,7 +124,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                  time: str | None = None, importance: float | None = None,
                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Store one memory record (text, and optional id, session, role, time, importance, metadata)."""
-        rec: dict[str, Any] = {"id": id or uuid.uuid4().hex, "text": text}
+        rec: dict[str, Any] = {"id": id or uuid7(), "text": text}  # a new id: time-ordered, as Memory's
         for key, v in (("session", session), ("role", role), ("time", time), ("importance", importance),
                        ("metadata", metadata), ("tenant", tenant)):
             if v is not None:

@@ -126,8 +126,9 @@ def tenant_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | 
             if "contains" in v or "$contains" in v:
                 from .where import WhereError
 
-                raise WhereError("where['id']: 'contains' on ids is not available for a tenant's ids (they are "
-                                 "stored as tenant/id); use eq, in or a range")
+                raise WhereError("where['id']: 'contains' on ids is not available in a tenant's scope or with "
+                                 "pooled statistics (`gpuir serve --statistics pooled`): ids are stored as "
+                                 "tenant/id; use eq, in or a range")
             out[k] = {op: ([pre(x) for x in val] if isinstance(val, list) else pre(val)) for op, val in v.items()}
         elif k == "id":
             out[k] = pre(v)

@@ -371,13 +371,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     what.add_argument("--ids", metavar="IDS.txt", help="one id per line")
     what.add_argument("--where", metavar="JSON", help="delete the records passing this filter (docs/memory.md)")
     what.add_argument("--all", action="store_true", help="every record of --tenant")
-    pd.add_argument("--tenant", default=None, help="delete only this tenant's records (its own ids)")
+    pd.add_argument("--tenant", default=None, help="delete only this tenant's records (its own ids; default: none, the whole memory)")
     pd.add_argument("--missing-ok", action="store_true",
                     help="skip unknown ids instead of failing (default: fail, deleting nothing)")
     pd.add_argument("--drop-history", action="store_true",
                     help="forget the deleted records' histories (default: kept, ending with the delete)")
     pd.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
-                    help="unit of bare-number times in --where")
+                    help="unit of bare-number times in --where (default: none; a bare number is an error)")
     lock_timeout(pd)
     pd.set_defaults(func=_cmd_delete)
 

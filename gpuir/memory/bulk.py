@@ -25,14 +25,13 @@ unless ``"missing_ok": true``) and both service clients (``delete`` raises
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .expiry import cutoff
 from .listing import ids_matching
 from .where import WhereError, compile_wheres
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import Memory
+Memory = Any  # gpuir.memory.Memory (not imported: the store imports this module)
 
 __all__ = ["delete_where", "reset"]
 

@@ -54,12 +54,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import UnknownIdError
 from .records import RecordError
 from .search import MemoryResults
 
 if TYPE_CHECKING:  # pragma: no cover
     from .listing import Page
-    from .store import Memory
+
+Memory = Any  # gpuir.memory.Memory (not imported: the store imports this module)
 
 __all__ = ["SCOPE_FIELDS", "SEP", "TENANT_RE", "Scope", "ScopeError", "ScopedResults", "check_tenant",
            "confine_where", "external_hit", "internal_id", "tenant_where"]
@@ -368,8 +370,6 @@ class Scope:
 
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """:meth:`Memory.get <gpuir.memory.Memory.get>`; an id outside the scope is unknown."""
-        from .store import UnknownIdError
-
         ids = self._check_ids(ids, "get")
         stored = self._resolve(ids)
         with inside_scope():
@@ -446,8 +446,6 @@ class Scope:
             return mem.add(recs, time_unit=time_unit, vectors=vectors)
 
     def _put(self, records: Iterable[Mapping[str, Any]], replace: bool, time_unit: str | None, what: str) -> int:
-        from .store import UnknownIdError
-
         if isinstance(records, (Mapping, str, bytes)):
             raise RecordError("records must be an iterable of dicts (a list of records), not a single "
                               f"{type(records).__name__}")
@@ -488,8 +486,6 @@ class Scope:
         An id outside the scope is unknown (:class:`~gpuir.memory.UnknownIdError`
         unless ``missing_ok``); ``where`` deletes the scope's records passing it.
         """
-        from .store import UnknownIdError
-
         mem = self.memory
         if (ids is None) == (where is None):
             raise TypeError("delete: give ids or where= (not both)")

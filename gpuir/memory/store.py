@@ -69,6 +69,7 @@ from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
 from .embeddings import Embedding, VectorError, parse_embeddings
+from .errors import UnknownIdError
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
 from .history import History, canonical_entries
@@ -96,18 +97,6 @@ log = logging.getLogger("gpuir.memory")
 
 class UnsavedWritesWarning(UserWarning):
     """A memory bound to a directory was closed, or left a ``with`` block by an exception, with unsaved writes."""
-
-
-class UnknownIdError(KeyError, ValueError):
-    """Ids that name no live record; ``.ids`` holds them all."""
-
-    def __init__(self, ids: list[str], what: str):
-        self.ids = ids
-        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-        super().__init__(f"{what}: {len(ids)} unknown id(s): {shown} (pass missing_ok=True to skip unknown ids)")
-
-    def __str__(self) -> str:  # KeyError would print the repr
-        return str(self.args[0])
 
 
 class ReadOnlyError(ValueError):

@@ -33,8 +33,8 @@ try:
 except ImportError as e:  # pragma: no cover
     raise ImportError("the memory service client needs httpx: pip install 'gpuir[service]'") from e
 
+from ..memory.errors import UnknownIdError
 from ..memory.listing import Page
-from ..memory.store import UnknownIdError
 from ..results import HitLists
 from .keys import tenant_of_key
 

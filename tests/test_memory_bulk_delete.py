@@ -117,6 +117,9 @@ def test_http_bulk_delete_and_both_clients(tmp_path):
         a, b = MemoryClient(srv.url, keys["alice"]), MemoryClient(srv.url, keys["bob"])
         a.add([{"id": f"n{i}", "text": f"note {i}", "session": "s1" if i < 4 else "s2"} for i in range(6)])
         b.add([{"id": "n0", "text": "bob's n0", "session": "s1"}])
+        # an update that changes nothing changes nothing, as Memory.update: 0
+        assert a.update({"id": "n5", "text": "note 5"}) == 0 and a.history("n5") == []
+        assert a.update({"id": "n5", "importance": 0.5}) == 1 and len(a.history("n5")) == 1
         # unknown ids: as Memory.delete, refused whole unless missing_ok
         with pytest.raises(UnknownIdError, match="'nope'"):
             a.delete(["n0", "nope"])

@@ -194,7 +194,9 @@ def test_mcp_revise_and_browse_keep_fields_and_the_tenant():
             page = r.structured_content
             assert [x["id"] for x in page["records"]] == ["a2"] and page["cursor"]
             r = await c.call_tool("browse", {"limit": 5, "where": {"tenant": "bob"}})
-            assert [x["id"] for x in r.structured_content["records"]] == ["a2", "a1"], "the tenant is forced"
+            assert r.is_error and "another tenant" in r.content[0].text, "a where naming another tenant is refused"
+            r = await c.call_tool("browse", {"limit": 5, "where": {"tenant": "ann"}})
+            assert [x["id"] for x in r.structured_content["records"]] == ["a2", "a1"], "its own tenant is fine"
             r = await c.call_tool("browse", {"limit": 5, "cursor": page["cursor"]})
             assert [x["id"] for x in r.structured_content["records"]] == ["a1"]
 

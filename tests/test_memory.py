@@ -45,7 +45,7 @@ def test_records_round_trip_every_field_and_time_form():
 
 @pytest.mark.parametrize("bad, message", [
     ("not a dict", "record 1 is a str"),
-    ({"text": "no id"}, "record 1: 'id' must be a non-empty string, got missing"),
+    ({"id": ["l"], "text": "x"}, "record 1: 'id' must be a non-empty string, got list"),
     ({"id": 7, "text": "x"}, "'id' must be a non-empty string, got int 7"),
     ({"id": "", "text": "x"}, "'id' must be a non-empty string"),
     ({"id": "b", "text": None}, "record 1 (id 'b'): 'text' must be a string, got missing"),

@@ -101,7 +101,7 @@ def test_add_again_delete_and_info(mem_dir, tmp_path, capsys):
     (['{"id": "x1", "text": "ok", "role": "bot"}'], "role 'bot' is not one of"),
     (['{"id": "x1", "text": "ok"}', '{"id": "x1", "text": "again"}'], "line 2 (id 'x1'): id 'x1' occurs twice"),
     (['{"id": "c1", "text": "exists"}'], "line 1 (id 'c1'): the id already exists"),
-    (['{"text": "no id"}'], "line 1: 'id' must be a non-empty string, got missing"),
+    (['{"id": 7, "text": "a number id"}'], "line 1: 'id' must be a non-empty string, got int 7"),
 ])
 def test_malformed_records_exit_2_and_change_nothing(mem_dir, tmp_path, capsys, rows, message):
     before = (mem_dir / "CURRENT").read_text()

@@ -35,7 +35,7 @@ def mem():
     recs = [random_record(rng, f"r{i:03d}") for i in range(150)]
     for s in range(0, 150, 20):
         m.add(recs[s: s + 20])
-    m.delete([f"r{i:03d}" for i in range(0, 150, 7)])
+    m.delete([f"r{i:03d}" for i in range(0, 150, 7)], keep_history=False)
     return m, recs
 
 

@@ -75,7 +75,8 @@ def test_update_errors_change_nothing():
         m.update([{"text": "no id"}])
     with pytest.raises(RecordError, match="bare number"):
         m.update([{"id": "t2", "time": 1683554220}])
-    assert m.update([{"id": "t2", "time": 1683554220}], time_unit="s") == 1
+    assert m.update([{"id": "t2", "time": 1683554220}], time_unit="s") == 0, "t2's own time: nothing changes"
+    assert m.update([{"id": "t2", "time": 1683554221}], time_unit="s") == 1
     assert m.get(["other"])[0]["text"] == "Caroline went to the support group"
     assert m.history("other") == []
 
@@ -83,18 +84,19 @@ def test_update_errors_change_nothing():
 def test_an_update_that_changes_nothing_is_not_rewritten():
     m = _mem()
     snap = m.snapshot()
-    assert m.update([{"id": "t2", "session": "S1", "metadata": {"speaker": "Melanie"}}]) == 1
+    assert m.update([{"id": "t2", "session": "S1", "metadata": {"speaker": "Melanie"}}]) == 0
     assert m.snapshot() is snap and m.history("t2") == [] and m.unsaved == 2  # the add's 2 only
 
 
-def test_history_keeps_earlier_versions_bounded_and_goes_with_delete(tmp_path):
+def test_history_keeps_earlier_versions_bounded_and_goes_with_delete_when_asked(tmp_path):
     m = Memory(history_limit=3)
     m.add([{"id": "n", "text": "v0", "metadata": {"k": 0}}])
     for i in range(1, 6):
         m.update([{"id": "n", "text": f"v{i}", "metadata": {"k": i}}])
     hist = m.history("n")
     assert [h["text"] for h in hist] == ["v2", "v3", "v4"], "oldest first, at most history_limit"
-    assert hist[-1] == {"id": "n", "text": "v4", "metadata": {"k": 4}}
+    assert {k: v for k, v in hist[-1].items() if k != "event_time"} == {
+        "id": "n", "text": "v4", "metadata": {"k": 4}, "event": "update"}
     hist[0]["metadata"]["k"] = 99  # a copy: changing it changes nothing stored
     assert m.history("n")[0]["metadata"]["k"] == 2
     m.save(tmp_path / "m")
@@ -107,8 +109,8 @@ def test_history_keeps_earlier_versions_bounded_and_goes_with_delete(tmp_path):
     m.add([{"id": "n", "text": "reborn"}])
     m.update([{"id": "n", "text": "reborn twice"}])
     assert [h["text"] for h in m.history("n")] == ["v4", "v5", "reborn"]
-    m.delete(["n"])
-    assert m.history("n") == [], "a delete removes the history unless asked"
+    m.delete(["n"], keep_history=False)
+    assert m.history("n") == [], "a delete removes the history when asked"
     m.save()
     m.save()  # files of the commit before the last are collected (a reader may still load the last one)
     m.close()

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from gpuir.memory import Memory
+from gpuir.memory import Memory, UnknownIdError
 from gpuir.service.batcher import MicroBatcher
 from gpuir.service.client import AsyncMemoryClient, MemoryClient, ServiceError
 from gpuir.service.keys import KeyStore
@@ -55,6 +55,7 @@ def test_openapi_lists_exactly_the_routes(server):
         ("/v1/tenants/{tenant}/records/{id}", "PATCH"), ("/v1/tenants/{tenant}/records/{id}", "PUT"),
         ("/v1/tenants/{tenant}/records/{id}/history", "GET"), ("/v1/tenants/{tenant}/export", "GET"),
         ("/v1/tenants", "GET"), ("/v1/tenants/{tenant}/overview", "GET"),
+        ("/v1/tenants/{tenant}/delete", "POST"),
     }
     assert httpx.get(srv.url + "/docs").status_code == 404
 
@@ -112,7 +113,9 @@ def test_tenant_isolation_both_ways(server):
     # deleting in one tenant leaves the other's record of the same id
     assert a.delete("same") == 1
     assert a.get("same") is None and b.get("same") is not None
-    assert a.delete(["same"]) == 0
+    with pytest.raises(UnknownIdError, match="'same'"):  # as Memory.delete: unknown ids raise ...
+        a.delete(["same"])
+    assert a.delete(["same"], missing_ok=True) == 0  # ... unless missing_ok
 
 
 def test_body_limit_413(server):

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..results import HitLists
 
-__all__ = ["MemoryBackend", "as_backend", "hit_metadata", "require"]
+__all__ = ["LocalBackend", "MemoryBackend", "as_backend", "hit_metadata", "require"]
 
 
 @runtime_checkable
@@ -52,8 +52,9 @@ def require(module: str, extra: str) -> Any:
         ) from e
 
 
-class _LocalBackend:
-    """A :class:`gpuir.Memory` or :class:`gpuir.Retriever` as a :class:`MemoryBackend`.
+class LocalBackend:
+    """A :class:`gpuir.Memory` (or a scope of one, :mod:`gpuir.memory.scope`) or :class:`gpuir.Retriever`
+    as a :class:`MemoryBackend`.
 
     ``add`` and ``delete`` change the memory and, when it has a directory
     (opened from or saved to one), save it before returning, so an
@@ -69,7 +70,12 @@ class _LocalBackend:
         qs = [queries] if isinstance(queries, str) else list(queries)
         if not qs:
             return HitLists()
+        scope = self.memory if self.retriever is not None and hasattr(self.memory, "fields") else None
+        if scope is not None:  # a scope's retriever searches the whole memory: confine it here
+            where = scope._wheres(where)
         res = (self.retriever or self.memory).search(qs, k=k, where=where)
+        if scope is not None:
+            return HitLists([scope._external_hit(h) for h in res.hits(i)] for i in range(len(res)))
         return HitLists(res.hits(i) for i in range(len(res)))
 
     def _saved(self, n: int) -> int:
@@ -80,8 +86,8 @@ class _LocalBackend:
     def add(self, records: Iterable[Mapping[str, Any]]) -> int:
         return self._saved(self.memory.add(list(records)))
 
-    def delete(self, ids: Iterable[str]) -> int:
-        return self._saved(self.memory.delete(list(ids), missing_ok=True))
+    def delete(self, ids: Iterable[str], missing_ok: bool = True) -> int:
+        return self._saved(self.memory.delete(list(ids), missing_ok=missing_ok))
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False) -> int:
         return self._saved(self.memory.update(list(records), replace=replace))
@@ -109,13 +115,13 @@ def as_backend(obj: Any, autosave: bool = True) -> MemoryBackend:
     TypeError
         ``obj`` is none of these (the message says what is needed).
     """
-    from ..memory import Memory
+    from ..memory import Memory, Scope
     from ..retrieve import Retriever
 
     if isinstance(obj, Retriever):
-        return _LocalBackend(obj.memory, obj, autosave)
-    if isinstance(obj, Memory):
-        return _LocalBackend(obj, None, autosave)
+        return LocalBackend(obj.memory, obj, autosave)
+    if isinstance(obj, (Memory, Scope)):
+        return LocalBackend(obj, None, autosave)
     if all(callable(getattr(obj, m, None)) for m in ("search", "add", "delete")):
         return obj
     raise TypeError(

@@ -16,7 +16,8 @@ Tools
 ``remember(text, id=None, session=None, role=None, time=None, importance=None, metadata=None)``
     Store one record; returns ``{"added": 1, "id": ...}`` (a new id when none is given).
 ``recall(query, k=5, where=None)``
-    The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``.
+    The best ``k`` records: ``{"hits": [{"id", "score", "text", ...fields}]}``. With ``--tenant``, a
+    ``where`` naming another tenant is a tool error (the service answers 403 to the same filter).
 ``forget(ids)``
     Delete records by id; returns ``{"deleted": n}`` (unknown ids are skipped).
 ``revise(id, text=None, session=None, role=None, time=None, importance=None, metadata=None)``
@@ -39,11 +40,11 @@ from __future__ import annotations
 
 import functools
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-from . import as_backend, require
+from ..memory.stamps import uuid7
+from . import LocalBackend, as_backend, require
 
 __all__ = ["build_server", "main", "open_memory"]
 
@@ -92,12 +93,30 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     name : str
         The server's name, as MCP clients see it.
     tenant : str, optional
-        Confine the server to one tenant: records it stores get this tenant, and
-        every recall is filtered to it (a hard boundary, see ``gpuir.memory.where``).
+        Confine the server to one tenant: a local memory is used through its scope
+        (``memory.scope(tenant=...)``, :mod:`gpuir.memory.scope`: records stored get
+        this tenant, ids are the tenant's own, and every recall, browse, revise and
+        forget reaches only its records); every tool's ``where`` naming another
+        tenant is refused with a tool error (the service answers 403 to the same filter).
     """
     mcp_server = require("mcp.server.mcpserver", "mcp")
     tool_error = require("mcp.server.mcpserver.exceptions", "mcp").ToolError
     mem = as_backend(backend)
+    scoped = False
+    if tenant is not None:
+        from ..memory.scope import check_tenant
+
+        check_tenant(tenant)
+        if isinstance(mem, LocalBackend) and not hasattr(mem.memory, "fields"):
+            mem = LocalBackend(mem.memory.scope(tenant=tenant), mem.retriever, mem.autosave)
+            scoped = True
+
+    def confined(where: dict[str, Any] | None) -> dict[str, Any] | None:
+        if tenant is None:
+            return where
+        from ..memory.scope import confine_where
+
+        return confine_where(where, {"tenant": tenant})  # ScopeError (a tool error) for another tenant
 
     def tool():
         return lambda fn: server.tool()(_carry_errors(fn, tool_error))
@@ -113,7 +132,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                  time: str | None = None, importance: float | None = None,
                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Store one memory record (text, and optional id, session, role, time, importance, metadata)."""
-        rec: dict[str, Any] = {"id": id or uuid.uuid4().hex, "text": text}
+        rec: dict[str, Any] = {"id": id or uuid7(), "text": text}  # a new id: time-ordered, as Memory's
         for key, v in (("session", session), ("role", role), ("time", time), ("importance", importance),
                        ("metadata", metadata), ("tenant", tenant)):
             if v is not None:
@@ -130,14 +149,12 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
     @tool()
     def recall(query: str, k: int = 5, where: dict[str, Any] | None = None) -> dict[str, Any]:
         """The k memory records most relevant to the query, best first, optionally filtered by where."""
-        if tenant is not None:
-            where = {**(where or {}), "tenant": tenant}
-        return {"hits": mem.search([query], k=k, where=where)[0]}
+        return {"hits": mem.search([query], k=k, where=confined(where))[0]}
 
     @tool()
     def forget(ids: list[str]) -> dict[str, Any]:
         """Delete memory records by id; unknown ids are skipped."""
-        return {"deleted": int(mem.delete(list(ids)))}
+        return {"deleted": int(mem.delete(list(ids), missing_ok=True))}
 
     if callable(getattr(mem, "update", None)):
         @tool()
@@ -150,7 +167,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
                            ("importance", importance), ("metadata", metadata)):
                 if v is not None:
                     rec[key] = v
-            if tenant is not None:
+            if tenant is not None and not scoped:  # (a scope refuses another tenant's id itself)
                 got = mem.list(where={"tenant": tenant, "id": id}, limit=1).records
                 if not got:
                     raise ValueError(f"no record {id!r} in tenant {tenant!r}")
@@ -161,9 +178,7 @@ def build_server(backend: Any, name: str = "gpuir-memory", tenant: str | None = 
         def browse(where: dict[str, Any] | None = None, limit: int = 20, cursor: str | None = None,
                    newest_first: bool = True) -> dict[str, Any]:
             """A page of memory records (newest first by default), optionally filtered by where."""
-            if tenant is not None:
-                where = {**(where or {}), "tenant": tenant}
-            page = mem.list(where=where, limit=limit, cursor=cursor, order_by="time", descending=newest_first)
+            page = mem.list(where=confined(where), limit=limit, cursor=cursor, order_by="time", descending=newest_first)
             return {"records": page.records, "cursor": page.cursor}
 
     return server

@@ -4,7 +4,9 @@
 
     gpuir memory add MEMORY_DIR RECORDS.jsonl [--analyzer NAME] [--method M] [--k1 X] [--b X] [--delta X]
                                               [--partition-days D] [--lock-timeout S]
-    gpuir memory delete MEMORY_DIR --ids IDS.txt [--missing-ok] [--lock-timeout S]
+    gpuir memory delete MEMORY_DIR (--ids IDS.txt | --where JSON | --all) [--tenant T] [--missing-ok]
+                                   [--drop-history] [--lock-timeout S]
+    gpuir memory reset MEMORY_DIR --yes
     gpuir memory search MEMORY_DIR (--query TEXT | --queries QUERIES.jsonl) [-k 10] [--where JSON]
                                    [--backend auto|numpy|cupy] [--format jsonl|trec]
                                    [--mode exhaustive|newest|budgeted] [--max-partitions K]
@@ -78,7 +80,8 @@ _DESCRIPTION = """\
 An agent memory in a directory: add, delete and search records; describe it.
 
   gpuir memory add MEMORY_DIR RECORDS.jsonl        (creates the memory if missing)
-  gpuir memory delete MEMORY_DIR --ids IDS.txt
+  gpuir memory delete MEMORY_DIR (--ids IDS.txt | --where JSON | --tenant T --all)
+  gpuir memory reset MEMORY_DIR --yes
   gpuir memory search MEMORY_DIR --query TEXT [-k 10] [--where JSON] [--config CONFIG.json] [--unit session]
   gpuir memory info MEMORY_DIR [--json]
   gpuir memory get MEMORY_DIR ID...                 records by id (JSON lines)
@@ -141,7 +144,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
         def flush():
             nonlocal total
             if recs:
-                total += mem.add(to_batch(recs, args.time_unit, labels=labels))
+                total += mem.add(to_batch(recs, args.time_unit, labels=labels, stamp=mem.stamp))
                 bar.update(len(recs))
                 recs.clear()
                 labels.clear()
@@ -166,13 +169,29 @@ def _cmd_add(args: argparse.Namespace) -> int:
 def _cmd_delete(args: argparse.Namespace) -> int:
     from ..memory.store import Memory, UnknownIdError
 
-    p = shown(args.ids)
-    ids = [line.strip() for line in read_text(args.ids).splitlines() if line.strip()]
-    log.info("deleting %d id(s) read from %s in %s", len(ids), p, args.memory_dir)
+    ids = where = None
+    p = shown(args.ids) if args.ids else None
+    if args.all and args.tenant is None:
+        raise InputError("--all deletes every record of a tenant: name it with --tenant T (gpuir memory reset "
+                         "MEMORY_DIR --yes deletes every record of the memory)")
+    if args.ids:
+        ids = [line.strip() for line in read_text(args.ids).splitlines() if line.strip()]
+        log.info("deleting %d id(s) read from %s in %s", len(ids), p, args.memory_dir)
+    elif args.where is not None:
+        where = where_option(args.where)
+        if not where:
+            raise InputError("--where {} would delete every record: use --tenant T --all, or gpuir memory reset")
     mem = Memory.open(args.memory_dir, writer=True, lock_timeout=args.lock_timeout)
     try:
+        target = mem if args.tenant is None else mem.scope(tenant=args.tenant)
+        keep = not args.drop_history
         try:
-            n = mem.delete(ids, missing_ok=args.missing_ok)
+            if args.all:
+                n = target.delete_all(keep_history=keep)
+            elif where is not None:
+                n = target.delete(where=where, keep_history=keep, time_unit=args.time_unit)
+            else:
+                n = target.delete(ids, missing_ok=args.missing_ok, keep_history=keep)
         except UnknownIdError as e:
             some = ", ".join(repr(i) for i in e.ids[:5]) + (" ..." if len(e.ids) > 5 else "")
             raise InputError(f"{p}: {len(e.ids)} id(s) name no record in {args.memory_dir}: {some}; nothing was "
@@ -180,6 +199,23 @@ def _cmd_delete(args: argparse.Namespace) -> int:
         mem.wait_merges()
         mem.save()
         print(f"deleted {n} records from {args.memory_dir} ({len(mem)} left)", file=sys.stderr)
+    finally:
+        mem.close()
+    return 0
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    from ..memory.store import Memory
+
+    if not args.yes:
+        raise InputError(f"reset deletes every record of {args.memory_dir} (and every kept history): add --yes to "
+                         "do it")
+    mem = Memory.open(args.memory_dir, writer=True, lock_timeout=args.lock_timeout)
+    try:
+        n = mem.reset(confirm=True)
+        mem.wait_merges()
+        mem.save()
+        print(f"reset {args.memory_dir}: deleted {n} records", file=sys.stderr)
     finally:
         mem.close()
     return 0
@@ -366,15 +402,31 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     lock_timeout(pa)
     pa.set_defaults(func=_cmd_add)
 
-    pd = sub.add_parser("delete", help="delete records by id",
-                        description="Delete the records named in IDS.txt (one id per line), all or none.")
+    pd = sub.add_parser("delete", help="delete records by id, by filter, or a tenant's all",
+                        description="Delete the records named in IDS.txt (one id per line), all or none; or "
+                                    "those passing --where; or, with --tenant, every record of the tenant (--all). "
+                                    "--tenant confines the delete to the tenant (its ids, as Memory.scope).")
     pd.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
-    pd.add_argument("--ids", required=True, metavar="IDS.txt",
-                    help="one id per line (required); - reads standard input")
+    what = pd.add_mutually_exclusive_group(required=True)
+    what.add_argument("--ids", metavar="IDS.txt", help="one id per line; - reads standard input")
+    what.add_argument("--where", metavar="JSON", help="delete the records passing this filter (docs/memory.md)")
+    what.add_argument("--all", action="store_true", help="every record of --tenant")
+    pd.add_argument("--tenant", default=None, help="delete only this tenant's records (its own ids; default: none, the whole memory)")
     pd.add_argument("--missing-ok", action="store_true",
                     help="skip unknown ids instead of failing (default: fail, deleting nothing)")
+    pd.add_argument("--drop-history", action="store_true",
+                    help="forget the deleted records' histories (default: kept, ending with the delete)")
+    pd.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
+                    help="unit of bare-number times in --where (default: none; a bare number is an error)")
     lock_timeout(pd)
     pd.set_defaults(func=_cmd_delete)
+
+    pr = sub.add_parser("reset", help="delete every record (asks for --yes)",
+                        description="Delete every record of the memory and every kept history; the settings stay.")
+    pr.add_argument("memory_dir", metavar="MEMORY_DIR", help="a memory directory made by 'gpuir memory add'")
+    pr.add_argument("--yes", action="store_true", help="really delete everything (required)")
+    lock_timeout(pr)
+    pr.set_defaults(func=_cmd_reset)
 
     ps = sub.add_parser("search", help="search a memory",
                         description="Search a memory: exact global BM25 over the live records, or a Retriever "

@@ -560,7 +560,7 @@ class ShardedMemory:
         (each takes the newest place in the add order; a record left as it was is
         not written). With ``route="tenant"``, a record whose tenant changes moves
         to its new tenant's shard (deleted from one shard, added to the other; its
-        history stays behind and is dropped).
+        history stays behind on the old shard, where the new one does not read it).
 
         Returns
         -------

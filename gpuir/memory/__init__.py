@@ -3,7 +3,9 @@
 ``Memory`` (:mod:`gpuir.memory.store`) over immutable CSR segments
 (:mod:`~gpuir.memory.segments`) with tombstones, time partitions and
 newest-first search (:mod:`~gpuir.memory.partitions`), the ``where`` filter
-language with a hard tenant boundary (:mod:`~gpuir.memory.where`), updates that
+language with a hard tenant boundary (:mod:`~gpuir.memory.where`), scopes that
+confine reads and writes to a tenant with per-tenant ids
+(:mod:`~gpuir.memory.scope`), deletes by filter (:mod:`~gpuir.memory.bulk`), updates that
 merge and a bounded history (:mod:`~gpuir.memory.updates`,
 :mod:`~gpuir.memory.history`), listing with stable cursors and exact export
 (:mod:`~gpuir.memory.listing`, :mod:`~gpuir.memory.export`), times parsed once
@@ -18,6 +20,7 @@ from .listing import Page
 from .partitions import MODES, budget_partitions, fit_decay
 from .persist import MemoryFormatError
 from .records import FIELDS, ROLES, DuplicateIdError, RecordError, format_time, to_epoch_ms
+from .scope import Scope, ScopeError
 from .search import MemoryResults
 from .snapshot import Snapshot
 from .store import Memory, ReadOnlyError, UnknownIdError, UnsavedWritesWarning
@@ -38,6 +41,8 @@ __all__ = [
     "Page",
     "ReadOnlyError",
     "RecordError",
+    "Scope",
+    "ScopeError",
     "Snapshot",
     "TermStats",
     "UnknownIdError",

@@ -1,13 +1,24 @@
-"""A bounded history of each record's earlier versions.
+"""A bounded history of each record's earlier versions, each with the event that ended it and its time.
 
 Every change that replaces a record (``update``, ``replace``, ``upsert`` of an
-existing id) first keeps the version it replaces; :meth:`Memory.history
-<gpuir.memory.Memory.history>` lists them, oldest first, as record dicts. At
-most ``limit`` versions are kept per record (the oldest are dropped first;
-``limit=0`` keeps none). ``delete`` removes a record's history with it, unless
-``keep_history=True``: then the deleted version is kept as the history's last
-entry, and the history stays readable by id (a later ``add`` of the same id
-continues it).
+existing id; one that changes nothing is no change) first keeps the version it
+replaces; a ``delete`` keeps the deleted version (unless
+``keep_history=False``: then the record's history goes with it). The history
+outlives the delete: it stays readable by id (a later ``add`` of the same id
+continues it). :meth:`Memory.history <gpuir.memory.Memory.history>` lists the
+entries oldest first: each is the version as it was (a record dict, its
+``created_at`` saying when the record was added and its ``updated_at`` when
+this version was written) with two more keys,
+
+* ``event``: what ended the version, ``"update"`` or ``"delete"``;
+* ``event_time``: when (ISO 8601; for an update, the new version's ``updated_at``
+  in a memory with ``record_times``, decided before the update was applied).
+
+So the add is the oldest entry's ``created_at`` (or the record's own, when it
+was never changed), every later change is an entry. At most ``limit`` entries
+are kept per record (the oldest are dropped first; ``limit=0`` keeps none).
+Entries saved by an older gpuir have no ``event``: they read as updates with
+no ``event_time``.
 
 Versions are kept in the canonical record form (times as int epoch ms, see
 :mod:`gpuir.memory.intake`) and saved with the memory: ``history-<gen>.jsonl``
@@ -26,9 +37,43 @@ from typing import Any
 
 from . import persist
 from .persist import MemoryFormatError
+from .records import format_time
 from .timeutil import public_record
 
-__all__ = ["History"]
+__all__ = ["EVENT_KEYS", "History", "canonical_entries", "split_events"]
+
+#: The keys a history entry has beside the version's record fields.
+EVENT_KEYS = ("event", "event_time")
+
+
+def _public(entry: dict[str, Any]) -> dict[str, Any]:
+    at = entry.get("event_time")
+    entry.setdefault("event", "update")
+    entry["event_time"] = None if at is None else format_time(at) if not isinstance(at, str) else at
+    return public_record(entry)
+
+
+def canonical_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History entries read back (an export's: times as ISO 8601) in the canonical form (int epoch ms)."""
+    from .intake import canonical_records
+    from .timeutil import parse_time
+
+    versions, events = split_events(entries)
+    out = []
+    for v, e in zip(canonical_records(versions, None), events):
+        at = e.get("event_time")
+        out.append({**v, "event": e.get("event", "update"),
+                    "event_time": None if at is None else parse_time(at, "history event_time", "ms")})
+    return out
+
+
+def split_events(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the versions as records, their event keys) of history entries read back (an export's)."""
+    versions, events = [], []
+    for e in entries:
+        versions.append({k: v for k, v in e.items() if k not in EVENT_KEYS})
+        events.append({k: e[k] for k in EVENT_KEYS if k in e})
+    return versions, events
 
 
 class History:
@@ -53,12 +98,13 @@ class History:
     def __contains__(self, rid: object) -> bool:
         return rid in self._versions
 
-    def push(self, rid: str, version: dict[str, Any]) -> None:
-        """Keep ``version`` (a canonical record dict) as ``rid``'s newest earlier version."""
+    def push(self, rid: str, version: dict[str, Any], event: str = "update", at: int | None = None) -> None:
+        """Keep ``version`` (a canonical record dict) as ``rid``'s newest earlier version, ended by
+        ``event`` ("update" or "delete") at ``at`` (epoch ms)."""
         if self.limit == 0:
             return
         vs = self._versions.setdefault(rid, [])
-        vs.append(version)
+        vs.append({**version, "event": event, "event_time": at})
         if len(vs) > self.limit:
             del vs[: len(vs) - self.limit]
         self.changed = True
@@ -69,9 +115,27 @@ class History:
             if self._versions.pop(rid, None) is not None:
                 self.changed = True
 
+    def push_updates(self, old: list[tuple[str, dict[str, Any]]], new: list[dict[str, Any]]) -> None:
+        """Keep the versions an update replaced (``old``: (id, version)), each ended at the ``updated_at``
+        of its new version among ``new`` (canonical records)."""
+        at = {r["id"]: r.get("updated_at") for r in new}
+        now = None
+        for rid, version in old:
+            t = at.get(rid)
+            if t is None:  # a memory without record_times: the clock at the update
+                from .expiry import now_ms
+
+                t = now = now_ms() if now is None else now
+            self.push(rid, version, "update", t)
+
     def get(self, rid: str) -> list[dict[str, Any]]:
-        """``rid``'s earlier versions, oldest first, as record dicts (times in ISO 8601); [] when none."""
-        return [public_record(copy.deepcopy(v)) for v in self._versions.get(rid, ())]
+        """``rid``'s history entries, oldest first (see the module docstring; times in ISO 8601); [] when none."""
+        return [_public(copy.deepcopy(v)) for v in self._versions.get(rid, ())]
+
+    def last(self, rid: str) -> dict[str, Any] | None:
+        """``rid``'s newest entry (canonical), or None."""
+        vs = self._versions.get(rid)
+        return copy.deepcopy(vs[-1]) if vs else None
 
     def canonical(self, rid: str) -> list[dict[str, Any]]:
         """``rid``'s earlier versions in the canonical form (times as int epoch ms), oldest first."""
@@ -82,7 +146,8 @@ class History:
         return list(self._versions)
 
     def restore(self, rid: str, versions: list[dict[str, Any]]) -> None:
-        """Set ``rid``'s history (canonical versions, oldest first), as an import does."""
+        """Set ``rid``'s history (canonical entries, oldest first: :func:`split_events` and back), as an
+        import does."""
         if versions and self.limit:
             self._versions[rid] = [dict(v) for v in versions[-self.limit:]]
             self.changed = True

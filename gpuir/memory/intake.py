@@ -2,15 +2,20 @@
 
 Three steps, each once per record:
 
-1. :func:`canonical_records`: ``time`` and ``expires_at`` become int epoch
-   milliseconds by :func:`gpuir.memory.timeutil.parse_time` (ISO 8601 strings,
+1. :func:`canonical_records`: ``time``, ``expires_at``, ``created_at`` and
+   ``updated_at`` become int epoch milliseconds by :func:`gpuir.memory.timeutil.parse_time` (ISO 8601 strings,
    timezone-aware datetimes, dates, or numbers with an explicit ``time_unit``;
    a bare number is an error asking for the unit). This *canonical* form (plain
    dicts, times as int ms) is what the service's write-ahead log, a record's
    history and the memory's internal reads hold; read back with
    ``time_unit="ms"``.
+   With ``stamp`` it also fills in what the memory decides itself: a
+   generated id and the created/updated times of an add, the updated time of
+   an update (:mod:`gpuir.memory.stamps`), so the canonical dict carries them
+   and applying it again gives the same record.
 2. :func:`fold_expiry`: ``expires_at`` goes into the stored metadata under the
-   reserved key (see :mod:`gpuir.memory.expiry`).
+   reserved key (see :mod:`gpuir.memory.expiry`); ``created_at`` and
+   ``updated_at`` go there in step 3.
 3. :func:`gpuir.memory.records.normalize_records`: every field checked, the
    batch turned into columns.
 
@@ -24,13 +29,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .expiry import now_ms
 from .records import EXPIRES_KEY, RECORD_FIELDS, RecordBatch, RecordError, normalize_records
+from .stamps import STAMP_FIELDS, stamp_records
 from .timeutil import MAX_MS, MIN_MS, check_time_unit, parse_time
 
 __all__ = ["canonical_records", "fold_expiry", "to_batch"]
 
 _KNOWN = frozenset(RECORD_FIELDS)
-_TIMES = ("time", "expires_at")
+_TIMES = ("time", "expires_at", "created_at", "updated_at")
+_RESERVED = (EXPIRES_KEY, *STAMP_FIELDS.values())
 
 
 def _who(rec: Any, j: int, start: int, labels: list[str] | None) -> str:
@@ -40,8 +48,10 @@ def _who(rec: Any, j: int, start: int, labels: list[str] | None) -> str:
 
 
 def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | None = None, start: int = 0,
-                      labels: list[str] | None = None) -> list[dict[str, Any]]:
-    """The records with ``time`` and ``expires_at`` as int epoch ms (copies where anything changed).
+                      labels: list[str] | None = None, stamp: str | None = None,
+                      now: int | None = None) -> list[dict[str, Any]]:
+    """The records with their times (``time``, ``expires_at``, ``created_at``, ``updated_at``) as int epoch ms
+    (copies where anything changed).
 
     Parameters
     ----------
@@ -49,6 +59,11 @@ def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | Non
     time_unit : {"s", "ms", "us", "ns"} or None
         The unit of bare numbers; None refuses them.
     start, labels : how messages name the records (see :func:`~gpuir.memory.records.normalize_records`).
+    stamp : {"add", "update"} or None
+        Fill in what the memory decides (:func:`gpuir.memory.stamps.stamp_records`): for an add, a
+        generated ``id`` and ``created_at``/``updated_at``; for an update, ``updated_at``. None: nothing.
+    now : int, optional
+        The epoch ms the stamps use (default: the clock, read once for the whole batch).
 
     A ``None`` time stays ``None`` (absent; in a partial update, a field to remove).
 
@@ -85,15 +100,22 @@ def canonical_records(records: Iterable[Mapping[str, Any]], time_unit: str | Non
                 new = dict(rec)
             new[f] = ms
         meta = rec.get("metadata")
-        if meta is not None and isinstance(meta, Mapping) and EXPIRES_KEY in meta:
-            raise RecordError(f"{_who(rec, j, start, labels)}: the metadata key {EXPIRES_KEY!r} is reserved (it "
-                              "holds expires_at): give the record's expires_at field instead")
+        if meta is not None and isinstance(meta, Mapping) and any(k in meta for k in _RESERVED):
+            key = next(k for k in _RESERVED if k in meta)
+            field = "expires_at" if key == EXPIRES_KEY else key[1:]
+            raise RecordError(f"{_who(rec, j, start, labels)}: the metadata key {key!r} is reserved (it "
+                              f"holds {field}): give the record's {field} field instead")
         out.append(new if new is not None else rec if isinstance(rec, dict) else dict(rec))
+    if stamp is not None:
+        out = stamp_records(out, stamp, now_ms() if now is None else now)
     return out
 
 
 def fold_expiry(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Canonical records with ``expires_at`` moved into the stored metadata (reserved key); others as they are."""
+    """Canonical records with ``expires_at`` moved into the stored metadata (reserved key); others as they are.
+
+    (``created_at`` and ``updated_at`` stay fields: :func:`~gpuir.memory.records.normalize_records` stores
+    them in the metadata text itself, without a dict per record.)"""
     out = records
     for j, rec in enumerate(records):
         if "expires_at" not in rec:
@@ -110,13 +132,16 @@ def fold_expiry(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_batch(records: Iterable[Mapping[str, Any]], time_unit: str | None = None, start: int = 0,
-             labels: list[str] | None = None) -> RecordBatch:
-    """Records as the columns a memory stores (see the module docstring).
+             labels: list[str] | None = None, stamp: str | None = "id") -> RecordBatch:
+    """Records to add as the columns a memory stores (see the module docstring); ``stamp="id"`` (default)
+    fills in a generated id where absent, ``"add"`` the created/updated times too (a memory with
+    ``record_times``: :attr:`Memory.stamp <gpuir.memory.Memory.stamp>`), None nothing
+    (:mod:`gpuir.memory.stamps`).
 
     Raises
     ------
     RecordError
         The first malformed record, named; nothing of the batch is kept.
     """
-    recs = canonical_records(records, time_unit, start, labels)
+    recs = canonical_records(records, time_unit, start, labels, stamp=stamp)
     return normalize_records(fold_expiry(recs), start=start, labels=labels)

@@ -9,6 +9,12 @@ opaque string for the next page, ``None`` on the last one). Orders:
 ``"time"``
     by ``time`` (then add order); records without a time come after the timed
     ones in either direction.
+``"created_at"``, ``"updated_at"``
+    by the times a memory with ``record_times`` keeps (:mod:`gpuir.memory.stamps`;
+    then add order), records without one last. ``"created_at"`` keeps each
+    record's place through its updates (among records added in other
+    milliseconds: equal times rank by add order) (an update moves it to the end of the
+    add order: see :mod:`gpuir.memory.updates` for why).
 
 ``descending=True`` reverses the order (newest first). **Cursors are stable**:
 a cursor holds the sort key of the last record returned (not a position), so
@@ -31,13 +37,14 @@ import numpy as np
 
 from .records import MISSING_TIME
 from .snapshot import Snapshot
+from .stamps import STAMP_FIELDS, stamp_column
 from .timeutil import public_record
 from .where import Where
 
-__all__ = ["ORDERS", "Page", "count", "fingerprint", "list_page"]
+__all__ = ["ORDERS", "Page", "count", "fingerprint", "ids_matching", "list_page"]
 
 #: Orders of :meth:`Memory.list`.
-ORDERS = ("seq", "time")
+ORDERS = ("seq", "time", "created_at", "updated_at")
 
 
 @dataclass
@@ -92,20 +99,35 @@ def _decode(cursor: Any, fp: str, width: int) -> list[int]:
     return key
 
 
-def _matches(snap: Snapshot, where: Where | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64."""
+def _matches(snap: Snapshot, where: Where | None, order_by: str = "time"
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(seqs, times, view positions, rows) of the live records passing ``where``, each ndarray (m,), int64;
+    ``times``: the column ``order_by`` names (``time``, ``created_at`` or ``updated_at``; missing: int64 min)."""
     seqs, times, vis, rows = [], [], [], []
     for vi, v in enumerate(snap.views):
         r = v.live_rows() if where is None else where.rows(v, snap.dicts)
         if r.size:
             seqs.append(v.seg.seqs[r])
-            times.append(v.seg.time[r])
+            if order_by in STAMP_FIELDS:
+                col = stamp_column(v.seg, order_by)
+                times.append(np.full(r.size, MISSING_TIME, np.int64) if col is None else col[r])
+            else:
+                times.append(v.seg.time[r])
             vis.append(np.full(r.size, vi, np.int64))
             rows.append(r)
     if not seqs:
         z = np.zeros(0, np.int64)
         return z, z, z, z
     return tuple(np.concatenate(x).astype(np.int64, copy=False) for x in (seqs, times, vis, rows))  # type: ignore
+
+
+def ids_matching(snap: Snapshot, where: Where | None) -> list[str]:
+    """The ids of the live (and unexpired) records of ``snap`` passing ``where``, in add order."""
+    seqs, _, vis, rows = _matches(snap, where)
+    out = []
+    for i in np.argsort(seqs, kind="stable").tolist():
+        out.append(snap.views[int(vis[i])].seg.ids[int(rows[i])])
+    return out
 
 
 def _keys(seqs: np.ndarray, times: np.ndarray, order_by: str, descending: bool) -> list[np.ndarray]:
@@ -142,7 +164,7 @@ def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
     width = 1 if order_by == "seq" else 3
     after = None if cursor is None else _decode(cursor, fp, width)
-    seqs, times, vis, rows = _matches(snap, where)
+    seqs, times, vis, rows = _matches(snap, where, order_by)
     keys = _keys(seqs, times, order_by, descending)
     if after is not None and seqs.size:
         gt = np.zeros(seqs.size, dtype=bool)

@@ -19,6 +19,8 @@ importance   int or float, finite   float64 (NaN = missing)
 type         str (event, fact, ...) dictionary code, int32
 metadata     JSON object            compact JSON text, UTF-8 offsets + bytes
 expires_at   a time, as ``time``    in the metadata JSON under :data:`EXPIRES_KEY`
+created_at   a time (filled in)     in the metadata JSON (:mod:`gpuir.memory.stamps`)
+updated_at   a time (filled in)     in the metadata JSON (:mod:`gpuir.memory.stamps`)
 ===========  =====================  ==================================================
 
 Times enter through :mod:`gpuir.memory.timeutil` and :mod:`gpuir.memory.intake`
@@ -48,11 +50,14 @@ from typing import Any
 
 import numpy as np
 
+from .stamps import STAMP_FIELDS
+
 #: Every field a record may have, in output order.
 FIELDS: tuple[str, ...] = ("id", "text", "session", "role", "agent", "tenant", "time", "importance", "type",
                            "metadata")
-#: Every field a record may carry: :data:`FIELDS` and ``expires_at`` (see :mod:`gpuir.memory.expiry`), in output order.
-RECORD_FIELDS: tuple[str, ...] = FIELDS + ("expires_at",)
+#: Every field a record may carry: :data:`FIELDS`, ``expires_at`` (see :mod:`gpuir.memory.expiry`), and the
+#: times the memory keeps, ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`), in output order.
+RECORD_FIELDS: tuple[str, ...] = FIELDS + ("expires_at", "created_at", "updated_at")
 #: The metadata key under which a record's ``expires_at`` (int epoch ms) is stored (no user key can be it).
 EXPIRES_KEY = "\u0000expires_at"
 #: Fields stored as dictionary-encoded strings.
@@ -249,6 +254,15 @@ def id_list(ids: Iterable[str], what: str) -> list[str]:
     return out
 
 
+_CREATED, _UPDATED = STAMP_FIELDS["created_at"], STAMP_FIELDS["updated_at"]
+_KNOWN_STORED = frozenset(FIELDS) | frozenset(STAMP_FIELDS)
+
+
+#: The stored metadata text of a record whose metadata is only its created and updated times (what
+#: :func:`metadata_json` writes for them, without building the dict).
+_STAMPS_JSON = '{"\\u0000created_at":%d,"\\u0000updated_at":%d}'
+
+
 def make_record(
     rid: str, text: str, strings: Mapping[str, str | None], time_ms: int, importance: float, meta: str
 ) -> dict[str, Any]:
@@ -266,6 +280,9 @@ def make_record(
         obj = json.loads(meta)
         if EXPIRES_KEY in obj:  # expires_at is kept beside the metadata (gpuir.memory.expiry)
             out["expires_at"] = obj.pop(EXPIRES_KEY)
+        for f, key in STAMP_FIELDS.items():  # so are created_at and updated_at (gpuir.memory.stamps)
+            if key in obj:
+                out[f] = obj.pop(key)
         if obj:
             out["metadata"] = obj
     # output order: RECORD_FIELDS
@@ -311,7 +328,7 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
     opt_imps: list[tuple[int, float]] = []
     opt_metas: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
-    known = frozenset(FIELDS)
+    known = _KNOWN_STORED
     str_fields = STRING_FIELDS
     roles = frozenset(ROLES)
 
@@ -367,6 +384,19 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                     raise RecordError(f"{who(j, rec)}: 'importance' must be a finite number, got {imp!r}")
                 opt_imps.append((j, float(imp)))
             meta = rec.get("metadata")
+            c, u = rec.get("created_at"), rec.get("updated_at")
+            if c is not None or u is not None:  # the memory's own times: stored in the metadata text
+                for f, v in (("created_at", c), ("updated_at", u)):
+                    if v is not None and not (v.__class__ is int and MISSING_TIME < v <= _INT64_MAX):
+                        raise RecordError(f"{who(j, rec)}: {f!r} must be epoch milliseconds (int) here, got {v!r}")
+                if meta is None and c is not None and u is not None:  # the common case, written directly
+                    opt_metas.append((j, _STAMPS_JSON % (c, u)))
+                    meta = None
+                    ids.append(rid)
+                    texts.append(text)
+                    continue
+                if meta is None or isinstance(meta, Mapping):
+                    meta = {**(meta or {}), **{k: v for k, v in ((_CREATED, c), (_UPDATED, u)) if v is not None}}
             if meta is not None:
                 if not isinstance(meta, Mapping):
                     raise RecordError(f"{who(j, rec)}: 'metadata' must be a JSON object (dict), got "

@@ -66,7 +66,7 @@ from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from ..wal import WALCorruptError, read_log
 from ..wal import segments as wal_segments
-from . import listing, persist, updates, warmup
+from . import bulk, listing, persist, scope, updates, warmup
 from .builder import SegmentBuilder
 from .columns import Interner
 from .docfreq import DfLog
@@ -81,9 +81,10 @@ from .durable import (
     vectors_to_log,
 )
 from .embeddings import Embedding, VectorError, parse_embeddings
+from .errors import UnknownIdError
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
 from .export import read_export, write_export
-from .history import History
+from .history import History, canonical_entries
 from .hitorder import by_time, newest_ties, threshold
 from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
@@ -108,18 +109,6 @@ log = logging.getLogger("gpuir.memory")
 
 class UnsavedWritesWarning(UserWarning):
     """A memory bound to a directory was closed, or left a ``with`` block by an exception, with unsaved writes."""
-
-
-class UnknownIdError(KeyError, ValueError):
-    """Ids that name no live record; ``.ids`` holds them all."""
-
-    def __init__(self, ids: list[str], what: str):
-        self.ids = ids
-        shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-        super().__init__(f"{what}: {len(ids)} unknown id(s): {shown} (pass missing_ok=True to skip unknown ids)")
-
-    def __str__(self) -> str:  # KeyError would print the repr
-        return str(self.args[0])
 
 
 class ReadOnlyError(ValueError):
@@ -156,6 +145,13 @@ class Memory:
         survives a crash and a power cut), logged without fsync (survives a
         crash of the process, not a power cut), or nothing until the next
         :meth:`save` (no log). See :mod:`gpuir.memory.durable`.
+    require_scope : bool
+        Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`):
+        a memory holding several tenants, used only through :meth:`scope`. Saved with the memory.
+    record_times : bool
+        Keep each record's ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`): returned
+        with hits, ``get`` and ``list``, usable in ``where`` and ``list(order_by=...)``. Saved with
+        the memory. (A record added without an id gets a UUIDv7 either way.)
 
     Examples
     --------
@@ -171,8 +167,16 @@ class Memory:
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
-                 embeddings: Mapping[str, Any] | None = None, durability: str = "fsync"):
+                 embeddings: Mapping[str, Any] | None = None, require_scope: bool = False,
+                 record_times: bool = False, durability: str = "fsync"):
         self._durability = check_durability(durability)
+        if not isinstance(require_scope, bool):
+            raise TypeError(f"require_scope must be True or False, got {require_scope!r}")
+        if not isinstance(record_times, bool):
+            raise TypeError(f"record_times must be True or False, got {record_times!r}")
+        self._record_times = record_times  # created_at / updated_at kept per record (gpuir.memory.stamps)
+        self._require_scope = require_scope  # unscoped reads and writes of records refused (gpuir.memory.scope)
+        self._guard_scope = require_scope  # ... unless a caller that confines every request lifted it
         self.params = BM25Params(method=method, k1=float(k1), b=float(b), delta=float(delta))
         self._analyzer = analyzer if isinstance(analyzer, Analyzer) else Analyzer(analyzer)
         self.analyzer_config = self._analyzer.config
@@ -228,6 +232,7 @@ class Memory:
         self._log: MemoryLog | None = None  # the directory's write-ahead log (gpuir.memory.durable)
         self._closed = False
         self._replaying = False  # applying the log's operations (open): nothing is logged again
+        self._replay_at: int | None = None  # the logged time of the delete being replayed
         self._save_lock = threading.Lock()  # one save (checkpoint) at a time
         self._attempt_gen = 0  # the highest generation a save tried to commit (each attempt a new number)
         self._ckpt_thread: threading.Thread | None = None
@@ -239,7 +244,8 @@ class Memory:
         return {"analyzer": self.analyzer_config, "bm25": self.params.to_dict(),
                 "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
                 "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
-                "history_limit": self._history.limit}
+                "history_limit": self._history.limit, "require_scope": self._require_scope,
+                "record_times": self._record_times}
 
     def _snapshot(self) -> Snapshot:
         self._version += 1
@@ -353,21 +359,28 @@ class Memory:
         """Apply the log's operations (open): the writes acknowledged after the last save. Returns their count."""
         self._replaying = True
         try:
-            for op in ops:
-                kind = op.get("op")
-                if kind == "add":
-                    self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")),
-                             seqs=op["seqs"])
-                elif kind == "put":
-                    self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
-                                vectors=vectors_from_log(op.get("vectors")))
-                elif kind == "delete":
-                    self.delete(op["ids"], missing_ok=True, keep_history=bool(op.get("keep_history")))
-                else:
-                    raise MemoryFormatError(f"{self._path}: the memory's log holds an unknown operation {kind!r}")
+            with scope.inside_scope():  # (the log replays the memory's own writes, scoped or not)
+                for op in ops:
+                    self._replay_one(op)
         finally:
             self._replaying = False
         return len(ops)
+
+    def _replay_one(self, op: dict[str, Any]) -> None:
+        kind = op.get("op")
+        if kind == "add":
+            self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")), seqs=op["seqs"])
+        elif kind == "put":
+            self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
+                        vectors=vectors_from_log(op.get("vectors")))
+        elif kind == "delete":
+            self._replay_at = op.get("at")
+            try:
+                self.delete(op["ids"], missing_ok=True, keep_history=bool(op.get("keep_history")))
+            finally:
+                self._replay_at = None
+        else:
+            raise MemoryFormatError(f"{self._path}: the memory's log holds an unknown operation {kind!r}")
 
     # ------------------------------------------------------------------ writes
     def add(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None,
@@ -401,9 +414,12 @@ class Memory:
         RecordError
             A malformed record, or an id that already exists (nothing is added).
         """
+        if self._guard_scope:
+            scope.require("add")
         with self._write_lock:
             self._check_writable()
-            batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
+            batch = records if isinstance(records, RecordBatch) else to_batch(
+                records, time_unit, stamp=self.stamp)  # ids and times decided here
             if not len(batch):
                 return 0
             self._purge_expired()
@@ -447,7 +463,8 @@ class Memory:
 
         Returns
         -------
-        int: the number of records given (a record left as it was counts too).
+        int: the number of records changed (a record the update leaves as it was counts 0: it is not
+        written, gets no new version and no new ``updated_at``).
 
         Raises
         ------
@@ -470,19 +487,23 @@ class Memory:
 
         Returns
         -------
-        int: the number of records given.
+        int: the number of records added or changed (one left as it was counts 0).
         """
         return self._write(records, replace, time_unit, "upsert", seqs)
 
     def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
                seqs: Sequence[int] | np.ndarray | None = None, vectors: Mapping[str, Any] | None = None) -> int:
         token = None
+        if self._guard_scope:
+            scope.require(what)
         with self._write_lock:
             self._check_writable()
             if isinstance(records, RecordBatch):  # validated columns: whole records
                 records = [records.record(i) for i in range(len(records))]
                 replace, time_unit = True, "ms"
-            patches = canonical_records(records, time_unit)
+            # (a replayed version carries its times already: never stamped again)
+            patches = canonical_records(records, time_unit,
+                                        stamp="update" if self._record_times and not self._replaying else None)
             ids = updates.check_ids(patches, what)
             if not ids:
                 return 0
@@ -496,7 +517,7 @@ class Memory:
             current = dict(zip(*self.stored([rid for rid in ids if seq_of[rid] is not None])))
             new, labels, replaced, old = updates.plan(patches, current, replace)
             if not new:
-                return len(ids)
+                return 0
             batch = normalize_records(fold_expiry(new), labels=labels)
             self._note_expiry(batch)
             rseqs = [seq_of[rid] for rid in replaced]
@@ -519,12 +540,11 @@ class Memory:
             except BaseException:
                 self._unlog(token, n)
                 raise
-            for rid, version in old:
-                self._history.push(rid, version)
+            self._history.push_updates(old, new)
             self._unsaved += n
             self._merge_policy(touched | parts)
         self._durable(token)
-        return len(ids)
+        return n
 
     # ------------------------------------------------------------------ vectors
     def _batch_vectors(self, batch: RecordBatch, given: Mapping[str, Any] | None, what: str,
@@ -623,14 +643,23 @@ class Memory:
         self._merge_policy(touched)
         return len(dead)
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
-        """Delete records by id (tombstones, purged by later merges).
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
+               where: Any = None, time_unit: str | None = None) -> int:
+        """Delete records by id, or every record passing ``where`` (tombstones, purged by later merges).
 
         Parameters
         ----------
+        ids : iterable of str, optional
         keep_history : bool
             Keep the records' histories, with the deleted version as their last
-            entry (default: a deleted record's history goes with it).
+            entry (event "delete"; the default); False: a deleted record's history goes with it.
+        where : dict, optional
+            Instead of ids: delete the records passing this filter (an empty one is
+            refused: :meth:`reset` deletes everything). The filter is resolved to
+            ids under the writer's lock and they are deleted as ids are
+            (:mod:`gpuir.memory.bulk`).
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of bare numbers given as times in ``where``.
 
         Returns
         -------
@@ -641,6 +670,10 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
         """
+        if self._guard_scope:
+            scope.require("delete")
+        if where is not None or ids is None:
+            return bulk.delete_where(self, ids, where, keep_history, time_unit)
         with self._write_lock:
             self._check_writable()
             ids = list(dict.fromkeys(id_list(ids, "delete")))
@@ -653,7 +686,9 @@ class Memory:
             ids = [rid for rid, s in zip(ids, seq_of) if s is not None]
             if not ids:
                 return 0
-            token = self._log_write({"op": "delete", "ids": ids, "keep_history": bool(keep_history)}, len(ids))
+            at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
+            token = self._log_write({"op": "delete", "ids": ids, "keep_history": bool(keep_history), "at": at},
+                                    len(ids))
             try:
                 versions = list(zip(*self.stored(ids))) if keep_history else None
                 touched = self._remove(seqs)
@@ -663,7 +698,7 @@ class Memory:
                 raise
             if keep_history:
                 for rid, version in versions:
-                    self._history.push(rid, version)
+                    self._history.push(rid, version, "delete", at)
             else:
                 self._history.drop(ids)
             self._unsaved += len(ids)
@@ -929,6 +964,65 @@ class Memory:
             with self._write_lock:
                 self._merge_paused -= 1
 
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in add order: what
+        ``delete(where=where)`` would delete now."""
+        if self._guard_scope:
+            scope.require("match_ids")
+        snap = self._snap
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        return listing.ids_matching(snap, w)
+
+    def reset(self, confirm: bool = False) -> int:
+        """Delete every record, and every history kept after a delete; the settings stay.
+
+        Every live id is deleted as :meth:`delete` deletes ids (one call, under
+        the writer's lock); then the histories of records deleted earlier with
+        ``keep_history=True`` are forgotten.
+
+        Parameters
+        ----------
+        confirm : bool
+            Must be True (a guard against a slip: nothing else asks).
+
+        Returns
+        -------
+        int: the number of records deleted.
+        """
+        n = bulk.reset(self, confirm)
+        if self._log is not None:
+            self.save()  # the forgotten histories are no operation of the log: a save makes them durable
+        return n
+
+    def scope(self, tenant: str | None = None, agent: str | None = None, session: str | None = None
+              ) -> scope.Scope:
+        """A view confined to a tenant (and/or an agent, a session): every read and write stays inside it,
+        and ids are the tenant's own (:mod:`gpuir.memory.scope`).
+
+        Raises
+        ------
+        ValueError
+            No field named, or an invalid tenant name.
+        """
+        return scope.Scope(self, tenant=tenant, agent=agent, session=session)
+
+    @property
+    def stamp(self) -> str:
+        """How this memory's adds are stamped before they are applied (:func:`~gpuir.memory.intake.to_batch`'s
+        ``stamp``): "add" (ids and times) with ``record_times``, else "id"."""
+        return "add" if self._record_times else "id"
+
+    @property
+    def require_scope(self) -> bool:
+        """Whether unscoped reads and writes of records are refused (see :class:`Memory`)."""
+        return self._require_scope
+
+    def allow_unscoped(self, allow: bool = True) -> None:
+        """Let unscoped reads and writes through in this process, although the memory was made with
+        ``require_scope=True`` (the setting saved stays): for a server that confines every request to
+        its tenant itself, as the service does (:mod:`gpuir.service.store`)."""
+        self._guard_scope = self._require_scope and not allow
+
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (``time`` and ``expires_at`` as ISO 8601 strings).
@@ -940,6 +1034,8 @@ class Memory:
         UnknownIdError
             Unless ``missing_ok`` (then unknown ids give None).
         """
+        if self._guard_scope:
+            scope.require("get")
         ids = id_list(ids, "get")
         with self._commit_lock:
             snap = self._snap
@@ -989,8 +1085,9 @@ class Memory:
         ----------
         where : dict or None
             A filter (:mod:`gpuir.memory.where`); a tenant there is a hard boundary.
-        order_by : {"seq", "time"}
-            Add order, or time (records without a time last); see :mod:`gpuir.memory.listing`.
+        order_by : {"seq", "time", "created_at", "updated_at"}
+            Add order, or time (records without a time last), or the times a memory with
+            ``record_times`` keeps; see :mod:`gpuir.memory.listing`.
         descending : bool
             Newest (or latest-added) first.
         limit : int
@@ -1005,6 +1102,8 @@ class Memory:
         Page
             ``page.records`` (record dicts, times in ISO 8601) and ``page.cursor`` (None on the last page).
         """
+        if self._guard_scope:
+            scope.require("list")
         snap = self._snap
         w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
         fp = listing.fingerprint(where, order_by, descending, time_unit)
@@ -1012,12 +1111,16 @@ class Memory:
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """The number of records passing ``where`` (expired records excluded)."""
+        if self._guard_scope:
+            scope.require("count")
         snap = self._snap
         return listing.count(snap, compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0])
 
     def history(self, id: str) -> list[dict[str, Any]]:
         """The earlier versions of record ``id``, oldest first, as record dicts ([] when none; see
         :mod:`gpuir.memory.history`). The current version is :meth:`get`'s."""
+        if self._guard_scope:
+            scope.require("history")
         if not isinstance(id, str):
             raise TypeError(f"history: the id must be a string, got {type(id).__name__}")
         return self._history.get(id)
@@ -1086,11 +1189,14 @@ class Memory:
                                  f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
                                  "differently. Import into Memory.from_export(path), or pass check_config=False")
         canon = canonical_records(recs, None, labels=labels)
-        with self._write_lock:
-            n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(
-                to_batch(canon, "ms", labels=labels))
+        with self._write_lock, scope.inside_scope():  # an import is of the whole memory, as export
+            if replace:  # every record of the file is now as the file has it (unchanged ones included)
+                self.upsert(canon, replace=True, time_unit="ms")
+                n = len(canon)
+            else:
+                n = self.add(to_batch(canon, "ms", labels=labels, stamp=self.stamp))
             for rid, versions in hists:
-                self._history.restore(rid, canonical_records(versions, None))
+                self._history.restore(rid, canonical_entries(versions))
         if hists and self._log is not None:
             self.save()  # the restored histories are not operations of the log: a save makes them durable
         if vectors is not None:
@@ -1106,7 +1212,8 @@ class Memory:
         mem = cls(analyzer=cfg.get("analyzer", "default"), method=bm.get("method", "lucene"), k1=bm.get("k1", 1.2),
                   b=bm.get("b", 0.75), delta=bm.get("delta", 0.5), partition_days=cfg.get("partition_days", 7.0),
                   merge_factor=cfg.get("merge_factor", 8), merge_min=cfg.get("merge_min", 1024),
-                  history_limit=cfg.get("history_limit", 10))
+                  history_limit=cfg.get("history_limit", 10), require_scope=bool(cfg.get("require_scope", False)),
+                  record_times=bool(cfg.get("record_times", False)))
         mem.import_(path, vectors=vectors)
         return mem
 
@@ -1157,6 +1264,8 @@ class Memory:
         MemoryResults
             ``hits(i)`` gives dicts with id, score, text and the record's fields (times in ISO 8601).
         """
+        if self._guard_scope:
+            scope.require("search")
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
         tiered = warmup.tiered(backend)  # (the compiled engine still starting in this process: NumPy now)
@@ -1321,6 +1430,8 @@ class Memory:
             As :meth:`search`'s: ``hits(i)`` gives dicts with id, score (the cosine, float32), text
             and the record's fields; ties: higher score, then add order.
         """
+        if self._guard_scope:
+            scope.require("search_vectors")
         emb = self._embedding(embedding)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -1369,6 +1480,8 @@ class Memory:
         UnknownIdError
             An id naming no live record.
         """
+        if self._guard_scope:
+            scope.require("vectors")
         emb = self._embedding(embedding)
         ids = id_list(ids, "vectors")
         with self._commit_lock:
@@ -1694,7 +1807,8 @@ class Memory:
                       k1=bm.get("k1", 1.2), b=bm.get("b", 0.75), delta=bm.get("delta", 0.5),
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
                       merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
-                      background_merges=background_merges)
+                      background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)),
+                      record_times=bool(cfg.get("record_times", False)))
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)

@@ -130,8 +130,9 @@ def parse_time(value: Any, what: str = "time", time_unit: str | None = None) -> 
 
 
 def public_record(rec: dict) -> dict:
-    """A record as callers get it: ``time`` and ``expires_at`` as ISO 8601 strings (changed in place; returned)."""
-    for f in ("time", "expires_at"):
+    """A record as callers get it: its times (``time``, ``expires_at``, ``created_at``, ``updated_at``) as ISO 8601
+    strings (changed in place; returned)."""
+    for f in ("time", "expires_at", "created_at", "updated_at"):
         v = rec.get(f)
         if v is not None and not isinstance(v, str):
             rec[f] = format_time(v)

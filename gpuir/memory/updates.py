@@ -15,9 +15,14 @@
 replaces the whole record with the one given (which then needs ``text``).
 :meth:`Memory.upsert <gpuir.memory.Memory.upsert>` updates the ids that exist
 and adds the others (which need ``text``). A record whose merged version equals
-the stored one is left alone (not re-indexed, no history entry); a changed one
-is re-written as one new row (its text analysed again) and moves to the end of
-the add order, as a delete followed by an add would.
+the stored one is left alone (not re-indexed, no history entry, no new
+``updated_at``; the call counts it 0); a changed one is re-written as one new row
+(its text analysed again) with a new ``updated_at`` and its ``created_at`` kept
+(:mod:`gpuir.memory.stamps`), and moves to the end of the add order, as a delete
+followed by an add would. **Why it moves:** the add order is the memory's tie
+order (equal scores rank the earlier-added record first, bit for bit across
+engines) and sequence numbers only grow, so the new version takes the next one;
+``list(order_by="created_at")`` keeps each record's place through its updates.
 """
 
 from __future__ import annotations
@@ -78,6 +83,13 @@ def merge_record(current: Mapping[str, Any], patch: Mapping[str, Any], where: st
     return out
 
 
+def _same(new: dict[str, Any], cur: dict[str, Any]) -> bool:
+    """Whether two canonical versions hold the same record (``updated_at`` aside: it is the change's stamp)."""
+    if len(new) - ("updated_at" in new) != len(cur) - ("updated_at" in cur):
+        return False
+    return all(k == "updated_at" or (k in cur and cur[k] == v) for k, v in new.items())
+
+
 def plan(patches: list[dict[str, Any]], current: dict[str, dict[str, Any]], replace: bool
          ) -> tuple[list[dict[str, Any]], list[str], list[str], list[tuple[str, dict[str, Any]]]]:
     """What a put of ``patches`` writes, given the stored versions ``current`` (id -> canonical record).
@@ -94,14 +106,19 @@ def plan(patches: list[dict[str, Any]], current: dict[str, dict[str, Any]], repl
         rid = p["id"]
         cur = current.get(rid)
         label = f"record {i}"
-        if cur is None:  # a new record (upsert)
-            records.append(dict(p))
+        if cur is None:  # a new record (upsert): added now
+            new = dict(p)
+            if new.get("created_at") is None and new.get("updated_at") is not None:
+                new["created_at"] = new["updated_at"]
+            records.append(new)
             labels.append(label)
             continue
         new = dict(p) if replace else merge_record(cur, p, f"{label} (id {rid!r})")
         if replace:
             new = {k: v for k, v in new.items() if v is not None}
-        if new == cur:
+            if "created_at" not in new and cur.get("created_at") is not None:
+                new["created_at"] = cur["created_at"]  # a replaced record was still added when it was
+        if _same(new, cur):  # nothing changes: nothing is written (no new version, no new updated_at)
             continue
         records.append(new)
         labels.append(label)

@@ -10,7 +10,8 @@ Grammar (JSON; ``docs/memory.md`` has it with examples)::
                | field: { op: value, ... }            every operator must hold (AND)
                | "metadata": { path: value-or-ops, ... }   the same as "metadata.<path>": ...
     field     := "id" | "text" | "session" | "role" | "agent" | "tenant" | "type"
-               | "time" | "expires_at" | "importance" | "metadata.<path>"
+               | "time" | "expires_at" | "created_at" | "updated_at" | "importance"
+               | "metadata.<path>"
     path      := key ( "." key )*                     walks nested metadata objects
     op        := eq | ne | in | nin | gt | gte | lt | lte | contains | exists   ("$eq" etc. also accepted)
 
@@ -34,7 +35,8 @@ lt lte x``     string by code points, time with time), and compared
 
 Fields: ``id`` and ``text`` (always present; strings), ``session``, ``agent``,
 ``tenant``, ``type`` (strings), ``role`` (one of the roles: eq/ne/in/nin/exists),
-``time`` and ``expires_at`` (times: ISO 8601 strings, timezone-aware datetimes,
+``time``, ``expires_at``, ``created_at`` and ``updated_at`` (times, the last two
+kept by a memory with ``record_times``: ISO 8601 strings, timezone-aware datetimes,
 or numbers with ``time_unit``; not ``contains``), ``importance`` (numbers; not
 ``contains``), ``metadata.<path>`` (any JSON value; a path walks objects only: a
 list or scalar met on the way means the key is not present; keys holding a
@@ -83,6 +85,7 @@ from .columns import Interner
 from .expiry import NEVER, expiry_column
 from .records import EXPIRES_KEY, MISSING_TIME, ROLES, STRING_FIELDS, RecordError
 from .segments import Segment, SegView
+from .stamps import STAMP_FIELDS, stamp_column
 from .timeutil import check_time_unit, parse_time
 
 #: Comparison operators.
@@ -93,8 +96,9 @@ _RANGES = ("gt", "gte", "lt", "lte")
 _RANGE = {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less_equal}
 _PYCMP = {"gt": lambda a, b: a > b, "gte": lambda a, b: a >= b, "lt": lambda a, b: a < b,
           "lte": lambda a, b: a <= b}
-_TIMES = ("time", "expires_at")
-_FILTERABLE = ("id", "text") + STRING_FIELDS + ("time", "expires_at", "importance")
+_STAMP_KEYS = frozenset(STAMP_FIELDS.values())
+_TIMES = ("time", "expires_at", "created_at", "updated_at")
+_FILTERABLE = ("id", "text") + STRING_FIELDS + ("time", "expires_at", "created_at", "updated_at", "importance")
 #: Compiled filters kept (least recently used dropped first).
 CACHE_SIZE = 1024
 
@@ -439,6 +443,8 @@ class _Compiler:
                              '"metadata.place.city"')
         if parts[0] == EXPIRES_KEY:
             raise WhereError(f"{what}: filter on the field 'expires_at', not on its storage key")
+        if parts[0] in _STAMP_KEYS:
+            raise WhereError(f"{what}: filter on the field {parts[0][1:]!r}, not on its storage key")
         return parts
 
     def field(self, fld: str, path: tuple[str, ...] | None, v: Any, what: str, top: bool) -> Any:
@@ -633,6 +639,11 @@ def _column(c: Cond, seg: Segment, dicts: dict[str, Interner]):
         if e is None:
             return _NumColumn(np.zeros(seg.n_docs, np.int64), np.zeros(seg.n_docs, dtype=bool))
         return _NumColumn(e, e != NEVER)
+    if c.field in STAMP_FIELDS:
+        col = stamp_column(seg, c.field)
+        if col is None:
+            return _NumColumn(np.zeros(seg.n_docs, np.int64), np.zeros(seg.n_docs, dtype=bool))
+        return _NumColumn(col, col != MISSING_TIME)
     imp = seg.importance
     return _NumColumn(imp, ~np.isnan(imp))
 

@@ -288,7 +288,7 @@ class Catalog:
     def _new_memory(self) -> Memory:
         p = self.memory.params
         return Memory(analyzer=self.analyzer_config, method=p.method, k1=p.k1, b=p.b, delta=p.delta,
-                      partition_days=None)
+                      partition_days=None, history_limit=0)  # derived documents: rewritten, never looked back on
 
     def record_seqs(self, res) -> np.ndarray:
         """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""

@@ -14,7 +14,10 @@ Beyond add, search, get and delete: ``update`` (PATCH: fields merged, metadata
 key by key; ``replace=True``: PUT), ``upsert``, ``list`` (a
 :class:`~gpuir.memory.listing.Page` with a cursor) and ``iter_records`` (every
 page), ``count``, ``history`` and ``export`` (to a file, the exact format of
-:mod:`gpuir.memory.export`), as :class:`gpuir.Memory` has them.
+:mod:`gpuir.memory.export`), ``delete`` by ids or ``where`` (one request;
+unknown ids raise :class:`~gpuir.memory.UnknownIdError` unless
+``missing_ok=True``, as ``Memory.delete`` does) and ``delete_all``, as
+:class:`gpuir.Memory` (and its scopes) have them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ try:
 except ImportError as e:  # pragma: no cover
     raise ImportError("the memory service client needs httpx: pip install 'gpuir[service]'") from e
 
+from ..memory.errors import UnknownIdError
 from ..memory.listing import Page
 from ..results import HitLists
 from .keys import tenant_of_key
@@ -101,6 +105,26 @@ def _patch(rec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if not isinstance(rid, str) or not rid:
         raise ValueError(f"each record needs its 'id' (a non-empty string), got {rid!r}")
     return rid, {k: v for k, v in rec.items() if k != "id"}
+
+
+def _delete_body(ids, missing_ok, where, time_unit) -> dict[str, Any]:
+    if (ids is None) == (where is None):
+        raise TypeError("delete: give ids or where= (not both); delete_all() deletes every record")
+    if where is not None:
+        return {"where": where, **_unit(time_unit)}
+    return {"ids": [ids] if isinstance(ids, str) else list(ids), "missing_ok": bool(missing_ok)}
+
+
+def _deleted(r: httpx.Response) -> int:
+    """The count of a bulk delete's reply; a 404 naming unknown ids is :class:`~gpuir.memory.UnknownIdError`."""
+    if r.status_code == 404:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = None
+        if isinstance(detail, dict) and isinstance(detail.get("unknown_ids"), list):
+            raise UnknownIdError(detail["unknown_ids"], "delete")
+    return int(_check(r)["deleted"])
 
 
 def _unit(time_unit: str | None) -> dict[str, str]:
@@ -217,14 +241,21 @@ class MemoryClient(_Base):
         r = self._http.get(self._rec(id))
         return None if r.status_code == 404 else _check(r)
 
-    def delete(self, ids: str | Iterable[str]) -> int:
-        """Delete records by id; returns how many existed (unknown ids are skipped)."""
-        n = 0
-        for rid in [ids] if isinstance(ids, str) else list(ids):
-            r = self._http.delete(self._rec(rid))
-            if r.status_code != 404:
-                n += int(_check(r)["deleted"])
-        return n
+    def delete(self, ids: str | Iterable[str] | None = None, missing_ok: bool = False, where: Any = None,
+               time_unit: str | None = None) -> int:
+        """Delete records by id, or those passing ``where``, in one request; returns how many were deleted.
+
+        Raises
+        ------
+        UnknownIdError
+            Unless ``missing_ok``: ids the tenant does not hold (nothing is deleted), as ``Memory.delete``.
+        """
+        return _deleted(self._http.post(f"{self._prefix}/delete", json=_delete_body(ids, missing_ok, where,
+                                                                                     time_unit)))
+
+    def delete_all(self) -> int:
+        """Delete every record of the tenant; returns how many."""
+        return _deleted(self._http.post(f"{self._prefix}/delete", json={"all": True}))
 
     def health(self) -> dict[str, Any]:
         """``GET /healthz``."""
@@ -322,13 +353,15 @@ class AsyncMemoryClient(_Base):
         r = await self._http.get(self._url(self._rec(id)), headers=self._headers)
         return None if r.status_code == 404 else _check(r)
 
-    async def delete(self, ids: str | Iterable[str]) -> int:
-        n = 0
-        for rid in [ids] if isinstance(ids, str) else list(ids):
-            r = await self._http.delete(self._url(self._rec(rid)), headers=self._headers)
-            if r.status_code != 404:
-                n += int(_check(r)["deleted"])
-        return n
+    async def delete(self, ids: str | Iterable[str] | None = None, missing_ok: bool = False, where: Any = None,
+                     time_unit: str | None = None) -> int:
+        r = await self._http.post(self._url(f"{self._prefix}/delete"), headers=self._headers,
+                                  json=_delete_body(ids, missing_ok, where, time_unit))
+        return _deleted(r)
+
+    async def delete_all(self) -> int:
+        r = await self._http.post(self._url(f"{self._prefix}/delete"), headers=self._headers, json={"all": True})
+        return _deleted(r)
 
     async def health(self) -> dict[str, Any]:
         return _check(await self._http.get(self._url("/healthz")))

@@ -2,28 +2,24 @@
 
 Each error maps to one HTTP status (see each class); ids are kept internally as
 ``tenant/id`` (:func:`internal_id`) and shown to clients without the prefix
-(:func:`external_hit`).
+(:func:`external_hit`). Tenant names and ids are :mod:`gpuir.memory.scope`'s
+(one rule for the service and a memory's scopes), re-exported here.
 """
 
 from __future__ import annotations
 
 import errno as _errno
-import re
-from typing import Any
 
+from ..memory.scope import SEP, TENANT_RE, ScopeError, check_tenant, external_hit, internal_id
 from ..storage.dirlock import os_error_message
 
 __all__ = ["SEP", "TENANT_RE", "ConflictError", "NotFoundError", "StoreFailedError", "TenantError",
            "WriteFailedError", "check_tenant", "external_hit", "internal_id", "os_reason", "tenants_own"]
 
-#: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
-#: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
-TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-SEP = "/"
 
-
-class TenantError(ValueError):
-    """A record or filter names another tenant than the request's (HTTP 403)."""
+class TenantError(ScopeError):
+    """A record or filter names another tenant than the request's (HTTP 403); the service's
+    :class:`~gpuir.memory.scope.ScopeError`."""
 
 
 class NotFoundError(KeyError):
@@ -56,24 +52,6 @@ class WriteFailedError(RuntimeError):
 
 class StoreFailedError(RuntimeError):
     """The store stopped accepting writes after an internal failure; restart the server (HTTP 503)."""
-
-
-def check_tenant(tenant: str) -> str:
-    """``tenant`` if it is a valid tenant name (the whole string), else ``ValueError``."""
-    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
-        raise ValueError(f"tenant {tenant!r}: use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit")
-    return tenant
-
-
-def internal_id(tenant: str, rid: str) -> str:
-    return f"{tenant}{SEP}{rid}"
-
-
-def external_hit(hit: dict[str, Any]) -> dict[str, Any]:
-    """A hit or record with the tenant prefix removed from its id."""
-    rid = hit["id"]
-    hit["id"] = rid.split(SEP, 1)[1] if SEP in rid else rid
-    return hit
 
 
 def tenants_own(e: Exception, tenant: str) -> Exception:

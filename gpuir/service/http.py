@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..memory.scope import ScopeError, confine_where
 from .body import parse_body
 from .errors import TenantError, WriteFailedError
 
@@ -47,9 +48,9 @@ def openapi_body(model) -> dict[str, Any]:
 
 
 def force_tenant(where: dict[str, Any] | None, tenant: str, loc: list[Any]) -> dict[str, Any]:
-    w = dict(where or {})
-    if "tenant" in w and w["tenant"] not in (tenant, {"eq": tenant}):
-        raise TenantError(f"{'.'.join(map(str, loc))}.tenant names another tenant than {tenant!r}: "
-                          "a key may search only its own tenant")
-    w["tenant"] = tenant
-    return w
+    """``where`` confined to ``tenant`` (:func:`gpuir.memory.scope.confine_where`: the rule a memory's scopes
+    and the MCP server apply); :class:`TenantError` (403) when it names another tenant."""
+    try:
+        return confine_where(where, {"tenant": tenant}, ".".join(map(str, loc)))
+    except ScopeError as e:
+        raise TenantError(f"{e} (a key may search only its own tenant)") from None

@@ -10,6 +10,8 @@
                                                             or {"updated": 0, "created": 1, "record": {...}}  (create)
     GET    /v1/tenants/{tenant}/records/{id}/history        -> {"versions": [...]}  (oldest first)
     GET    /v1/tenants/{tenant}/export                      -> JSON lines (gpuir.memory.export's format)
+    POST   /v1/tenants/{tenant}/delete  {"ids": [...], "missing_ok": false}
+                                        | {"where": {...}} | {"all": true}   -> {"deleted": n}  (durable)
 
 The tenant is forced into every ``where`` (one naming another tenant is 403) and
 onto every record; ids are the tenant's own. ``PATCH`` merges the fields given
@@ -18,6 +20,15 @@ merges key by key; :mod:`gpuir.memory.updates`); ``PUT`` replaces the record
 (creating it when new). Both are durable on reply, as adds are
 (:mod:`gpuir.service.updates`). ``time_unit`` (query parameter) gives the unit
 of times sent as bare numbers. Cursors are bound to their filter and order.
+
+``POST .../delete`` deletes many records in one request, as ``Memory.delete``
+does (:mod:`gpuir.memory.bulk`): by ``ids`` (an id the tenant does not hold is
+404 naming every such id in ``detail.unknown_ids``, and nothing is deleted,
+unless ``"missing_ok": true``: then they are skipped; the single ``DELETE`` of
+an unknown id is 404 too), by ``where`` (the tenant's records passing it,
+resolved to ids when the request is read and deleted as those ids; a ``where``
+naming another tenant is 403; an empty one is 422), or ``"all": true`` (every
+record of the tenant: a scope's ``delete_all``).
 """
 
 from __future__ import annotations
@@ -77,6 +88,30 @@ def _external_record(obj: dict[str, Any]) -> dict[str, Any]:
     elif "format" not in obj:
         external_hit(obj)
     return obj
+
+
+class BulkDelete(BaseModel):
+    """The body of ``POST .../delete``: exactly one of ids, where, all."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ids: list[str] | None = Field(None, description="the tenant's ids to delete")
+    missing_ok: bool = Field(False, description="skip ids the tenant does not hold (default: 404, nothing deleted)")
+    where: dict[str, Any] | None = Field(None, description="delete the tenant's records passing this filter")
+    all: bool = Field(False, description="delete every record of the tenant")
+    time_unit: TimeUnit | None = None
+
+
+def _matching_ids(mem: Any, where: dict[str, Any], time_unit: str | None) -> list[str]:
+    """Ids of ``mem``'s records passing ``where`` (``Memory.match_ids``; pages of ``list`` for a sharded memory)."""
+    if callable(getattr(mem, "match_ids", None)):
+        return mem.match_ids(where, time_unit)
+    out, cursor = [], None
+    while True:
+        page = mem.list(where, "seq", False, 1000, cursor, time_unit)
+        out += [r["id"] for r in page.records]
+        cursor = page.cursor
+        if cursor is None:
+            return out
 
 
 def records_router(svc: Any, authorize: Any, authorize_read: Any = None) -> APIRouter:
@@ -182,6 +217,49 @@ def records_router(svc: Any, authorize: Any, authorize_read: Any = None) -> APIR
 
         versions = await asyncio.to_thread(svc.store.memory.history, internal_id(tenant, id))
         return {"versions": [external_hit(v) for v in versions]}
+
+    @r.post("/v1/tenants/{tenant}/delete", summary="Delete many records: by ids, by where, or all (durable)",
+            openapi_extra=openapi_body(BulkDelete))
+    async def bulk_delete(request: Request, tenant: str = Depends(authorize)):
+        try:
+            body = await read_body(request, BulkDelete)
+        except BodyError as e:
+            return detail_422(e.detail)
+        given = [k for k in ("ids", "where", "all") if (getattr(body, k) not in (None, False))]
+        if len(given) != 1:
+            return _error(["body"], "give exactly one of ids, where, all (true)")
+        if body.where is not None and not body.where:
+            return _error(["body", "where"], 'an empty where would delete every record: send {"all": true}')
+        if body.ids is not None:
+            ids = list(dict.fromkeys(body.ids))
+            known = await asyncio.to_thread(lambda: [svc.store.get(tenant, i) is not None for i in ids])
+            unknown = [i for i, ok in zip(ids, known) if not ok]
+            if unknown and not body.missing_ok:
+                raise HTTPException(404, {"message": f"delete: {len(unknown)} unknown id(s) in tenant {tenant!r}: "
+                                                     f"{', '.join(repr(i) for i in unknown[:5])} (nothing was "
+                                                     "deleted; send \"missing_ok\": true to skip them)",
+                                          "unknown_ids": unknown})
+            ids = [i for i, ok in zip(ids, known) if ok]
+        else:
+            try:
+                w = force_tenant(body.where, tenant, ["where"])
+            except TenantError as e:
+                raise HTTPException(403, str(e)) from None
+            try:
+                mem, w, internal = svc.store.reader(tenant, w)
+                found = await asyncio.to_thread(_matching_ids, mem, w, body.time_unit)
+            except (WhereError, RecordError) as e:
+                return _error(["body", "where"], str(e))
+            ids = [external_hit({"id": i})["id"] for i in found] if internal else found
+        if not ids:
+            return {"deleted": 0}
+        try:
+            n = await asyncio.wrap_future(svc.store.delete(tenant, ids))
+        except RecordError as e:
+            return _error(["body", "ids"], str(e))
+        except (WriteFailedError, StoreFailedError) as e:
+            raise write_failed(e) from None
+        return {"deleted": n}
 
     @r.get("/v1/tenants/{tenant}/export", summary="Every record of the tenant as JSON lines (exact)")
     async def export_records(tenant: str = Depends(authorize_read)):

@@ -47,6 +47,7 @@ from ..memory import Memory, RecordError
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
 from ..memory.records import RecordBatch, normalize_records
+from ..memory.scope import tenant_where
 from ..storage.dirlock import check_path, is_claimed
 from ..wal import WriteAheadLog, encode_payload, segments
 from .errors import (
@@ -102,36 +103,8 @@ def tenant_batch(batch: RecordBatch, tenant: str) -> RecordBatch:
     return dataclasses.replace(batch, ids=[rid[cut:] for rid in batch.ids])
 
 
-def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
-    """A tenant's ``where`` for the shared memory: conditions on ``id`` name the internal ids ``TENANT/ID``.
-
-    Strings compared with an id are prefixed, in every clause (``$and``, ``$or``,
-    ``$not`` included): ``eq``, ``ne``, ``in``, ``nin`` and the ranges (a common
-    prefix keeps the order of strings). ``contains`` on ``id`` is refused (a
-    substring could match the prefix); anything else is left for
-    :mod:`gpuir.memory.where` to refuse.
-    """
-    if not isinstance(where, dict) or not where:
-        return where
-    pre = (lambda x: internal_id(tenant, x) if isinstance(x, str) else x)
-    out: dict[str, Any] = {}
-    for k, v in where.items():
-        if k in ("$and", "$or") and isinstance(v, list):
-            out[k] = [pooled_where(w, tenant) for w in v]
-        elif k == "$not":
-            out[k] = pooled_where(v, tenant)
-        elif k == "id" and isinstance(v, dict):
-            if "contains" in v or "$contains" in v:
-                from ..memory.where import WhereError
-
-                raise WhereError("where['id']: 'contains' on ids is not available with pooled statistics "
-                                 "(`gpuir serve --statistics pooled`); use eq, in or a range")
-            out[k] = {op: ([pre(x) for x in val] if isinstance(val, list) else pre(val)) for op, val in v.items()}
-        elif k == "id":
-            out[k] = pre(v)
-        else:
-            out[k] = v
-    return out
+#: A tenant's ``where`` for the shared memory (ids prefixed): :func:`gpuir.memory.scope.tenant_where`.
+pooled_where = tenant_where
 
 
 class StoreOp:
@@ -240,6 +213,7 @@ class ServiceStore:
                 check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
             self.memory = Memory(**{**(memory_options or {}), "durability": "none"})
             self.memory.save(self.root, lock_timeout=lock_timeout)
+        self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
         try:
             self.wal = WriteAheadLog(self.root)
             t0 = time.perf_counter()
@@ -381,7 +355,7 @@ class ServiceStore:
             check_record(r, i)
             recs.append({**r, "id": internal_id(tenant, rid), "tenant": tenant})
         try:  # times become epoch ms once, here: the log holds them so (replayed with time_unit="ms")
-            recs = canonical_records(recs, time_unit)
+            recs = canonical_records(recs, time_unit, stamp=self.memory.stamp)  # (times of record_times: logged)
             batch = normalize_records(fold_expiry(recs))
         except RecordError as e:  # name the tenant's ids, not the internal ones
             raise tenants_own(e, tenant) from None

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..memory import updates as memory_updates
+from ..memory.expiry import now_ms
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
+from ..memory.stamps import stamp_records
 from ..wal import encode_payload
 from .errors import (
     SEP,
@@ -72,12 +74,15 @@ def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str
 def commit_update(store: Any, op: Any) -> None:
     """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread).
 
-    The future gives ``(updated, created)``: records that existed, and records an upsert created."""
+    The future gives ``(updated, created)``: records that existed and changed (one left as it was counts 0,
+    as in ``Memory.update``), and records an upsert created."""
     mem = store.memory
     if store.failed is not None:
         op.future.set_exception(StoreFailedError(store.failed))
         return
     recs = op.records
+    if mem.stamp == "add":  # a memory with record_times: the change's updated_at, decided before it is logged
+        recs = stamp_records(recs, "update", now_ms())
     ids = [r["id"] for r in recs]
     try:
         missing = [rid for rid in ids if rid not in mem]
@@ -97,8 +102,8 @@ def commit_update(store: Any, op: Any) -> None:
     except NotFoundError as e:
         op.future.set_exception(e)
         return
-    if not new:
-        op.future.set_result((len(ids) - created, created))
+    if not new:  # nothing changes (as Memory.update: 0, nothing logged)
+        op.future.set_result((0, 0))
         return
     t0 = time.perf_counter()
     try:
@@ -125,4 +130,4 @@ def commit_update(store: Any, op: Any) -> None:
         if not isinstance(e, Exception):
             raise
         return
-    op.future.set_result((len(ids) - created, created))
+    op.future.set_result((len(new) - created, created))  # (a created record is always new)

@@ -468,3 +468,29 @@ def test_kill9_at_random_points_loses_no_acknowledged_write(tmp_path, level, kil
             model = got
     if level != "none":
         assert acked_total > 50, f"only {acked_total} writes were acknowledged across the kills"
+
+
+def test_scoped_writes_times_and_history_events_replay_exactly(tmp_path):
+    """Issue 36's scopes, generated ids, record times and history events through the log: what the
+    writer decided before applying (ids, times, the event time of an update or a delete) comes back
+    as it was, not re-decided at replay."""
+    d = tmp_path / "mem"
+    m = Memory(require_scope=True, record_times=True)
+    m.save(d)
+    a, b = m.scope(tenant="alice"), m.scope(tenant="bob")
+    a.add([{"text": "alice moved to Berlin"}, {"id": "x", "text": "alice likes tea"}])
+    b.add([{"id": "x", "text": "bob likes coffee"}])  # ids are per tenant
+    time.sleep(0.01)
+    a.update([{"id": "x", "text": "alice likes green tea"}])
+    b.delete(["x"])
+    want_a = (a.get(["x"]), a.history("x"), [r for r in a.list(limit=10).records])
+    want_b = b.history("x")
+    m._log.close()
+    m._log = None
+    m._release_lock(discard_unsaved=True)
+    time.sleep(0.01)
+    m2 = Memory.open(d)
+    a2, b2 = m2.scope(tenant="alice"), m2.scope(tenant="bob")
+    assert (a2.get(["x"]), a2.history("x"), [r for r in a2.list(limit=10).records]) == want_a
+    assert b2.history("x") == want_b and want_b[-1]["event"] == "delete"
+    m2.close()

@@ -115,17 +115,20 @@ class History:
             if self._versions.pop(rid, None) is not None:
                 self.changed = True
 
-    def push_updates(self, old: list[tuple[str, dict[str, Any]]], new: list[dict[str, Any]]) -> None:
+    def push_updates(self, old: list[tuple[str, dict[str, Any]]], new: list[dict[str, Any]],
+                     now: int | None = None) -> None:
         """Keep the versions an update replaced (``old``: (id, version)), each ended at the ``updated_at``
-        of its new version among ``new`` (canonical records)."""
+        of its new version among ``new`` (canonical records), or at ``now`` (epoch ms; default the clock:
+        a memory without record_times; a replayed update passes the time its log frame holds)."""
         at = {r["id"]: r.get("updated_at") for r in new}
-        now = None
         for rid, version in old:
             t = at.get(rid)
-            if t is None:  # a memory without record_times: the clock at the update
-                from .expiry import now_ms
+            if t is None:
+                if now is None:
+                    from .expiry import now_ms
 
-                t = now = now_ms() if now is None else now
+                    now = now_ms()
+                t = now
             self.push(rid, version, "update", t)
 
     def get(self, rid: str) -> list[dict[str, Any]]:

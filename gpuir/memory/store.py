@@ -371,8 +371,12 @@ class Memory:
         if kind == "add":
             self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")), seqs=op["seqs"])
         elif kind == "put":
-            self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
-                        vectors=vectors_from_log(op.get("vectors")))
+            self._replay_at = op.get("at")
+            try:
+                self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
+                            vectors=vectors_from_log(op.get("vectors")))
+            finally:
+                self._replay_at = None
         elif kind == "delete":
             self._replay_at = op.get("at")
             try:
@@ -528,11 +532,12 @@ class Memory:
                 given_of = dict(zip(ids, given.tolist()))
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
             n = len(new)
+            at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
                 token = self._log_write({"op": "put", "cols": batch_to_log(batch), "seqs": given.tolist(),
-                                         "vectors": vectors_to_log(vecs)}, n)
+                                         "vectors": vectors_to_log(vecs), "at": at}, n)
             try:
                 touched = self._remove(rseqs) if replaced else set()
                 added, parts = self._append(batch, given, vecs)
@@ -540,7 +545,7 @@ class Memory:
             except BaseException:
                 self._unlog(token, n)
                 raise
-            self._history.push_updates(old, new)
+            self._history.push_updates(old, new, at)
             self._unsaved += n
             self._merge_policy(touched | parts)
         self._durable(token)

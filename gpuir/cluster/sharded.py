@@ -259,6 +259,9 @@ class ShardedMemory:
     ['t1']
     """
 
+    #: A sharded memory (:class:`gpuir.memory.protocol.MemoryAPI`): ``info()`` holds ``shard_list``.
+    sharded = True
+
     def __init__(self, root: Path, manifest: dict[str, Any], lock: WriterLock, started_ray: bool,
                  restart_timeout: float, call_timeout: float):
         self._path = root
@@ -714,6 +717,67 @@ class ShardedMemory:
                     self._owner[rid] = s
             return len(ids)
 
+    def import_(self, path: str | os.PathLike, vectors: dict | None = None, replace: bool = False,
+                check_config: bool = True) -> int:
+        """Add the records of an export file (:meth:`Memory.export <gpuir.memory.Memory.export>`'s format),
+        all or none, and their histories (see :meth:`Memory.import_ <gpuir.memory.Memory.import_>`).
+
+        The records are written as one add (or, with ``replace``, one upsert): durable
+        in the shards' logs when this returns. The histories go to the shards holding
+        their records, each of which then checkpoints (histories are kept in a
+        memory's files, not in the log).
+
+        Parameters
+        ----------
+        vectors : dict, optional
+            Filled with id -> ndarray (dim,), float32 of the records that carry a vector
+            (a sharded memory keeps no embeddings).
+        replace : bool
+            Records whose ids exist replace them (default: an existing id is an error, nothing is added).
+        check_config : bool
+            Refuse a file exported from a memory with another analyzer or BM25 settings.
+
+        Returns
+        -------
+        int: the number of records imported.
+        """
+        from ..memory.export import read_export
+
+        header, recs, labels, vecs, hists = read_export(path)
+        if check_config:
+            have, got = self.config(), header.get("config") or {}
+            diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
+            if diff:
+                raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
+                                 f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
+                                 f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
+                                 "differently. Pass check_config=False to import it anyway")
+        canon = canonical_records(recs, None, labels=labels)
+        n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(to_batch(canon, "ms",
+                                                                                                 labels=labels))
+        if hists:
+            with self._rw.writing():
+                self._check_open()
+                groups: dict[int, list[tuple[str, list[dict[str, Any]]]]] = {}
+                for rid, versions in hists:
+                    s = self._owner_of_id(rid)
+                    if s is not None:
+                        groups.setdefault(s, []).append((rid, canonical_records(versions, None)))
+                self._gather({s: (lambda s=s, g=g: self._actors[s].restore_history.remote(g))
+                              for s, g in groups.items()}, "import histories")
+        if vectors is not None:
+            vectors.update(vecs)
+        return n
+
+    def merge(self, partition: Any = "all") -> int:
+        """Merge on demand on every shard (see :meth:`Memory.merge <gpuir.memory.Memory.merge>`); returns the
+        merges done. Live records and statistics do not change."""
+        with self._rw.reading():  # merges change no live record: searches may go on
+            self._check_open()
+            got = self._gather({s: (lambda s=s: self._actors[s].merge.remote(partition))
+                                for s in range(self.n_shards)}, "merge")
+        return sum(got.values())
+
     def purge_expired(self) -> int:
         """Delete, on every shard, the records whose ``expires_at`` has passed; returns how many."""
         with self._rw.reading():
@@ -723,8 +787,10 @@ class ShardedMemory:
         dead = [rid for g in ids.values() for rid in g]
         return self.delete(dead, missing_ok=True) if dead else 0
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
+    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
         """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
+
+        ``keep_history`` keeps each record's history on its shard, the deleted version last.
 
         Raises
         ------
@@ -758,7 +824,7 @@ class ShardedMemory:
             if not groups:
                 return 0
             wid = self._wid()
-            answers = self._write({s: write_payload("delete", wid, ids=g, missing_ok=sent_ok)
+            answers = self._write({s: write_payload("delete", wid, ids=g, missing_ok=sent_ok, keep_history=keep_history)
                                    for s, g in groups.items()})
             if self._owner is not None:
                 for g in groups.values():
@@ -807,9 +873,12 @@ class ShardedMemory:
         with self._rw.reading():
             self._check_open()
             s = self._owner_of_id(id)
-            if s is None:
-                return []
-            return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+            if s is not None:
+                return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+            # a deleted record (route "tenant": no owner now) whose history was kept: on one shard
+            got = self._gather({s: (lambda s=s: self._actors[s].history.remote(id)) for s in range(self.n_shards)},
+                               "history")
+            return next((h for _, h in sorted(got.items()) if h), [])
 
     def _one_shard(self, where: Any, time_unit: str | None, what: str) -> int:
         w = compile_wheres(where, 1, {}, time_unit)[0]

@@ -27,7 +27,6 @@ Runs a local Ray runtime on loopback (2 CPUs).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -43,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuir.cluster import runtime  # noqa: E402
+from gpuir.cluster import runtime
 
 
 def answer(req):

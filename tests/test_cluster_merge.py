@@ -138,7 +138,7 @@ class _Err(Exception):
 
 
 FAKE_RAY = types.SimpleNamespace(
-    get=lambda ref, timeout=None: ref, kill=lambda *a, **kw: None, shutdown=lambda: None, nodes=lambda: [],
+    get=lambda ref, timeout=None: ref, kill=lambda *a, **kw: None, shutdown=lambda: None, nodes=list,
     exceptions=types.SimpleNamespace(RayActorError=_Err, GetTimeoutError=_Err, ActorUnavailableError=_Err,
                                      ActorDiedError=_Err))
 

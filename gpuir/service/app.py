@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..memory import RecordError, WhereError
-from ..memory.where import with_time_unit
 from ..memory.protocol import shard_list
+from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
 from .body import BodyError
 from .errors import ConflictError, StoreFailedError, TenantError, WriteFailedError, check_tenant, external_hit

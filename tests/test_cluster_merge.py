@@ -148,7 +148,7 @@ class _NoLock:
         pass
 
 
-def in_process(tmp_path, monkeypatch, shards, route, **opts):
+def in_process(tmp_path, monkeypatch, shards, route, backend="auto", **opts):
     monkeypatch.setattr(runtime, "require_ray", lambda: FAKE_RAY)
     config = Memory(**opts).config()
     root = tmp_path / "sm"
@@ -156,7 +156,8 @@ def in_process(tmp_path, monkeypatch, shards, route, **opts):
     manifest = {"route": route, "shards": shards, "memory": config, "options": {}}
     sm = ShardedMemory(root, manifest, _NoLock(), False, 10.0, 10.0)
     calls: list = []
-    servers = [ShardServer(root / f"shard-{i}", i, create=memory_kwargs(config)) for i in range(shards)]
+    servers = [ShardServer(root / f"shard-{i}", i, create=memory_kwargs(config), backend=backend)
+               for i in range(shards)]
     sm._attach([FakeActor(x, calls) for x in servers])
     return sm, calls
 

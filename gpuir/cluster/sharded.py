@@ -969,12 +969,17 @@ class ShardedMemory:
         """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
 
         Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
-        (``backend`` is each shard's engine: "auto" is the memory's, numba when it imports:
-        :func:`gpuir.backends.resolve_memory_backend`).
-        Each asked shard returns its top k under the tie rule (:mod:`gpuir.memory.hitorder`)
-        with each hit's time; the coordinator merges them under the same rule, so
-        the k kept are the one memory's k (``ties="newest"`` included), then
-        orders them by time when ``order_by="time"``.
+        (``backend`` is each shard's engine: "auto" is the shard's own, CuPy on a shard
+        with a GPU of its own, else :func:`gpuir.backends.resolve_memory_backend`'s).
+
+        Query then fetch: each asked shard answers its questions' top k under the
+        tie rule as arrays (sequence numbers, float32 scores, times), one call per
+        shard for the batch; the coordinator merges them under the same rule
+        (:func:`merge_answers`, :func:`gpuir.memory.hitorder.merge_topk`), so the k
+        kept are the one memory's k (``ties="newest"`` included), orders them by
+        time when ``order_by="time"``, and reads the records of those k only (in
+        the search's answer for a question asked of one shard; else one ``fetch``
+        call per shard holding some: ``meta["fetch_calls"]``).
 
         Raises
         ------

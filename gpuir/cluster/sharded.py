@@ -1049,6 +1049,19 @@ class ShardedMemory:
                      order_by: str) -> tuple[np.ndarray, np.ndarray, list[list[dict[str, Any]]], int]:
         """The merge (:func:`merge_answers`) and the fetch phase: the records of the final k of each question,
         from the answers' inline records or one ``fetch`` call per shard holding the others."""
+        if order_by == "score" and all(len(got[s]["records"]) == len(qis) for s, qis in asked.items()):
+            # every question asked of one shard (its rows are final, best first, records inline): no merge
+            seqs = np.full((B, k), -1, dtype=np.int64)
+            scores = np.full((B, k), -np.inf, dtype=np.float32)
+            hits: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+            for s, qis in asked.items():
+                a = got[s]
+                w = min(k, a["seqs"].shape[1])
+                at = np.asarray(qis, dtype=np.int64)
+                seqs[at, :w], scores[at, :w] = a["seqs"][:, :w], a["scores"][:, :w]
+                for j, q in enumerate(qis):
+                    hits[q] = a["records"][j]
+            return seqs, scores, hits, 0
         m = merge_answers(B, k, asked, got, ties, order_by)
         need: dict[int, list[int]] = {}
         for j in np.flatnonzero(m.record_of < 0).tolist():
@@ -1066,7 +1079,7 @@ class ShardedMemory:
                         raise RuntimeError(f"shard {s} no longer holds record {int(m.seq[j])} found by the search")
                     rid = rec.pop("id")
                     recs[j] = {"id": rid, "score": float(m.score[j]), **rec}
-        hits: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+        hits = [[] for _ in range(B)]
         for j, q in enumerate(m.group.tolist()):
             hits[q].append(recs[j])
         return m.seqs, m.scores, hits, len(need)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from gpuir.cluster import runtime
+from gpuir.cluster.routing import shard_of
 from gpuir.cluster.shard import ShardServer
 from gpuir.cluster.sharded import ShardedMemory, memory_kwargs, merge_answers
 from gpuir.memory import Memory
@@ -193,13 +194,15 @@ def test_query_then_fetch_over_in_process_shards_equals_one_memory(tmp_path, mon
     one = Memory(partition_days=7)
     sm, calls = in_process(tmp_path, monkeypatch, 3, route, partition_days=7)
     try:
-        for i in range(0, len(recs), 150):
-            sm.add(recs[i:i + 150])
-            one.add(recs[i:i + 150])
-        sm.delete([r["id"] for r in recs[::11]])
-        one.delete([r["id"] for r in recs[::11]])
         qs = ["walk lake", "paint group support", "dog", "music trip camp book", "nothing here"]
         tenants = [{"tenant": t} for t in "abcda"]
+        for i in range(0, len(recs), 150):  # searched between writes: each state's statistics, never a stale one
+            sm.add(recs[i:i + 150])
+            one.add(recs[i:i + 150])
+            same(one, sm, qs, k=5)
+            same(one, sm, qs, k=5, where=tenants)
+        sm.delete([r["id"] for r in recs[::11]])
+        one.delete([r["id"] for r in recs[::11]])
         calls.clear()
         got = same(one, sm, qs, k=8)
         assert "fetch" in {c for _, c in calls}  # no where: several shards asked, the final k fetched
@@ -233,5 +236,42 @@ def test_only_the_final_k_are_fetched(tmp_path, monkeypatch):
         res = sm.search(["walk lake dog"], k=4, backend="numpy")
         assert sum(fetched) == 4 == int((res.seqs >= 0).sum())
         assert [c for _, c in calls].count("search") == 2  # one call per asked shard for the batch
+    finally:
+        sm.close()
+
+
+def test_a_state_keeps_one_restated_snapshot_and_a_new_state_gets_a_new_one():
+    from gpuir.memory.termstats import TermStats, restate
+
+    m = Memory()
+    m.add([{"id": "a", "text": "walk by the lake"}, {"id": "b", "text": "a dog"}])
+    snap = m.snapshot()
+    code = {t: int(snap.terms.lookup_many([t])[0]) for t in ("walk", "lake", "dog")}
+    r1 = restate(snap, TermStats(10, 40, {"walk": 5}, version=7))
+    r2 = restate(snap, TermStats(10, 40, {"lake": 3}, version=7))
+    assert r1 is r2 and r2.df[code["walk"]] == 5 and r2.df[code["lake"]] == 3 and r2.n_docs == 10
+    r3 = restate(snap, TermStats(10, 40, {"dog": 2}, version=8))
+    assert r3 is not r1 and r3.df[code["lake"]] == 0 and r3.df[code["dog"]] == 2
+    assert restate(snap, TermStats(10, 40, {"dog": 2})) is not restate(snap, TermStats(10, 40, {"dog": 2}))
+
+
+def test_a_write_that_keeps_n_and_length_still_changes_the_scores(tmp_path, monkeypatch):
+    """Delete one record and add one of the same length with other words: N and the total length are as they
+    were, the df are not; the shards' searches must use the new state's statistics (a new version)."""
+    sm, _ = in_process(tmp_path, monkeypatch, 2, "id")
+    assert [shard_of(f"r{i}", 2) for i in (1, 2, 3, 4, 5, 9)] == [1, 0, 1, 1, 1, 0]
+    one = Memory()
+    recs = [{"id": f"r{i}", "text": t} for i, t in enumerate(
+        ["walk lake", "walk dog", "lake camp", "music book", "dog trip", "walk camp"])]
+    try:
+        for m in (sm, one):
+            m.add(recs)
+        qs = ["walk", "music dog", "lake camp walk"]
+        same(one, sm, qs, k=3)
+        for m in (sm, one):
+            m.delete(["r2"])  # on shard 0, as r9: shard 1 (r1, r3, r4, r5) is not written, its statistics change
+            m.add([{"id": "r9", "text": "walk walk"}])  # two tokens, as "lake camp"
+        assert len(sm) == len(one) == 6
+        same(one, sm, qs, k=3)
     finally:
         sm.close()

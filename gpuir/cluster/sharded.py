@@ -1028,7 +1028,8 @@ class ShardedMemory:
             calls = {}
             for s, qis in asked.items():
                 terms = sorted({t for qi in qis for t in qterms[qi]})
-                ts = TermStats(st.n_docs, st.total_len, {t: int(gdf[pos[t]]) for t in terms})
+                # version: the state (writes so far); a shard reuses its restated snapshot for that state
+                ts = TermStats(st.n_docs, st.total_len, {t: int(gdf[pos[t]]) for t in terms}, version=self._next_wid)
                 self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
                 self.exchange["search_calls"] += 1
                 final = [len(targets_of[qi]) == 1 for qi in qis]  # asked alone: its top k is the answer

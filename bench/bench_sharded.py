@@ -159,7 +159,7 @@ def run(corpus: dict, shards: int | None, args, workdir: Path, want=None) -> dic
         shutil.rmtree(path, ignore_errors=True)
         mem = ShardedMemory.create(path, shards=shards, route=corpus["route"], checkpoint_every=args.checkpoint_every,
                                    **opts)
-    out: dict[str, Any] = {"config": name, "shards": shards}
+    out: dict[str, Any] = {"config": name, "shards": shards, "loadavg_at_start": [round(x, 1) for x in os.getloadavg()]}
     try:
         t_add = 0.0
         n = 0
@@ -232,6 +232,7 @@ def run(corpus: dict, shards: int | None, args, workdir: Path, want=None) -> dic
             r = mem.search(queries[0], k=k, where=None if wheres is None else wheres[0])
             out["one_query_timings_ms"] = {key: round(v * 1e3, 3) for key, v in r.meta["timings"].items()}
             out["one_query_shards_asked"] = len(r.meta["shards_asked"][0])
+            out["one_query_fetch_calls"] = r.meta.get("fetch_calls")  # query-then-fetch: 0 when one shard is asked
         return out if want is not None else (out, (seqs, scores))
     finally:
         if shards is not None:

@@ -85,12 +85,23 @@ def start_shard(root: Path, index: int, checkpoint_every: int, gpu: bool, num_cp
     Ray restarts it (``max_restarts``; -1: always) after its process dies; the
     constructor then reopens the directory and replays the log. Its calls run
     on up to 8 threads (searches never wait for the writer; writes are
-    serialised inside the shard).
+    serialised inside the shard). Calls are plain actor calls: a compiled graph
+    answered 3x faster here but does not survive the death of an actor
+    (``bench/results/ray_transport_vm.json``, ``docs/scaling.md``).
+
+    With ``gpu``, the actor asks Ray for one GPU (``num_gpus=1``: Ray gives it
+    its own device through ``CUDA_VISIBLE_DEVICES``) and serves with the CuPy
+    engine (:class:`ShardServer`'s ``backend="cupy"``).
     """
     ray = require_ray()
     from .shard import ShardServer
 
     cls = ray.remote(ShardServer)
-    return cls.options(num_cpus=num_cpus, num_gpus=1 if gpu else 0, max_restarts=max_restarts, max_task_retries=0,
-                       max_concurrency=8, scheduling_strategy="SPREAD").remote(
-        str(root), index, None, checkpoint_every, lock_timeout)
+    return cls.options(**shard_options(gpu, num_cpus, max_restarts)).remote(
+        str(root), index, None, checkpoint_every, lock_timeout, "cupy" if gpu else "auto")
+
+
+def shard_options(gpu: bool, num_cpus: float, max_restarts: int) -> dict[str, Any]:
+    """The Ray actor options of a shard (one GPU of its own with ``gpu``)."""
+    return {"num_cpus": num_cpus, "num_gpus": 1 if gpu else 0, "max_restarts": max_restarts, "max_task_retries": 0,
+            "max_concurrency": 8, "scheduling_strategy": "SPREAD"}

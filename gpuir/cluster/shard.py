@@ -36,6 +36,11 @@ does it (:mod:`gpuir.wal`).
 **Searches** take the global statistics (:class:`~gpuir.memory.termstats.TermStats`)
 and run on the memory's current snapshot, any number at once
 (:meth:`Memory.search <gpuir.memory.Memory.search>` never waits for the writer).
+They are query-then-fetch: :meth:`ShardServer.search` answers each question's top
+k as three arrays (sequence numbers, float32 scores, times), the coordinator
+merges every shard's arrays, and :meth:`ShardServer.fetch` reads the records of
+the final k only. A question asked of this shard alone gets its records in the
+search's answer (its top k is the answer: no fetch call).
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, persist
-from ..memory.records import STRING_FIELDS, RecordBatch
+from ..memory.hitorder import hit_times
+from ..memory.records import MISSING_TIME, STRING_FIELDS, RecordBatch
 from ..memory.snapshot import Snapshot
 from ..memory.termstats import TermStats
 from ..storage.files import fsync_dir
@@ -97,13 +103,15 @@ def concat_batches(batches: list[RecordBatch]) -> RecordBatch:
 
 
 def write_payload(op: str, wid: int, *, batch: RecordBatch | None = None, seqs: np.ndarray | None = None,
-                  ids: list[str] | None = None, missing_ok: bool = False) -> bytes:
+                  ids: list[str] | None = None, missing_ok: bool = False, keep_history: bool = False) -> bytes:
     """The log payload of one shard write (raises ValueError when a record cannot be logged)."""
     if op in ("add", "update", "upsert"):
         assert batch is not None and seqs is not None
         body = {"op": op, "wid": int(wid), "batch": batch_columns(batch), "seqs": [int(s) for s in seqs]}
     elif op == "delete":
         body = {"op": "delete", "wid": int(wid), "ids": list(ids or []), "missing_ok": bool(missing_ok)}
+        if keep_history:
+            body["keep_history"] = True
     else:
         raise ValueError(f"unknown shard operation {op!r}")
     return encode_payload(body)
@@ -163,11 +171,15 @@ class ShardServer:
     lock_timeout : float
         Seconds to wait for the directory's writer lock (a restarted shard may
         meet its predecessor's lock for a moment).
+    backend : {"auto", "numpy", "numba", "cupy"}
+        The engine of a search that asks for "auto": a shard given a GPU of its
+        own (:func:`gpuir.cluster.runtime.start_shard`) serves with "cupy".
     """
 
     def __init__(self, root: str | os.PathLike, index: int = 0, create: dict[str, Any] | None = None,
-                 checkpoint_every: int = 10_000, lock_timeout: float = 60.0):
+                 checkpoint_every: int = 10_000, lock_timeout: float = 60.0, backend: str = "auto"):
         t0 = time.perf_counter()
+        self.backend = str(backend)
         self.root = Path(root)
         self.index = int(index)
         self.checkpoint_every = int(checkpoint_every)
@@ -239,7 +251,7 @@ class ShardServer:
             elif kind == "upsert":
                 mem.upsert(batch_from_columns(op["batch"]), seqs=op["seqs"])
             elif kind == "delete":
-                mem.delete(op["ids"], missing_ok=True)
+                mem.delete(op["ids"], missing_ok=True, keep_history=bool(op.get("keep_history", False)))
             else:
                 raise persist.MemoryFormatError(f"{self.root}: unknown operation in the shard's log: {kind!r}")
         flush()
@@ -288,7 +300,7 @@ class ShardServer:
                     return {"n": 0, "dn": 0, "dlen": 0, "terms": [], "ddf": np.zeros(0, np.int64),
                             "partitions": partition_keys(mem.snapshot()), "next_seq": mem.next_seq}
                 if len(ids) < len(op["ids"]):
-                    payload = write_payload("delete", wid, ids=ids)
+                    payload = write_payload("delete", wid, ids=ids, keep_history=bool(op.get("keep_history")))
             else:
                 return {"error": ("invalid", f"unknown operation {kind!r}", None)}
             before = mem.snapshot()
@@ -304,7 +316,7 @@ class ShardServer:
                 elif kind == "upsert":
                     mem.upsert(batch, seqs=seqs)
                 elif ids:
-                    mem.delete(ids)
+                    mem.delete(ids, keep_history=bool(op.get("keep_history", False)))
             except BaseException as e:  # validated above, so an internal failure: stop writing
                 self.wal.rollback(mark, n)
                 self.failed = (f"shard {self.index} stopped accepting writes after an internal error "
@@ -416,6 +428,21 @@ class ShardServer:
         """The earlier versions of a record held here, oldest first."""
         return self.memory.history(rid)
 
+    def restore_history(self, hists: list[tuple[str, list[dict[str, Any]]]]) -> int:
+        """Give records their histories (an import's; canonical versions), then checkpoint: the histories are
+        durable in the memory's files when this returns (the log holds records, not histories)."""
+        with self._lock, self.memory._write_lock:
+            for rid, versions in hists:
+                self.memory._history.restore(rid, versions)
+            self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+            self.checkpoint(force=True)
+            return len(hists)
+
+    def merge(self, partition: Any = "all") -> int:
+        """``Memory.merge`` of this shard's memory (live records and statistics unchanged); the merges done."""
+        with self._lock:
+            return self.memory.merge(partition)
+
     def list(self, *args: Any) -> Any:
         """``Memory.list`` of this shard's memory."""
         return self.memory.list(*args)
@@ -438,30 +465,73 @@ class ShardServer:
 
     def search(self, queries: list[str], k: int, wheres: list[Any], mode: str, budgets: list[int | None],
                stats: TermStats, backend: str = "auto", ties: str = "oldest", min_score: float | None = None,
-               time_unit: str | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]]:
-        """Each query's top k here under the global ``stats`` and the tie rule ``ties``.
+               time_unit: str | None = None, final: list[bool] | None = None) -> dict[str, Any]:
+        """Each query's top k here under the global ``stats`` and the tie rule ``ties``, as arrays (the query
+        phase of query-then-fetch: no record is read, except for the queries marked ``final``).
+
+        Parameters
+        ----------
+        final : list of bool, optional
+            Per query: this shard is the only one asked, so its top k is the answer
+            and the hits' records come back in the same call (no fetch phase).
 
         Returns
         -------
-        list of (seqs (m,) int64, scores (m,) float32, times (m,) int64 epoch ms (MISSING_TIME when untimed),
-        hits), host arrays, best first.
+        dict
+            ``seqs`` (b, k') int64 (-1 pads), ``scores`` (b, k') float32 (-inf pads),
+            ``times`` (b, k') int64 epoch ms (MISSING_TIME when untimed or padding), host
+            arrays, each row best first (k' = min(k, this shard's records), at least 1);
+            ``records``: {query position: its hits (``MemoryResults.hits``)} for the final queries.
         """
-        out: list[Any] = [None] * len(queries)
+        B = len(queries)
+        backend = self.backend if backend == "auto" else backend
+        res_of: dict[int | None, tuple[list[int], Any]] = {}
         groups: dict[int | None, list[int]] = {}
         for i, b in enumerate(budgets):
             groups.setdefault(b, []).append(i)
+        width = 1
         for b, idx in groups.items():
             res = self.memory.search([queries[i] for i in idx], k=k, where=[wheres[i] for i in idx],
                                      backend=backend, mode=mode, max_partitions=b, stats=stats, ties=ties,
                                      min_score=min_score, time_unit=time_unit)
-            snap = res.snapshot
-            for j, i in enumerate(idx):
-                ok = np.flatnonzero(res.seqs[j] >= 0)
-                times = np.fromiter((snap.views[v].seg.time[r] for v, r in zip(res.vidx[j][ok].tolist(),
-                                                                              res.rows[j][ok].tolist())),
-                                    dtype=np.int64, count=ok.size)
-                out[i] = (res.seqs[j][ok], res.scores[j][ok], times, res.hits(j))
-        return out
+            res_of[b] = (idx, res)
+            width = max(width, res.seqs.shape[1])
+        seqs = np.full((B, width), -1, dtype=np.int64)
+        scores = np.full((B, width), -np.inf, dtype=np.float32)
+        times = np.full((B, width), MISSING_TIME, dtype=np.int64)
+        records: dict[int, list[dict[str, Any]]] = {}
+        for idx, res in res_of.values():
+            at = np.asarray(idx, dtype=np.int64)
+            w = res.seqs.shape[1]
+            seqs[at, :w], scores[at, :w] = res.seqs, res.scores
+            ok = res.seqs >= 0
+            if ok.any():
+                tw = np.full(res.seqs.shape, MISSING_TIME, dtype=np.int64)
+                tw[ok] = hit_times(res.snapshot, res.vidx[ok], res.rows[ok])
+                times[at, :w] = tw
+            if final is not None:
+                for j, i in enumerate(idx):
+                    if final[i]:
+                        records[i] = res.hits(j)
+        return {"seqs": seqs, "scores": scores, "times": times, "records": records}
+
+    def fetch(self, seqs: Any) -> list[dict[str, Any] | None]:
+        """The records with these sequence numbers (the fetch phase of query-then-fetch).
+
+        Parameters
+        ----------
+        seqs : ndarray, shape (m,), int64, host
+
+        Returns
+        -------
+        list of m dicts (``id``, ``text`` and the record's fields, times in ISO 8601), None where
+        ``seqs[i]`` is no live record here.
+        """
+        from ..memory.timeutil import public_record
+
+        snap = self.memory.snapshot()
+        vi, rows = snap.locate(np.asarray(seqs, dtype=np.int64))
+        return [None if v < 0 else public_record(snap.record(v, r)) for v, r in zip(vi.tolist(), rows.tolist())]
 
     def term_stats(self, queries: list[str]) -> TermStats:
         """This shard's live N, total length and the df of the queries' terms (a DFS phase's report)."""
@@ -474,7 +544,7 @@ class ShardServer:
         mem = self.memory
         snap = mem.snapshot()
         try:
-            backend, reason = resolve_memory_backend("auto")
+            backend, reason = resolve_memory_backend(self.backend)
         except ValueError as e:  # pragma: no cover - an unusable forced backend
             backend, reason = "unavailable", str(e)
         node, gpus = None, []

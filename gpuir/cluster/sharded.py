@@ -58,14 +58,14 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
-from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
+from ..memory.records import RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
 from ..memory.where import compile_wheres
 from ..storage.dirlock import WriterLock, check_path, claim_dir
-from ..topk import topk_order
 from . import layout, runtime
 from .globalstats import GlobalStats
 from .routing import owners, search_targets, shard_of
@@ -132,6 +132,84 @@ class _RWLock:
 
 
 @dataclass
+class Merged:
+    """Each question's final top k, merged from the shards' answers (:func:`merge_answers`).
+
+    Attributes
+    ----------
+    seqs : ndarray, shape (B, k), int64, host
+        Global sequence numbers, -1 pads.
+    scores : ndarray, shape (B, k), float32, host
+        -inf pads.
+    seq, score, group, shard, row, record_of : ndarrays, shape (n,), host
+        The n hits kept, question by question in final order: sequence number (int64),
+        score (float32), question, the shard that holds it, the question's row in
+        that shard's answer, and its index in that answer's inline records (-1: to fetch).
+    """
+
+    seqs: np.ndarray
+    scores: np.ndarray
+    seq: np.ndarray
+    score: np.ndarray
+    group: np.ndarray
+    shard: np.ndarray
+    row: np.ndarray
+    record_of: np.ndarray
+
+
+def merge_answers(B: int, k: int, asked: Mapping[int, Sequence[int]], got: Mapping[int, Mapping[str, Any]],
+                  ties: str = "oldest", order_by: str = "score") -> Merged:
+    """Merge the shards' query-phase answers into each question's top k, vectorised (one sort for the batch).
+
+    Parameters
+    ----------
+    B, k : int
+        Questions in the batch; the width of the result (already min(k, N)).
+    asked : dict shard -> the questions asked of it (positions in the batch), in the order sent
+    got : dict shard -> its answer (:meth:`ShardServer.search <gpuir.cluster.shard.ShardServer.search>`):
+        ``seqs`` (b, k') int64, ``scores`` (b, k') float32, ``times`` (b, k') int64, ``records`` {row: hits}
+        for the rows asked of that shard alone
+    ties, order_by : the tie rule and the order of the kept hits (:mod:`gpuir.memory.hitorder`)
+
+    Returns
+    -------
+    Merged
+    """
+    sq, sc, tm, grp, sh, rw, col = [], [], [], [], [], [], []
+    for s, qis in asked.items():
+        a = got[s]
+        ok = a["seqs"] >= 0
+        r, c = np.nonzero(ok)
+        sq.append(a["seqs"][ok])
+        sc.append(a["scores"][ok])
+        tm.append(a["times"][ok])
+        grp.append(np.asarray(qis, dtype=np.int64)[r])
+        sh.append(np.full(r.size, s, dtype=np.int64))
+        rw.append(r)
+        col.append(c)
+
+    def cat(xs: list[np.ndarray], dtype) -> np.ndarray:
+        return np.concatenate(xs).astype(dtype, copy=False) if xs else np.zeros(0, dtype)
+
+    seq, score, times = cat(sq, np.int64), cat(sc, np.float32), cat(tm, np.int64)
+    group, shard, row, column = cat(grp, np.int64), cat(sh, np.int64), cat(rw, np.int64), cat(col, np.int64)
+    keep, place = merge_topk(seq, score, times, group, k, ties, order_by)
+    seqs = np.full((B, k), -1, dtype=np.int64)
+    scores = np.full((B, k), -np.inf, dtype=np.float32)
+    seqs[group[keep], place] = seq[keep]
+    scores[group[keep], place] = score[keep]
+    inline = np.zeros(keep.size, dtype=bool)
+    if keep.size:
+        for s in asked:
+            recs = got[s].get("records") or {}
+            if recs:
+                rows = np.fromiter(recs.keys(), dtype=np.int64, count=len(recs))
+                inline |= (shard[keep] == s) & np.isin(row[keep], rows)
+    record_of = np.where(inline, column[keep], -1)
+    return Merged(seqs, scores, seq[keep], score[keep], group[keep], shard[keep], row[keep], record_of)
+
+
+@dataclass
 class ShardedResults:
     """Top-k records of a batch of queries over a sharded memory.
 
@@ -180,6 +258,9 @@ class ShardedMemory:
     ...     m.search("support group", k=5, where={"tenant": "conv-26"}).ids(0)
     ['t1']
     """
+
+    #: A sharded memory (:class:`gpuir.memory.protocol.MemoryAPI`): ``info()`` holds ``shard_list``.
+    sharded = True
 
     def __init__(self, root: Path, manifest: dict[str, Any], lock: WriterLock, started_ray: bool,
                  restart_timeout: float, call_timeout: float):
@@ -311,16 +392,9 @@ class ShardedMemory:
             gpu = device == "gpu" or (device == "auto" and gpus >= S)
             cpus = min(1.0, runtime.cluster_cpus() / S)
             self.device = "gpu" if gpu else "cpu"
-            self._actors = [runtime.start_shard(layout.shard_dir(root, i), i, int(opts.get("checkpoint_every", 10_000)),
-                                                gpu, cpus, int(opts.get("max_restarts", -1)), lock_timeout)
-                            for i in range(S)]
-            syncs = self._gather({s: (lambda s=s: self._actors[s].sync.remote(self.route == "tenant"))
-                                  for s in range(S)}, what="start")
-            for s, sy in syncs.items():
-                self._take_sync(s, sy)
-            self._next_seq = max([sy["next_seq"] for sy in syncs.values()], default=0)
-            self._next_wid = max([sy["last_wid"] for sy in syncs.values()], default=0) + 1
-            self._drop_stale_copies(syncs)
+            self._attach([runtime.start_shard(layout.shard_dir(root, i), i, int(opts.get("checkpoint_every", 10_000)),
+                                              gpu, cpus, int(opts.get("max_restarts", -1)), lock_timeout)
+                          for i in range(S)])
             log.info("sharded memory %s: %d shards (%s, route %s), %d records", root, S, self.device, self.route,
                      len(self))
             return self
@@ -331,6 +405,17 @@ class ShardedMemory:
             if started:
                 runtime.require_ray().shutdown()
             raise
+
+    def _attach(self, actors: list[Any]) -> None:
+        """Take the shards' actor handles and read their state (statistics, counters, ids)."""
+        self._actors = list(actors)
+        syncs = self._gather({s: (lambda s=s: self._actors[s].sync.remote(self.route == "tenant"))
+                              for s in range(self.n_shards)}, what="start")
+        for s, sy in syncs.items():
+            self._take_sync(s, sy)
+        self._next_seq = max([sy["next_seq"] for sy in syncs.values()], default=0)
+        self._next_wid = max([sy["last_wid"] for sy in syncs.values()], default=0) + 1
+        self._drop_stale_copies(syncs)
 
     def _drop_stale_copies(self, syncs: dict[int, dict[str, Any]]) -> None:
         """Delete the older copy of a record found on two shards (a tenant move cut short by a crash)."""
@@ -632,6 +717,67 @@ class ShardedMemory:
                     self._owner[rid] = s
             return len(ids)
 
+    def import_(self, path: str | os.PathLike, vectors: dict | None = None, replace: bool = False,
+                check_config: bool = True) -> int:
+        """Add the records of an export file (:meth:`Memory.export <gpuir.memory.Memory.export>`'s format),
+        all or none, and their histories (see :meth:`Memory.import_ <gpuir.memory.Memory.import_>`).
+
+        The records are written as one add (or, with ``replace``, one upsert): durable
+        in the shards' logs when this returns. The histories go to the shards holding
+        their records, each of which then checkpoints (histories are kept in a
+        memory's files, not in the log).
+
+        Parameters
+        ----------
+        vectors : dict, optional
+            Filled with id -> ndarray (dim,), float32 of the records that carry a vector
+            (a sharded memory keeps no embeddings).
+        replace : bool
+            Records whose ids exist replace them (default: an existing id is an error, nothing is added).
+        check_config : bool
+            Refuse a file exported from a memory with another analyzer or BM25 settings.
+
+        Returns
+        -------
+        int: the number of records imported.
+        """
+        from ..memory.export import read_export
+
+        header, recs, labels, vecs, hists = read_export(path)
+        if check_config:
+            have, got = self.config(), header.get("config") or {}
+            diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
+            if diff:
+                raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
+                                 f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
+                                 f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
+                                 "differently. Pass check_config=False to import it anyway")
+        canon = canonical_records(recs, None, labels=labels)
+        n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(to_batch(canon, "ms",
+                                                                                                 labels=labels))
+        if hists:
+            with self._rw.writing():
+                self._check_open()
+                groups: dict[int, list[tuple[str, list[dict[str, Any]]]]] = {}
+                for rid, versions in hists:
+                    s = self._owner_of_id(rid)
+                    if s is not None:
+                        groups.setdefault(s, []).append((rid, canonical_records(versions, None)))
+                self._gather({s: (lambda s=s, g=g: self._actors[s].restore_history.remote(g))
+                              for s, g in groups.items()}, "import histories")
+        if vectors is not None:
+            vectors.update(vecs)
+        return n
+
+    def merge(self, partition: Any = "all") -> int:
+        """Merge on demand on every shard (see :meth:`Memory.merge <gpuir.memory.Memory.merge>`); returns the
+        merges done. Live records and statistics do not change."""
+        with self._rw.reading():  # merges change no live record: searches may go on
+            self._check_open()
+            got = self._gather({s: (lambda s=s: self._actors[s].merge.remote(partition))
+                                for s in range(self.n_shards)}, "merge")
+        return sum(got.values())
+
     def purge_expired(self) -> int:
         """Delete, on every shard, the records whose ``expires_at`` has passed; returns how many."""
         with self._rw.reading():
@@ -641,8 +787,10 @@ class ShardedMemory:
         dead = [rid for g in ids.values() for rid in g]
         return self.delete(dead, missing_ok=True) if dead else 0
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False) -> int:
+    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
         """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
+
+        ``keep_history`` keeps each record's history on its shard, the deleted version last.
 
         Raises
         ------
@@ -676,7 +824,7 @@ class ShardedMemory:
             if not groups:
                 return 0
             wid = self._wid()
-            answers = self._write({s: write_payload("delete", wid, ids=g, missing_ok=sent_ok)
+            answers = self._write({s: write_payload("delete", wid, ids=g, missing_ok=sent_ok, keep_history=keep_history)
                                    for s, g in groups.items()})
             if self._owner is not None:
                 for g in groups.values():
@@ -725,9 +873,12 @@ class ShardedMemory:
         with self._rw.reading():
             self._check_open()
             s = self._owner_of_id(id)
-            if s is None:
-                return []
-            return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+            if s is not None:
+                return self._gather({s: lambda: self._actors[s].history.remote(id)}, "history")[s]
+            # a deleted record (route "tenant": no owner now) whose history was kept: on one shard
+            got = self._gather({s: (lambda s=s: self._actors[s].history.remote(id)) for s in range(self.n_shards)},
+                               "history")
+            return next((h for _, h in sorted(got.items()) if h), [])
 
     def _one_shard(self, where: Any, time_unit: str | None, what: str) -> int:
         w = compile_wheres(where, 1, {}, time_unit)[0]
@@ -818,12 +969,17 @@ class ShardedMemory:
         """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
 
         Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
-        (``backend`` is each shard's engine: "auto" is the memory's, numba when it imports:
-        :func:`gpuir.backends.resolve_memory_backend`).
-        Each asked shard returns its top k under the tie rule (:mod:`gpuir.memory.hitorder`)
-        with each hit's time; the coordinator merges them under the same rule, so
-        the k kept are the one memory's k (``ties="newest"`` included), then
-        orders them by time when ``order_by="time"``.
+        (``backend`` is each shard's engine: "auto" is the shard's own, CuPy on a shard
+        with a GPU of its own, else :func:`gpuir.backends.resolve_memory_backend`'s).
+
+        Query then fetch: each asked shard answers its questions' top k under the
+        tie rule as arrays (sequence numbers, float32 scores, times), one call per
+        shard for the batch; the coordinator merges them under the same rule
+        (:func:`merge_answers`, :func:`gpuir.memory.hitorder.merge_topk`), so the k
+        kept are the one memory's k (``ties="newest"`` included), orders them by
+        time when ``order_by="time"``, and reads the records of those k only (in
+        the search's answer for a question asked of one shard; else one ``fetch``
+        call per shard holding some: ``meta["fetch_calls"]``).
 
         Raises
         ------
@@ -872,45 +1028,62 @@ class ShardedMemory:
             calls = {}
             for s, qis in asked.items():
                 terms = sorted({t for qi in qis for t in qterms[qi]})
-                ts = TermStats(st.n_docs, st.total_len, {t: int(gdf[pos[t]]) for t in terms})
+                # version: the state (writes so far); a shard reuses its restated snapshot for that state
+                ts = TermStats(st.n_docs, st.total_len, {t: int(gdf[pos[t]]) for t in terms}, version=self._next_wid)
                 self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
                 self.exchange["search_calls"] += 1
-                calls[s] = (lambda s=s, qis=qis, ts=ts: self._actors[s].search.remote(
+                final = [len(targets_of[qi]) == 1 for qi in qis]  # asked alone: its top k is the answer
+                calls[s] = (lambda s=s, qis=qis, ts=ts, final=final: self._actors[s].search.remote(
                     [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
-                    min_score, time_unit))
+                    min_score, time_unit, final))
             t2 = time.perf_counter()
             got = self._gather(calls, "search")
-        t3 = time.perf_counter()
-        parts: list[list[tuple[np.ndarray, np.ndarray, list]]] = [[] for _ in range(B)]
-        for s, qis in asked.items():
-            for j, qi in enumerate(qis):
-                parts[qi].append(got[s][j])
-        seqs = np.full((B, k), -1, dtype=np.int64)
-        scores = np.full((B, k), -np.inf, dtype=np.float32)
-        hits: list[list[dict[str, Any]]] = []
-        for qi in range(B):
-            ps = [p for p in parts[qi] if p[0].size]
-            if not ps:
-                hits.append([])
-                continue
-            sq = np.concatenate([p[0] for p in ps])
-            sc = np.concatenate([p[1] for p in ps]).astype(np.float32, copy=False)
-            tm = np.concatenate([p[2] for p in ps])
-            hs = [h for p in ps for h in p[3]]
-            untimed = tm == MISSING_TIME
-            if ties == "newest":  # score desc, timed before untimed, time desc, sequence desc (gpuir.memory.hitorder)
-                order = np.lexsort((-sq, -np.where(untimed, 0, tm), untimed, -sc.astype(np.float64)))[:k]
-            else:
-                order = topk_order(sq, sc, k)
-            if order_by == "time":  # the k chosen, oldest first, untimed last, then add order
-                order = order[np.lexsort((sq[order], np.where(untimed, 0, tm)[order], untimed[order]))]
-            m = order.size
-            seqs[qi, :m], scores[qi, :m] = sq[order], sc[order]
-            hits.append([hs[j] for j in order.tolist()])
+            t3 = time.perf_counter()
+            seqs, scores, hits, fetched = self._merge_fetch(B, k, asked, got, ties, order_by)
         return ShardedResults(seqs, scores, hits, {
             "shards_asked": targets_of, "mode": mode, "max_partitions": budget, "ties": ties,
+            "fetch_calls": fetched,
             "timings": {"plan_s": t2 - t0, "shards_s": t3 - t2, "merge_s": time.perf_counter() - t3,
                         "analyze_s": t1 - t0}})
+
+    def _merge_fetch(self, B: int, k: int, asked: dict[int, list[int]], got: dict[int, dict[str, Any]], ties: str,
+                     order_by: str) -> tuple[np.ndarray, np.ndarray, list[list[dict[str, Any]]], int]:
+        """The merge (:func:`merge_answers`) and the fetch phase: the records of the final k of each question,
+        from the answers' inline records or one ``fetch`` call per shard holding the others."""
+        if order_by == "score" and all(len(got[s]["records"]) == len(qis) for s, qis in asked.items()):
+            # every question asked of one shard (its rows are final, best first, records inline): no merge
+            seqs = np.full((B, k), -1, dtype=np.int64)
+            scores = np.full((B, k), -np.inf, dtype=np.float32)
+            hits: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+            for s, qis in asked.items():
+                a = got[s]
+                w = min(k, a["seqs"].shape[1])
+                at = np.asarray(qis, dtype=np.int64)
+                seqs[at, :w], scores[at, :w] = a["seqs"][:, :w], a["scores"][:, :w]
+                for j, q in enumerate(qis):
+                    hits[q] = a["records"][j]
+            return seqs, scores, hits, 0
+        m = merge_answers(B, k, asked, got, ties, order_by)
+        need: dict[int, list[int]] = {}
+        for j in np.flatnonzero(m.record_of < 0).tolist():
+            need.setdefault(int(m.shard[j]), []).append(j)
+        recs: list[dict[str, Any] | None] = [None] * m.seq.size
+        for j in np.flatnonzero(m.record_of >= 0).tolist():
+            s, row = int(m.shard[j]), int(m.row[j])
+            recs[j] = got[s]["records"][row][int(m.record_of[j])]
+        if need:
+            out = self._gather({s: (lambda s=s, js=js: self._actors[s].fetch.remote(m.seq[js]))
+                                for s, js in need.items()}, "fetch")
+            for s, js in need.items():
+                for j, rec in zip(js, out[s]):
+                    if rec is None:  # pragma: no cover - the read lock keeps every shard at one state
+                        raise RuntimeError(f"shard {s} no longer holds record {int(m.seq[j])} found by the search")
+                    rid = rec.pop("id")
+                    recs[j] = {"id": rid, "score": float(m.score[j]), **rec}
+        hits = [[] for _ in range(B)]
+        for j, q in enumerate(m.group.tolist()):
+            hits[q].append(recs[j])
+        return m.seqs, m.scores, hits, len(need)
 
     # ------------------------------------------------------------------ info, save, close
     def info(self) -> dict[str, Any]:

@@ -164,6 +164,9 @@ class Memory:
     't1'
     """
 
+    #: One memory (:class:`gpuir.memory.protocol.MemoryAPI`); a ``ShardedMemory`` says True.
+    sharded = False
+
     def __init__(self, analyzer: Any = "default", method: str = "lucene", k1: float = 1.2, b: float = 0.75,
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,

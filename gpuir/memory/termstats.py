@@ -28,6 +28,7 @@ Three small hooks allow it; nothing else of the memory changes:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,11 +49,18 @@ class TermStats:
         Sum of their document lengths (tokens).
     df : dict str -> int
         Live document frequency of each term (terms left out count as 0).
+    version : int, optional
+        The collection's state these statistics describe, when the sender numbers
+        its states (a sharded memory's coordinator: its write counter). Two
+        ``TermStats`` with the same version must agree on N, total length and every
+        term's df: a shard then reuses one restated snapshot, with everything it
+        caches, for every search of that state (:func:`restate`).
     """
 
     n_docs: int
     total_len: int
     df: Mapping[str, int] = field(default_factory=dict)
+    version: int | None = None
 
     @property
     def avgdl(self) -> float:
@@ -106,15 +114,32 @@ def restate(snap: Snapshot, stats: TermStats) -> Snapshot:
     weighed, and a search must name every one of its terms in ``stats``.
     """
     stats.check()
-    G = snap.df.shape[0]
-    df = np.zeros(G, dtype=np.int64)  # calloc'ed: untouched pages cost nothing
-    if stats.df:
+    if stats.version is None:
+        out = _restated(snap, stats.n_docs, stats.total_len)
+    else:  # one restated snapshot per state of the collection: its caches (term weights, filters) are reused
+        holder = snap.cached("restated", dict)
+        key = (stats.version, stats.n_docs, stats.total_len)
+        with _restate_lock:
+            cur = holder.get("latest")
+            if cur is None or cur[0] != key:  # only the newest state is kept
+                cur = holder["latest"] = (key, _restated(snap, stats.n_docs, stats.total_len))
+        out = cur[1]
+    if stats.df:  # this search's terms (the same values for every search of one version)
+        G = snap.df.shape[0]
         terms = list(stats.df)
         codes = snap.terms.lookup_many(terms)
         ok = (codes >= 0) & (codes < G)
         vals = np.fromiter((stats.df[t] for t in terms), dtype=np.int64, count=len(terms))
-        df[codes[ok]] = vals[ok]
-    out = Snapshot(snap.version, snap.views, stats.n_docs, stats.total_len, df, snap.params, snap.analyzer_config,
+        out.df[codes[ok]] = vals[ok]
+    return out
+
+
+_restate_lock = threading.Lock()
+
+
+def _restated(snap: Snapshot, n_docs: int, total_len: int) -> Snapshot:
+    df = np.zeros(snap.df.shape[0], dtype=np.int64)  # calloc'ed: untouched pages cost nothing
+    out = Snapshot(snap.version, snap.views, n_docs, total_len, df, snap.params, snap.analyzer_config,
                    snap.window_ms, snap.terms, snap.dicts)
     if hasattr(snap, "expiring"):  # no expires_at ever given: the search need not look for expired rows
         out.expiring = snap.expiring

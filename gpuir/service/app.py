@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..memory import RecordError, WhereError
+from ..memory.protocol import shard_list
 from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
 from .body import BodyError
@@ -340,7 +341,7 @@ class Service:
         from ..retrieve import Retriever
 
         store = self.store
-        if getattr(store, "sharded", False):
+        if store.memory.sharded:  # a Retriever reads one Memory's segments (gpuir.memory.protocol)
             raise LookupError(f"config {name!r}: retriever configs are not served over a sharded memory (omit config "
                               "for exact BM25)")
 
@@ -597,10 +598,10 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         out = {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
                "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
                "replayed_operations": st.replayed}
-        if getattr(st, "sharded", False):  # each shard's records, node, process and device
-            info = await asyncio.to_thread(st.memory.info)
+        if st.memory.sharded:  # each shard's records, node, process and device (gpuir.memory.protocol)
+            shards = await asyncio.to_thread(shard_list, st.memory)
             out["shards"] = [{k: s[k] for k in ("shard", "records", "node", "pid", "device", "backend")}
-                             for s in info["shard_list"]]
+                             for s in shards]
         return out
 
     @app.get("/metrics", summary="Prometheus metrics (text format; operator key)", response_class=Response)

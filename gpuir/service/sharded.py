@@ -66,13 +66,14 @@ class _Pending:
 class ShardedStore(ServiceStore):
     """A sharded memory served durably (see the module docstring); the interface of :class:`ServiceStore`.
 
+    ``memory`` is the :class:`~gpuir.cluster.ShardedMemory` (a :class:`~gpuir.memory.protocol.MemoryAPI`,
+    as a ``ServiceStore``'s ``Memory`` is): the service reads it through that protocol.
+
     Raises
     ------
     ValueError
         ``statistics`` other than "pooled", or ``salvage`` (each shard checks its own log at start).
     """
-
-    sharded = True
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,

@@ -336,17 +336,20 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
     and after the next checkpoint's save a crash before the old segments were deleted replayed them again
     over the save that holds them (an id twice: the restart refused)."""
     root = tmp_path / "mem"
+    from gpuir.memory.store import PendingSave
+
     s = ServiceStore(root, checkpoint_every=1, checkpoint_seconds=3600)
-    real = Memory.save
+    real = PendingSave.finish
     calls = []
 
-    def save(self, *a, **k):
+    def finish(self, *a, **k):  # the save's files and commit (written outside the writer's path)
         calls.append(1)
         if len(calls) == 1:
+            self.mem._save_lock.release()  # (as finish does on any failure)
             raise OSError(28, "No space left on device")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(Memory, "save", save)
+    monkeypatch.setattr(PendingSave, "finish", finish)
     monkeypatch.setattr(s.wal, "drop", lambda paths: None)  # the crash comes before the old log is deleted
     s.add("t", [{"id": "a", "text": "x"}]).result(30)  # acknowledged; the checkpoint after it fails
     s.add("t", [{"id": "b", "text": "y"}]).result(30)  # its checkpoint succeeds
@@ -355,7 +358,7 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
         time.sleep(0.01)
     assert s.checkpoints == 1 and len(calls) == 2
     s.close(checkpoint=False)  # the process dies here
-    monkeypatch.setattr(Memory, "save", real)
+    monkeypatch.setattr(PendingSave, "finish", real)
     s2 = ServiceStore(root)
     assert sorted(s2.memory._ids) == ["t/a", "t/b"] and s2.replayed == 0
     s2.close()

@@ -261,6 +261,9 @@ class ShardedMemory:
 
     #: A sharded memory (:class:`gpuir.memory.protocol.MemoryAPI`): ``info()`` holds ``shard_list``.
     sharded = True
+    #: How the service stamps adds before logging them (``Memory.stamp``): ids only -- a sharded memory keeps
+    #: no record times (issue 36's ``record_times`` is a single memory's option for now).
+    stamp = "id"
 
     def __init__(self, root: Path, manifest: dict[str, Any], lock: WriterLock, started_ray: bool,
                  restart_timeout: float, call_timeout: float):

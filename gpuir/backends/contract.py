@@ -78,7 +78,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,6 +87,10 @@ import numpy as np
 
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
+
+# what the memory needs of the engines, re-exported here (it imports nothing else of gpuir.backends
+# but backend selection): BM25 term weights and the per-term bounds of its time partitions
+from .weights import BOUND_SLACK, has_absent_weight, term_weights, weight_bound
 
 
 class SegmentSource(Protocol):
@@ -338,3 +343,38 @@ def engine(name: str) -> SegmentEngine:
 def engine_names() -> tuple[str, ...]:
     """Every engine name :func:`engine` accepts."""
     return tuple(sorted(set(ENGINES) | set(_registry)))
+
+
+# --------------------------------------------------------------------------- routing
+
+#: The engine that serves each concrete backend's segment searches (:func:`engine_for`).
+ROUTES: dict[str, str] = {"numpy": "numpy", "numba": "numba", "cupy": "cupy"}
+
+
+def engine_for(backend: str) -> SegmentEngine:
+    """The engine serving the concrete ``backend`` ("numpy", "numba" or "cupy"): :data:`ROUTES`."""
+    name = ROUTES.get(backend)
+    if name is None:
+        raise ValueError(f"no segment engine for backend {backend!r}: choose one of {', '.join(ROUTES)}")
+    return engine(name)
+
+
+@contextmanager
+def use_engine(backend: str, name: str) -> Iterator[SegmentEngine]:
+    """Route ``backend``'s segment searches to the engine ``name`` inside a ``with`` block (tests and
+    benchmarks compare engines this way: ``with use_engine("numba", "numba-each"): ...``). Process-wide."""
+    if backend not in ROUTES:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(ROUTES)}")
+    got = engine(name)  # (an unknown name fails here)
+    old = ROUTES[backend]
+    ROUTES[backend] = name
+    try:
+        yield got
+    finally:
+        ROUTES[backend] = old
+
+__all__ = [
+    "BOUND_SLACK", "ENGINES", "ROUTES", "AllowList", "QueryBatch", "SegmentEngine", "SegmentHits", "SegmentSet",
+    "SegmentSource", "SegmentViewLike", "engine", "engine_for", "engine_names", "has_absent_weight",
+    "register_engine", "term_weights", "use_engine", "weight_bound",
+]

@@ -1,8 +1,7 @@
-"""A snapshot's segments searched in one compiled call, with the snapshot's weights cached.
+"""The ``"numba"`` engine of the segment-set contract: a snapshot's segments in one compiled call.
 
-:class:`~gpuir.memory.search.SegmentEngine` hands the compiled CPU engine
-(``numba``) every query through :func:`scan_compiled` (a ``where`` as an allow-list per segment):
-one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
+:class:`NumbaSegmentsEngine` (:mod:`gpuir.backends.contract`) hands the compiled CPU engine every
+query through :func:`search_compiled` (a query's allow-list per segment): one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
 segments it may read, largest first, the k-th best score found so far carried
 into each next segment as its pruning bound, the hits merged in the memory's
 order (score descending, then sequence number ascending). The per-segment
@@ -45,17 +44,16 @@ kernels, the same float32 arithmetic, the same tie rule.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
-from ..backends import cpu_segments
-from ..backends.block_layout import read_only as _ro
-from ..backends.numba_backend import shared_pool
-from ..backends.raw_views import check_dtypes
-from ..backends.weights import BOUND_SLACK, has_absent_weight
-from .segments import SegView
-from .snapshot import Snapshot
+from . import cpu_segments
+from .block_layout import read_only as _ro
+from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
+from .numba_backend import shared_pool
+from .raw_views import check_dtypes
+from .segment_engines import segment_scorer
+from .weights import BOUND_SLACK, has_absent_weight
 
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
@@ -90,7 +88,7 @@ class SnapshotLayout:
         on the LongMemEval turns grown to 15 segments).
     """
 
-    def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
+    def __init__(self, snap: SegmentSet, view_ids: tuple[int, ...], scorers: list, caches: list):
         self.max_docs = 1
         self.total_docs = 0
         #: The same segments' arrays by address (:func:`gpuir.backends.cpu_segments.pointer_rows`), made when
@@ -104,7 +102,7 @@ class SnapshotLayout:
         #: The views of the segments, in the list's order (largest first).
         self.order = tuple(view_ids)
         for vi, sc, cache in zip(view_ids, scorers, caches):
-            view: SegView = snap.views[vi]
+            view = snap.views[vi]
             seg = view.seg
             live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
             bl = sc._blocks
@@ -175,7 +173,7 @@ class SnapshotWeights:
         self.layouts: dict[tuple[int, ...], SnapshotLayout] = {}
         self._params: tuple[np.ndarray, np.ndarray, int, bool] | None = None
 
-    def params(self, snap: Snapshot) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    def params(self, snap: SegmentSet) -> tuple[np.ndarray, np.ndarray, int, bool]:
         """(head (11,) float64, fp (6,) float32, method, has_w0): the first 11 entries of
         :func:`~gpuir.backends.cpu_segments.search_segments`'s ``par`` and the weight parameters of a fill,
         under the snapshot's statistics (made once: they do not change while the snapshot lives)."""
@@ -219,32 +217,34 @@ _NO_OFFSETS = np.zeros((1, 1), np.int64)
 _NO_ROWS = np.zeros(0, np.int64)
 
 
-def _allow_lists(snap: Snapshot, layout: SnapshotLayout, jobs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each filtered job's allowed rows in each of the layout's segments (:meth:`gpuir.memory.where.Where.rows`).
+def _allow_lists(layout: SnapshotLayout, view_ids: tuple[int, ...],
+                 batch: QueryBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each filtered query's allowed rows in each of the layout's segments, flattened for the compiled call.
 
     Returns
     -------
-    filt : (B,) bool -- the jobs with a ``where``
-    a_off : (B, segments + 1) int64 -- job i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
+    filt : (B,) bool -- the queries with an allow-list
+    a_off : (B, segments + 1) int64 -- query i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
     allow_flat : (A,) int64
     """
-    B = len(jobs)
+    B = batch.size
     filt = np.zeros(B, np.bool_)
     a_off = np.zeros((B, len(layout.order) + 1), np.int64)
+    pos = {vi: j for j, vi in enumerate(view_ids)}
+    at_of = [pos[vi] for vi in layout.order]
     parts: list[np.ndarray] = []
-    seen: dict = {}  # a filter shared by several jobs (one tenant's batch) is evaluated once per segment
+    seen: dict = {}  # an allow-list shared by several queries (one tenant's batch) is flattened once
     at = 0
-    for i, job in enumerate(jobs):
-        w = job.where
-        if w is None:
+    for i, al in enumerate(batch.allow or ()):
+        if al is None:
             continue
         filt[i] = True
-        got = seen.get(id(w))
+        got = seen.get(id(al))
         if got is None:
-            rows = [w.rows(snap.views[vi], snap.dicts) for vi in layout.order]
+            rows = [al[j] for j in at_of]
             off = np.zeros(len(rows) + 1, np.int64)
             np.cumsum([r.size for r in rows], out=off[1:])
-            got = seen[id(w)] = (at, off)
+            got = seen[id(al)] = (at, off)
             parts.extend(rows)
             at += int(off[-1])
         a_off[i] = got[0] + got[1]
@@ -252,28 +252,25 @@ def _allow_lists(snap: Snapshot, layout: SnapshotLayout, jobs: list) -> tuple[np
     return filt, a_off, allow_flat
 
 
-def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
-                  threads: int = 1) -> dict[int, tuple[Any, ...]]:
-    """Top-k of each job over the segments ``view_ids`` (a job's ``where`` becomes an allow-list per segment:
-    :meth:`gpuir.memory.where.Where.rows`, computed once per distinct filter and segment).
+class NumbaSegmentsEngine(SegmentEngine):
+    """The contract's ``"numba"`` engine: every query over all the searched segments in one compiled call
+    (:func:`search_compiled`), on the compiled scorer's threads."""
 
-    Returns qi -> (seqs (m,) int64, scores (m,) float32, view positions (m,) int64, rows (m,) int64,
-    postings read), the m <= k hits best first (the caller makes its ``Hits``).
+    name = "numba"
+    backend = "numba"
 
-    ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
-    """
-    out_i, out_f, counts = search_compiled(snap, view_ids, jobs, k, scorer_of, threads)
-    out_seq, out_vi, out_row = out_i
-    out = {}
-    for i, job in enumerate(jobs):
-        m = int(np.count_nonzero(out_seq[i] >= 0))
-        out[job.qi] = (out_seq[i, :m], out_f[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
-    return out
+    def search(self, segset: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int) -> SegmentHits:
+        B = batch.size
+        if not view_ids or not batch.gids.size:
+            return SegmentHits.empty(B, k)
+        threads = segment_scorer(segset.views[view_ids[0]].seg, "numba", segset.params).threads
+        out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=threads)
+        return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
 
 
-def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
+def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int,
                     threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`scan_compiled`'s search, its results as the compiled call leaves them.
+    """Top-k of each query of ``batch`` over the segments ``view_ids``, as the compiled call leaves them.
 
     Returns
     -------
@@ -282,7 +279,8 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
     counts : (B, 4) int64, host -- postings read, then the kernel's counters
         (:func:`gpuir.backends.cpu_segments.search_segments`)
     """
-    B = len(jobs)
+    B = batch.size
+    params = snap.params
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:
         state.searches += 1
@@ -290,7 +288,7 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
         layout = state.layouts.get(view_ids)
         if layout is None:
             order = tuple(sorted(view_ids, key=lambda v: (-snap.views[v].n_live, v)))  # largest first
-            scorers = [scorer_of(vi) for vi in order]
+            scorers = [segment_scorer(snap.views[vi].seg, "numba", params) for vi in order]
             caches = []
             for vi, sc in zip(order, scorers):
                 c = state.caches.get(vi)
@@ -298,40 +296,25 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
                     c = state.caches[vi] = new_cache(sc)
                 caches.append(c)
             layout = state.layouts[view_ids] = SnapshotLayout(snap, order, scorers, caches)
-        all_gids = jobs[0].plan.gids if B == 1 else np.concatenate([j.plan.gids for j in jobs])
-        slots, locs = layout.slots(np.asarray(all_gids, np.int64))
-    if B == 1:
-        p = jobs[0].plan
-        T = len(p.terms)
-        gid = p.gids
-        qi = np.empty(2 + 2 * T, np.int64)
-        qi[0], qi[1] = 0, T
-        qi[2:2 + T] = slots
-        qi[2 + T:] = p.mult
-        qf = np.empty(2 * T + 1, np.float32)
-        qf[:T] = p.idf
-        qf[T:2 * T] = p.w0
-        qf[2 * T] = p.const
-    else:
-        lens = np.fromiter((len(j.plan.terms) for j in jobs), np.int64, B)
-        off = np.zeros(B + 1, np.int64)
-        np.cumsum(lens, out=off[1:])
-        gid = np.concatenate([j.plan.gids for j in jobs]).astype(np.int64, copy=False)
-        qi = np.concatenate([off, slots, np.concatenate([j.plan.mult for j in jobs])]).astype(np.int64, copy=False)
-        qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
-                             np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
-        T = int(off[-1])
-    if all(j.where is None for j in jobs):  # (the common case: nothing to build)
+        gid = np.asarray(batch.gids, np.int64)
+        slots, locs = layout.slots(gid)
+    T = int(gid.size)
+    qi = np.empty(B + 1 + 2 * T, np.int64)
+    qi[:B + 1] = batch.off
+    qi[B + 1:B + 1 + T] = slots
+    qi[B + 1 + T:] = batch.mult
+    qf = np.empty(2 * T + B, np.float32)
+    qf[:T] = batch.idf
+    qf[T:2 * T] = batch.w0
+    qf[2 * T:] = batch.const
+    if not batch.filtered():  # (the common case: nothing to build)
         filt, a_off, allow_flat = (_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS
     else:
-        filt, a_off, allow_flat = _allow_lists(snap, layout, jobs)
+        filt, a_off, allow_flat = _allow_lists(layout, view_ids, batch)
     head, fp, method, has_w0 = state.params(snap)
     par = np.empty(11 + B, np.float64)
     par[:11] = head
-    if B == 1:
-        par[11] = jobs[0].theta
-    else:
-        par[11:] = [j.theta for j in jobs]
+    par[11:] = batch.theta
     cached = not first or B >= BATCH_FILLS
     if cached and T:
         if B == 1:  # a plan's terms are distinct

@@ -1,4 +1,4 @@
-"""The compiled path of Memory.search (gpuir.memory.segscan): every segment of a snapshot in one compiled
+"""The compiled path of Memory.search (gpuir.backends.numba_segments, the contract's "numba" engine): every segment of a snapshot in one compiled
 call, the snapshot's weights cached term by term. Each fast path is compared with the generic path (one
 scorer call per segment) and with a fresh index over the live records (the oracle): one query and a batch,
 the first search of a snapshot (weights computed per posting) and later ones (read from the cache), where
@@ -11,12 +11,20 @@ from _memory_oracle import Model, assert_same, random_query, random_record, rand
 
 from gpuir import Memory
 from gpuir.backends import cpu_segments
-from gpuir.bm25 import METHODS
 from gpuir.backends import numba_segments as segscan
-from gpuir.memory import partitions, store
 from gpuir.backends.contract import use_engine
+from gpuir.bm25 import METHODS
+from gpuir.memory import partitions, store
 
 pytest.importorskip("numba")
+
+
+@pytest.fixture(autouse=True)
+def _every_segment_large(request, monkeypatch):
+    """These memories hold segments of some tens of rows: the block-index path is what they test, so no
+    segment counts as small here (test_small_segments_* test the small-segment path)."""
+    if "small_segments" not in request.node.name:
+        monkeypatch.setattr(segscan, "SMALL_ROWS", 0)
 
 
 def _grown(method: str, seed: int, batches: int = 5, per: int = 40, deletes: bool = True,
@@ -434,7 +442,7 @@ def test_filtered_searches_weigh_on_the_way_and_never_fill(monkeypatch):
             np.testing.assert_array_equal(r.seqs[0], want.seqs[i])
             np.testing.assert_array_equal(r.scores[0], want.scores[i])
     state = snap.cached(("compiled",), segscan.SnapshotWeights)
-    assert state.layouts and all(not lay.filled for lay in state.layouts.values()), "filtered searches filled"
+    assert all(not lay.filled for lay in state.layouts.values()), "filtered searches filled"
     m.search(qs, k=5, backend="numba")
     assert any(lay.filled for lay in state.layouts.values()), "an unfiltered batch fills"
 
@@ -580,3 +588,54 @@ def test_a_filter_every_record_passes_is_the_plain_question(monkeypatch):
     want = forced(None)
     for a in ("seqs", "scores", "vidx", "rows"):
         np.testing.assert_array_equal(getattr(got, a), getattr(want, a), err_msg=f"expired {a}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_small_segments_are_scored_without_setup_and_equal_the_block_path(method, monkeypatch):
+    """An agent's loop (add one record, ask one question): every new one-record segment is small -- scored
+    exhaustively, no scorer or block index made for it -- and the large segments' layout is the previous
+    snapshot's (not rebuilt). Results equal the block-index path's (SMALL_ROWS = 0) and the oracle's bit for
+    bit, with tombstones and filters, for every variant."""
+    m, model, rng = _grown(method, 17, batches=3, per=60, partition_days=None)
+    monkeypatch.setattr(segscan, "SMALL_ROWS", 40)  # the grown segments are large, the loop's are small
+    made: list[int] = []
+    real_init = segscan.SnapshotLayout.__init__
+
+    def counting(self, *a, **kw):
+        made.append(1)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(segscan.SnapshotLayout, "__init__", counting)
+    m.search(random_query(rng), k=5, backend="numba")  # the large segments laid out once
+    made.clear()
+    for step in range(25):
+        rec = random_record(rng, f"loop-{step}")
+        m.add([rec])
+        model.add([rec])
+        if step % 10 == 9:
+            dead = [f"loop-{step - 3}"]
+            m.delete(dead)
+            model.delete(dead)
+        q = random_query(rng)
+        w = random_where(rng) if step % 4 == 3 else None
+        ids, scores = model.search([q], 10, where=[w])
+        got = m.search(q, k=10, where=w, backend="numba")
+        assert_same(got, ids, scores, f"{method} step {step}")
+        with monkeypatch.context() as mp:
+            mp.setattr(segscan, "SMALL_ROWS", 0)
+            block = m.search(q, k=10, where=w, backend="numba")
+        np.testing.assert_array_equal(got.seqs, block.seqs)
+        np.testing.assert_array_equal(got.scores, block.scores)
+        np.testing.assert_array_equal(got.vidx, block.vidx)
+    snap = m.snapshot()
+    small = [v.seg for v in snap.views if v.seg.n_docs <= 40]
+    assert len(small) >= 5, "the loop left small segments"
+    m2, _, rng2 = _grown(method, 18, batches=2, per=60, partition_days=None)
+    m2.search(random_query(rng2), k=5, backend="numba")
+    made.clear()
+    for step in range(10):
+        m2.add([random_record(rng2, f"l2-{step}")])
+        m2.search(random_query(rng2), k=5, backend="numba")
+    assert not made, "a one-record add rebuilt the large segments' layout"
+    assert not any(key[0] == "scorer" for v in m2.snapshot().views if v.seg.n_docs <= 40 for key in v.seg.cache
+                   if isinstance(key, tuple)), "a small segment got a scorer"

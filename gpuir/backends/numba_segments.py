@@ -44,13 +44,14 @@ kernels, the same float32 arithmetic, the same tie rule.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
 from . import cpu_segments
 from .block_layout import read_only as _ro
 from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
-from .numba_backend import shared_pool
+from .numba_backend import default_threads, shared_pool
 from .raw_views import check_dtypes
 from .segment_engines import segment_scorer
 from .weights import BOUND_SLACK, has_absent_weight
@@ -94,21 +95,24 @@ class SnapshotLayout:
         #: The same segments' arrays by address (:func:`gpuir.backends.cpu_segments.pointer_rows`), made when
         #: first searched all at once (valid while :attr:`segs` holds the arrays).
         self.ptrs: np.ndarray | None = None
-        #: Their views' positions in the snapshot.
-        self.vis = np.array(view_ids, np.int64)
+        #: Each segment's slot in the results (its position in the list: the caller maps slots to the
+        #: views of the snapshot searched, so that the next snapshot can search the same list).
+        self.vis = np.arange(len(view_ids), dtype=np.int64)
+        #: Serialises :meth:`slots` of a layout shared by several snapshots.
+        self.lock = threading.Lock()
         #: Whether they all hold one time partition (slices of one stream, alike: see :data:`UNION`).
         self.one_partition = len({snap.views[v].seg.partition for v in view_ids}) == 1
         segs = None
         #: The views of the segments, in the list's order (largest first).
         self.order = tuple(view_ids)
-        for vi, sc, cache in zip(view_ids, scorers, caches):
+        for j, (vi, sc, cache) in enumerate(zip(view_ids, scorers, caches)):
             view = snap.views[vi]
             seg = view.seg
             live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
             bl = sc._blocks
             bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
             seqs = _ro(seg.seqs, np.int64)
-            item = (np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
+            item = (np.int64(j), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
                     seqs, sc._ix, bix, sc._summ, live, cache, bl[7])
             if segs is None:  # the arrays the union reads by address must have the dtypes it reads them as
                 check_dtypes({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": live,
@@ -217,21 +221,22 @@ _NO_OFFSETS = np.zeros((1, 1), np.int64)
 _NO_ROWS = np.zeros(0, np.int64)
 
 
-def _allow_lists(layout: SnapshotLayout, view_ids: tuple[int, ...],
+def _allow_lists(order: tuple[int, ...], view_ids: tuple[int, ...],
                  batch: QueryBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each filtered query's allowed rows in each of the layout's segments, flattened for the compiled call.
+    """Each filtered query's allowed rows in each of the segments ``order`` (view positions, a subset of
+    ``view_ids``, which the batch's allow-lists follow), flattened for the compiled call.
 
     Returns
     -------
     filt : (B,) bool -- the queries with an allow-list
-    a_off : (B, segments + 1) int64 -- query i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
+    a_off : (B, len(order) + 1) int64 -- query i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
     allow_flat : (A,) int64
     """
     B = batch.size
     filt = np.zeros(B, np.bool_)
-    a_off = np.zeros((B, len(layout.order) + 1), np.int64)
+    a_off = np.zeros((B, len(order) + 1), np.int64)
     pos = {vi: j for j, vi in enumerate(view_ids)}
-    at_of = [pos[vi] for vi in layout.order]
+    at_of = [pos[vi] for vi in order]
     parts: list[np.ndarray] = []
     seen: dict = {}  # an allow-list shared by several queries (one tenant's batch) is flattened once
     at = 0
@@ -252,6 +257,76 @@ def _allow_lists(layout: SnapshotLayout, view_ids: tuple[int, ...],
     return filt, a_off, allow_flat
 
 
+#: Segments of at most this many rows are *small*: scored exhaustively, document at a time, from their
+#: postings as they are (:func:`gpuir.backends.cpu_segments.search_small`), with no scorer, block index or
+#: weight cache made for them -- an agent's memory makes a one-record segment with every ``add``, and the
+#: search after it pays nothing to set one up. The results are the same bits (tested with 0: every segment
+#: through the block-index path).
+SMALL_ROWS = 1024
+
+# an uncached search never reads a weight cache: a shared layout's segments carry these empty ones
+_NO_CACHE = (np.empty(0, np.float32), np.empty(0, np.float32), np.empty(0, np.float64), np.empty(0, np.bool_),
+             np.empty(0, np.bool_), np.zeros(0, np.bool_))
+
+
+def _small_item(view) -> tuple:
+    """The tuple :func:`~gpuir.backends.cpu_segments.search_small` reads of a small segment's view (kept in
+    the segment's cache with the tombstones it was made for)."""
+    seg = view.seg
+    live = view.live
+    got = seg.cache.get(("numba", "small"))
+    if got is not None and got[0] is live:
+        return got[1]
+    csr = seg.csr
+    ix = (_ro(csr.offsets, np.int64), _ro(csr.doc_ids, np.int32), _ro(csr.tfs, np.int32), _ro(csr.doc_lens, np.int32))
+    item = (_ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64), _ro(seg.seqs, np.int64), ix,
+            _NO_BOOL if live is None else _ro(live, np.bool_))
+    seg.cache[("numba", "small")] = (live, item)
+    return item
+
+
+_small_lock = threading.Lock()
+_small_lists: dict[tuple[int, ...], tuple[tuple, Any]] = {}  # item ids -> (items, typed list): the latest few
+
+
+def _small_list(items: list[tuple]):
+    """A typed list of the small segments' ``items``: the one the previous snapshot made when it is the same,
+    or that one extended by the newest segment (one compiled call), else made item by item."""
+    key = tuple(map(id, items))
+    with _small_lock:
+        got = _small_lists.get(key)
+        prev = _small_lists.get(key[:-1]) if got is None else None
+    if got is not None:
+        return got[1]
+    if prev is not None:
+        lst = cpu_segments.list_extended(prev[1], items[-1])
+    else:
+        lst = cpu_segments.segment_list(items[0])
+        for it in items[1:]:
+            cpu_segments.segment_list_append(lst, it)
+    with _small_lock:
+        _small_lists[key] = (tuple(items), lst)  # (the items kept alive: their ids stay theirs)
+        while len(_small_lists) > 8:
+            del _small_lists[next(iter(_small_lists))]
+    return lst
+
+
+def _shared_layout(snap: SegmentSet, order: tuple[int, ...]) -> SnapshotLayout:
+    """The layout of the large segments ``order`` for a search that reads no weight cache, shared by every
+    snapshot holding the same segments with the same tombstones: kept in the largest segment's cache (the
+    latest one only), so a write that leaves the large segments alone costs the next search no layout."""
+    views = [snap.views[v] for v in order]
+    key = tuple((id(v.seg), id(v.live)) for v in views)
+    holder = views[0].seg.cache
+    got = holder.get(("numba", "layout"))
+    if got is not None and got[0] == key:
+        return got[1]
+    scorers = [segment_scorer(v.seg, "numba", snap.params) for v in views]
+    layout = SnapshotLayout(snap, order, scorers, [_NO_CACHE] * len(order))
+    holder[("numba", "layout")] = (key, layout, [(v.seg, v.live) for v in views])  # (ids stay theirs)
+    return layout
+
+
 class NumbaSegmentsEngine(SegmentEngine):
     """The contract's ``"numba"`` engine: every query over all the searched segments in one compiled call
     (:func:`search_compiled`), on the compiled scorer's threads."""
@@ -263,14 +338,18 @@ class NumbaSegmentsEngine(SegmentEngine):
         B = batch.size
         if not view_ids or not batch.gids.size:
             return SegmentHits.empty(B, k)
-        threads = segment_scorer(segset.views[view_ids[0]].seg, "numba", segset.params).threads
-        out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=threads)
+        out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=default_threads())
         return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
 
 
 def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int,
                     threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Top-k of each query of ``batch`` over the segments ``view_ids``, as the compiled call leaves them.
+    """Top-k of each query of ``batch`` over the segments ``view_ids``, as the compiled calls leave them.
+
+    The large segments go through one call of :func:`gpuir.backends.cpu_segments.search_segments` (block
+    index, pruning, the snapshot's weight cache from its second search on), the small ones
+    (:data:`SMALL_ROWS`) through one call of :func:`gpuir.backends.cpu_segments.search_small`, which merges
+    their hits into the first call's.
 
     Returns
     -------
@@ -281,23 +360,68 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     """
     B = batch.size
     params = snap.params
+    views = snap.views
+    big = tuple(sorted((v for v in view_ids if views[v].seg.n_docs > SMALL_ROWS),
+                       key=lambda v: (-views[v].n_live, v)))  # largest first
+    small = tuple(v for v in view_ids if views[v].seg.n_docs <= SMALL_ROWS)
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:
         state.searches += 1
         first = state.searches == 1
-        layout = state.layouts.get(view_ids)
-        if layout is None:
-            order = tuple(sorted(view_ids, key=lambda v: (-snap.views[v].n_live, v)))  # largest first
-            scorers = [segment_scorer(snap.views[vi].seg, "numba", params) for vi in order]
-            caches = []
-            for vi, sc in zip(order, scorers):
-                c = state.caches.get(vi)
-                if c is None:
-                    c = state.caches[vi] = new_cache(sc)
-                caches.append(c)
-            layout = state.layouts[view_ids] = SnapshotLayout(snap, order, scorers, caches)
-        gid = np.asarray(batch.gids, np.int64)
-        slots, locs = layout.slots(gid)
+    cached = bool(big) and (not first or B >= BATCH_FILLS)
+    if cached and batch.filtered() and all(a is not None for a in batch.allow):  # type: ignore[union-attr]
+        # every query is filtered (a tenant's search reads its own rows only): filling whole lists would
+        # weigh every tenant's postings; the weights of the rows read are computed on the way instead
+        layout = state.layouts.get(big)
+        if layout is None or not layout.filled:
+            cached = False
+    gid = np.asarray(batch.gids, np.int64)
+    T = int(gid.size)
+    out_i = np.full((3, B, k), -1, np.int64)
+    out_f = np.full((B, k), -np.inf, np.float32)
+    counts = np.zeros((B, 4), np.int64)
+    head, fp, method, has_w0 = state.params(snap)
+    if big:
+        if cached:
+            with state.lock:
+                layout = state.layouts.get(big)
+                if layout is None:
+                    scorers = [segment_scorer(views[vi].seg, "numba", params) for vi in big]
+                    caches = []
+                    for vi, sc in zip(big, scorers):
+                        c = state.caches.get(vi)
+                        if c is None:
+                            c = state.caches[vi] = new_cache(sc)
+                        caches.append(c)
+                    layout = state.layouts[big] = SnapshotLayout(snap, big, scorers, caches)
+                slots, locs = layout.slots(gid)
+        else:
+            layout = _shared_layout(snap, big)
+            with layout.lock:
+                slots, locs = layout.slots(gid)
+        _search_large(state, layout, big, view_ids, batch, k, gid, slots, locs, head, fp, method, has_w0, cached,
+                      threads, out_i, out_f, counts)
+    if small:
+        filt, a_off, allow_flat = ((_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS) \
+            if not batch.filtered() else _allow_lists(small, view_ids, batch)
+        lst = _small_list([_small_item(views[v]) for v in small])
+        cpu_segments.search_small(lst, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
+                                  np.asarray(batch.mult, np.int64), np.asarray(batch.idf, np.float32),
+                                  np.asarray(batch.w0, np.float32), np.asarray(batch.const, np.float32), filt,
+                                  a_off, allow_flat, out_i, out_f, counts)
+    if T:  # list slots -> the views of this snapshot
+        slot_view = np.array(big + small, np.int64)
+        v = out_i[1]
+        np.copyto(v, slot_view[np.maximum(v, 0)], where=v >= 0)
+    return out_i, out_f, counts
+
+
+def _search_large(state: SnapshotWeights, layout: SnapshotLayout, big: tuple[int, ...], view_ids: tuple[int, ...],
+                  batch: QueryBatch, k: int, gid: np.ndarray, slots: np.ndarray, locs: np.ndarray, head: np.ndarray,
+                  fp: np.ndarray, method: int, has_w0: bool, cached: bool, threads: int, out_i: np.ndarray,
+                  out_f: np.ndarray, counts: np.ndarray) -> None:
+    """The large segments' call (:func:`gpuir.backends.cpu_segments.search_segments`), into the outputs."""
+    B = batch.size
     T = int(gid.size)
     qi = np.empty(B + 1 + 2 * T, np.int64)
     qi[:B + 1] = batch.off
@@ -310,12 +434,10 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     if not batch.filtered():  # (the common case: nothing to build)
         filt, a_off, allow_flat = (_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS
     else:
-        filt, a_off, allow_flat = _allow_lists(layout, view_ids, batch)
-    head, fp, method, has_w0 = state.params(snap)
+        filt, a_off, allow_flat = _allow_lists(big, view_ids, batch)
     par = np.empty(11 + B, np.float64)
     par[:11] = head
     par[11:] = batch.theta
-    cached = not first or B >= BATCH_FILLS
     if cached and T:
         if B == 1:  # a plan's terms are distinct
             g_list = gid.tolist()
@@ -328,19 +450,13 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
             u, first_at = np.unique(gid, return_index=True)
             ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
         if u is not None and filt.all() and not layout.filled.issuperset(u.tolist()):
-            # every query is filtered (a tenant's search reads its own rows only): filling whole lists would
-            # weigh every tenant's postings; the weights of the rows read are computed on the way instead
-            cached, u = False, None
+            cached, u = False, None  # (every query filtered: see search_compiled)
         if u is not None:
             with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
                 cpu_segments.fill_segments(layout.segs, fp, method, has_w0,
                                            np.ascontiguousarray(u), np.ascontiguousarray(ui),
                                            np.ascontiguousarray(uw))
                 layout.filled.update(u.tolist())
-    out_i = np.full((3, B, k), -1, np.int64)
-    out_f = np.full((B, k), -np.inf, np.float32)
-    counts = np.zeros((B, 4), np.int64)
-
     union = cached and len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
     if union and layout.ptrs is None:
         layout.ptrs = cpu_segments.pointer_rows(layout.segs)
@@ -362,4 +478,3 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
         pool = shared_pool(threads)
         for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
             fut.result()
-    return out_i, out_f, counts

@@ -9,9 +9,9 @@ import pytest
 from _memory_oracle import Model, assert_same, grow_both, random_query, random_record, random_where
 
 from gpuir import Memory
+from gpuir.backends import use_engine
 from gpuir.bm25 import METHODS
 from gpuir.memory import RecordError, UnknownIdError, WhereError, budget_partitions, fit_decay, format_time
-from gpuir.backends.contract import use_engine
 
 REC = {"id": "a1", "text": "Caroline went to the support group", "session": "S1", "role": "user",
        "agent": "bot", "tenant": "conv-26", "time": "2023-05-08T13:56:00Z", "importance": 0.5, "type": "event",

@@ -13,8 +13,8 @@ pytest.importorskip("numba")
 from gpuir import Memory
 from gpuir.backends import block_layout
 from gpuir.backends.cpu_maxscore import BLOCK
-from gpuir.memory import MemoryFormatError
 from gpuir.backends.segment_engines import segment_scorer
+from gpuir.memory import MemoryFormatError
 from gpuir.memory.segfile import MappedNpz
 from gpuir.memory.segments import Segment
 

@@ -10,9 +10,8 @@ import pytest
 from _memory_oracle import Model, assert_same, random_query, random_record, random_where
 
 from gpuir import Memory
-from gpuir.backends import cpu_segments
+from gpuir.backends import cpu_segments, use_engine
 from gpuir.backends import numba_segments as segscan
-from gpuir.backends.contract import use_engine
 from gpuir.bm25 import METHODS
 from gpuir.memory import partitions, store
 

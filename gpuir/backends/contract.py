@@ -9,7 +9,7 @@ of one segment). Every engine -- the NumPy reference, the compiled CPU engine
     given, for a batch of queries, and return each query's merged top k.**
 
 :meth:`SegmentEngine.search` is that operation; an engine is chosen by name
-(:func:`engine`), never by flags. Callers (the memory, and through it the
+(:func:`gpuir.backends.segment_engine`, :func:`gpuir.backends.engine_for`), never by flags. Callers (the memory, and through it the
 Retriever's lexical channels, the service and the shards) reach scoring only
 through it.
 
@@ -54,7 +54,9 @@ segment set, while it lives: ``segset.cached(key, make)``. Across segment sets
 one): anything keyed by the segments themselves, never by the set. Engines
 are stateless otherwise, and any number of threads may call ``search`` at once.
 
-Engines by name (:data:`ENGINES`; :func:`register_engine` adds one):
+Engines by name (:data:`gpuir.backends.ENGINES`; :func:`register_engine` adds one or replaces a
+built-in; :data:`gpuir.backends.ROUTES` says which serves each backend, :func:`gpuir.backends.use_engine`
+changes it inside a ``with`` block):
 
 ``"numpy"``
     The reference: one :class:`~gpuir.backends.numpy_backend.NumpyScorer` call per segment.
@@ -78,8 +80,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,8 +89,10 @@ import numpy as np
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 
-# what the memory needs of the engines, re-exported here (it imports nothing else of gpuir.backends
-# but backend selection): BM25 term weights and the per-term bounds of its time partitions
+# What the memory needs of the engines, re-exported here (it imports nothing else of gpuir.backends but
+# backend selection): BM25 term weights and the per-term bounds of its time partitions, and the dense
+# kernels of its named embeddings (more at the end of this module).
+from .dense import VECTOR_DTYPES, dense_scores, dense_topk, normalize_rows
 from .weights import BOUND_SLACK, has_absent_weight, term_weights, weight_bound
 
 
@@ -295,35 +298,17 @@ _lock = threading.Lock()
 
 
 def register_engine(name: str, factory: Callable[[], SegmentEngine]) -> None:
-    """Register (or replace) the engine ``name``: ``factory()`` makes it on first use (one instance per name)."""
+    """Register (or replace) the engine ``name``: ``factory()`` makes it on first use (one instance per
+    name), and :func:`gpuir.backends.segment_engine` returns it -- before a built-in of that name (a
+    device engine registers ``"cupy"`` this way)."""
     with _lock:
         _registry[name] = factory
         _instances.pop(name, None)
 
 
-def _builtin(name: str) -> SegmentEngine:
-    if name == "numba":
-        from .numba_segments import NumbaSegmentsEngine
-
-        return NumbaSegmentsEngine()
-    from .segment_engines import PerSegmentEngine
-
-    backend, _, how = name.partition("-")
-    return PerSegmentEngine(name, backend, weighted=how != "stats")
-
-
-#: The engines :func:`engine` knows without registration.
-ENGINES = ("numpy", "numba", "cupy", "numpy-stats", "numba-each", "numba-stats", "cupy-stats")
-
-
-def engine(name: str) -> SegmentEngine:
-    """The engine called ``name`` (:data:`ENGINES`, or one :func:`register_engine` added).
-
-    Raises
-    ------
-    ValueError
-        An unknown name.
-    """
+def registered(name: str, builtin: Callable[[str], SegmentEngine] | None = None) -> SegmentEngine | None:
+    """The one instance of engine ``name``: a registered factory's, else ``builtin(name)``'s when given, else
+    None (:func:`gpuir.backends.segment_engine` passes the built-ins)."""
     got = _instances.get(name)
     if got is not None:
         return got
@@ -331,50 +316,82 @@ def engine(name: str) -> SegmentEngine:
         got = _instances.get(name)
         if got is None:
             factory = _registry.get(name)
-            if factory is None:
-                if name not in ENGINES:
-                    raise ValueError(f"unknown segment engine {name!r}: choose one of "
-                                     f"{', '.join(sorted(set(ENGINES) | set(_registry)))}")
-                factory = lambda: _builtin(name)
-            got = _instances[name] = factory()
+            if factory is not None:
+                got = factory()
+            elif builtin is not None:
+                got = builtin(name)
+            if got is not None:
+                _instances[name] = got
     return got
 
 
-def engine_names() -> tuple[str, ...]:
-    """Every engine name :func:`engine` accepts."""
-    return tuple(sorted(set(ENGINES) | set(_registry)))
+def registered_names() -> tuple[str, ...]:
+    """The names :func:`register_engine` added."""
+    return tuple(_registry)
 
 
-# --------------------------------------------------------------------------- routing
-
-#: The engine that serves each concrete backend's segment searches (:func:`engine_for`).
-ROUTES: dict[str, str] = {"numpy": "numpy", "numba": "numba", "cupy": "cupy"}
-
-
-def engine_for(backend: str) -> SegmentEngine:
-    """The engine serving the concrete ``backend`` ("numpy", "numba" or "cupy"): :data:`ROUTES`."""
-    name = ROUTES.get(backend)
-    if name is None:
-        raise ValueError(f"no segment engine for backend {backend!r}: choose one of {', '.join(ROUTES)}")
-    return engine(name)
+# --------------------------------------------------------------------------- what segment files and vectors need
+# The memory's segment files keep the compiled engine's block index beside the postings, and its named
+# embeddings are scored by the dense kernels: these are the functions it calls for them (imported lazily:
+# numba and CuPy load only when used).
 
 
-@contextmanager
-def use_engine(backend: str, name: str) -> Iterator[SegmentEngine]:
-    """Route ``backend``'s segment searches to the engine ``name`` inside a ``with`` block (tests and
-    benchmarks compare engines this way: ``with use_engine("numba", "numba-each"): ...``). Process-wide."""
-    if backend not in ROUTES:
-        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(ROUTES)}")
-    got = engine(name)  # (an unknown name fails here)
-    old = ROUTES[backend]
-    ROUTES[backend] = name
+def device_arrays():
+    """The CuPy module (dense work on the device); raises where CuPy is missing."""
+    import cupy
+
+    return cupy
+
+
+def first_bad_posting(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, n_docs: int) -> int | None:
+    """The first posting that breaks a segment's rules (rows in [0, n_docs), tf >= 1, rows ascending within a
+    term), -1 when none, found by one compiled pass; None where numba does not import (check in NumPy then).
+
+    ``offsets`` (V+1,) int64, ``doc_ids`` (P,) int32, ``tfs`` (P,) int32, host."""
     try:
-        yield got
-    finally:
-        ROUTES[backend] = old
+        from .cpu_segments import first_bad_posting as fbp
+    except ImportError:
+        return None
+    return int(fbp(offsets, doc_ids, tfs, n_docs))
+
+
+def segment_file_layout(seg: SegmentSource) -> dict[str, np.ndarray]:
+    """The compiled engine's block index of ``seg`` as a segment file keeps it
+    (:func:`gpuir.backends.block_layout.saved_arrays`): the one its numba scorer laid out, else the one its
+    file saved, else laid out now; empty without numba (the file is then written without one)."""
+    from .block_layout import saved_arrays
+
+    lay = None
+    for key, sc in list(seg.cache.items()):
+        if isinstance(key, tuple) and key[:2] == ("scorer", "numba") and getattr(sc, "layout", None) is not None:
+            lay = sc.layout
+            break
+    if lay is None:
+        lay = seg.saved_layout()
+    if lay is None:
+        from .._compat import numba_available
+
+        if not numba_available()[0]:
+            return {}
+        from .block_layout import lay_out_segment
+
+        csr = seg.csr
+        lay = lay_out_segment(csr.offsets, csr.doc_ids, csr.tfs, csr.doc_lens, seg.n_docs)
+        seg.keep_layout(lay)  # type: ignore[attr-defined]
+    return saved_arrays(lay)
+
+
+def segment_layout_from_file(get: Callable[[str], np.ndarray], contains: Callable[[str], bool],
+                             offsets: np.ndarray, n_docs: int) -> Any:
+    """The block index a segment file saved (:func:`gpuir.backends.block_layout.from_saved`), or None."""
+    from .block_layout import from_saved
+
+    return from_saved(get, contains, offsets, n_docs)
+
 
 __all__ = [
-    "BOUND_SLACK", "ENGINES", "ROUTES", "AllowList", "QueryBatch", "SegmentEngine", "SegmentHits", "SegmentSet",
-    "SegmentSource", "SegmentViewLike", "engine", "engine_for", "engine_names", "has_absent_weight",
-    "register_engine", "term_weights", "use_engine", "weight_bound",
+    "BOUND_SLACK", "VECTOR_DTYPES", "AllowList", "QueryBatch", "SegmentEngine", "SegmentHits", "SegmentSet",
+    "SegmentSource", "SegmentViewLike", "dense_scores", "dense_topk", "device_arrays", "first_bad_posting",
+    "has_absent_weight", "normalize_rows", "register_engine", "registered", "registered_names",
+    "segment_file_layout", "segment_layout_from_file", "term_weights", "weight_bound",
 ]

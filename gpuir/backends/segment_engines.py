@@ -27,9 +27,9 @@ import numpy as np
 
 from ..bm25 import BM25Params
 from ..topk import topk_rows_by_id
-from . import make_scorer
 from .base import CollectionStats, Scorer, WeightedQueries
 from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet, SegmentSource
+from .scorers import make_scorer
 
 _build_lock = threading.Lock()
 

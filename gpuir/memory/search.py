@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import contract
+from ..backends import contract, engine_for
 from ..backends.contract import has_absent_weight, term_weights
 from ..topk import topk_order
 from .segments import Segment
@@ -238,14 +238,14 @@ class SnapshotSearch:
     allow-list per segment, :meth:`gpuir.memory.where.Where.rows`, evaluated once
     per distinct filter and segment) and the engine's merged top k back into
     :class:`Hits`. Which engine serves a backend name is the contract's routing
-    (:func:`gpuir.backends.contract.engine_for`). Keeps no state, so any number of
+    (:func:`gpuir.backends.engine_for`). Keeps no state, so any number of
     threads may search at once.
     """
 
     def __init__(self, snap: Snapshot, backend: str):
         self.snap = snap
         self.name = backend
-        self.engine = contract.engine_for(backend)
+        self.engine = engine_for(backend)
 
     def _batch(self, view_ids: tuple[int, ...], plans: list[QueryPlan], wheres: list[Where | None] | None,
                thetas: list[float] | None) -> contract.QueryBatch:

@@ -777,14 +777,9 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
             _g_sift_down(gs, gq, gv, gr, m, 0)
 
 
-@njit(**JIT)
-def list_extended(old, item):
-    """A new typed list: the items of ``old`` (left unchanged: a previous snapshot may still read it), then ``item``."""
-    out = List()
-    for s in old:
-        out.append(s)
-    out.append(item)
-    return out
+#: The arrays :func:`search_small` reads of each small segment, an address and a length each.
+SMALL_COLUMNS = (("g_sorted", np.int64), ("g_order", np.int64), ("seqs", np.int64), ("offsets", np.int64),
+                 ("doc_ids", np.int32), ("tfs", np.int32), ("doc_lens", np.int32), ("live", np.bool_))
 
 
 @njit(**JIT)
@@ -797,9 +792,10 @@ def search_small(small, pos0, par, method, has_w0, k, B, off, gids, mult, idf, w
 
     Parameters
     ----------
-    small : typed list of ``(g_sorted, g_order, seqs, ix, live)`` -- a segment's global codes ascending (V,)
-        int64, the local id of each (V,) int64, its sequence numbers (N,) int64, ``ix`` = (offsets, doc_ids,
-        tfs, doc lengths) and ``live`` (N,) bool or (0,)
+    small : (S, 2 * len(SMALL_COLUMNS)) int64 -- each small segment's :data:`SMALL_COLUMNS` by address and
+        length (:mod:`gpuir.backends.raw_views`: no typed list to make per snapshot; the caller keeps the
+        arrays alive): its global codes ascending, the local id of each, its sequence numbers, offsets,
+        doc_ids, tfs, doc lengths, and its tombstones (empty: every row live)
     pos0 : int -- the hits of small segment j get view slot ``pos0 + j`` in ``out_i[1]``
     par : as :func:`search_segments` (fp first)
     off (B + 1,) int64, gids, mult (T,) int64, idf, w0 (T,) float32, consts (B,) float32 -- each row's terms
@@ -846,10 +842,11 @@ def search_small(small, pos0, par, method, has_w0, k, B, off, gids, mult, idf, w
             gr[size] = out_i[2, i, m]
             _g_sift_up(gs, gq, gv, gr, size)
             size += 1
-        si = -1
-        for s in small:
-            si += 1
-            g_sorted, g_order, seqs, ix, live = s[0], s[1], s[2], s[3], s[4]
+        for si in range(small.shape[0]):
+            p = small[si]
+            g_sorted, g_order, seqs = rv.i64(p[0], p[1]), rv.i64(p[2], p[3]), rv.i64(p[4], p[5])
+            ix = (rv.i64(p[6], p[7]), rv.i32(p[8], p[9]), rv.i32(p[10], p[11]), rv.i32(p[12], p[13]))
+            live = rv.u8(p[14], p[15])
             _local_terms(g_sorted, g_order, gids[a:b], loc[:nq])
             T = 0
             for r in range(nq):
@@ -908,4 +905,4 @@ def _slack(T):
     return 1e-5 + (T + 2) * 2.0**-23
 
 
-__all__ = ["fill_segments", "fill_weights", "list_extended", "locate_terms", "pointer_rows", "pop_sorted", "search_segments", "search_small", "sift_down", "sift_up"]
+__all__ = ["fill_segments", "fill_weights", "locate_terms", "pointer_rows", "pop_sorted", "search_segments", "search_small", "sift_down", "sift_up"]

@@ -44,7 +44,6 @@ kernels, the same float32 arithmetic, the same tie rule.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -269,46 +268,28 @@ _NO_CACHE = (np.empty(0, np.float32), np.empty(0, np.float32), np.empty(0, np.fl
              np.empty(0, np.bool_), np.zeros(0, np.bool_))
 
 
-def _small_item(view) -> tuple:
-    """The tuple :func:`~gpuir.backends.cpu_segments.search_small` reads of a small segment's view (kept in
-    the segment's cache with the tombstones it was made for)."""
+def _small_row(view) -> tuple[np.ndarray, tuple]:
+    """A small segment's view as a row of :func:`~gpuir.backends.cpu_segments.search_small`'s table (its
+    arrays by address), with the arrays it points to (kept in the segment's cache with the tombstones it was
+    made for: the arrays live as long as the segment)."""
     seg = view.seg
     live = view.live
     got = seg.cache.get(("numba", "small"))
     if got is not None and got[0] is live:
-        return got[1]
+        return got[1], got[2]
     csr = seg.csr
-    ix = (_ro(csr.offsets, np.int64), _ro(csr.doc_ids, np.int32), _ro(csr.tfs, np.int32), _ro(csr.doc_lens, np.int32))
-    item = (_ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64), _ro(seg.seqs, np.int64), ix,
-            _NO_BOOL if live is None else _ro(live, np.bool_))
-    seg.cache[("numba", "small")] = (live, item)
-    return item
-
-
-_small_lock = threading.Lock()
-_small_lists: dict[tuple[int, ...], tuple[tuple, Any]] = {}  # item ids -> (items, typed list): the latest few
-
-
-def _small_list(items: list[tuple]):
-    """A typed list of the small segments' ``items``: the one the previous snapshot made when it is the same,
-    or that one extended by the newest segment (one compiled call), else made item by item."""
-    key = tuple(map(id, items))
-    with _small_lock:
-        got = _small_lists.get(key)
-        prev = _small_lists.get(key[:-1]) if got is None else None
-    if got is not None:
-        return got[1]
-    if prev is not None:
-        lst = cpu_segments.list_extended(prev[1], items[-1])
-    else:
-        lst = cpu_segments.segment_list(items[0])
-        for it in items[1:]:
-            cpu_segments.segment_list_append(lst, it)
-    with _small_lock:
-        _small_lists[key] = (tuple(items), lst)  # (the items kept alive: their ids stay theirs)
-        while len(_small_lists) > 8:
-            del _small_lists[next(iter(_small_lists))]
-    return lst
+    arrs = (np.ascontiguousarray(seg.g_sorted, np.int64), np.ascontiguousarray(seg.g_order, np.int64),
+            np.ascontiguousarray(seg.seqs, np.int64), np.ascontiguousarray(csr.offsets, np.int64),
+            np.ascontiguousarray(csr.doc_ids, np.int32), np.ascontiguousarray(csr.tfs, np.int32),
+            np.ascontiguousarray(csr.doc_lens, np.int32),
+            np.zeros(0, np.bool_) if live is None else np.ascontiguousarray(live, np.bool_))
+    check_dtypes(dict(zip((c for c, _ in cpu_segments.SMALL_COLUMNS), arrs)), cpu_segments.SMALL_COLUMNS)
+    row = np.zeros(2 * len(arrs), np.int64)
+    for j, a in enumerate(arrs):
+        row[2 * j] = a.ctypes.data if a.size else 0
+        row[2 * j + 1] = a.size
+    seg.cache[("numba", "small")] = (live, row, arrs)
+    return row, arrs
 
 
 def _shared_layout(snap: SegmentSet, order: tuple[int, ...]) -> SnapshotLayout:
@@ -404,11 +385,13 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     if small:
         filt, a_off, allow_flat = ((_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS) \
             if not batch.filtered() else _allow_lists(small, view_ids, batch)
-        lst = _small_list([_small_item(views[v]) for v in small])
-        cpu_segments.search_small(lst, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
+        rows = [_small_row(views[v]) for v in small]
+        table = np.stack([r for r, _ in rows])
+        cpu_segments.search_small(table, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
                                   np.asarray(batch.mult, np.int64), np.asarray(batch.idf, np.float32),
                                   np.asarray(batch.w0, np.float32), np.asarray(batch.const, np.float32), filt,
                                   a_off, allow_flat, out_i, out_f, counts)
+        del rows  # (held through the call: the table points into their arrays)
     if T:  # list slots -> the views of this snapshot
         slot_view = np.array(big + small, np.int64)
         v = out_i[1]

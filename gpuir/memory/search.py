@@ -13,26 +13,19 @@ term order), so each live record's score equals its score in the fresh index bit
 for bit, for every variant; document numbers of the fresh index follow the add
 order, which is the sequence-number order used here for ties.
 
-**One engine.** :class:`SegmentEngine` searches each segment through its
-backend's :class:`~gpuir.backends.base.Scorer` (:func:`segment_scorer`): one
-scorer per sealed segment and backend for the segment's lifetime, made on the
-segment's first search and cached on the :class:`~gpuir.memory.segments.Segment`
-(never per snapshot: a segment is laid out once and never re-weighted or
-re-uploaded when later adds change the statistics). Each search passes
-
-* ``stats``: ``CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)``, made
-  once per (snapshot, segment) (:meth:`SegmentEngine.stats`);
-* ``consts``: each query's global ``C`` (terms absent from the segment included);
-* ``live``: the view's tombstones; a ``where`` filter as an allow-list of rows;
-* ``theta`` (scorers with ``supports_theta``): the k-th best score already held
-  (from newer partitions, or from the larger segments of this scan: segments are
-  searched largest first), below which nothing is wanted.
-
-Scorers with ``search_weighted`` (the CPU engines) get each query weighed once
-for all segments -- its slice of the query's terms (local ids, ascending), idf,
-``w0`` and ``C`` under the snapshot's statistics -- instead of term ids plus a
-:class:`~gpuir.backends.base.CollectionStats` (the same numbers; both paths are
-tested to give the same bits).
+**One contract.** Every segment search goes through the segment-set contract
+(:mod:`gpuir.backends.contract`): :class:`SnapshotSearch` hands the engine that
+serves the backend (:func:`gpuir.backends.engine_for`: "numpy", the reference;
+"numba", every segment in one compiled call; "cupy") the snapshot -- its views,
+N, df and avgdl -- and a :class:`~gpuir.backends.contract.QueryBatch`: each
+query's terms as global codes with their idf, ``w0`` and ``C`` under the
+snapshot's statistics (weighed once per snapshot and term, :func:`plan_queries`),
+its bound ``theta`` (the k-th best score already held, from newer partitions),
+and a ``where`` as an allow-list per segment. The engine returns the merged top
+k (score descending, then sequence number ascending); what it keeps per segment
+(scorers, layouts, device copies) lives in the segment's ``cache`` for the
+segment's lifetime, never re-weighted or re-uploaded when later adds change the
+statistics.
 """
 
 from __future__ import annotations
@@ -43,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import bm25
 from ..backends import contract, engine_for
 from ..backends.contract import has_absent_weight, term_weights
 from ..topk import topk_order
@@ -156,8 +150,14 @@ def _weigh_terms(snap: Snapshot, table: dict, toks: list[str]) -> None:
     df = np.zeros(len(toks), np.int64)
     df[ok] = snap.df[gids[ok]]
     ok &= df > 0
-    idf, w0 = term_weights(df[ok], snap.n_docs, snap.params)
-    it = iter(zip(gids[ok].tolist(), idf.tolist(), w0.tolist()))
+    params = snap.params
+    if has_absent_weight(params):
+        idf, w0 = term_weights(df[ok], snap.n_docs, params)
+        w0_list = w0.tolist()
+    else:  # (w0 is read only by bm25l / bm25+: zeros, without computing idf * tfc(0))
+        idf = bm25.idf(df[ok], snap.n_docs, params.method).astype(np.float32)
+        w0_list = [0.0] * idf.size
+    it = iter(zip(gids[ok].tolist(), idf.tolist(), w0_list))
     for t, o in zip(toks, ok.tolist()):
         table[t] = next(it) if o else None
 

@@ -306,7 +306,10 @@ def test_sealed_segment_scorer_is_built_once_and_never_reweighted(monkeypatch):
     search applies, never the segment's scorer (counted: constructions and whole-segment weightings)."""
     pytest.importorskip("numba")
     import gpuir.backends.batch_plan as bp
+    import gpuir.backends.numba_segments as ns
     import gpuir.backends.segment_engines as msearch
+
+    monkeypatch.setattr(ns, "SMALL_ROWS", 0)  # (40-record segments: through the scorer path, not the small one)
 
     built: list[tuple[str, int]] = []
     weighed: list[int] = []

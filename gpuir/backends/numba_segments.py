@@ -283,13 +283,36 @@ def _small_row(view) -> tuple[np.ndarray, tuple]:
             np.ascontiguousarray(csr.doc_ids, np.int32), np.ascontiguousarray(csr.tfs, np.int32),
             np.ascontiguousarray(csr.doc_lens, np.int32),
             np.zeros(0, np.bool_) if live is None else np.ascontiguousarray(live, np.bool_))
-    check_dtypes(dict(zip((c for c, _ in cpu_segments.SMALL_COLUMNS), arrs)), cpu_segments.SMALL_COLUMNS)
-    row = np.zeros(2 * len(arrs), np.int64)
-    for j, a in enumerate(arrs):
-        row[2 * j] = a.ctypes.data if a.size else 0
-        row[2 * j + 1] = a.size
+    # (the dtypes and layout are made above: what search_small reads them as, cpu_segments.SMALL_COLUMNS)
+    row = np.array([x for a in arrs for x in ((a.__array_interface__["data"][0] if a.size else 0), a.size)],
+                   np.int64)
     seg.cache[("numba", "small")] = (live, row, arrs)
     return row, arrs
+
+
+_small_lock = threading.Lock()
+_small_tables: dict[tuple, tuple[np.ndarray, list]] = {}  # (segment, tombstones) ids -> (table, views): latest few
+
+
+def _small_table(views: list) -> np.ndarray:
+    """The table of the small segments ``views`` for :func:`~gpuir.backends.cpu_segments.search_small`: the
+    previous snapshot's when the same, or it plus the newest segment's row (a write adds one small segment),
+    else made row by row. Each table is kept with its views (their arrays stay alive, their ids theirs)."""
+    key = tuple((id(v.seg), id(v.live)) for v in views)
+    with _small_lock:
+        got = _small_tables.get(key)
+        prev = _small_tables.get(key[:-1]) if got is None else None
+    if got is not None:
+        return got[0]
+    if prev is not None:
+        table = np.vstack([prev[0], _small_row(views[-1])[0]])
+    else:
+        table = np.stack([_small_row(v)[0] for v in views])
+    with _small_lock:
+        _small_tables[key] = (table, list(views))
+        while len(_small_tables) > 8:
+            del _small_tables[next(iter(_small_tables))]
+    return table
 
 
 def _shared_layout(snap: SegmentSet, order: tuple[int, ...]) -> SnapshotLayout:
@@ -385,13 +408,11 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     if small:
         filt, a_off, allow_flat = ((_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS) \
             if not batch.filtered() else _allow_lists(small, view_ids, batch)
-        rows = [_small_row(views[v]) for v in small]
-        table = np.stack([r for r, _ in rows])
+        table = _small_table([views[v] for v in small])
         cpu_segments.search_small(table, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
                                   np.asarray(batch.mult, np.int64), np.asarray(batch.idf, np.float32),
                                   np.asarray(batch.w0, np.float32), np.asarray(batch.const, np.float32), filt,
                                   a_off, allow_flat, out_i, out_f, counts)
-        del rows  # (held through the call: the table points into their arrays)
     if T:  # list slots -> the views of this snapshot
         slot_view = np.array(big + small, np.int64)
         v = out_i[1]

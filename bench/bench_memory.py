@@ -469,6 +469,7 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
         "machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "config": {"batch": args.batch, "k": args.k, "one_core": args.one_core, "rounds": args.rounds,
                    "loop_docs": args.loop_docs, "merge_factor": args.merge_factor},
+        "note": args.note,
     }
     corpus = _lme_corpus()
     texts, questions = corpus.texts, corpus.queries
@@ -1087,6 +1088,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--agent-loop", action="store_true",
                    help="longmemeval: grow, then --rounds times add one turn and ask one question; each engine "
                         "also measured alone (issue 34)")
+    p.add_argument("--note", default="", help="agent loop: a note kept in the results (e.g. the machine's load)")
     p.add_argument("--rounds", type=int, default=499, help="agent loop: rounds (default 499, every question)")
     p.add_argument("--loop-docs", type=int, default=None,
                    help="agent loop: use the first N turns only (a short run)")

@@ -338,9 +338,9 @@ def registered_names() -> tuple[str, ...]:
 
 def device_arrays():
     """The CuPy module (dense work on the device); raises where CuPy is missing."""
-    import cupy
+    from . import dense
 
-    return cupy
+    return dense.cupy_module()
 
 
 def first_bad_posting(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, n_docs: int) -> int | None:

@@ -10,6 +10,10 @@ This module is the one home of backend resolution: BM25 scorers use
 side of a channel) uses :func:`resolve_array_backend`, which follows it and maps
 "numba" (a BM25 scorer) to the NumPy path. An explicit "numpy" never imports
 CuPy. Every path that needs a GPU and has none raises :class:`DeviceUnavailable`.
+
+It also chooses the engine of the segment-set contract (:mod:`gpuir.backends.contract`) by name:
+:func:`segment_engine`, :func:`engine_for` (the engine serving a concrete backend, :data:`ROUTES`) and
+:func:`use_engine` (another engine for a backend inside a ``with`` block, as tests and benchmarks compare them).
 """
 
 from __future__ import annotations

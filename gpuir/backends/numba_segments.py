@@ -291,28 +291,34 @@ def _small_row(view) -> tuple[np.ndarray, tuple]:
 
 
 _small_lock = threading.Lock()
-_small_tables: dict[tuple, tuple[np.ndarray, list]] = {}  # (segment, tombstones) ids -> (table, views): latest few
+#: (segment, tombstones) ids -> (table, views, the arrays its rows point to): the latest few. An entry keeps
+#: what its rows point to alive itself: a segment's cached row may be replaced by another thread's (two
+#: threads making one segment's row at once), and its arrays must outlive every table made of them.
+_small_tables: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
 
-def _small_table(views: list) -> np.ndarray:
+def _small_table(views: list) -> tuple[np.ndarray, list]:
     """The table of the small segments ``views`` for :func:`~gpuir.backends.cpu_segments.search_small`: the
     previous snapshot's when the same, or it plus the newest segment's row (a write adds one small segment),
-    else made row by row. Each table is kept with its views (their arrays stay alive, their ids theirs)."""
+    else made row by row. Each table is kept with its views and arrays (alive, their ids theirs); the caller
+    holds the arrays returned beside the table through its call (an entry may be dropped meanwhile)."""
     key = tuple((id(v.seg), id(v.live)) for v in views)
     with _small_lock:
         got = _small_tables.get(key)
         prev = _small_tables.get(key[:-1]) if got is None else None
     if got is not None:
-        return got[0]
+        return got[0], got[2]
     if prev is not None:
-        table = np.vstack([prev[0], _small_row(views[-1])[0]])
+        row, arrs = _small_row(views[-1])
+        table, held = np.vstack([prev[0], row]), [*prev[2], arrs]
     else:
-        table = np.stack([_small_row(v)[0] for v in views])
+        rows = [_small_row(v) for v in views]
+        table, held = np.stack([r for r, _ in rows]), [a for _, a in rows]
     with _small_lock:
-        _small_tables[key] = (table, list(views))
+        _small_tables[key] = (table, list(views), held)
         while len(_small_tables) > 8:
             del _small_tables[next(iter(_small_tables))]
-    return table
+    return table, held
 
 
 def _shared_layout(snap: SegmentSet, order: tuple[int, ...]) -> SnapshotLayout:
@@ -408,11 +414,12 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     if small:
         filt, a_off, allow_flat = ((_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS) \
             if not batch.filtered() else _allow_lists(small, view_ids, batch)
-        table = _small_table([views[v] for v in small])
+        table, held = _small_table([views[v] for v in small])
         cpu_segments.search_small(table, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
                                   np.asarray(batch.mult, np.int64), np.asarray(batch.idf, np.float32),
                                   np.asarray(batch.w0, np.float32), np.asarray(batch.const, np.float32), filt,
                                   a_off, allow_flat, out_i, out_f, counts)
+        del held  # (held through the call: the table points into these arrays)
     if T:  # list slots -> the views of this snapshot
         slot_view = np.array(big + small, np.int64)
         v = out_i[1]

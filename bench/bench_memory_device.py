@@ -11,7 +11,7 @@ awaited, and a static :class:`gpuir.BM25Index` built over the same texts. Then, 
 * one batch of ``--queries`` questions (queries/s, median of ``--repeats``), and batches of each
   size in ``--sweep`` (where the device starts to pay);
 * ``memory_cupy_per_query``: the memory on cupy by its general path (one scorer call per query and
-  segment, what an unfiltered batch took before ``SegmentEngine._search_all_each``), batches only;
+  segment, what an unfiltered batch took before one engine call per batch), batches only;
 * whether the memory's batch results on the device equal its results on the CPU and the static
   index's (ids and float32 scores).
 
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
     from gpuir import BM25Index, Memory
     from gpuir.gpu_info import gpu_report
-    from gpuir.memory.search import SegmentEngine
+    from gpuir.memory import store as memory_store
     from gpuir.synthetic import generate
 
     res: dict[str, Any] = {"benchmark": "bench_memory_device", "command": " ".join(sys.argv),
@@ -118,12 +118,13 @@ def main(argv=None) -> int:
     res["one_at_a_time"] = _search_times_together(fns, qs[: a.one])
     save("one_at_a_time")
 
-    def per_query(q):  # the general path: a scorer call per query and segment
-        SegmentEngine.batch_each = False
+    def per_query(q):  # the general path: the engine called per query (partitions.scan), not once per batch
+        real = memory_store.scan_unfiltered
+        memory_store.scan_unfiltered = lambda *args: None
         try:
             return mem.search(q, k=a.k, backend="cupy")
         finally:
-            SegmentEngine.batch_each = True
+            memory_store.scan_unfiltered = real
 
     batch_fns = {**fns, "memory_cupy_per_query": per_query}
     last: dict[str, Any] = {}

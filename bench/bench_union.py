@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A memory's dense questions all segments at once or segment by segment, in one run, through ``Memory``.
 
-``gpuir.memory.segscan.UNION`` chooses how the compiled engine searches a question that is dense in every
+``gpuir.backends.numba_segments.UNION`` chooses how the compiled engine searches a question that is dense in every
 segment: over all segments at once, as over one merged segment (``"always"``), segment by segment with
 the k-th score carried from one to the next (``"never"``), or all at once only when the segments hold
 one time partition (``"auto"``, the default). This script measures the three on two memories of the
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuir import Memory, __version__
-from gpuir.memory import segscan
+from gpuir.backends import numba_segments as segscan
 from gpuir.synthetic import generate
 
 SETTINGS = ("auto", "always", "never")

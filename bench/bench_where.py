@@ -8,7 +8,7 @@ are waited for). Each question is then asked, one at a time, top-10, through
 
 * ``compiled``: the default -- every segment in one compiled call, the ``where`` as an allow-list per
   segment (:meth:`gpuir.memory.where.Where.rows`: the tenant's rows from each segment's index by code);
-* ``per-segment``: ``SegmentEngine.compiled = False`` -- one scorer call per segment with a mask over
+* ``per-segment``: the ``numba-each`` engine (``use_engine``) -- one scorer call per segment with a mask over
   every row (what every search with a ``where`` did before),
 
 interleaved question by question (the same load for both); the two must return the same ids and scores
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuir import Memory, __version__
-from gpuir.memory.search import SegmentEngine
+from gpuir.backends import use_engine
 from gpuir.synthetic import generate, iter_records
 
 # Steady-state timings: the compiled engine from the first search, as in a long-running process (a fresh
@@ -90,14 +90,11 @@ def main(argv=None) -> int:
     for q, w in zip(qs, wheres):
         got = {}
         for name in ("compiled", "per-segment"):
-            SegmentEngine.compiled = name == "compiled"
-            try:
+            with use_engine("numba", "numba" if name == "compiled" else "numba-each"):
                 t, c = time.perf_counter(), time.thread_time()
                 got[name] = mem.search(q, k=args.k, where=w)
                 cpu[name].append(time.thread_time() - c)
                 wall[name].append(time.perf_counter() - t)
-            finally:
-                SegmentEngine.compiled = True
         a, b = got["compiled"], got["per-segment"]
         same &= bool(np.array_equal(a.seqs, b.seqs) and np.array_equal(a.scores, b.scores))
     res = {

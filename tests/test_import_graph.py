@@ -155,3 +155,34 @@ def test_the_library_never_imports_the_evaluation():
     bad = [f"{src}:{line} imports {dst}" for src, dst, _, line in IMPORTS
            if _in(dst, "gpuir.eval") and not _in(src, "gpuir.eval") and not _in(src, "gpuir.cli")]
     assert bad == []
+
+
+#: What gpuir.memory may import of gpuir.backends (issue 34): the segment-set contract, and backend selection
+#: (gpuir.backends's resolve functions and the engine routing) -- never an engine's internals.
+MEMORY_MAY_IMPORT = {"gpuir.backends.contract": None,
+                     "gpuir.backends": {"resolve_backend", "resolve_memory_backend", "engine_for", "segment_engine",
+                                        "use_engine", "BACKENDS"}}
+
+
+def _memory_backend_violations(imports) -> list[str]:
+    bad = []
+    for src, dst, name, line in imports:
+        if not _in(src, "gpuir.memory") or not _in(dst, "gpuir.backends"):
+            continue
+        if dst in MEMORY_MAY_IMPORT and (MEMORY_MAY_IMPORT[dst] is None or name in MEMORY_MAY_IMPORT[dst]):
+            continue
+        bad.append(f"{src}:{line} imports {dst}{'.' + name if name else ''}")
+    return bad
+
+
+def test_the_memory_imports_no_backend_internals():
+    """gpuir.memory reaches scoring only through the contract (gpuir.backends.contract) and backend selection."""
+    assert _memory_backend_violations(IMPORTS) == []
+    # the rule sees what it forbids: an engine module, an internal name of the package, a private helper
+    fake = [("gpuir.memory.search", "gpuir.backends.numba_segments", None, 1),
+            ("gpuir.memory.segments", "gpuir.backends", "make_scorer", 2),
+            ("gpuir.memory.store", "gpuir.backends.cpu_segments", "first_bad_posting", 3),
+            ("gpuir.memory.search", "gpuir.backends.contract", "QueryBatch", 4),
+            ("gpuir.memory.store", "gpuir.backends", "resolve_memory_backend", 5)]
+    assert len(_memory_backend_violations(fake)) == 3
+    assert any(src.startswith("gpuir.memory") and dst == "gpuir.backends.contract" for src, dst, _, _ in IMPORTS)

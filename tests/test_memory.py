@@ -9,9 +9,9 @@ import pytest
 from _memory_oracle import Model, assert_same, grow_both, random_query, random_record, random_where
 
 from gpuir import Memory
+from gpuir.backends import use_engine
 from gpuir.bm25 import METHODS
 from gpuir.memory import RecordError, UnknownIdError, WhereError, budget_partitions, fit_decay, format_time
-from gpuir.memory.search import SegmentEngine
 
 REC = {"id": "a1", "text": "Caroline went to the support group", "session": "S1", "role": "user",
        "agent": "bot", "tenant": "conv-26", "time": "2023-05-08T13:56:00Z", "importance": 0.5, "type": "event",
@@ -284,11 +284,11 @@ def test_numba_and_numpy_engines_equal_the_fresh_index_bit_for_bit(method, monke
                     res = m.search(qs, k=k, where=ws, backend=backend, mode=mode, ties="oldest")
                     assert_same(res, ids, scores, f"{method} {backend} {mode} k={k}")
             # the contract's entry (term ids + the snapshot's CollectionStats) gives the same
-            with monkeypatch.context() as mp:
-                mp.setattr(SegmentEngine, "use_weighted", False)
-                for backend in ("numpy", "numba"):
+            # and so does one scorer call per segment (the batch weighed once, or term ids + stats)
+            for backend, name in (("numpy", "numpy-stats"), ("numba", "numba-stats"), ("numba", "numba-each")):
+                with use_engine(backend, name):
                     res = m.search(qs, k=k, where=ws, backend=backend, mode="newest", ties="oldest")
-                    assert_same(res, ids, scores, f"{method} {backend} search(stats=) k={k}")
+                assert_same(res, ids, scores, f"{method} {name} k={k}")
 
 
 def test_auto_serves_the_memory_with_the_compiled_engine(monkeypatch):
@@ -306,7 +306,10 @@ def test_sealed_segment_scorer_is_built_once_and_never_reweighted(monkeypatch):
     search applies, never the segment's scorer (counted: constructions and whole-segment weightings)."""
     pytest.importorskip("numba")
     import gpuir.backends.batch_plan as bp
-    import gpuir.memory.search as msearch
+    import gpuir.backends.numba_segments as ns
+    import gpuir.backends.segment_engines as msearch
+
+    monkeypatch.setattr(ns, "SMALL_ROWS", 0)  # (40-record segments: through the scorer path, not the small one)
 
     built: list[tuple[str, int]] = []
     weighed: list[int] = []

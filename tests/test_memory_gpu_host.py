@@ -64,7 +64,7 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
     path and a fresh index bit for bit."""
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
-    from gpuir.memory.search import SegmentEngine
+    from gpuir.memory import store
 
     rng = np.random.default_rng([23, len(method)])
     m = Memory(method=method, partition_days=1, merge_factor=100, merge_min=10**6, background_merges=False)  # no merges
@@ -83,10 +83,10 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
             del calls[:]
             res = m.search(qs, k=10, backend="cupy")
             assert res.meta["backend"] == "cupy"
-            assert calls and set(calls) == {len(qs)} and len(calls) <= n_views, (calls, n_views)
+            assert calls and max(calls) > 1 and len(calls) <= n_views, (calls, n_views)
             same(res, ids, scores, f"{method} step {step}")
             with monkeypatch.context() as mp:
-                mp.setattr(SegmentEngine, "batch_each", False)
+                mp.setattr(store, "scan_unfiltered", lambda *a: None)  # the general path: hits per query
                 general = m.search(qs, k=10, backend="cupy")
             for a in ("seqs", "scores", "vidx", "rows"):
                 np.testing.assert_array_equal(getattr(res, a), getattr(general, a), err_msg=a)

@@ -13,13 +13,25 @@ pytest.importorskip("numba")
 from gpuir import Memory
 from gpuir.backends import block_layout
 from gpuir.backends.cpu_maxscore import BLOCK
+from gpuir.backends.segment_engines import segment_scorer
 from gpuir.memory import MemoryFormatError
-from gpuir.memory.search import segment_scorer
 from gpuir.memory.segfile import MappedNpz
 from gpuir.memory.segments import Segment
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
+
+
+@pytest.fixture(autouse=True)
+def _every_segment_large():
+    """These memories hold segments of some tens of rows; what is tested is the block index their numba
+    scorers lay out (and their files save), so no segment counts as small here. (Not through monkeypatch:
+    tests here undo theirs midway.)"""
+    from gpuir.backends import numba_segments
+
+    old, numba_segments.SMALL_ROWS = numba_segments.SMALL_ROWS, 0
+    yield
+    numba_segments.SMALL_ROWS = old
 
 def _grown(method="lucene", n=400, seed=0) -> Memory:
     rng = np.random.default_rng(seed)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gpuir import BM25Index, Memory
-from gpuir.memory import format_time, segscan
+from gpuir.backends import numba_segments as segscan
+from gpuir.memory import format_time
 from gpuir.synthetic import generate, iter_records
 
 N = 30_000

@@ -28,7 +28,9 @@ SCRIPT = textwrap.dedent("""
     out["numba_imported_by_first"] = "numba" in sys.modules
     out["ready_after_first"] = warmup.wait(warm_compiled_engine, timeout=300)
     snap = m.snapshot()
-    out["laid_out"] = all(("scorer", "numba", snap.params) in v.seg.cache for v in snap.views)
+    from gpuir.backends.numba_segments import SMALL_ROWS  # (small segments: scored as they are, no scorer)
+    out["laid_out"] = all((("scorer", "numba", snap.params) if v.seg.n_docs > SMALL_ROWS else ("numba", "small"))
+                          in v.seg.cache for v in snap.views)
     later = m.search(qs, k=10, backend=sys.argv[1], where={"session": "s1"})
     out["later"] = [later.meta["backend"], later.meta["backend_reason"]]
     ref = m.search(qs, k=10, backend="numpy", where={"session": "s1"})

@@ -10,24 +10,31 @@ This module is the one home of backend resolution: BM25 scorers use
 side of a channel) uses :func:`resolve_array_backend`, which follows it and maps
 "numba" (a BM25 scorer) to the NumPy path. An explicit "numpy" never imports
 CuPy. Every path that needs a GPU and has none raises :class:`DeviceUnavailable`.
+
+It also chooses the engine of the segment-set contract (:mod:`gpuir.backends.contract`) by name:
+:func:`segment_engine`, :func:`engine_for` (the engine serving a concrete backend, :data:`ROUTES`) and
+:func:`use_engine` (another engine for a backend inside a ``with`` block, as tests and benchmarks compare them).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .._compat import DeviceUnavailable, cuda_device, device_unavailable, numba_available
-from ..bm25 import BM25Params
-from ..index.csr import CSRIndex
+from . import contract
 from .base import CollectionStats, Scorer, topk_from_dense
+from .contract import SegmentEngine
+from .scorers import make_scorer
 
 BACKENDS = ("auto", "numpy", "numba", "cupy")
 
 __all__ = [
-    "BACKENDS", "CollectionStats", "DeviceUnavailable", "Scorer", "device_unavailable", "make_scorer",
-    "numba_available", "resolve_array_backend", "resolve_backend", "resolve_memory_backend", "topk_from_dense",
-    "torch_device",
+    "BACKENDS", "ENGINES", "ROUTES", "CollectionStats", "DeviceUnavailable", "Scorer", "SegmentEngine",
+    "device_unavailable", "engine_for", "make_scorer", "numba_available", "resolve_array_backend", "resolve_backend",
+    "resolve_memory_backend", "segment_engine", "topk_from_dense", "torch_device", "use_engine",
 ]
 
 def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
@@ -177,22 +184,61 @@ def torch_device(name: str | None = "auto") -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Scorer:
-    """A :class:`Scorer` of the concrete ``backend`` ("numpy", "numba" or "cupy").
+# --------------------------------------------------------------------------- segment engines (the contract)
 
-    ``opts`` go to the scorer: ``stats=`` (every backend), ``prune=`` (numpy,
-    numba), ``threads=`` and ``layout=`` (numba).
+#: The engines :func:`segment_engine` knows without registration (:mod:`gpuir.backends.contract`).
+ENGINES = ("numpy", "numba", "cupy", "numpy-stats", "numba-each", "numba-stats", "cupy-stats")
+
+#: The engine that serves each concrete backend's segment searches (:func:`engine_for`).
+ROUTES: dict[str, str] = {"numpy": "numpy", "numba": "numba", "cupy": "cupy"}
+
+
+def _builtin_engine(name: str) -> SegmentEngine:
+    if name == "numba":
+        from .numba_segments import NumbaSegmentsEngine
+
+        return NumbaSegmentsEngine()
+    from .segment_engines import PerSegmentEngine
+
+    backend, _, how = name.partition("-")
+    return PerSegmentEngine(name, backend, weighted=how != "stats")
+
+
+def segment_engine(name: str) -> SegmentEngine:
+    """The engine of the segment-set contract called ``name`` (:data:`ENGINES`, or one
+    :func:`gpuir.backends.contract.register_engine` added).
+
+    Raises
+    ------
+    ValueError
+        An unknown name.
     """
-    if backend == "numpy":
-        from .numpy_backend import NumpyScorer
+    if name not in ENGINES and name not in contract.registered_names():
+        raise ValueError(f"unknown segment engine {name!r}: choose one of "
+                         f"{', '.join(sorted(set(ENGINES) | set(contract.registered_names())))}")
+    got = contract.registered(name, _builtin_engine)
+    assert got is not None
+    return got
 
-        return NumpyScorer(index, params, **opts)
-    if backend == "numba":
-        from .numba_backend import NumbaScorer
 
-        return NumbaScorer(index, params, **opts)
-    if backend == "cupy":
-        from .cupy_backend import CupyScorer
+def engine_for(backend: str) -> SegmentEngine:
+    """The engine serving the concrete ``backend`` ("numpy", "numba" or "cupy"): :data:`ROUTES`."""
+    name = ROUTES.get(backend)
+    if name is None:
+        raise ValueError(f"no segment engine for backend {backend!r}: choose one of {', '.join(ROUTES)}")
+    return segment_engine(name)
 
-        return CupyScorer(index, params, **opts)
-    raise ValueError(f"make_scorer needs a concrete backend ('numpy', 'numba' or 'cupy'), got {backend!r}")
+
+@contextmanager
+def use_engine(backend: str, name: str) -> Iterator[SegmentEngine]:
+    """Route ``backend``'s segment searches to the engine ``name`` inside a ``with`` block (tests and
+    benchmarks compare engines this way: ``with use_engine("numba", "numba-each"): ...``). Process-wide."""
+    if backend not in ROUTES:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(ROUTES)}")
+    got = segment_engine(name)  # (an unknown name fails here)
+    old = ROUTES[backend]
+    ROUTES[backend] = name
+    try:
+        yield got
+    finally:
+        ROUTES[backend] = old

@@ -777,10 +777,132 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
             _g_sift_down(gs, gq, gv, gr, m, 0)
 
 
+#: The arrays :func:`search_small` reads of each small segment, an address and a length each.
+SMALL_COLUMNS = (("g_sorted", np.int64), ("g_order", np.int64), ("seqs", np.int64), ("offsets", np.int64),
+                 ("doc_ids", np.int32), ("tfs", np.int32), ("doc_lens", np.int32), ("live", np.bool_))
+
+
+@njit(**JIT)
+def search_small(small, pos0, par, method, has_w0, k, B, off, gids, mult, idf, w0, consts, filt, a_off, allow_flat,
+                 out_i, out_f, counts):
+    """Merge every small segment's candidates of rows ``0:B``, each scored exhaustively (document at a time,
+    no block index, :func:`~gpuir.backends.cpu_kernels.exhaustive_row`: the same float32 operations), into
+    the rows' top k ``out_i`` / ``out_f`` (best first, -1 / -inf padded, as :func:`search_segments` leaves
+    them), by (score descending, sequence number ascending).
+
+    Parameters
+    ----------
+    small : (S, 2 * len(SMALL_COLUMNS)) int64 -- each small segment's :data:`SMALL_COLUMNS` by address and
+        length (:mod:`gpuir.backends.raw_views`: no typed list to make per snapshot; the caller keeps the
+        arrays alive): its global codes ascending, the local id of each, its sequence numbers, offsets,
+        doc_ids, tfs, doc lengths, and its tombstones (empty: every row live)
+    pos0 : int -- the hits of small segment j get view slot ``pos0 + j`` in ``out_i[1]``
+    par : as :func:`search_segments` (fp first)
+    off (B + 1,) int64, gids, mult (T,) int64, idf, w0 (T,) float32, consts (B,) float32 -- each row's terms
+        as global codes (ascending term strings), with their multiplicities and weights, and its C
+    filt (B,) bool, a_off (B, len(small) + 1) int64, allow_flat (A,) int64 -- allow-lists as :func:`search_segments`
+    counts : (B, 4) int64 -- postings read are added to column 0
+    """
+    fp = par[:6].astype(np.float32)
+    qmax = 1
+    for i in range(B):
+        qmax = max(qmax, off[i + 1] - off[i])
+    loc = np.empty(qmax, np.int64)
+    l_off = np.zeros(2, np.int64)
+    l_term = np.empty(qmax, np.int64)
+    l_mult = np.empty(qmax, np.int64)
+    l_idf = np.empty(qmax, np.float32)
+    l_w0 = np.empty(qmax, np.float32)
+    l_const = np.empty(1, np.float32)
+    scr = (np.empty(qmax, np.int64), np.empty(qmax, np.int64), np.empty(qmax, np.int64),
+           np.empty(qmax, np.int64), np.empty(qmax, np.float32), np.empty(qmax, np.float32),
+           np.zeros(qmax, np.float32))
+    hs = np.empty(k, np.float32)
+    hd = np.empty(k, np.int64)
+    gs = np.empty(k, np.float32)
+    gq = np.empty(k, np.int64)
+    gv = np.empty(k, np.int64)
+    gr = np.empty(k, np.int64)
+    nof32 = np.empty(0, np.float32)
+    noallow = allow_flat[0:0]
+    nodense = np.empty(0, np.float32)
+    wt = (nof32, fp, method, has_w0)
+    for i in range(B):
+        a, b = off[i], off[i + 1]
+        nq = b - a
+        if nq == 0:
+            continue
+        size = 0
+        for m in range(k):  # the row's hits so far, into a heap
+            if out_i[0, i, m] < 0:
+                break
+            gs[size] = out_f[i, m]
+            gq[size] = out_i[0, i, m]
+            gv[size] = out_i[1, i, m]
+            gr[size] = out_i[2, i, m]
+            _g_sift_up(gs, gq, gv, gr, size)
+            size += 1
+        for si in range(small.shape[0]):
+            p = small[si]
+            g_sorted, g_order, seqs = rv.i64(p[0], p[1]), rv.i64(p[2], p[3]), rv.i64(p[4], p[5])
+            ix = (rv.i64(p[6], p[7]), rv.i32(p[8], p[9]), rv.i32(p[10], p[11]), rv.i32(p[12], p[13]))
+            live = rv.u8(p[14], p[15])
+            _local_terms(g_sorted, g_order, gids[a:b], loc[:nq])
+            T = 0
+            for r in range(nq):
+                t = loc[r]
+                if t >= 0:
+                    l_term[T] = t
+                    l_mult[T] = mult[a + r]
+                    l_idf[T] = idf[a + r]
+                    l_w0[T] = w0[a + r]
+                    T += 1
+            if T == 0:
+                continue
+            al = noallow
+            if filt[i]:
+                lo, hi = a_off[i, si], a_off[i, si + 1]
+                if hi == lo:
+                    continue
+                al = allow_flat[lo:hi]
+            l_off[1] = T
+            l_const[0] = consts[i]
+            qs = (l_off, l_term[:T], l_mult[:T], l_idf[:T], l_w0[:T], l_const)
+            cap = min(k, max(ix[3].size, 1))
+            n, read = exhaustive_row(ix, wt, live, qs, 0, al, scr, hs[:cap], hd[:cap], nodense)
+            counts[i, 0] += read
+            for m in range(n):
+                sc = hs[m]
+                q = seqs[hd[m]]
+                if size < k:
+                    gs[size] = sc
+                    gq[size] = q
+                    gv[size] = pos0 + si
+                    gr[size] = hd[m]
+                    _g_sift_up(gs, gq, gv, gr, size)
+                    size += 1
+                elif _worse_seq(gs[0], gq[0], sc, q):
+                    gs[0] = sc
+                    gq[0] = q
+                    gv[0] = pos0 + si
+                    gr[0] = hd[m]
+                    _g_sift_down(gs, gq, gv, gr, size, 0)
+        for m in range(size - 1, -1, -1):  # best first
+            out_f[i, m] = gs[0]
+            out_i[0, i, m] = gq[0]
+            out_i[1, i, m] = gv[0]
+            out_i[2, i, m] = gr[0]
+            gs[0] = gs[m]
+            gq[0] = gq[m]
+            gv[0] = gv[m]
+            gr[0] = gr[m]
+            _g_sift_down(gs, gq, gv, gr, m, 0)
+
+
 @njit(**JIT)
 def _slack(T):
     """The pruning slack of a row of T distinct terms (:meth:`NumbaScorer._slack`)."""
     return 1e-5 + (T + 2) * 2.0**-23
 
 
-__all__ = ["fill_segments", "fill_weights", "locate_terms", "pointer_rows", "pop_sorted", "search_segments", "sift_down", "sift_up"]
+__all__ = ["fill_segments", "fill_weights", "locate_terms", "pointer_rows", "pop_sorted", "search_segments", "search_small", "sift_down", "sift_up"]

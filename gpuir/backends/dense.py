@@ -128,6 +128,11 @@ def _cupy():
     return cupy
 
 
+def cupy_module():
+    """The CuPy module (raises where CuPy is missing)."""
+    return _cupy()
+
+
 def dense_scores(queries: np.ndarray, vectors: Any, backend: str = "numpy") -> Any:
     """Scores of every query against every stored vector (module docstring): (B, n) float32.
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.dense import VECTOR_DTYPES, normalize_rows
+from ..backends.contract import VECTOR_DTYPES, normalize_rows
 
 log = logging.getLogger("gpuir.memory")
 

@@ -80,7 +80,7 @@ import math
 
 import numpy as np
 
-from ..backends.weights import weight_bound
+from ..backends.contract import weight_bound
 from .search import Hits, Job, QueryPlan, top_k
 from .segments import Segment
 from .snapshot import Snapshot
@@ -167,24 +167,21 @@ def partition_bound(snap: Snapshot, view_ids: tuple[int, ...], plan: QueryPlan) 
 def scan_unfiltered(snap: Snapshot, engine, plans: list[QueryPlan], k: int) -> tuple[np.ndarray, ...] | None:
     """:func:`scan` in "exhaustive" mode of queries without a ``where``, as arrays: every query reads
     every partition, so the batch is one call over all the snapshot's segments
-    (:meth:`gpuir.memory.search.SegmentEngine.search_all`), its results kept as the call leaves them.
+    (:meth:`gpuir.memory.search.SnapshotSearch.search_all`), its results kept as the engine leaves them.
 
     Returns
     -------
     (seqs, scores, vidx, rows) (B, k) each -- int64, float32, int64, int64, host; best first, padded with
     -1 (-inf for scores) -- then postings read and partitions scanned, (B,) int64 each; or None when
-    the engine has no such call (or no query has a term): then :func:`scan`.
+    no query has a term (then :func:`scan`).
     """
     parts = snap.partitions
     if not parts or all(p.empty for p in plans):
         return None
     vids = tuple(vi for _, vs in parts for vi in vs)  # (the order scan() gives them: the same layout)
     got = engine.search_all(vids, plans, k)
-    if got is None:
-        return None
-    out_i, out_f, counts = got
     scanned = np.array([0 if p.empty else len(parts) for p in plans], np.int64)
-    return out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy(), scanned
+    return got.seqs, got.scores, got.views, got.rows, got.postings, scanned
 
 
 def scan(snap: Snapshot, engine, plans: list[QueryPlan], wheres: list[Where | None], k: int, mode: str,

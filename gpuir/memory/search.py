@@ -13,42 +13,33 @@ term order), so each live record's score equals its score in the fresh index bit
 for bit, for every variant; document numbers of the fresh index follow the add
 order, which is the sequence-number order used here for ties.
 
-**One engine.** :class:`SegmentEngine` searches each segment through its
-backend's :class:`~gpuir.backends.base.Scorer` (:func:`segment_scorer`): one
-scorer per sealed segment and backend for the segment's lifetime, made on the
-segment's first search and cached on the :class:`~gpuir.memory.segments.Segment`
-(never per snapshot: a segment is laid out once and never re-weighted or
-re-uploaded when later adds change the statistics). Each search passes
-
-* ``stats``: ``CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)``, made
-  once per (snapshot, segment) (:meth:`SegmentEngine.stats`);
-* ``consts``: each query's global ``C`` (terms absent from the segment included);
-* ``live``: the view's tombstones; a ``where`` filter as an allow-list of rows;
-* ``theta`` (scorers with ``supports_theta``): the k-th best score already held
-  (from newer partitions, or from the larger segments of this scan: segments are
-  searched largest first), below which nothing is wanted.
-
-Scorers with ``search_weighted`` (the CPU engines) get each query weighed once
-for all segments -- its slice of the query's terms (local ids, ascending), idf,
-``w0`` and ``C`` under the snapshot's statistics -- instead of term ids plus a
-:class:`~gpuir.backends.base.CollectionStats` (the same numbers; both paths are
-tested to give the same bits).
+**One contract.** Every segment search goes through the segment-set contract
+(:mod:`gpuir.backends.contract`): :class:`SnapshotSearch` hands the engine that
+serves the backend (:func:`gpuir.backends.engine_for`: "numpy", the reference;
+"numba", every segment in one compiled call; "cupy") the snapshot -- its views,
+N, df and avgdl -- and a :class:`~gpuir.backends.contract.QueryBatch`: each
+query's terms as global codes with their idf, ``w0`` and ``C`` under the
+snapshot's statistics (weighed once per snapshot and term, :func:`plan_queries`),
+its bound ``theta`` (the k-th best score already held, from newer partitions),
+and a ``where`` as an allow-list per segment. The engine returns the merged top
+k (score descending, then sequence number ascending); what it keeps per segment
+(scorers, layouts, device copies) lives in the segment's ``cache`` for the
+segment's lifetime, never re-weighted or re-uploaded when later adds change the
+statistics.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..backends import make_scorer
-from ..backends.base import CollectionStats, Scorer, WeightedQueries
-from ..backends.weights import has_absent_weight, term_weights
-from ..bm25 import BM25Params
-from ..topk import kth_largest, topk_order, topk_rows_by_id
+from .. import bm25
+from ..backends import contract, engine_for
+from ..backends.contract import has_absent_weight, term_weights
+from ..topk import topk_order
 from .segments import Segment
 from .snapshot import Snapshot, thread_analyzer
 from .termstats import TermStats
@@ -159,8 +150,14 @@ def _weigh_terms(snap: Snapshot, table: dict, toks: list[str]) -> None:
     df = np.zeros(len(toks), np.int64)
     df[ok] = snap.df[gids[ok]]
     ok &= df > 0
-    idf, w0 = term_weights(df[ok], snap.n_docs, snap.params)
-    it = iter(zip(gids[ok].tolist(), idf.tolist(), w0.tolist()))
+    params = snap.params
+    if has_absent_weight(params):
+        idf, w0 = term_weights(df[ok], snap.n_docs, params)
+        w0_list = w0.tolist()
+    else:  # (w0 is read only by bm25l / bm25+: zeros, without computing idf * tfc(0))
+        idf = bm25.idf(df[ok], snap.n_docs, params.method).astype(np.float32)
+        w0_list = [0.0] * idf.size
+    it = iter(zip(gids[ok].tolist(), idf.tolist(), w0_list))
     for t, o in zip(toks, ok.tolist()):
         table[t] = next(it) if o else None
 
@@ -233,269 +230,76 @@ class Job:
     theta: float = -np.inf
 
 
-_build_lock = threading.Lock()
+class SnapshotSearch:
+    """A snapshot searched through one engine of the contract (:mod:`gpuir.backends.contract`).
 
-
-def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
-    """The scorer of ``seg`` for a concrete backend: made once, on first use, and cached on the segment.
-
-    The scorer lays the segment out (raw tf, lengths, block summaries; a device
-    upload for "cupy") for the segment's lifetime; every search passes the
-    statistics of its snapshot. Two threads asking at once get the same scorer.
-    The compiled CPU scorer takes the block index the segment's file saved, when
-    it saved one (:meth:`~gpuir.memory.segments.Segment.saved_layout`).
-    """
-    key = ("scorer", backend, params)
-    sc = seg.cache.get(key)
-    if sc is None:
-        with _build_lock:
-            lock = seg.cache.setdefault(("scorer_lock",), threading.Lock())
-        with lock:
-            sc = seg.cache.get(key)
-            if sc is None:
-                opts = {}
-                if backend == "numba":
-                    lay = seg.saved_layout()
-                    if lay is not None:
-                        opts["layout"] = lay
-                sc = seg.cache[key] = make_scorer(backend, seg.csr, params, **opts)
-    return sc
-
-
-_SEGSCAN = None
-
-
-def _segscan():
-    """:mod:`gpuir.memory.segscan` (imported on first use: it loads numba)."""
-    global _SEGSCAN
-    if _SEGSCAN is None:
-        from . import segscan
-
-        _SEGSCAN = segscan
-    return _SEGSCAN
-
-
-class SegmentEngine:
-    """Exact BM25 over a snapshot's segments through one backend's scorers (see the module docstring).
-
-    Keeps no state between calls besides the per-snapshot statistics, so any
-    number of threads may search at once.
+    Turns the memory's query plans, ``where`` filters and bounds into the
+    contract's :class:`~gpuir.backends.contract.QueryBatch` (a ``where`` as an
+    allow-list per segment, :meth:`gpuir.memory.where.Where.rows`, evaluated once
+    per distinct filter and segment) and the engine's merged top k back into
+    :class:`Hits`. Which engine serves a backend name is the contract's routing
+    (:func:`gpuir.backends.engine_for`). Keeps no state, so any number of
+    threads may search at once.
     """
 
     def __init__(self, snap: Snapshot, backend: str):
         self.snap = snap
         self.name = backend
+        self.engine = engine_for(backend)
 
-    def stats(self, vi: int) -> CollectionStats:
-        """The snapshot's statistics over view ``vi``'s vocabulary (made once per snapshot and view)."""
-        snap = self.snap
-
-        def make() -> CollectionStats:
-            seg = snap.views[vi].seg
-            return CollectionStats(snap.n_docs, snap.df[seg.l2g], snap.avgdl)
-
-        return snap.cached(("stats", vi), make)
+    def _batch(self, view_ids: tuple[int, ...], plans: list[QueryPlan], wheres: list[Where | None] | None,
+               thetas: list[float] | None) -> contract.QueryBatch:
+        B = len(plans)
+        if B == 1:
+            p = plans[0]
+            off = np.array([0, len(p.terms)], np.int64)
+            gids, mult, idf, w0 = p.gids, p.mult, p.idf, p.w0
+            const = np.array([p.const], np.float32)
+        else:
+            off = np.zeros(B + 1, np.int64)
+            np.cumsum(np.fromiter((len(p.terms) for p in plans), np.int64, B), out=off[1:])
+            gids = np.concatenate([p.gids for p in plans]).astype(np.int64, copy=False)
+            mult = np.concatenate([p.mult for p in plans]).astype(np.int64, copy=False)
+            idf = np.concatenate([p.idf for p in plans]).astype(np.float32, copy=False)
+            w0 = np.concatenate([p.w0 for p in plans]).astype(np.float32, copy=False)
+            const = np.array([p.const for p in plans], np.float32)
+        theta = np.full(B, -np.inf) if thetas is None else np.array(thetas, np.float64)
+        allow = None
+        if wheres is not None and any(w is not None for w in wheres):
+            snap, seen = self.snap, {}
+            allow = []
+            for w in wheres:
+                if w is None:
+                    allow.append(None)
+                    continue
+                got = seen.get(id(w))
+                if got is None:
+                    got = seen[id(w)] = [w.rows(snap.views[vi], snap.dicts) for vi in view_ids]
+                allow.append(got)
+        return contract.QueryBatch(off, gids, mult, idf, w0, const, bool(plans[0].has_w0), theta, allow)
 
     def scan(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
-        """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read).
+        """Top-k of each job over the segments ``view_ids``; returns qi -> (hits, postings read)."""
+        if not jobs:
+            return {}
+        batch = self._batch(view_ids, [j.plan for j in jobs], [j.where for j in jobs], [j.theta for j in jobs])
+        got = self.engine.search(self.snap, view_ids, batch, k)
+        out = {}
+        for i, job in enumerate(jobs):
+            m = int(np.count_nonzero(got.seqs[i] >= 0))
+            h = Hits(got.seqs[i, :m], got.scores[i, :m], got.views[i, :m], got.rows[i, :m]) if m else Hits()
+            out[job.qi] = (h, int(got.postings[i]))
+        return out
 
-        One scorer call per segment answers every job that can match there; with the compiled
-        engine, every job goes through one call for all segments, a ``where`` as an allow-list per
-        segment (:func:`gpuir.memory.segscan.scan_compiled`).
-        """
-        threads = self._compiled_threads(view_ids) if jobs else None
-        if threads is not None:
-            raw = _segscan().scan_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
-            return {qi: (Hits(*r[:4]) if r[0].size else Hits(), r[4]) for qi, r in raw.items()}
-        return self._scan_each(view_ids, jobs, k)
-
-    def search_all(self, view_ids: tuple[int, ...], plans: list[QueryPlan],
-                   k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Every plan over the segments ``view_ids``, no filter, as arrays: one compiled call, and no
-        per-query objects on the way (:func:`gpuir.memory.segscan.search_compiled`'s (out_i, out_f,
-        counts)); None when the compiled engine does not serve these segments (then :meth:`scan`)."""
-        threads = self._compiled_threads(view_ids)
-        if threads is None:
-            return self._search_all_each(view_ids, plans, k) if self.batch_each else None
-        jobs = [Job(i, p, None) for i, p in enumerate(plans)]
-        return _segscan().search_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
-
-    #: :meth:`search_all` on backends without the one compiled call ("numpy", "cupy"): one scorer
-    #: call per segment for the whole batch (:meth:`_search_all_each`); False: None (then :meth:`scan`).
-    batch_each = True
-
-    def _search_all_each(self, view_ids: tuple[int, ...], plans: list[QueryPlan],
-                         k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`search_all` through each segment's scorer: the whole batch in one call per segment.
-
-        The batch's terms are mapped to each segment's local ids at once (no per-query loop), every
-        row weighed as :meth:`_search_segment` weighs it, and the segments' top k merged under the tie
-        rule (:func:`gpuir.topk.topk_rows_by_id`). No bound passes between segments: a device scorer
-        pays per call, not per posting, so fewer calls beat fewer postings there.
-
-        Returns
-        -------
-        As :func:`gpuir.memory.segscan.search_compiled`: out_i (3, B, k) int64 (sequence number, view
-        position, row; -1 pads), out_f (B, k) float32 (-inf pads), counts (B, 1) int64 (postings read),
-        host.
-        """
-        snap = self.snap
-        B = len(plans)
-        lens = np.fromiter((len(p.terms) for p in plans), np.int64, B)
-        prow = np.repeat(np.arange(B, dtype=np.int64), lens)
-        gids = np.concatenate([p.gids for p in plans]).astype(np.int64, copy=False)
-        mult = np.concatenate([p.mult for p in plans]).astype(np.int64, copy=False)
-        idf = np.concatenate([p.idf for p in plans]).astype(np.float32, copy=False)
-        w0 = np.concatenate([p.w0 for p in plans]).astype(np.float32, copy=False)
-        consts = np.array([p.const for p in plans], np.float32)
-        has_w0 = plans[0].has_w0
-        read = np.zeros(B, np.int64)
-        got_i, got_s, got_v, got_r = [], [], [], []
-        for vi in view_ids:
-            view = snap.views[vi]
-            seg = view.seg
-            lids = seg.local_terms(gids)
-            keep = lids >= 0
-            if not keep.any():
-                continue
-            rows = prow[keep]
-            off = np.zeros(B + 1, np.int64)
-            np.cumsum(np.bincount(rows, minlength=B), out=off[1:])
-            lt = lids[keep]
-            scorer = self._scorer_of(vi)
-            opts: dict[str, Any] = {"live": view.live}
-            if self.use_weighted and hasattr(scorer, "search_weighted"):
-                wq = WeightedQueries(off, lt, mult[keep], idf[keep], w0[keep], consts, has_w0, snap.avgdl)
-                res = scorer.search_weighted(wq, k, None, **opts)
-            else:  # each row's terms, repeats kept, as Scorer.search takes them (slices: np.split costs 4x)
-                flat = np.repeat(lt, mult[keep])
-                ends = np.cumsum(np.bincount(rows, weights=mult[keep], minlength=B).astype(np.int64)).tolist()
-                queries = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-                res = scorer.search(queries, k, None, stats=self.stats(vi), consts=consts, **opts)
-            per_row = res.meta.get("postings_rows")
-            if per_row is None:
-                per_row = np.bincount(rows, weights=seg.csr.offsets[lt + 1] - seg.csr.offsets[lt], minlength=B)
-            read += np.asarray(per_row, np.int64)
-            loc = res.ids
-            ok = loc >= 0
-            got_i.append(np.where(ok, seg.seqs[np.where(ok, loc, 0)], -1))
-            got_s.append(res.scores)
-            got_v.append(np.where(ok, vi, -1))
-            got_r.append(np.where(ok, loc, -1))
-        out_i = np.full((3, B, k), -1, np.int64)
-        out_f = np.full((B, k), -np.inf, np.float32)
-        if got_i:
-            seqs, scores = np.concatenate(got_i, 1), np.concatenate(got_s, 1)
-            order = topk_rows_by_id(seqs, scores, k)
-            w = order.shape[1]
-            out_i[0, :, :w] = np.take_along_axis(seqs, order, 1)
-            out_i[1, :, :w] = np.take_along_axis(np.concatenate(got_v, 1), order, 1)
-            out_i[2, :, :w] = np.take_along_axis(np.concatenate(got_r, 1), order, 1)
-            out_f[:, :w] = np.take_along_axis(scores, order, 1)
-        return out_i, out_f, read[:, None]
-
-    def _scorer_of(self, vi: int) -> Scorer:
-        return segment_scorer(self.snap.views[vi].seg, self.name, self.snap.params)
-
-    def _compiled_threads(self, view_ids: tuple[int, ...]) -> int | None:
-        """The compiled engine's threads when it serves the segments ``view_ids`` in one call (numba's
-        pruning scorer, :attr:`compiled` on), else None."""
-        if not (self.compiled and self.name == "numba" and view_ids):
-            return None
-        sc = self._scorer_of(view_ids[0])
-        return sc.threads if getattr(sc, "_prune", False) and hasattr(sc, "_blocks") else None
-
-    def _scan_each(self, view_ids: tuple[int, ...], jobs: list[Job], k: int) -> dict[int, tuple[Hits, int]]:
-        """:meth:`scan` with one scorer call per segment (the generic path: any backend, ``where`` filters)."""
-        snap = self.snap
-        read = {j.qi: 0 for j in jobs}
-        found: dict[int, list[Hits]] = {j.qi: [] for j in jobs}
-        kth = {j.qi: -np.inf for j in jobs}  # each job's k-th score so far: the next segment's theta
-        # largest segments first: their k-th scores let the smaller ones skip more
-        for vi in sorted(view_ids, key=lambda v: -snap.views[v].n_live):
-            view = snap.views[vi]
-            seg = view.seg
-            todo = []
-            for job in jobs:
-                lids = job.plan.local_terms(vi, seg)
-                sel = lids >= 0
-                if not sel.any():
-                    continue
-                allow = None
-                if job.where is not None:
-                    allow = job.where.rows(view, snap.dicts)
-                    if not allow.size:
-                        continue
-                todo.append((job, lids, sel, allow))
-            if not todo:
-                continue
-            thetas = [max(job.theta, kth[job.qi]) for job, *_ in todo]
-            res = self._search_segment(vi, todo, k, thetas)
-            rows_read = res.meta.get("postings_rows")
-            for i, (job, lids, sel, _) in enumerate(todo):
-                r = res.ids[i]
-                local = r[r >= 0]
-                if local.size:
-                    hs = found[job.qi]
-                    hs.append(Hits(seg.seqs[local], res.scores[i][: local.size], np.full(local.size, vi, np.int64),
-                                   local.astype(np.int64)))
-                    sc = hs[0].scores if len(hs) == 1 else np.concatenate([h.scores for h in hs])
-                    if sc.size >= k:
-                        kth[job.qi] = kth_largest(sc, k)
-                if rows_read is not None:
-                    read[job.qi] += int(rows_read[i])
-                else:
-                    lt = lids[sel]
-                    read[job.qi] += int((seg.csr.offsets[lt + 1] - seg.csr.offsets[lt]).sum())
-        return {qi: (top_k(found[qi], k), read[qi]) for qi in read}
-
-    #: Score the jobs over all segments in one compiled call (:mod:`gpuir.memory.segscan`)
-    #: when the backend is "numba"; False: one scorer call per segment (the generic path, for tests).
-    compiled = True
-
-    #: Hand CPU scorers the batch already weighted (:meth:`NumbaScorer.search_weighted`) rather than
-    #: term ids and statistics (:meth:`Scorer.search`): the same numbers, without re-deriving them per segment.
-    use_weighted = True
-
-    def _search_segment(self, vi: int, todo: list, k: int, thetas: list[float]):
-        """One scorer call for the jobs ``todo`` (job, local term ids, which are present, allow-list) on view vi,
-        wanting nothing below ``thetas`` (one per job; -inf: no bound)."""
-        snap = self.snap
-        view = snap.views[vi]
-        scorer = segment_scorer(view.seg, self.name, snap.params)
-        opts: dict[str, Any] = {"live": view.live}
-        if getattr(scorer, "supports_theta", False) and any(t > -np.inf for t in thetas):
-            opts["theta"] = np.array(thetas, dtype=np.float64)
-        allows = [t[3] for t in todo]
-        allow = None if all(a is None for a in allows) else allows
-        consts = np.array([t[0].plan.const for t in todo], dtype=np.float32)
-        if self.use_weighted and hasattr(scorer, "search_weighted"):
-            # each plan's terms are ascending strings, so their local ids ascend too (sorted vocabularies)
-            p0 = todo[0][0].plan
-            if len(todo) == 1:
-                _, lids, sel, _ = todo[0]
-                lt = lids[sel]
-                wq = WeightedQueries(np.array([0, lt.size], np.int64), lt, p0.mult[sel], p0.idf[sel], p0.w0[sel],
-                                     consts, p0.has_w0, snap.avgdl)
-            else:
-                lens = np.fromiter((int(np.count_nonzero(t[2])) for t in todo), np.int64, len(todo))
-                off = np.zeros(len(todo) + 1, np.int64)
-                np.cumsum(lens, out=off[1:])
-
-                def cat(get):
-                    return np.concatenate([get(job.plan, lids, sel) for job, lids, sel, _ in todo])
-
-                wq = WeightedQueries(off, cat(lambda p, lids, sel: lids[sel]), cat(lambda p, lids, sel: p.mult[sel]),
-                                     cat(lambda p, lids, sel: p.idf[sel]), cat(lambda p, lids, sel: p.w0[sel]),
-                                     consts, p0.has_w0, snap.avgdl)
-            return scorer.search_weighted(wq, k, allow, **opts)
-        queries = [np.repeat(lids[sel], job.plan.mult[sel]) for job, lids, sel, _ in todo]
-        return scorer.search(queries, k, allow, stats=self.stats(vi), consts=consts, **opts)
+    def search_all(self, view_ids: tuple[int, ...], plans: list[QueryPlan], k: int) -> contract.SegmentHits:
+        """Every plan over the segments ``view_ids``, no filter, as the engine's arrays (no per-query
+        objects on the way)."""
+        return self.engine.search(self.snap, view_ids, self._batch(view_ids, plans, None, None), k)
 
 
-def make_engine(snap: Snapshot, backend: str) -> SegmentEngine:
-    """The engine of a concrete backend name ("numpy", "numba", "cupy")."""
-    return SegmentEngine(snap, backend)
+def make_engine(snap: Snapshot, backend: str) -> SnapshotSearch:
+    """The snapshot's search through the engine serving a concrete backend name ("numpy", "numba", "cupy")."""
+    return SnapshotSearch(snap, backend)
 
 
 # --------------------------------------------------------------------------- results

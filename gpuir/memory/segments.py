@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import Analyzer
+from ..backends import contract
 from ..index.build import build_csr
 from ..index.csr import CSRIndex
 from . import warmup
@@ -223,30 +224,15 @@ class Segment:
         return v
 
     def layout_arrays(self) -> dict[str, np.ndarray]:
-        """The block index as its file keeps it (:func:`gpuir.backends.block_layout.saved_arrays`): the one
+        """The block index as its file keeps it (:func:`gpuir.backends.contract.segment_file_layout`): the one
         the segment's compiled scorer laid out, else the one its file saved, else laid out now; empty
         without numba (the file is then written without it, as before)."""
-        from ..backends.block_layout import saved_arrays
+        return contract.segment_file_layout(self)
 
-        lay = None
-        for key, sc in list(self.cache.items()):
-            if isinstance(key, tuple) and key[:2] == ("scorer", "numba") and getattr(sc, "layout", None) is not None:
-                lay = sc.layout
-                break
-        if lay is None:
-            lay = self.saved_layout()
-        if lay is None:
-            from .._compat import numba_available
-
-            if not numba_available()[0]:
-                return {}
-            from ..backends.block_layout import lay_out_segment
-
-            csr = self.csr
-            lay = lay_out_segment(csr.offsets, csr.doc_ids, csr.tfs, csr.doc_lens, self.n_docs)
-            with self._lock:  # what the file now holds: the segment's scorer takes it (not laid out twice)
-                self._layout = lay
-        return saved_arrays(lay)
+    def keep_layout(self, lay: Any) -> None:
+        """Keep the block index laid out for the segment's file (its scorer takes it: not laid out twice)."""
+        with self._lock:
+            self._layout = lay
 
     def vectors(self, name: str) -> np.ndarray:
         """The column of embedding ``name``: ndarray, shape (n, dim), float32 or float16, host (read-only,
@@ -674,14 +660,11 @@ def check_postings(offsets: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, n_
     first, bad_at = 0, -1
     # one compiled pass finds the first bad posting (if any); the NumPy checks below then name it. Without
     # numba, or while it is still starting in this process (not worth waiting for), the NumPy checks do it all
-    first_bad_posting = None
-    if warmup.compiled_ready():
-        try:
-            from ..backends.cpu_segments import first_bad_posting
-        except ImportError:
-            first_bad_posting = None
-    if first_bad_posting is not None and (doc_ids.dtype, tfs.dtype, offsets.dtype) == (np.int32, np.int32, np.int64):
-        bad_at = int(first_bad_posting(offsets, doc_ids, tfs, n_docs))
+    got = None
+    if warmup.compiled_ready() and (doc_ids.dtype, tfs.dtype, offsets.dtype) == (np.int32, np.int32, np.int64):
+        got = contract.first_bad_posting(offsets, doc_ids, tfs, n_docs)
+    if got is not None:
+        bad_at = got
         if bad_at < 0:
             return
         first = max(0, (bad_at // _CHUNK - 1) * _CHUNK)
@@ -814,9 +797,7 @@ def segment_from_file(src: Any, uid: int, partition: int | None, analyzer: dict,
                                      f"got {v.shape} {v.dtype}")
                 return v
             if name == "block_layout":
-                from ..backends.block_layout import from_saved
-
-                return from_saved(get, src.__contains__, offsets, n)
+                return contract.segment_layout_from_file(get, src.__contains__, offsets, n)
             if name == "maxtf_mindl":
                 if "maxtf" not in src or "mindl" not in src:
                     return None

@@ -2061,9 +2061,9 @@ def warm_compiled_engine(memory: Memory | None = None, snapshot: Snapshot | None
     given a ``memory`` and its ``snapshot``, search ``query`` there through the compiled engine, which makes
     each segment's compiled scorer and the snapshot's scan state (once per segment and process, and per
     snapshot: the first compiled search would otherwise pay them, 0.9 s for the 43 segments of 5M records)."""
-    from ..backends.cpu_segments import first_bad_posting
+    from ..backends import contract
 
-    first_bad_posting(np.zeros(2, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), 0)
+    contract.first_bad_posting(np.zeros(2, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), 0)
     m = Memory(partition_days=None)
     try:
         m.add([{"id": "w1", "text": "warm the compiled engine", "session": "s"},

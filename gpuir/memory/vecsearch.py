@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import dense as dense_backend
-from ..backends.dense import dense_scores, dense_topk
+from ..backends.contract import dense_scores, dense_topk, device_arrays
 from ..topk import topk_order
 from .snapshot import Snapshot
 
@@ -59,7 +58,7 @@ def _device_vectors(seg, name: str):
     key = ("dense_device", name)
     dev = seg.cache.get(key)
     if dev is None:
-        dev = seg.cache[key] = dense_backend._cupy().asarray(seg.vectors(name))
+        dev = seg.cache[key] = device_arrays().asarray(seg.vectors(name))
     return dev
 
 
@@ -125,7 +124,7 @@ def _exact_topk(q: np.ndarray, vecs: Any, k: int, allow: np.ndarray | None,
         rows[dense_q, : r.shape[1]], sc[dense_q, : s.shape[1]] = r, s
     for b in np.flatnonzero(sparse & (counts > 0)).tolist():
         sel = np.flatnonzero(allow[b])
-        sub = vecs[dense_backend._cupy().asarray(sel)] if backend == "cupy" else vecs[sel]
+        sub = vecs[device_arrays().asarray(sel)] if backend == "cupy" else vecs[sel]
         r, s = dense_topk(q[b: b + 1], sub, k, None, backend)
         ok = r[0] >= 0
         m = int(ok.sum())

@@ -1,8 +1,7 @@
-"""A snapshot's segments searched in one compiled call, with the snapshot's weights cached.
+"""The ``"numba"`` engine of the segment-set contract: a snapshot's segments in one compiled call.
 
-:class:`~gpuir.memory.search.SegmentEngine` hands the compiled CPU engine
-(``numba``) every query through :func:`scan_compiled` (a ``where`` as an allow-list per segment):
-one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
+:class:`NumbaSegmentsEngine` (:mod:`gpuir.backends.contract`) hands the compiled CPU engine every
+query through :func:`search_compiled` (a query's allow-list per segment): one call of :func:`gpuir.backends.cpu_segments.search_segments` scores all the
 segments it may read, largest first, the k-th best score found so far carried
 into each next segment as its pruning bound, the hits merged in the memory's
 order (score descending, then sequence number ascending). The per-segment
@@ -45,17 +44,16 @@ kernels, the same float32 arithmetic, the same tie rule.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
-from ..backends import cpu_segments
-from ..backends.block_layout import read_only as _ro
-from ..backends.numba_backend import shared_pool
-from ..backends.raw_views import check_dtypes
-from ..backends.weights import BOUND_SLACK, has_absent_weight
-from .segments import SegView
-from .snapshot import Snapshot
+from . import cpu_segments
+from .block_layout import read_only as _ro
+from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
+from .numba_backend import default_threads, shared_pool
+from .raw_views import check_dtypes
+from .segment_engines import segment_scorer
+from .weights import BOUND_SLACK, has_absent_weight
 
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
 BATCH_FILLS = 4
@@ -90,27 +88,30 @@ class SnapshotLayout:
         on the LongMemEval turns grown to 15 segments).
     """
 
-    def __init__(self, snap: Snapshot, view_ids: tuple[int, ...], scorers: list, caches: list):
+    def __init__(self, snap: SegmentSet, view_ids: tuple[int, ...], scorers: list, caches: list):
         self.max_docs = 1
         self.total_docs = 0
         #: The same segments' arrays by address (:func:`gpuir.backends.cpu_segments.pointer_rows`), made when
         #: first searched all at once (valid while :attr:`segs` holds the arrays).
         self.ptrs: np.ndarray | None = None
-        #: Their views' positions in the snapshot.
-        self.vis = np.array(view_ids, np.int64)
+        #: Each segment's slot in the results (its position in the list: the caller maps slots to the
+        #: views of the snapshot searched, so that the next snapshot can search the same list).
+        self.vis = np.arange(len(view_ids), dtype=np.int64)
+        #: Serialises :meth:`slots` of a layout shared by several snapshots.
+        self.lock = threading.Lock()
         #: Whether they all hold one time partition (slices of one stream, alike: see :data:`UNION`).
         self.one_partition = len({snap.views[v].seg.partition for v in view_ids}) == 1
         segs = None
         #: The views of the segments, in the list's order (largest first).
         self.order = tuple(view_ids)
-        for vi, sc, cache in zip(view_ids, scorers, caches):
-            view: SegView = snap.views[vi]
+        for j, (vi, sc, cache) in enumerate(zip(view_ids, scorers, caches)):
+            view = snap.views[vi]
             seg = view.seg
             live = _NO_BOOL if view.live is None else _ro(view.live, np.bool_)
             bl = sc._blocks
             bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
             seqs = _ro(seg.seqs, np.int64)
-            item = (np.int64(vi), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
+            item = (np.int64(j), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
                     seqs, sc._ix, bix, sc._summ, live, cache, bl[7])
             if segs is None:  # the arrays the union reads by address must have the dtypes it reads them as
                 check_dtypes({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": live,
@@ -175,7 +176,7 @@ class SnapshotWeights:
         self.layouts: dict[tuple[int, ...], SnapshotLayout] = {}
         self._params: tuple[np.ndarray, np.ndarray, int, bool] | None = None
 
-    def params(self, snap: Snapshot) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    def params(self, snap: SegmentSet) -> tuple[np.ndarray, np.ndarray, int, bool]:
         """(head (11,) float64, fp (6,) float32, method, has_w0): the first 11 entries of
         :func:`~gpuir.backends.cpu_segments.search_segments`'s ``par`` and the weight parameters of a fill,
         under the snapshot's statistics (made once: they do not change while the snapshot lives)."""
@@ -219,32 +220,35 @@ _NO_OFFSETS = np.zeros((1, 1), np.int64)
 _NO_ROWS = np.zeros(0, np.int64)
 
 
-def _allow_lists(snap: Snapshot, layout: SnapshotLayout, jobs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each filtered job's allowed rows in each of the layout's segments (:meth:`gpuir.memory.where.Where.rows`).
+def _allow_lists(order: tuple[int, ...], view_ids: tuple[int, ...],
+                 batch: QueryBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each filtered query's allowed rows in each of the segments ``order`` (view positions, a subset of
+    ``view_ids``, which the batch's allow-lists follow), flattened for the compiled call.
 
     Returns
     -------
-    filt : (B,) bool -- the jobs with a ``where``
-    a_off : (B, segments + 1) int64 -- job i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
+    filt : (B,) bool -- the queries with an allow-list
+    a_off : (B, len(order) + 1) int64 -- query i's rows of segment j are ``allow_flat[a_off[i, j]:a_off[i, j + 1]]``
     allow_flat : (A,) int64
     """
-    B = len(jobs)
+    B = batch.size
     filt = np.zeros(B, np.bool_)
-    a_off = np.zeros((B, len(layout.order) + 1), np.int64)
+    a_off = np.zeros((B, len(order) + 1), np.int64)
+    pos = {vi: j for j, vi in enumerate(view_ids)}
+    at_of = [pos[vi] for vi in order]
     parts: list[np.ndarray] = []
-    seen: dict = {}  # a filter shared by several jobs (one tenant's batch) is evaluated once per segment
+    seen: dict = {}  # an allow-list shared by several queries (one tenant's batch) is flattened once
     at = 0
-    for i, job in enumerate(jobs):
-        w = job.where
-        if w is None:
+    for i, al in enumerate(batch.allow or ()):
+        if al is None:
             continue
         filt[i] = True
-        got = seen.get(id(w))
+        got = seen.get(id(al))
         if got is None:
-            rows = [w.rows(snap.views[vi], snap.dicts) for vi in layout.order]
+            rows = [al[j] for j in at_of]
             off = np.zeros(len(rows) + 1, np.int64)
             np.cumsum([r.size for r in rows], out=off[1:])
-            got = seen[id(w)] = (at, off)
+            got = seen[id(al)] = (at, off)
             parts.extend(rows)
             at += int(off[-1])
         a_off[i] = got[0] + got[1]
@@ -252,28 +256,110 @@ def _allow_lists(snap: Snapshot, layout: SnapshotLayout, jobs: list) -> tuple[np
     return filt, a_off, allow_flat
 
 
-def scan_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
-                  threads: int = 1) -> dict[int, tuple[Any, ...]]:
-    """Top-k of each job over the segments ``view_ids`` (a job's ``where`` becomes an allow-list per segment:
-    :meth:`gpuir.memory.where.Where.rows`, computed once per distinct filter and segment).
+#: Segments of at most this many rows are *small*: scored exhaustively, document at a time, from their
+#: postings as they are (:func:`gpuir.backends.cpu_segments.search_small`), with no scorer, block index or
+#: weight cache made for them -- an agent's memory makes a one-record segment with every ``add``, and the
+#: search after it pays nothing to set one up. The results are the same bits (tested with 0: every segment
+#: through the block-index path).
+SMALL_ROWS = 1024
 
-    Returns qi -> (seqs (m,) int64, scores (m,) float32, view positions (m,) int64, rows (m,) int64,
-    postings read), the m <= k hits best first (the caller makes its ``Hits``).
-
-    ``scorer_of(vi)`` gives view vi's :class:`~gpuir.backends.numba_backend.NumbaScorer`.
-    """
-    out_i, out_f, counts = search_compiled(snap, view_ids, jobs, k, scorer_of, threads)
-    out_seq, out_vi, out_row = out_i
-    out = {}
-    for i, job in enumerate(jobs):
-        m = int(np.count_nonzero(out_seq[i] >= 0))
-        out[job.qi] = (out_seq[i, :m], out_f[i, :m], out_vi[i, :m], out_row[i, :m], int(counts[i, 0]))
-    return out
+# an uncached search never reads a weight cache: a shared layout's segments carry these empty ones
+_NO_CACHE = (np.empty(0, np.float32), np.empty(0, np.float32), np.empty(0, np.float64), np.empty(0, np.bool_),
+             np.empty(0, np.bool_), np.zeros(0, np.bool_))
 
 
-def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: int, scorer_of,
+def _small_row(view) -> tuple[np.ndarray, tuple]:
+    """A small segment's view as a row of :func:`~gpuir.backends.cpu_segments.search_small`'s table (its
+    arrays by address), with the arrays it points to (kept in the segment's cache with the tombstones it was
+    made for: the arrays live as long as the segment)."""
+    seg = view.seg
+    live = view.live
+    got = seg.cache.get(("numba", "small"))
+    if got is not None and got[0] is live:
+        return got[1], got[2]
+    csr = seg.csr
+    arrs = (np.ascontiguousarray(seg.g_sorted, np.int64), np.ascontiguousarray(seg.g_order, np.int64),
+            np.ascontiguousarray(seg.seqs, np.int64), np.ascontiguousarray(csr.offsets, np.int64),
+            np.ascontiguousarray(csr.doc_ids, np.int32), np.ascontiguousarray(csr.tfs, np.int32),
+            np.ascontiguousarray(csr.doc_lens, np.int32),
+            np.zeros(0, np.bool_) if live is None else np.ascontiguousarray(live, np.bool_))
+    # (the dtypes and layout are made above: what search_small reads them as, cpu_segments.SMALL_COLUMNS)
+    row = np.array([x for a in arrs for x in ((a.__array_interface__["data"][0] if a.size else 0), a.size)],
+                   np.int64)
+    seg.cache[("numba", "small")] = (live, row, arrs)
+    return row, arrs
+
+
+_small_lock = threading.Lock()
+#: (segment, tombstones) ids -> (table, views, the arrays its rows point to): the latest few. An entry keeps
+#: what its rows point to alive itself: a segment's cached row may be replaced by another thread's (two
+#: threads making one segment's row at once), and its arrays must outlive every table made of them.
+_small_tables: dict[tuple, tuple[np.ndarray, list, list]] = {}
+
+
+def _small_table(views: list) -> tuple[np.ndarray, list]:
+    """The table of the small segments ``views`` for :func:`~gpuir.backends.cpu_segments.search_small`: the
+    previous snapshot's when the same, or it plus the newest segment's row (a write adds one small segment),
+    else made row by row. Each table is kept with its views and arrays (alive, their ids theirs); the caller
+    holds the arrays returned beside the table through its call (an entry may be dropped meanwhile)."""
+    key = tuple((id(v.seg), id(v.live)) for v in views)
+    with _small_lock:
+        got = _small_tables.get(key)
+        prev = _small_tables.get(key[:-1]) if got is None else None
+    if got is not None:
+        return got[0], got[2]
+    if prev is not None:
+        row, arrs = _small_row(views[-1])
+        table, held = np.vstack([prev[0], row]), [*prev[2], arrs]
+    else:
+        rows = [_small_row(v) for v in views]
+        table, held = np.stack([r for r, _ in rows]), [a for _, a in rows]
+    with _small_lock:
+        _small_tables[key] = (table, list(views), held)
+        while len(_small_tables) > 8:
+            del _small_tables[next(iter(_small_tables))]
+    return table, held
+
+
+def _shared_layout(snap: SegmentSet, order: tuple[int, ...]) -> SnapshotLayout:
+    """The layout of the large segments ``order`` for a search that reads no weight cache, shared by every
+    snapshot holding the same segments with the same tombstones: kept in the largest segment's cache (the
+    latest one only), so a write that leaves the large segments alone costs the next search no layout."""
+    views = [snap.views[v] for v in order]
+    key = tuple((id(v.seg), id(v.live)) for v in views)
+    holder = views[0].seg.cache
+    got = holder.get(("numba", "layout"))
+    if got is not None and got[0] == key:
+        return got[1]
+    scorers = [segment_scorer(v.seg, "numba", snap.params) for v in views]
+    layout = SnapshotLayout(snap, order, scorers, [_NO_CACHE] * len(order))
+    holder[("numba", "layout")] = (key, layout, [(v.seg, v.live) for v in views])  # (ids stay theirs)
+    return layout
+
+
+class NumbaSegmentsEngine(SegmentEngine):
+    """The contract's ``"numba"`` engine: every query over all the searched segments in one compiled call
+    (:func:`search_compiled`), on the compiled scorer's threads."""
+
+    name = "numba"
+    backend = "numba"
+
+    def search(self, segset: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int) -> SegmentHits:
+        B = batch.size
+        if not view_ids or not batch.gids.size:
+            return SegmentHits.empty(B, k)
+        out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=default_threads())
+        return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
+
+
+def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int,
                     threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`scan_compiled`'s search, its results as the compiled call leaves them.
+    """Top-k of each query of ``batch`` over the segments ``view_ids``, as the compiled calls leave them.
+
+    The large segments go through one call of :func:`gpuir.backends.cpu_segments.search_segments` (block
+    index, pruning, the snapshot's weight cache from its second search on), the small ones
+    (:data:`SMALL_ROWS`) through one call of :func:`gpuir.backends.cpu_segments.search_small`, which merges
+    their hits into the first call's.
 
     Returns
     -------
@@ -282,57 +368,87 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
     counts : (B, 4) int64, host -- postings read, then the kernel's counters
         (:func:`gpuir.backends.cpu_segments.search_segments`)
     """
-    B = len(jobs)
+    B = batch.size
+    params = snap.params
+    views = snap.views
+    big = tuple(sorted((v for v in view_ids if views[v].seg.n_docs > SMALL_ROWS),
+                       key=lambda v: (-views[v].n_live, v)))  # largest first
+    small = tuple(v for v in view_ids if views[v].seg.n_docs <= SMALL_ROWS)
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:
         state.searches += 1
         first = state.searches == 1
-        layout = state.layouts.get(view_ids)
-        if layout is None:
-            order = tuple(sorted(view_ids, key=lambda v: (-snap.views[v].n_live, v)))  # largest first
-            scorers = [scorer_of(vi) for vi in order]
-            caches = []
-            for vi, sc in zip(order, scorers):
-                c = state.caches.get(vi)
-                if c is None:
-                    c = state.caches[vi] = new_cache(sc)
-                caches.append(c)
-            layout = state.layouts[view_ids] = SnapshotLayout(snap, order, scorers, caches)
-        all_gids = jobs[0].plan.gids if B == 1 else np.concatenate([j.plan.gids for j in jobs])
-        slots, locs = layout.slots(np.asarray(all_gids, np.int64))
-    if B == 1:
-        p = jobs[0].plan
-        T = len(p.terms)
-        gid = p.gids
-        qi = np.empty(2 + 2 * T, np.int64)
-        qi[0], qi[1] = 0, T
-        qi[2:2 + T] = slots
-        qi[2 + T:] = p.mult
-        qf = np.empty(2 * T + 1, np.float32)
-        qf[:T] = p.idf
-        qf[T:2 * T] = p.w0
-        qf[2 * T] = p.const
-    else:
-        lens = np.fromiter((len(j.plan.terms) for j in jobs), np.int64, B)
-        off = np.zeros(B + 1, np.int64)
-        np.cumsum(lens, out=off[1:])
-        gid = np.concatenate([j.plan.gids for j in jobs]).astype(np.int64, copy=False)
-        qi = np.concatenate([off, slots, np.concatenate([j.plan.mult for j in jobs])]).astype(np.int64, copy=False)
-        qf = np.concatenate([np.concatenate([j.plan.idf for j in jobs]), np.concatenate([j.plan.w0 for j in jobs]),
-                             np.array([j.plan.const for j in jobs], np.float32)]).astype(np.float32, copy=False)
-        T = int(off[-1])
-    if all(j.where is None for j in jobs):  # (the common case: nothing to build)
+    cached = bool(big) and (not first or B >= BATCH_FILLS)
+    if cached and batch.filtered() and all(a is not None for a in batch.allow):  # type: ignore[union-attr]
+        # every query is filtered (a tenant's search reads its own rows only): filling whole lists would
+        # weigh every tenant's postings; the weights of the rows read are computed on the way instead
+        layout = state.layouts.get(big)
+        if layout is None or not layout.filled:
+            cached = False
+    gid = np.asarray(batch.gids, np.int64)
+    T = int(gid.size)
+    out_i = np.full((3, B, k), -1, np.int64)
+    out_f = np.full((B, k), -np.inf, np.float32)
+    counts = np.zeros((B, 4), np.int64)
+    head, fp, method, has_w0 = state.params(snap)
+    if big:
+        if cached:
+            with state.lock:
+                layout = state.layouts.get(big)
+                if layout is None:
+                    scorers = [segment_scorer(views[vi].seg, "numba", params) for vi in big]
+                    caches = []
+                    for vi, sc in zip(big, scorers):
+                        c = state.caches.get(vi)
+                        if c is None:
+                            c = state.caches[vi] = new_cache(sc)
+                        caches.append(c)
+                    layout = state.layouts[big] = SnapshotLayout(snap, big, scorers, caches)
+                slots, locs = layout.slots(gid)
+        else:
+            layout = _shared_layout(snap, big)
+            with layout.lock:
+                slots, locs = layout.slots(gid)
+        _search_large(state, layout, big, view_ids, batch, k, gid, slots, locs, head, fp, method, has_w0, cached,
+                      threads, out_i, out_f, counts)
+    if small:
+        filt, a_off, allow_flat = ((_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS) \
+            if not batch.filtered() else _allow_lists(small, view_ids, batch)
+        table, held = _small_table([views[v] for v in small])
+        cpu_segments.search_small(table, len(big), head, method, has_w0, k, B, np.asarray(batch.off, np.int64), gid,
+                                  np.asarray(batch.mult, np.int64), np.asarray(batch.idf, np.float32),
+                                  np.asarray(batch.w0, np.float32), np.asarray(batch.const, np.float32), filt,
+                                  a_off, allow_flat, out_i, out_f, counts)
+        del held  # (held through the call: the table points into these arrays)
+    if T:  # list slots -> the views of this snapshot
+        slot_view = np.array(big + small, np.int64)
+        v = out_i[1]
+        np.copyto(v, slot_view[np.maximum(v, 0)], where=v >= 0)
+    return out_i, out_f, counts
+
+
+def _search_large(state: SnapshotWeights, layout: SnapshotLayout, big: tuple[int, ...], view_ids: tuple[int, ...],
+                  batch: QueryBatch, k: int, gid: np.ndarray, slots: np.ndarray, locs: np.ndarray, head: np.ndarray,
+                  fp: np.ndarray, method: int, has_w0: bool, cached: bool, threads: int, out_i: np.ndarray,
+                  out_f: np.ndarray, counts: np.ndarray) -> None:
+    """The large segments' call (:func:`gpuir.backends.cpu_segments.search_segments`), into the outputs."""
+    B = batch.size
+    T = int(gid.size)
+    qi = np.empty(B + 1 + 2 * T, np.int64)
+    qi[:B + 1] = batch.off
+    qi[B + 1:B + 1 + T] = slots
+    qi[B + 1 + T:] = batch.mult
+    qf = np.empty(2 * T + B, np.float32)
+    qf[:T] = batch.idf
+    qf[T:2 * T] = batch.w0
+    qf[2 * T:] = batch.const
+    if not batch.filtered():  # (the common case: nothing to build)
         filt, a_off, allow_flat = (_NO_FILTER_1 if B == 1 else np.zeros(B, np.bool_)), _NO_OFFSETS, _NO_ROWS
     else:
-        filt, a_off, allow_flat = _allow_lists(snap, layout, jobs)
-    head, fp, method, has_w0 = state.params(snap)
+        filt, a_off, allow_flat = _allow_lists(big, view_ids, batch)
     par = np.empty(11 + B, np.float64)
     par[:11] = head
-    if B == 1:
-        par[11] = jobs[0].theta
-    else:
-        par[11:] = [j.theta for j in jobs]
-    cached = not first or B >= BATCH_FILLS
+    par[11:] = batch.theta
     if cached and T:
         if B == 1:  # a plan's terms are distinct
             g_list = gid.tolist()
@@ -345,19 +461,13 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
             u, first_at = np.unique(gid, return_index=True)
             ui, uw = qf[:T][first_at], qf[T:2 * T][first_at]
         if u is not None and filt.all() and not layout.filled.issuperset(u.tolist()):
-            # every query is filtered (a tenant's search reads its own rows only): filling whole lists would
-            # weigh every tenant's postings; the weights of the rows read are computed on the way instead
-            cached, u = False, None
+            cached, u = False, None  # (every query filtered: see search_compiled)
         if u is not None:
             with state.lock:  # fills never rewrite a filled term: searches reading filled terms go on meanwhile
                 cpu_segments.fill_segments(layout.segs, fp, method, has_w0,
                                            np.ascontiguousarray(u), np.ascontiguousarray(ui),
                                            np.ascontiguousarray(uw))
                 layout.filled.update(u.tolist())
-    out_i = np.full((3, B, k), -1, np.int64)
-    out_f = np.full((B, k), -np.inf, np.float32)
-    counts = np.zeros((B, 4), np.int64)
-
     union = cached and len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
     if union and layout.ptrs is None:
         layout.ptrs = cpu_segments.pointer_rows(layout.segs)
@@ -379,4 +489,3 @@ def search_compiled(snap: Snapshot, view_ids: tuple[int, ...], jobs: list, k: in
         pool = shared_pool(threads)
         for fut in [pool.submit(run, s, min(B, s + size)) for s in range(0, B, size)]:
             fut.result()
-    return out_i, out_f, counts

@@ -552,6 +552,7 @@ def model_scatter_round(a: dict, grid: tuple[int, ...]) -> None:
 
     n, width, words, doc0 = int(a["n_spans"]), int(a["width"]), int(a["words"]), int(a["doc0"])
     acc, touched = a["acc"], a["touched"]
+    slots = []
     for s in range(n):
         p0 = int(a["sp_start"][s])
         p1 = p0 + int(a["sp_cum"][s + 1] - a["sp_cum"][s])
@@ -565,9 +566,11 @@ def model_scatter_round(a: dict, grid: tuple[int, ...]) -> None:
                            float(a["avgdl"]), _params(a))
         w = np.asarray(scaled(np.asarray(w, F32), a["sp_mult"][s]), F32)[ok]
         r, d = int(a["sp_row"][s]), d[ok]
-        assert np.unique(d).size == d.size, "a slot added twice in one round"
+        slots.append(r * width + d)
         acc[r * width + d] = (acc[r * width + d] + w).astype(F32)
         np.bitwise_or.at(touched, r * words + (d >> 5), (U32(1) << (d & 31).astype(U32)).astype(U32))
+    allslots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+    assert np.unique(allslots).size == allslots.size, "a slot added twice in one round"
 
 
 def model_scatter_keys(a: dict, grid: tuple[int, ...]) -> None:
@@ -577,12 +580,13 @@ def model_scatter_keys(a: dict, grid: tuple[int, ...]) -> None:
     g = doc0 + d
     for r in range(grid[1]):
         ok = ((a["touched"][r * words + (d >> 5)] >> (d & 31).astype(U32)) & U32(1)).astype(bool)
+        gi = np.where(ok, g, 0)  # the kernel reads the bitmaps only for touched slots (rows < N)
         if int(a["has_live"]):
-            ok &= ((a["live"][g >> 5] >> (g & 31).astype(U32)) & U32(1)).astype(bool)
+            ok &= ((a["live"][gi >> 5] >> (gi & 31).astype(U32)) & U32(1)).astype(bool)
         ar = int(a["row_allow"][r])
         if ar >= 0:
             aw = int(a["allow_words"])
-            ok &= ((a["allow"][ar * aw + (g >> 5)] >> (g & 31).astype(U32)) & U32(1)).astype(bool)
+            ok &= ((a["allow"].reshape(-1)[ar * aw + (gi >> 5)] >> (gi & 31).astype(U32)) & U32(1)).astype(bool)
         s = a["acc"][r * width: (r + 1) * width].astype(F32)
         if int(a["has_w0"]):
             s = (s + F32(a["row_const"][r])).astype(F32)

@@ -110,7 +110,7 @@ def round_order(n_rounds: int) -> list[int]:
 def scatter_topk(cp: Any, device_id: int, k: int, n_rows: int, n_docs: int, spans: Spans, *,
                  doc_ids: Any, tfs: Any, doc_lens: Any, weights: Any | None, consts: np.ndarray, has_w0: bool,
                  sc_args: tuple, live: Any | None = None, allow_bits: Any | None = None,
-                 row_allow: np.ndarray | None = None, row_key: Any | None = None, key_bits: int | None = None,
+                 row_allow: np.ndarray | None = None, row_key: Any | None = None, max_key: int | None = None,
                  budget_bytes: int = DEFAULT_BUDGET, sm_count: int = 108,
                  stats: ScatterStats | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top k of every row over one document space by the scatter kernels (see the module docstring).
@@ -144,8 +144,8 @@ def scatter_topk(cp: Any, device_id: int, k: int, n_rows: int, n_docs: int, span
     row_key : device array (N,), int32, optional
         The document number the key and the result carry for each global row (a memory's sequence
         numbers, so ties break by add order); default the row itself.
-    key_bits : int, optional
-        Bits of the largest key document number (default: of n_docs - 1).
+    max_key : int, optional
+        The largest key document number (default n_docs - 1): the selection's radix passes cover its bits.
     budget_bytes : int
         Device bytes the buffers may take.
 
@@ -162,7 +162,7 @@ def scatter_topk(cp: Any, device_id: int, k: int, n_rows: int, n_docs: int, span
         return ids, scores
     st.passes += 1
     T = K.SCATTER_THREADS
-    doc_bits = max(1, int(key_bits if key_bits is not None else n_docs - 1).bit_length())
+    doc_bits = max(1, int(max_key if max_key is not None else n_docs - 1).bit_length())
     # windows: as wide as the budget allows for all rows, at least MIN_WIDTH documents (fewer rows then)
     width = int(min(n_docs, max(MIN_WIDTH, budget_bytes // (BYTES_PER_SLOT * B))))
     width = max(32, -(-width // 32) * 32) if width < n_docs else n_docs

@@ -265,6 +265,13 @@ def segment_scorer(seg: Segment, backend: str, params: BM25Params) -> Scorer:
 _SEGSCAN = None
 
 
+def _devicesearch():
+    """:mod:`gpuir.memory.devicesearch` (the cupy backend's one-pass searches)."""
+    from . import devicesearch
+
+    return devicesearch
+
+
 def _segscan():
     """:mod:`gpuir.memory.segscan` (imported on first use: it loads numba)."""
     global _SEGSCAN
@@ -303,6 +310,8 @@ class SegmentEngine:
         engine, every job goes through one call for all segments, a ``where`` as an allow-list per
         segment (:func:`gpuir.memory.segscan.scan_compiled`).
         """
+        if self.name == "cupy" and jobs and view_ids and _devicesearch().ONE_PASS:  # one device pass
+            return _devicesearch().scan(self.snap, view_ids, jobs, k)
         threads = self._compiled_threads(view_ids) if jobs else None
         if threads is not None:
             raw = _segscan().scan_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)
@@ -314,6 +323,8 @@ class SegmentEngine:
         """Every plan over the segments ``view_ids``, no filter, as arrays: one compiled call, and no
         per-query objects on the way (:func:`gpuir.memory.segscan.search_compiled`'s (out_i, out_f,
         counts)); None when the compiled engine does not serve these segments (then :meth:`scan`)."""
+        if self.name == "cupy" and plans and view_ids and _devicesearch().ONE_PASS:  # one device pass
+            return _devicesearch().search_all(self.snap, view_ids, plans, k)
         threads = self._compiled_threads(view_ids)
         if threads is None:
             return self._search_all_each(view_ids, plans, k) if self.batch_each else None

@@ -698,6 +698,9 @@ class _Capture(threading.local):
 
 
 _CAPTURE = _Capture()
+#: Streams capturing a graph now, in any thread (the fake device refuses a device-wide sync meanwhile).
+_ACTIVE = [0]
+_ACTIVE_LOCK = threading.Lock()
 
 
 def _deferred(fn: Callable[[], Any]) -> Any:
@@ -827,9 +830,13 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             if _CAPTURE.ops is not None:
                 raise RuntimeError("a capture is already running")
             _CAPTURE.ops = []
+            with _ACTIVE_LOCK:
+                _ACTIVE[0] += 1
 
         def end_capture(self):
             ops, _CAPTURE.ops = _CAPTURE.ops, None
+            with _ACTIVE_LOCK:
+                _ACTIVE[0] -= 1
             cp.graph_captures += 1
             return Graph(ops)
 
@@ -837,6 +844,13 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def __init__(self, i=0):
             self.id = int(i)
             self.attributes = {"MultiProcessorCount": sm_count}
+
+        def synchronize(self):
+            # as CUDA: a device-wide synchronisation is refused while any stream of the device is
+            # capturing, whatever thread captures and in whatever capture mode
+            if _ACTIVE[0]:
+                raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is "
+                                   "capturing")
 
     class Pool:
         def free_all_blocks(self):
@@ -849,6 +863,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
     cp.graph_launches = cp.graph_captures = 0
     cp.cuda = types.SimpleNamespace(
         Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
+        get_current_stream=lambda: Stream(),
         alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
         set_allocator=lambda alloc=None: None, set_pinned_memory_allocator=lambda alloc=None: None,
         memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),

@@ -37,7 +37,6 @@ def same(res, ids, scores, what):
 def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
-
     from gpuir.memory import devicesearch
 
     monkeypatch.setattr(devicesearch, "ONE_PASS", False)
@@ -71,9 +70,8 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
     path and a fresh index bit for bit."""
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
-    from gpuir.memory.search import SegmentEngine
-
     from gpuir.memory import devicesearch
+    from gpuir.memory.search import SegmentEngine
 
     monkeypatch.setattr(devicesearch, "ONE_PASS", False)
     rng = np.random.default_rng([23, len(method)])

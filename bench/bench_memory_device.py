@@ -11,7 +11,8 @@ awaited, and a static :class:`gpuir.BM25Index` built over the same texts. Then, 
 * one batch of ``--queries`` questions (queries/s, median of ``--repeats``), and batches of each
   size in ``--sweep`` (where the device starts to pay);
 * ``memory_cupy_per_query``: the memory on cupy by its general path (one scorer call per query and
-  segment, what an unfiltered batch took before ``SegmentEngine._search_all_each``), batches only;
+  segment, what an unfiltered batch took before ``SegmentEngine._search_all_each`` and the one device
+  pass of ``gpuir.memory.devicesearch``), batches only;
 * whether the memory's batch results on the device equal its results on the CPU and the static
   index's (ids and float32 scores).
 
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
 
     from gpuir import BM25Index, Memory
     from gpuir.gpu_info import gpu_report
+    from gpuir.memory import devicesearch
     from gpuir.memory.search import SegmentEngine
     from gpuir.synthetic import generate
 
@@ -118,12 +120,14 @@ def main(argv=None) -> int:
     res["one_at_a_time"] = _search_times_together(fns, qs[: a.one])
     save("one_at_a_time")
 
-    def per_query(q):  # the general path: a scorer call per query and segment
+    def per_query(q):  # the general path: a scorer call per query and segment (the one device pass off)
         SegmentEngine.batch_each = False
+        devicesearch.ONE_PASS = False
         try:
             return mem.search(q, k=a.k, backend="cupy")
         finally:
             SegmentEngine.batch_each = True
+            devicesearch.ONE_PASS = True
 
     batch_fns = {**fns, "memory_cupy_per_query": per_query}
     last: dict[str, Any] = {}

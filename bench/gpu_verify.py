@@ -965,9 +965,9 @@ def step_memory(run: Run) -> dict[str, Any]:
                    "static_build_s": round(time.perf_counter() - t, 2), "segments": len(snap.views),
                    "partitions": len(snap.partitions), "cells": []}
             qs = list(g.queries)
-            fns = {"memory_cupy": lambda q: mem.search(q, k=10, backend="cupy"),
-                   "memory_numba": lambda q: mem.search(q, k=10, backend="numba"),
-                   "static_cupy": lambda q: static.search(q, k=10, backend="cupy")}
+            fns = {"memory_cupy": lambda q, m=mem: m.search(q, k=10, backend="cupy"),
+                   "memory_numba": lambda q, m=mem: m.search(q, k=10, backend="numba"),
+                   "static_cupy": lambda q, x=static: x.search(q, k=10, backend="cupy")}
             for B in batches:
                 if run.left() < 10:
                     lay["cells"].append({"batch": B, "skipped": "budget"})
@@ -993,7 +993,7 @@ def step_memory(run: Run) -> dict[str, Any]:
                 lay["cells"].append(cell)
             out["layouts"].append(lay)
             mem.close()
-            del mem, static
+            mem = static = fns = last = None  # device copies go with them
             run.drop()
     return out
 
@@ -1005,8 +1005,8 @@ STEPS: list[Step] = [
     Step("scale", step_scale, 60, "N = 8.8M: B = 1024 timings, k > 4096, 20,000 rows; 64 rows checked each"),
     Step("racecheck", step_racecheck, 25, "compute-sanitizer racecheck on a workload launching every kernel"),
     Step("memcheck", step_memcheck, 25, "compute-sanitizer memcheck, same workload"),
-    Step("memory", step_memory, 90, "the memory at 1M records, 1 and weekly partitions, B in {1, 64, 1024}: "
-         "memory on cupy vs numba vs the static index on cupy, bit for bit"),
+    Step("memory", step_memory, 90, ("the memory at 1M records, 1 and weekly partitions, B in {1, 64, 1024}: "
+                                     "memory on cupy vs numba vs the static index on cupy, bit for bit")),
     Step("filtered", step_filtered, 20, "one 500-record haystack per query, contiguous and scattered"),
     Step("synccheck", step_synccheck, 20, "compute-sanitizer synccheck"),
     Step("initcheck", step_initcheck, 20, "compute-sanitizer initcheck"),
@@ -1079,8 +1079,8 @@ def table(res: dict[str, Any]) -> str:
         lines += [f"| {c['n_docs']} | {c['batch']} | {c['k']} | {c['qps']:.0f} | {_fmt(c.get('p50_ms'))} |" for c in b]
     mc = [c for c in res.get("cells", []) if c["step"] == "memory"]
     if mc:
-        lines += ["", "| memory: partition days | records | segments | B | memory cupy q/s | memory numba q/s | "
-                      "static cupy q/s | bit-identical |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["", ("| memory: partition days | records | segments | B | memory cupy q/s | memory numba q/s | "
+                       "static cupy q/s | bit-identical |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {c['partition_days'] or 'one'} | {c['records']} | {c['segments']} | {c['batch']} | "
                   f"{c['memory_cupy']['qps']:.0f} | {c['memory_numba']['qps']:.0f} | {c['static_cupy']['qps']:.0f} | "
                   f"{'yes' if c.get('ok') else 'NO'} |" for c in mc]

@@ -1030,8 +1030,8 @@ def table(res: dict[str, Any]) -> str:
     lines = [f"# gpu_verify: {m.get('device')}", "", versions, ""]
     pv = res.get("provenance") or {}
     if pv:
-        lines += [f"Commit {pv.get('commit')}, kernel sources sha256 {pv.get('kernel_sha256')}, "
-                  f"Python sources sha256 {pv.get('source_sha256')}", ""]
+        lines += [(f"Commit {pv.get('commit')}, kernel sources sha256 {pv.get('kernel_sha256')}, "
+                   f"Python sources sha256 {pv.get('source_sha256')}"), ""]
     if m.get("dry_run"):
         lines += ["**Dry run: no device. Kernels ran as the NumPy model; no figure below is a GPU figure.**", ""]
     if m.get("copy_bandwidth_gbs"):

@@ -23,8 +23,10 @@
 //     slot that is not a candidate (untouched, deleted, or outside the row's allow-list). Every slot
 //     is written, so nothing of an earlier batch survives in the reused key buffer.
 //
-// The document space is chunked: a launch covers the window [doc0, doc0 + width) of global rows
-// (a posting outside it is skipped), so the buffers fit the device memory budget whatever N is.
+// The document space is chunked: a launch covers the window [doc0, doc0 + width) of global rows, so
+// the buffers fit the device memory budget whatever N is. With several windows, scatter_clip first cuts
+// each span to the window (binary searches), so each window walks only its own postings; a posting
+// outside the window is skipped all the same.
 //
 // A "span" is a contiguous slice of the concatenated posting arrays: one query row's posting list
 // of one term in one segment (rows [base, base + n) of the document space). The host lists each
@@ -36,7 +38,7 @@
 // w0 under the search's statistics -- the operations of gpuir/backends/weights.py, in its order.
 // A posting's contribution is gpuir::scaled(w, mult), as the reference's `w * c` for repeats.
 //
-// Instantiations (name_expressions): scatter_round<256>, scatter_keys<256>.
+// Instantiations (name_expressions): scatter_round<256>, scatter_clip<256>, scatter_keys<256>.
 #include "common.cuh"
 
 template <int THREADS>
@@ -72,6 +74,32 @@ __global__ void __launch_bounds__(THREADS) scatter_round(
         const long long r = sp_row[s];
         atomicAdd(&acc[r * width + d], gpuir::scaled(w, sp_mult[s]));  // the slot's only add this round
         atomicOr(&touched[r * words + (d >> 5)], 1u << (unsigned)(d & 31));
+    }
+}
+
+// A window's share of each span: the postings whose global row lies in [doc0, doc0 + width), found by
+// two binary searches in the span's (ascending) rows -- so a round of a window walks only its own
+// postings. Writes each span's first posting and count there; the host turns the counts into the
+// prefix sums scatter_round reads (a device cumsum: no copy back).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) scatter_clip(
+    const int* __restrict__ doc_ids,          // (P,) int32
+    const long long* __restrict__ sp_start,   // (S,) int64: the span's first posting (all windows)
+    const long long* __restrict__ sp_cum,     // (S+1,) int64: prefix sums of the spans' lengths
+    const int* __restrict__ sp_base,          // (S,) int32
+    int n_spans, long long doc0, int width,
+    long long* __restrict__ out_start,        // (S,) int64: the window's first posting of each span
+    long long* __restrict__ out_len) {        // (S,) int64: its postings in the window
+    for (long long s = (long long)blockIdx.x * THREADS + threadIdx.x; s < n_spans;
+         s += (long long)gridDim.x * THREADS) {
+        const long long a = sp_start[s], e = a + (sp_cum[s + 1] - sp_cum[s]);
+        const long long lo_row = doc0 - sp_base[s], hi_row = doc0 + width - sp_base[s];
+        const int lo = lo_row < 0 ? 0 : (lo_row > 2147483647ll ? 2147483647 : (int)lo_row);
+        const int hi = hi_row < 0 ? 0 : (hi_row > 2147483647ll ? 2147483647 : (int)hi_row);
+        const long long p0 = gpuir::lower_bound(doc_ids, a, e, lo);
+        const long long p1 = gpuir::lower_bound(doc_ids, p0, e, hi);
+        out_start[s] = p0;
+        out_len[s] = p1 - p0;
     }
 }
 

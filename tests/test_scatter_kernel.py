@@ -74,6 +74,7 @@ def test_equals_numpy_every_variant(device, data, method):
         _same(want, small.search(qs, k), (method, k, "windows"))
     assert one.last_stats.windows == 1 and small.last_stats.windows > 2
     assert any(n.startswith("scatter_round") for n, *_ in device.launches)
+    assert any(n.startswith("scatter_clip") for n, *_ in device.launches)  # windows walk their own postings
     # per-search statistics: weights computed in the kernel (not the cached ones)
     st = CollectionStats(idx.n_docs * 3, np.asarray(CollectionStats.of(idx).df) + 5, 7.5)
     consts = np.linspace(0.0, 2.0, len(qs)).astype(np.float32)

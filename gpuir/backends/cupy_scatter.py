@@ -56,8 +56,20 @@ BYTES_PER_SLOT = 4 + 8 + 1 / 8
 _MAX_GRID_Y = 65535
 #: The narrowest document window (fewer rows per window rather than narrower windows).
 MIN_WIDTH = 1024
-#: Default device budget of the scatter buffers when no budget is given (bytes).
+#: Device budget of the scatter buffers when no budget is given and free memory cannot be read (bytes).
 DEFAULT_BUDGET = 1 << 30
+#: Share of the free device memory the buffers may take when no budget is given.
+BUDGET_FRACTION = 0.4
+
+
+def default_budget(cp: Any) -> int:
+    """Bytes the scatter buffers may take: :data:`BUDGET_FRACTION` of the free device memory (else
+    :data:`DEFAULT_BUDGET`)."""
+    try:
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+    except Exception:  # noqa: BLE001 - no memory query: the fixed default
+        return DEFAULT_BUDGET
+    return max(64 << 20, int(BUDGET_FRACTION * free))
 
 
 def _next_pow2(x: int) -> int:
@@ -232,6 +244,14 @@ def scatter_topk(cp: Any, device_id: int, k: int, n_rows: int, n_docs: int, span
             touched.fill(0)
             for total, n_sp, (d_start, d_cum, d_row, d_base, d_idf, d_w0, d_mult) in dev_rounds:
                 grid = (int(max(1, min(-(-total // T), 8 * sm_count))),)
+                if n_win > 1:  # walk only this window's postings: each span cut to it on the device
+                    w_start, w_len = cp.empty(n_sp, dtype=cp.int64), cp.empty(n_sp, dtype=cp.int64)
+                    launch(_FILE, f"scatter_clip<{T}>", (int(max(1, min(-(-n_sp // T), 8 * sm_count))),),
+                           (doc_ids, d_start, d_cum, d_base, np.int32(n_sp), np.int64(doc0), np.int32(width),
+                            w_start, w_len))
+                    w_cum = cp.zeros(n_sp + 1, dtype=cp.int64)
+                    w_cum[1:] = cp.cumsum(w_len)
+                    d_start, d_cum = w_start, w_cum
                 launch(_FILE, f"scatter_round<{T}>", grid,
                        (doc_ids, tfs, w_arr, doc_lens, d_start, d_cum, d_row, d_base, d_idf, d_w0, d_mult,
                         np.int32(n_sp), np.int32(weights is not None), np.int64(doc0), np.int32(width), acc, touched,
@@ -351,8 +371,8 @@ class ScatterScorer(Scorer):
     params : BM25Params
     stats : CollectionStats, optional
     memory_budget_bytes : int, optional
-        Device bytes the score and key buffers may take (default :data:`DEFAULT_BUDGET`); the
-        document space is scored in windows that fit it.
+        Device bytes the score and key buffers may take (default :func:`default_budget`: a share of
+        the free device memory); the document space is scored in windows that fit it.
     device : int, optional
     """
 
@@ -375,7 +395,7 @@ class ScatterScorer(Scorer):
         import cupy
 
         self._cp = cupy
-        self.budget_bytes = int(memory_budget_bytes or DEFAULT_BUDGET)
+        self.budget_bytes = int(memory_budget_bytes or default_budget(cupy))
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         with cupy.cuda.Device(self.device_id):
             a = cupy.asarray
@@ -463,5 +483,5 @@ class ScatterScorer(Scorer):
             queries, allow, stats=stats, consts=consts, live=live)
 
 
-__all__ = ["BYTES_PER_SLOT", "DEFAULT_BUDGET", "ScatterScorer", "ScatterStats", "Spans", "allow_bitmaps",
+__all__ = ["BYTES_PER_SLOT", "DEFAULT_BUDGET", "default_budget", "ScatterScorer", "ScatterStats", "Spans", "allow_bitmaps",
            "has_absent_weight", "round_order", "scatter_topk"]

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .cupy_scatter import DEFAULT_BUDGET, ScatterStats, Spans, scatter_topk
+from .cupy_scatter import ScatterStats, Spans, default_budget, scatter_topk
 
 try:  # the segment-set contract (gpuir/backends/contract.py), where present
     from .contract import SegmentEngine as _EngineBase  # type: ignore[import-not-found]
@@ -205,14 +205,15 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
     Parameters
     ----------
     budget_bytes : int, optional
-        Device bytes of the scatter buffers (default :data:`gpuir.backends.cupy_scatter.DEFAULT_BUDGET`).
+        Device bytes of the scatter buffers (default: a share of the free device memory, read per search).
     """
 
     name = "cupy"
     backend = "cupy"
 
     def __init__(self, budget_bytes: int | None = None):
-        self.budget_bytes = int(budget_bytes or DEFAULT_BUDGET)
+        #: Device bytes of the scatter buffers (None: :func:`~gpuir.backends.cupy_scatter.default_budget`).
+        self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
         #: What the last search did (:class:`~gpuir.backends.cupy_scatter.ScatterStats`; the tests count passes).
         self.last_stats = ScatterStats()
         self._sm: int | None = None
@@ -262,7 +263,7 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
             cp, cp.cuda.Device().id, k, B, sp.n_docs, spans, doc_ids=sp.doc_ids, tfs=sp.tfs, doc_lens=sp.doc_lens,
             weights=None, consts=np.asarray(batch.const, np.float32), has_w0=bool(batch.has_w0), sc_args=sc.args(),
             live=live, allow_bits=allow_bits, row_allow=row_allow, row_key=sp.seqs, max_key=sp.max_key,
-            budget_bytes=self.budget_bytes, sm_count=self._sm, stats=st)
+            budget_bytes=self.budget_bytes or default_budget(cp), sm_count=self._sm, stats=st)
         self.last_stats = st
         j, rows = sp.locate(seqs)
         vmap = np.asarray(view_ids, np.int64)

@@ -573,6 +573,17 @@ def model_scatter_round(a: dict, grid: tuple[int, ...]) -> None:
     assert np.unique(allslots).size == allslots.size, "a slot added twice in one round"
 
 
+def model_scatter_clip(a: dict, grid: tuple[int, ...]) -> None:
+    """Each span cut to the window: its first posting there and its count."""
+    doc0, width = int(a["doc0"]), int(a["width"])
+    for s in range(int(a["n_spans"])):
+        p0 = int(a["sp_start"][s])
+        p1 = p0 + int(a["sp_cum"][s + 1] - a["sp_cum"][s])
+        rows = a["doc_ids"][p0:p1].astype(np.int64) + int(a["sp_base"][s])
+        lo, hi = np.searchsorted(rows, doc0), np.searchsorted(rows, doc0 + width)
+        a["out_start"][s], a["out_len"][s] = p0 + lo, hi - lo
+
+
 def model_scatter_keys(a: dict, grid: tuple[int, ...]) -> None:
     """Every slot of the window: its composite key, or the sentinel 0."""
     width, words, doc0 = int(a["width"]), int(a["words"]), int(a["doc0"])
@@ -599,7 +610,7 @@ MODELS: dict[str, Callable[..., None]] = {
     "seed_tiles": model_seed_tiles, "seed_theta": model_seed_theta,
     "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
     "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
-    "scatter_round": model_scatter_round, "scatter_keys": model_scatter_keys,
+    "scatter_round": model_scatter_round, "scatter_clip": model_scatter_clip, "scatter_keys": model_scatter_keys,
 }
 
 
@@ -957,7 +968,8 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
                           f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"haystack_score<{v['HAYSTACK_THREADS']}>"],
         "topk.cu": [f"select_topk<{v['SELECT_THREADS']}>", f"pack_candidates<{v['PACK_THREADS']}>", "decode_keys"],
-        "scatter.cu": [f"scatter_round<{v['SCATTER_THREADS']}>", f"scatter_keys<{v['SCATTER_THREADS']}>"],
+        "scatter.cu": [f"scatter_round<{v['SCATTER_THREADS']}>", f"scatter_clip<{v['SCATTER_THREADS']}>",
+                       f"scatter_keys<{v['SCATTER_THREADS']}>"],
     }
 
 

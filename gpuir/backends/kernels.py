@@ -83,7 +83,8 @@ NAME_EXPRESSIONS: dict[str, list[str]] = {
     ],
     "topk.cu": [f"select_topk<{SELECT_THREADS}>", f"pack_candidates<{PACK_THREADS}>", "decode_keys"],
     # The batched term-at-a-time scatter (gpuir/backends/cupy_scatter.py).
-    "scatter.cu": [f"scatter_round<{SCATTER_THREADS}>", f"scatter_keys<{SCATTER_THREADS}>"],
+    "scatter.cu": [f"scatter_round<{SCATTER_THREADS}>", f"scatter_clip<{SCATTER_THREADS}>",
+                   f"scatter_keys<{SCATTER_THREADS}>"],
     # Session pooling (gpuir/dense/late_interaction.py, loaded through load_module).
     "segment_reduce.cu": ["segment_reduce<float>", "segment_reduce<double>"],
 }

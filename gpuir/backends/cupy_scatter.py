@@ -483,5 +483,15 @@ class ScatterScorer(Scorer):
             queries, allow, stats=stats, consts=consts, live=live)
 
 
-__all__ = ["BYTES_PER_SLOT", "DEFAULT_BUDGET", "default_budget", "ScatterScorer", "ScatterStats", "Spans", "allow_bitmaps",
-           "has_absent_weight", "round_order", "scatter_topk"]
+__all__ = [
+    "BYTES_PER_SLOT",
+    "DEFAULT_BUDGET",
+    "ScatterScorer",
+    "ScatterStats",
+    "Spans",
+    "allow_bitmaps",
+    "default_budget",
+    "has_absent_weight",
+    "round_order",
+    "scatter_topk",
+]

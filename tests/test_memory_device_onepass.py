@@ -272,3 +272,31 @@ def test_concurrent_single_questions_each_get_a_graph(monkeypatch):
             assert r.meta["graph_runs"] == 1
         idle = [g for gs in sc._graphs.values() for g in gs]
         assert len(idle) == 2 and first[0] in idle  # two graphs of one shape, both back in the pool
+
+
+def test_a_merged_away_segment_releases_its_device_copy(monkeypatch):
+    """Device copies live in the segment's cache and the kept document spaces: once merges replace a segment
+    and newer spaces are made, nothing holds its device arrays."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(53)
+    m = Memory(method="lucene", partition_days=None, merge_factor=3, merge_min=2, background_merges=False)
+    model = Model(analyzer="default", method="lucene")
+    qs = [random_query(rng) for _ in range(4)]
+    with device("model", monkeypatch):
+        grow_both(m, model, rng, 0, 30, 5)
+        m.search(qs, k=5, backend="cupy")
+        first = {v.seg.uid: weakref.ref(v.seg.cache[("cupy", "device_segment")].doc_ids) for v in m.snapshot().views}
+        for step in range(1, 8):  # more segments, merged together
+            grow_both(m, model, rng, step, 30, 5)
+            m.search(qs, k=5, backend="cupy")
+        m.merge()
+        for _ in range(cseg.SPACES_KEPT):
+            m.search(qs, k=5, backend="cupy")
+        live_uids = {v.seg.uid for v in m.snapshot().views}
+        assert len(cseg.SPACES) <= cseg.SPACES_KEPT
+        gc.collect()
+        merged_away = [u for u in first if u not in live_uids]
+        assert merged_away, "the test needs a segment merged away"
+        assert all(first[u]() is None for u in merged_away), "a merged-away segment's device copy is still held"

@@ -311,5 +311,16 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
         return cp.asarray(np.ascontiguousarray(np.stack(masks))), row_allow
 
 
+def register() -> bool:
+    """Route the contract's "cupy" engine here (``gpuir.backends.contract.register_engine``); False where the
+    contract module is absent (then :mod:`gpuir.memory.devicesearch` routes the memory's cupy searches)."""
+    try:
+        from .contract import register_engine  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    register_engine("cupy", CupySegmentsEngine)
+    return True
+
+
 __all__ = ["SPACES", "UPLOADS", "CupySegmentsEngine", "DeviceSegment", "DocSpace", "SegmentHits", "device_segment",
-           "doc_space"]
+           "doc_space", "register"]

@@ -300,3 +300,25 @@ def test_a_merged_away_segment_releases_its_device_copy(monkeypatch):
         merged_away = [u for u in first if u not in live_uids]
         assert merged_away, "the test needs a segment merged away"
         assert all(first[u]() is None for u in merged_away), "a merged-away segment's device copy is still held"
+
+
+def test_one_document_space_serves_every_search_of_a_snapshot(monkeypatch):
+    """Recency-ordered scans (a few partitions at a time) and filtered searches of one snapshot share its one
+    document space: rows outside the searched partitions are masked, not a new concatenation per subset."""
+    rng = np.random.default_rng(59)
+    m = Memory(method="bm25l", partition_days=1, merge_factor=100, merge_min=10**6, background_merges=False)
+    model = Model(analyzer="default", method="bm25l")
+    qs = [random_query(rng) for _ in range(6)]
+    ws = [random_where(rng) if i % 2 else None for i in range(6)]
+    with device("model", monkeypatch):
+        for step in range(3):
+            grow_both(m, model, rng, step, 50, 6)
+        assert len(m.snapshot().partitions) > 3
+        for mode, ties in (("newest", "newest"), ("exhaustive", "oldest"), ("budgeted", None)):
+            kw = {"max_partitions": 2} if mode == "budgeted" else {}
+            a = m.search(qs, k=7, where=ws, backend="numpy", mode=mode, ties=ties, **kw)
+            b = m.search(qs, k=7, where=ws, backend="cupy", mode=mode, ties=ties, **kw)
+            _same_arrays(a, b, mode)
+        assert len(cseg.SPACES) == 1
+        (space,) = cseg.SPACES.values()
+        assert [s.uid for s in space.segs] == [v.seg.uid for v in m.snapshot().views]

@@ -68,31 +68,57 @@ def batch_of(plans: list, allow: list | None = None, theta: np.ndarray | None = 
                   np.full(B, -np.inf) if theta is None else theta, allow)
 
 
+def _every_view(snap: Any) -> tuple[int, ...]:
+    """The views the device pass always covers: all of the snapshot's, so one document space serves every
+    search of a snapshot (a search of fewer views restricts its rows by an allow-list instead)."""
+    return tuple(range(len(snap.views)))
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _allow_lists(snap: Any, view_ids: tuple[int, ...], wheres: list) -> list | None:
+    """Per query, its allowed rows in every view of the snapshot (None: all rows): the ``where`` rows in the
+    searched views ``view_ids``, nothing in the others. One list per distinct ``where``."""
+    every = _every_view(snap)
+    subset = set(view_ids)
+    whole = subset >= set(every)
+    if whole and all(w is None for w in wheres):
+        return None
+    made: dict[int, list] = {}
+    out = []
+    for w in wheres:
+        if w is None and whole:
+            out.append(None)
+            continue
+        a = made.get(id(w))
+        if a is None:
+            a = made[id(w)] = [
+                _NONE if vi not in subset else
+                (np.arange(snap.views[vi].seg.n_docs, dtype=np.int64) if w is None else
+                 np.asarray(w.rows(snap.views[vi], snap.dicts), np.int64))
+                for vi in every]
+        out.append(a)
+    return out
+
+
 def search_all(snap: Any, view_ids: tuple[int, ...], plans: list, k: int) -> tuple[np.ndarray, ...]:
     """Every plan over the views ``view_ids`` in one device pass: out_i (3, B, k) int64 (sequence number, view,
     row; -1 pads), out_f (B, k) float32 (-inf pads), counts (B, 1) int64 (postings read), host."""
-    h = engine().search(snap, view_ids, batch_of(plans), k)
+    allow = _allow_lists(snap, view_ids, [None] * len(plans))
+    h = engine().search(snap, _every_view(snap), batch_of(plans, allow), k)
     return np.stack([h.seqs, h.views, h.rows]), h.scores, h.postings[:, None]
 
 
 def scan(snap: Any, view_ids: tuple[int, ...], jobs: list, k: int) -> dict[int, tuple[Any, int]]:
-    """Jobs (a plan, a ``where``) over the views ``view_ids`` in one device pass: qi -> (Hits, postings read)."""
+    """Jobs (a plan, a ``where``) over the views ``view_ids`` in one device pass: qi -> (Hits, postings read).
+
+    The pass covers the snapshot's whole row space (its one document space); rows outside ``view_ids`` or
+    the job's ``where`` are masked out by allow-lists."""
     from .search import Hits
 
-    views = [snap.views[v] for v in view_ids]
-    allow: list | None = None
-    if any(j.where is not None for j in jobs):
-        per_where: dict[int, list] = {}
-        allow = []
-        for j in jobs:
-            if j.where is None:
-                allow.append(None)
-                continue
-            a = per_where.get(id(j.where))
-            if a is None:
-                a = per_where[id(j.where)] = [j.where.rows(v, snap.dicts) for v in views]
-            allow.append(a)
-    h = engine().search(snap, view_ids, batch_of([j.plan for j in jobs], allow), k)
+    allow = _allow_lists(snap, view_ids, [j.where for j in jobs])
+    h = engine().search(snap, _every_view(snap), batch_of([j.plan for j in jobs], allow), k)
     out = {}
     for i, j in enumerate(jobs):
         ok = h.seqs[i] >= 0

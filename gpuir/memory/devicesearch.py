@@ -110,18 +110,17 @@ def search_all(snap: Any, view_ids: tuple[int, ...], plans: list, k: int) -> tup
     return np.stack([h.seqs, h.views, h.rows]), h.scores, h.postings[:, None]
 
 
-def scan(snap: Any, view_ids: tuple[int, ...], jobs: list, k: int) -> dict[int, tuple[Any, int]]:
-    """Jobs (a plan, a ``where``) over the views ``view_ids`` in one device pass: qi -> (Hits, postings read).
+def scan(snap: Any, view_ids: tuple[int, ...], jobs: list, k: int) -> dict[int, tuple[tuple | None, int]]:
+    """Jobs (a plan, a ``where``) over the views ``view_ids`` in one device pass: qi -> ((seqs, scores, view
+    positions, rows) of its hits, best first, or None when it has none; postings read).
 
     The pass covers the snapshot's whole row space (its one document space); rows outside ``view_ids`` or
     the job's ``where`` are masked out by allow-lists."""
-    from .search import Hits
-
     allow = _allow_lists(snap, view_ids, [j.where for j in jobs])
     h = engine().search(snap, _every_view(snap), batch_of([j.plan for j in jobs], allow), k)
     out = {}
     for i, j in enumerate(jobs):
         ok = h.seqs[i] >= 0
-        hits = Hits(h.seqs[i][ok], h.scores[i][ok], h.views[i][ok], h.rows[i][ok]) if ok.any() else Hits()
+        hits = (h.seqs[i][ok], h.scores[i][ok], h.views[i][ok], h.rows[i][ok]) if ok.any() else None
         out[j.qi] = (hits, int(h.postings[i]))
     return out

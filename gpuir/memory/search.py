@@ -311,7 +311,8 @@ class SegmentEngine:
         segment (:func:`gpuir.memory.segscan.scan_compiled`).
         """
         if self.name == "cupy" and jobs and view_ids and _devicesearch().ONE_PASS:  # one device pass
-            return _devicesearch().scan(self.snap, view_ids, jobs, k)
+            got = _devicesearch().scan(self.snap, view_ids, jobs, k)
+            return {qi: (Hits() if h is None else Hits(*h), r) for qi, (h, r) in got.items()}
         threads = self._compiled_threads(view_ids) if jobs else None
         if threads is not None:
             raw = _segscan().scan_compiled(self.snap, view_ids, jobs, k, self._scorer_of, threads=threads)

@@ -13,9 +13,9 @@ view_ids, batch, k) -> SegmentHits``) for the cupy backend, on the design card's
   (device-to-device copies, no host transfer) into one row space: segment j's rows start at
   ``row_base[j]``, its postings at ``post_base[j]``. Kept per set of segment uids (a new snapshot
   that shares the same segments -- a delete, a statistics change -- reuses it; :data:`SPACES` holds
-  the last few). The host keeps a table global term -> (segment, local posting list): one
-  ``searchsorted`` over it finds every (query term, segment) posting list of a batch at once, with
-  no per-segment loop.
+  the last few). The host keeps a table global term -> (segment, posting list), a CSR over the
+  global term codes: one gather finds every (query term, segment) posting list of a batch, with no
+  per-segment loop.
 * **One pass per batch.** Each query's terms (ascending term strings, hence ascending local ids in
   every segment) are rounds; round r adds, for every query, its r-th term's posting list in every
   segment that has it. Segments cover disjoint rows, so each (query, record) slot still receives at
@@ -133,19 +133,25 @@ class DocSpace:
 
         self.doc_ids, self.tfs = cat(lambda d: d.doc_ids), cat(lambda d: d.tfs)
         self.doc_lens, self.seqs = cat(lambda d: d.doc_lens), cat(lambda d: d.seqs)
-        # global term -> posting list in each segment: keys j * G + global code, ascending
+        # global term -> its posting list in each segment that has it: a CSR over global codes (term_off)
+        # of entries (segment, first posting, postings), made once per space
         G = int(max([int(s.g_sorted[-1]) + 1 if s.g_sorted.size else 1 for s in segs] + [1]))
         self.G = G
-        self.keys = np.concatenate([j * G + np.asarray(s.g_sorted, np.int64) for j, s in enumerate(segs)]) \
-            if segs else np.zeros(0, np.int64)
-        starts, lens = [], []
+        gs, starts, lens, segj = [], [], [], []
         for j, s in enumerate(segs):
             o = np.asarray(s.csr.offsets, np.int64)
             lid = np.asarray(s.g_order, np.int64)
+            gs.append(np.asarray(s.g_sorted, np.int64))
             starts.append(o[lid] + self.post_base[j])
             lens.append(o[lid + 1] - o[lid])
-        self.start = np.concatenate(starts) if segs else np.zeros(0, np.int64)
-        self.length = np.concatenate(lens) if segs else np.zeros(0, np.int64)
+            segj.append(np.full(lid.size, j, np.int64))
+        g_all = np.concatenate(gs) if segs else np.zeros(0, np.int64)
+        order = np.argsort(g_all, kind="stable")  # runs already sorted per segment: a merge of S runs
+        self.start = (np.concatenate(starts) if segs else np.zeros(0, np.int64))[order]
+        self.length = (np.concatenate(lens) if segs else np.zeros(0, np.int64))[order]
+        self.seg_of = (np.concatenate(segj) if segs else np.zeros(0, np.int64))[order]
+        self.term_off = np.zeros(G + 1, np.int64)
+        np.cumsum(np.bincount(g_all, minlength=G), out=self.term_off[1:])
         host_seqs = np.concatenate([np.asarray(s.seqs, np.int64) for s in segs]) if segs else np.zeros(0, np.int64)
         self.max_key = int(host_seqs.max()) if host_seqs.size else 0
         # sequence number -> global row (results come back as sequence numbers)
@@ -153,18 +159,18 @@ class DocSpace:
         self._seq_sorted = host_seqs[self._seq_order]
 
     def find(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every (term, segment) posting list of ``gids`` ((T,) int64): (term index, segment, start, length)."""
-        S, T = self.row_base.size - 1, gids.size
-        if S == 0 or T == 0:
-            z = np.zeros(0, np.int64)
-            return z, z, z, z
-        ok = gids < self.G
-        q = (np.arange(S, dtype=np.int64)[:, None] * self.G + np.where(ok, gids, 0)[None, :]).ravel()
-        pos = np.minimum(np.searchsorted(self.keys, q), self.keys.size - 1)
-        hit = (self.keys[pos] == q) & np.tile(ok, S)
-        flat = np.flatnonzero(hit)
-        seg, term = flat // T, flat % T
-        return term, seg, self.start[pos[flat]], self.length[pos[flat]]
+        """Every (term, segment) posting list of ``gids`` ((T,) int64): (term index, segment, start, length),
+        host arrays (no loop over segments: one gather through the space's term table)."""
+        gids = np.asarray(gids, np.int64)
+        ok = (gids >= 0) & (gids < self.G)
+        g = np.where(ok, gids, 0)
+        lo = self.term_off[g]
+        cnt = np.where(ok, self.term_off[g + 1] - lo, 0)
+        total = int(cnt.sum())
+        term = np.repeat(np.arange(gids.size, dtype=np.int64), cnt)
+        first = np.cumsum(cnt) - cnt
+        pos = lo[term] + (np.arange(total, dtype=np.int64) - first[term])
+        return term, self.seg_of[pos], self.start[pos], self.length[pos]
 
     def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, row) of each sequence number (-1 for -1)."""

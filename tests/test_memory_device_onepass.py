@@ -322,3 +322,38 @@ def test_one_document_space_serves_every_search_of_a_snapshot(monkeypatch):
         assert len(cseg.SPACES) == 1
         (space,) = cseg.SPACES.values()
         assert [s.uid for s in space.segs] == [v.seg.uid for v in m.snapshot().views]
+
+
+def test_registers_as_the_contracts_cupy_engine(monkeypatch):
+    """Once gpuir/backends/contract.py is present (issue 34's one contract), register() makes this engine the
+    contract's "cupy" engine, and it answers the contract's QueryBatch like the numpy engine does."""
+    contract = pytest.importorskip("gpuir.backends.contract")
+    from gpuir.memory.search import plan_queries
+
+    rng = np.random.default_rng(61)
+    m = Memory(method="bm25+", partition_days=1, merge_factor=100, merge_min=10**6, background_merges=False)
+    model = Model(analyzer="default", method="bm25+")
+    with device("model", monkeypatch):
+        grow_both(m, model, rng, 0, 60, 5)
+        grow_both(m, model, rng, 1, 60, 5)
+        from gpuir import backends
+
+        get = getattr(backends, "segment_engine", None) or contract.engine  # (the contract's lookup by name)
+        saved = dict(contract._registry)
+        try:
+            assert cseg.register()
+            eng = get("cupy")
+            assert isinstance(eng, cseg.CupySegmentsEngine)
+            snap = m.snapshot()
+            plans = plan_queries(snap, [random_query(rng) for _ in range(5)])
+            b = devicesearch.batch_of(plans)
+            batch = contract.QueryBatch(b.off, b.gids, b.mult, b.idf, b.w0, b.const, b.has_w0, b.theta)
+            vids = tuple(range(len(snap.views)))
+            got, want = eng.search(snap, vids, batch, 7), get("numpy").search(snap, vids, batch, 7)
+            for a in ("seqs", "views", "rows"):
+                np.testing.assert_array_equal(getattr(got, a), getattr(want, a), err_msg=a)
+            np.testing.assert_array_equal(got.scores.view(np.uint32), want.scores.view(np.uint32))
+        finally:
+            contract._registry.clear()
+            contract._registry.update(saved)
+            contract._instances.pop("cupy", None)

@@ -177,3 +177,19 @@ def test_model_refuses_two_adds_to_a_slot_in_one_round():
          "acc": np.zeros(8, np.float32), "touched": np.zeros(1, np.uint32)}
     with pytest.raises(AssertionError, match="added twice"):
         km.model_scatter_round(a, (1,))
+
+
+def test_k_above_the_selection_limit_on_the_model(monkeypatch):
+    """k > SELECT_MAX_K: each window's keys are sorted on the device and the windows merged the same way."""
+    monkeypatch.setattr(cs, "MIN_WIDTH", 64)
+    monkeypatch.setattr(K, "SELECT_MAX_K", 64)  # so a small index takes the large-k path
+    idx = random_index(700, 40, seed=31, heavy_df=600)
+    qs = random_queries(40, 5, seed=32, max_terms=5)
+    with km.small_kernels(), km.fake_cupy_installed(sm_count=4):
+        for method in ("lucene", "bm25l"):
+            p = BM25Params(method=method)
+            ref = NumpyScorer(idx, p)
+            for budget in (None, 20_000):
+                g = make_scorer("cupy", idx, p, kernel="scatter", memory_budget_bytes=budget)
+                for k in (100, 900):
+                    _same(ref.search(qs, k), g.search(qs, k), (method, budget, k))

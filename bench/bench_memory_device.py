@@ -11,7 +11,8 @@ awaited, and a static :class:`gpuir.BM25Index` built over the same texts. Then, 
 * one batch of ``--queries`` questions (queries/s, median of ``--repeats``), and batches of each
   size in ``--sweep`` (where the device starts to pay);
 * ``memory_cupy_per_query``: the memory on cupy by its general path (one scorer call per query and
-  segment, what an unfiltered batch took before one engine call per batch), batches only;
+  segment, what an unfiltered batch took before one engine call per batch, and before the one device
+  pass of ``gpuir.backends.devicesearch``), batches only;
 * whether the memory's batch results on the device equal its results on the CPU and the static
   index's (ids and float32 scores).
 
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     from bench_memory import _search_times_together, machine
 
     from gpuir import BM25Index, Memory
+    from gpuir.backends import devicesearch
     from gpuir.gpu_info import gpu_report
     from gpuir.memory import store as memory_store
     from gpuir.synthetic import generate
@@ -118,13 +120,15 @@ def main(argv=None) -> int:
     res["one_at_a_time"] = _search_times_together(fns, qs[: a.one])
     save("one_at_a_time")
 
-    def per_query(q):  # the general path: the engine called per query (partitions.scan), not once per batch
+    def per_query(q):  # the general path: the engine per query (partitions.scan) and per segment (one pass off)
         real = memory_store.scan_unfiltered
         memory_store.scan_unfiltered = lambda *args: None
+        devicesearch.ONE_PASS = False
         try:
             return mem.search(q, k=a.k, backend="cupy")
         finally:
             memory_store.scan_unfiltered = real
+            devicesearch.ONE_PASS = True
 
     batch_fns = {**fns, "memory_cupy_per_query": per_query}
     last: dict[str, Any] = {}

@@ -16,7 +16,8 @@ around three rules:
   output goes to ``<stem>.log``. A kill at any moment leaves everything done so
   far. Three files per run (the limit is 8), under a name unique to the run
   (device, date and time, process id), in ``$OUT`` when that is set, else
-  ``--out``.
+  ``--out``. Every file starts with the commit and a sha256 of the kernel
+  sources and of the Python sources (:func:`provenance`).
 * **Everything is bounded by the remaining budget.** A step starts only if its
   minimum time is left; each subprocess (pytest, compute-sanitizer) gets a
   timeout of min(its cap, time left) and is killed with its process group; every
@@ -28,7 +29,8 @@ around three rules:
   and 1,024, k = 10 and 100) with bm25s-numba on the same corpus -> scale
   (8.8M documents: B = 1,024 timings, B x N > 2^31, k > 4096, 20,000 rows; at
   most 64 rows checked against the NumPy reference per case) -> racecheck and
-  memcheck -> the rest (filtered batches, synccheck, initcheck, the other
+  memcheck -> the memory (1M records, one and weekly partitions, B = 1, 64,
+  1,024: memory on cupy vs numba vs the static index on cupy, bit for bit) -> the rest (filtered batches, synccheck, initcheck, the other
   timing cells, the remaining GPU tests).
 
 Exactness checks compare every returned (id, float32 score) with the NumPy
@@ -78,9 +80,11 @@ REST_TEST_MODULES = ("tests/test_memory.py", "tests/test_fusion.py", "tests/test
 #: memory, not the dense and late-interaction arrays.
 MODEL_TEST_MODULES = {CORE_TEST_MODULES: ("tests/test_cupy_backend.py",), REST_TEST_MODULES: ("tests/test_memory.py",)}
 SIZES = {"device": {"n_small": 2_700_000, "n_scale": 8_800_000, "n_rest": 190_000, "many_rows": 20_000,
-                    "check_rows": 64, "filtered_batch": 500, "p50_queries": 200},
+                    "check_rows": 64, "filtered_batch": 500, "p50_queries": 200, "memory_records": 1_000_000,
+                    "memory_max_batch": 1024},
          "dry": {"n_small": 700, "n_scale": 1100, "n_rest": 500, "many_rows": 24,
-                 "check_rows": 8, "filtered_batch": 4, "p50_queries": 3}}
+                 "check_rows": 8, "filtered_batch": 4, "p50_queries": 3, "memory_records": 3000,
+                 "memory_max_batch": 64}}
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,11 @@ class Report:
         self.log = self.dir / f"{stem}.log"
         self.results: dict[str, Any] = {"machine": {}, "steps": {}, "cells": [], "skipped": []}
         self.t0 = time.perf_counter()
+        #: The commit and source hashes, first in every file (:func:`provenance`).
+        self.provenance = self.results["provenance"] = provenance()
+        self.event("provenance", **self.provenance)
+        self.log_text("provenance", json.dumps(self.provenance))
+        self.write_md()
 
     def event(self, step: str, **data: Any) -> None:
         rec = {"step": step, "t": round(time.perf_counter() - self.t0, 2), **data}
@@ -347,6 +356,57 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return x.tolist()
     return str(x)
+
+
+# =============================================================================
+# Provenance: the commit and the kernel sources every file names
+# =============================================================================
+def kernel_hash(kernel_dir: Path | None = None) -> str:
+    """sha256 over the kernel sources (``kernels/*.cu`` and ``*.cuh``, by name, each name and its bytes):
+    the code the device compiled, whatever the checkout."""
+    import hashlib
+
+    d = Path(kernel_dir) if kernel_dir is not None else ROOT / "kernels"
+    h = hashlib.sha256()
+    files = sorted(p for p in d.iterdir() if p.suffix in (".cu", ".cuh"))
+    if not files:
+        raise FileNotFoundError(f"no kernel sources in {d}")
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def source_hash(root: Path | None = None) -> str:
+    """sha256 over the package's Python sources (``gpuir/**/*.py``, by path): names the host code when the
+    checkout has no git metadata (a device machine gets a copy of the working tree)."""
+    import hashlib
+
+    r = Path(root) if root is not None else ROOT
+    h = hashlib.sha256()
+    for f in sorted((r / "gpuir").rglob("*.py")):
+        h.update(str(f.relative_to(r)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def git_commit(root: Path | None = None) -> str:
+    """``git rev-parse HEAD`` (``-dirty`` when tracked files differ), ``$GPUIR_COMMIT``, or ``"unknown (...)"``."""
+    r = Path(root) if root is not None else ROOT
+    try:
+        head = subprocess.run(["git", "-C", str(r), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=20, check=False)
+        if head.returncode == 0 and head.stdout.strip():
+            dirty = subprocess.run(["git", "-C", str(r), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=20, check=False)
+            return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        why = (head.stderr.strip().splitlines() or ["no git metadata"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = f"{type(e).__name__}: {e}"
+    return os.environ.get("GPUIR_COMMIT") or f"unknown ({why[:120]})"
+
+
+def provenance() -> dict[str, str]:
+    """What every file of a run records: the commit, the kernel sources' hash and the Python sources' hash."""
+    return {"commit": git_commit(), "kernel_sha256": kernel_hash(), "source_sha256": source_hash()}
 
 
 # =============================================================================
@@ -847,6 +907,97 @@ def step_timings_rest(run: Run) -> dict[str, Any]:
     return res
 
 
+# =============================================================================
+# The memory on the device (issue 34): memory on cupy vs numba vs the static index on cupy
+# =============================================================================
+def _grow_memory(run: Run, records: int, partition_days: float | None, deadline: float):
+    """A Memory grown from gpuir.synthetic records in batches of 10,000 until ``records`` or the deadline."""
+    from gpuir import Memory
+    from gpuir.synthetic import generate
+
+    g = generate(records, n_queries=1024, seed=run.args.seed)
+    mem = Memory(partition_days=partition_days)
+    step = max(1, min(10_000, records // 10))
+    n = 0
+    t = time.perf_counter()
+    while n < records and time.perf_counter() < deadline:
+        mem.add(g.records(n, min(n + step, records)))
+        n = min(n + step, records)
+    mem.wait_merges()
+    return mem, g, n, time.perf_counter() - t
+
+
+def _same_hits(x, y, rows: int) -> dict[str, Any]:
+    """Ids (record ids, in order) and float32 score bits of two results, over the columns both have."""
+    other = sum(x.ids(i) != y.ids(i) for i in range(rows))
+    sx, sy = np.asarray(x.scores), np.asarray(y.scores)
+    w = min(sx.shape[1], sy.shape[1])
+    bits = bool(np.array_equal(sx[:rows, :w].view(np.uint32), sy[:rows, :w].view(np.uint32)))
+    return {"rows": rows, "rows_with_other_ids": int(other), "scores_bit_equal": bits,
+            "ok": other == 0 and bits}
+
+
+def step_memory(run: Run) -> dict[str, Any]:
+    """1M synthetic records (dry: a few thousand), one partition then weekly ones: batches of 1, 64 and 1,024
+    on the memory on cupy (one device pass over all segments), the memory on numba (this machine's cores) and
+    the static index on cupy, every result checked bit for bit against the others."""
+    from gpuir import BM25Index, backends
+
+    records = run.sizes["memory_records"]
+    batches = [b for b in (1, 64, 1024) if b <= max(1, run.sizes["memory_max_batch"])]
+    out: dict[str, Any] = {"records": records, "layouts": [], "ok": True}
+    with contextlib.ExitStack() as st:
+        if run.args.dry_run:  # the memory asks the backends module whether "cupy" can run: the fake device can
+            old = backends.cuda_device
+            backends.cuda_device = lambda: (True, "emulated device (kernel model)")
+            st.callback(setattr, backends, "cuda_device", old)
+        run.drop()
+        for days in (None, 7.0):
+            if run.left() < 30:
+                out["layouts"].append({"partition_days": days, "skipped": f"budget: {run.left():.0f} s left"})
+                continue
+            mem, g, n, grow_s = _grow_memory(run, records, days, run.deadline(0.3 * run.left()))
+            t = time.perf_counter()
+            recs = g.records(0, n)
+            static = BM25Index.build([r["text"] for r in recs], ids=[r["id"] for r in recs], progress=False)
+            snap = mem.snapshot()
+            lay = {"partition_days": days, "records": n, "grow_s": round(grow_s, 2),
+                   "static_build_s": round(time.perf_counter() - t, 2), "segments": len(snap.views),
+                   "partitions": len(snap.partitions), "cells": []}
+            qs = list(g.queries)
+            fns = {"memory_cupy": lambda q, m=mem: m.search(q, k=10, backend="cupy"),
+                   "memory_numba": lambda q, m=mem: m.search(q, k=10, backend="numba"),
+                   "static_cupy": lambda q, x=static: x.search(q, k=10, backend="cupy")}
+            for B in batches:
+                if run.left() < 10:
+                    lay["cells"].append({"batch": B, "skipped": "budget"})
+                    continue
+                batch = cycle(qs, B)
+                cell: dict[str, Any] = {"partition_days": days, "records": n, "segments": len(snap.views),
+                                        "batch": B, "k": 10}
+                last = {}
+                for name, f in fns.items():
+                    f(batch)  # warm: uploads, compiles, graphs
+                    times: list[float] = []
+                    while run.another(times, run.args.repeats):
+                        t = time.perf_counter()
+                        last[name] = f(batch)
+                        times.append(time.perf_counter() - t)
+                    med = statistics.median(times)
+                    cell[name] = {"qps": B / med, "median_ms": 1e3 * med, "runs": len(times)}
+                cell["check"] = {"memory_cupy_vs_memory_numba": _same_hits(last["memory_cupy"], last["memory_numba"], B),
+                                 "memory_cupy_vs_static_cupy": _same_hits(last["memory_cupy"], last["static_cupy"], B)}
+                cell["ok"] = all(c["ok"] for c in cell["check"].values())
+                out["ok"] = out["ok"] and cell["ok"]
+                run.report.cell("memory", cell)
+                lay["cells"].append(cell)
+            out["layouts"].append(lay)
+            mem.close()
+            mem = static = fns = last = None  # device copies go with them
+            run.drop()
+    return out
+
+
 STEPS: list[Step] = [
     Step("tests", step_tests, 20, "core GPU tests: pytest --require-gpu -m gpu (the engine's parity tests)"),
     Step("timings_small", step_timings_small, 30, "N = 2.7M, B in {1, 1024}, k in {10, 100}; 64 rows checked"),
@@ -854,6 +1005,8 @@ STEPS: list[Step] = [
     Step("scale", step_scale, 60, "N = 8.8M: B = 1024 timings, k > 4096, 20,000 rows; 64 rows checked each"),
     Step("racecheck", step_racecheck, 25, "compute-sanitizer racecheck on a workload launching every kernel"),
     Step("memcheck", step_memcheck, 25, "compute-sanitizer memcheck, same workload"),
+    Step("memory", step_memory, 90, ("the memory at 1M records, 1 and weekly partitions, B in {1, 64, 1024}: "
+                                     "memory on cupy vs numba vs the static index on cupy, bit for bit")),
     Step("filtered", step_filtered, 20, "one 500-record haystack per query, contiguous and scattered"),
     Step("synccheck", step_synccheck, 20, "compute-sanitizer synccheck"),
     Step("initcheck", step_initcheck, 20, "compute-sanitizer initcheck"),
@@ -875,6 +1028,10 @@ def table(res: dict[str, Any]) -> str:
                 f"CuPy {m.get('cupy')}, NVRTC {m.get('nvrtc')}, NumPy {m.get('numpy')}, gpuir {m.get('gpuir')}, "
                 f"CPU {m.get('cpu')} x {m.get('cpu_count')}, {m.get('date')}")
     lines = [f"# gpu_verify: {m.get('device')}", "", versions, ""]
+    pv = res.get("provenance") or {}
+    if pv:
+        lines += [(f"Commit {pv.get('commit')}, kernel sources sha256 {pv.get('kernel_sha256')}, "
+                   f"Python sources sha256 {pv.get('source_sha256')}"), ""]
     if m.get("dry_run"):
         lines += ["**Dry run: no device. Kernels ran as the NumPy model; no figure below is a GPU figure.**", ""]
     if m.get("copy_bandwidth_gbs"):
@@ -920,6 +1077,13 @@ def table(res: dict[str, Any]) -> str:
     if b:
         lines += ["", "| bm25s-numba (CPU) N | B | k | queries/s | p50 ms |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {c['n_docs']} | {c['batch']} | {c['k']} | {c['qps']:.0f} | {_fmt(c.get('p50_ms'))} |" for c in b]
+    mc = [c for c in res.get("cells", []) if c["step"] == "memory"]
+    if mc:
+        lines += ["", ("| memory: partition days | records | segments | B | memory cupy q/s | memory numba q/s | "
+                       "static cupy q/s | bit-identical |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {c['partition_days'] or 'one'} | {c['records']} | {c['segments']} | {c['batch']} | "
+                  f"{c['memory_cupy']['qps']:.0f} | {c['memory_numba']['qps']:.0f} | {c['static_cupy']['qps']:.0f} | "
+                  f"{'yes' if c.get('ok') else 'NO'} |" for c in mc]
     if res.get("skipped"):
         lines += ["", "Skipped: " + ", ".join(res["skipped"])]
     return "\n".join(lines) + "\n"

@@ -46,8 +46,8 @@ def test_arguments(gv, monkeypatch):
 def test_steps_run_in_the_order_of_value(gv):
     """Core tests, then the small grid (with bm25s on it), scale, racecheck and memcheck, then the rest."""
     names = [s.name for s in gv.STEPS]
-    assert names[:6] == ["tests", "timings_small", "bm25s", "scale", "racecheck", "memcheck"]
-    assert set(names[6:]) == {"filtered", "synccheck", "initcheck", "timings_rest", "tests_rest"}
+    assert names[:7] == ["tests", "timings_small", "bm25s", "scale", "racecheck", "memcheck", "memory"]
+    assert set(names[7:]) == {"filtered", "synccheck", "initcheck", "timings_rest", "tests_rest"}
 
 
 def test_zipf_corpus_is_a_valid_index(gv):
@@ -217,3 +217,64 @@ def test_the_memorys_gpu_tests_pass_on_the_kernel_model(gv):
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "passed" in tail and int(tail.split(" passed")[0].split()[-1]) >= 5, tail
+
+
+def test_provenance_names_the_commit_and_the_kernel_sources(gv, tmp_path, monkeypatch):
+    """The kernel hash covers every .cu/.cuh by name and content (a one-byte change shows); the commit comes
+    from git, else $GPUIR_COMMIT, else says why it is unknown."""
+    import shutil
+
+    src = ROOT / "kernels"
+    a = tmp_path / "k"
+    shutil.copytree(src, a)
+    h = gv.kernel_hash(a)
+    assert h == gv.kernel_hash(src) and len(h) == 64
+    (a / "scatter.cu").write_bytes((a / "scatter.cu").read_bytes() + b" ")
+    assert gv.kernel_hash(a) != h
+    (a / "extra.cuh").write_text("//")
+    assert len({gv.kernel_hash(a), h}) == 2
+    (tmp_path / "k2").mkdir()
+    with pytest.raises(FileNotFoundError):
+        gv.kernel_hash(tmp_path / "k2")  # no kernel source there: never a hash of nothing
+    monkeypatch.delenv("GPUIR_COMMIT", raising=False)
+    assert gv.git_commit(tmp_path).startswith("unknown (")  # no git metadata there
+    monkeypatch.setenv("GPUIR_COMMIT", "abc123")
+    assert gv.git_commit(tmp_path) == "abc123"
+    c = gv.git_commit()
+    assert len(c.split("-")[0]) == 40 or c == "abc123" or c.startswith("unknown")
+    pv = gv.provenance()
+    assert set(pv) == {"commit", "kernel_sha256", "source_sha256"} and pv["kernel_sha256"] == h
+
+
+def test_dry_run_memory_step_and_provenance_in_every_file(gv, tmp_path, monkeypatch):
+    """The memory step on the kernel model: one and weekly partitions, B = 1 and 64, memory on cupy vs numba
+    vs the static index on cupy, each cell checked bit for bit; every file names the commit and the hash."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setitem(gv.SIZES, "dry", {**gv.SIZES["dry"], "memory_records": 1200})
+    assert gv.main(["--dry-run", "--repeats", "1", "--steps", "memory"]) == 0
+    (js,) = tmp_path.glob("*.jsonl")
+    events = _read_jsonl(js)
+    assert events[0]["step"] == "provenance" and events[0]["kernel_sha256"] == gv.kernel_hash()
+    cells = [e["cell"] for e in events if e["step"] == "memory" and "cell" in e]
+    assert {(c["partition_days"], c["batch"]) for c in cells} == {(None, 1), (None, 64), (7.0, 1), (7.0, 64)}
+    assert all(c["ok"] for c in cells) and all(c["memory_cupy"]["qps"] > 0 for c in cells)
+    assert all(c["check"]["memory_cupy_vs_static_cupy"]["scores_bit_equal"] for c in cells)
+    (res,) = [e["result"] for e in events if e.get("done")]
+    assert res["ok"] and len(res["layouts"]) == 2
+    for f in (js, js.with_suffix(".md"), js.with_suffix(".log")):
+        text = f.read_text()
+        assert gv.kernel_hash() in text and events[0]["commit"] in text, f.name
+    assert "| memory: partition days |" in js.with_suffix(".md").read_text()
+
+
+def test_a_memory_check_that_differs_fails(gv):
+    """_same_hits fails on one other id or one score one ulp off."""
+    from types import SimpleNamespace
+
+    def res(ids, scores):
+        return SimpleNamespace(ids=lambda i: ids[i], scores=np.asarray(scores, np.float32))
+
+    a = res([["x", "y"]], [[2.0, 1.0]])
+    assert gv._same_hits(a, res([["x", "y"]], [[2.0, 1.0]]), 1)["ok"]
+    assert not gv._same_hits(a, res([["y", "x"]], [[2.0, 1.0]]), 1)["ok"]
+    assert not gv._same_hits(a, res([["x", "y"]], [[2.0, np.nextafter(np.float32(1), np.float32(2))]]), 1)["ok"]

@@ -106,8 +106,8 @@ def test_toolchain_mismatch_names_the_fix():
 def test_compile_kernels_covers_every_file():
     # Our own files must be in the registry, so their templates get instantiated.
     files = set(_files())
-    assert {"bm25_score.cu", "topk.cu"} <= files
-    assert {"bm25_score.cu", "topk.cu"} <= set(K.NAME_EXPRESSIONS)
+    assert {"bm25_score.cu", "topk.cu", "scatter.cu"} <= files
+    assert {"bm25_score.cu", "topk.cu", "scatter.cu"} <= set(K.NAME_EXPRESSIONS)
     out = K.compile_kernels("compute_90", ptx=True)
     assert set(out) == files
     assert all(b".target sm_90" in v for v in out.values())
@@ -203,7 +203,7 @@ def test_bad_arch_message():
 
 
 @pytest.mark.parametrize("major", MAJORS, ids=_nvrtc_id)
-@pytest.mark.parametrize("filename", ["bm25_score.cu", "topk.cu"])
+@pytest.mark.parametrize("filename", ["bm25_score.cu", "topk.cu", "scatter.cu"])
 def test_no_fma_contraction_in_ptx(filename, major):
     """Float arithmetic stays separate round-to-nearest ops (as NumPy's float32), under
     the options CuPy really compiles with (ours plus its implicit -ftz=true), with each NVRTC."""
@@ -213,7 +213,7 @@ def test_no_fma_contraction_in_ptx(filename, major):
     ptx = K._compile_nvrtc(filename, K.load_source(filename), "90", True, nvrtc=major).decode(errors="replace")
     assert not re.search(r"\b(fma|mad)\.[a-z0-9.]*f32", ptx), "a float multiply-add was contracted"
     ops = re.findall(r"^\s*(?:@%p\d+\s+)?((?:add|sub|mul|div|rcp)\.[a-z0-9.]*f32)", ptx, flags=re.MULTILINE)
-    if filename == "bm25_score.cu":
+    if filename in ("bm25_score.cu", "scatter.cu"):
         assert any(op.startswith("add.rn") for op in ops) and any(op.startswith("mul.rn") for op in ops)
         # Weights are computed per search: the one approximate operation is the float reciprocal
         # estimate that common.cuh's recip_f64 refines in double (div_rn is then exact, tested
@@ -326,6 +326,10 @@ def test_no_spills_and_resources_fit(resources):
     assert resource_problems(arch, rep) == [], (major, arch)
     seen = {name for kernels in rep.values() for name in kernels}
     assert set(K.NAME_EXPRESSIONS["bm25_score.cu"]) | set(K.NAME_EXPRESSIONS["topk.cu"]) <= seen
+    # the design card's scatter kernel (kernels/scatter.cu): no spills, no stack (checked above), and no
+    # shared memory at all: it keeps nothing per block
+    assert set(K.NAME_EXPRESSIONS["scatter.cu"]) <= seen
+    assert all(rep["scatter.cu"][n]["smem"] == 0 for n in K.NAME_EXPRESSIONS["scatter.cu"]), rep["scatter.cu"]
     # The fake cupy's launch check budgets select_topk's static shared memory: keep it true.
     assert rep["topk.cu"][f"select_topk<{K.SELECT_THREADS}>"]["smem"] == STATIC_SMEM["select_topk"]
     assert all(r["registers"] > 0 for kernels in rep.values() for r in kernels.values())

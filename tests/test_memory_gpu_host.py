@@ -1,6 +1,10 @@
-"""The memory served by the CUDA engine, run on the real kernel bodies on the CPU (``tests/cuda_host``):
-every search equals a fresh index bit for bit, and each sealed segment is uploaded once for its lifetime
-while later adds and deletes change the statistics every search applies (one engine, one contract)."""
+"""The memory served by the CUDA engine's per-segment path, run on the real kernel bodies on the CPU
+(``tests/cuda_host``): every search equals a fresh index bit for bit, and each sealed segment is uploaded
+once for its lifetime while later adds and deletes change the statistics every search applies.
+
+The cupy backend serves a memory in one device pass by default (``gpuir.backends.devicesearch``, tested in
+tests/test_memory_device_onepass.py); these tests turn that off (``ONE_PASS = False``) to keep the
+per-segment path (one tile scorer per segment) covered."""
 
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ def same(res, ids, scores, what):
 def test_memory_on_the_real_kernels_equals_a_fresh_index(method, monkeypatch):
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
+    from gpuir.backends import devicesearch
 
+    monkeypatch.setattr(devicesearch, "ONE_PASS", False)
     rng = np.random.default_rng([21, len(method)])
     m = Memory(method=method, partition_days=1, merge_factor=100, merge_min=10**6)  # no merges
     model = Model(analyzer="default", method=method)
@@ -64,8 +70,10 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
     path and a fresh index bit for bit."""
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
+    from gpuir.backends import devicesearch
     from gpuir.memory import store
 
+    monkeypatch.setattr(devicesearch, "ONE_PASS", False)
     rng = np.random.default_rng([23, len(method)])
     m = Memory(method=method, partition_days=1, merge_factor=100, merge_min=10**6, background_merges=False)  # no merges
     model = Model(analyzer="default", method=method)

@@ -92,7 +92,9 @@ def resolve_backend(name: str | None = "auto") -> tuple[str, str]:
 #: on the device"): on an NVIDIA H200 with 16 CPU cores, 1M records in one partition (9 segments),
 #: ``Memory.search`` answered one question in 0.59 ms with numba against 6.4 ms with cupy, and a batch of
 #: 1,024 at 7,961 against 2,024 queries/s (bench/results/bench_memory_device_NVIDIA_H200_*.json): the device
-#: path makes one scorer call per segment, each with the host cost of a whole search.
+#: path made one scorer call per segment, each with the host cost of a whole search. Session 33 replaced it by
+#: one device pass over all segments (gpuir/backends/cupy_segments.py), verified without a device only: this
+#: stays True until ``bench/gpu_verify.py``'s memory step measures the crossover on a device.
 MEMORY_AUTO_PREFERS_CPU = True
 
 
@@ -111,7 +113,9 @@ def resolve_memory_backend(name: str | None = "auto") -> tuple[str, str]:
         ok, nwhy = numba_available()
         if usable and ok:
             return "numba", (f"auto: the memory's compiled CPU engine ({nwhy}), not the GPU ({why}): the device "
-                             "path calls a scorer per segment and was 4-21x slower at 1M records (docs/gpu.md); "
+                             "path called a scorer per segment and was 4-21x slower at 1M records "
+                             "(bench/results/bench_memory_device_NVIDIA_H200_*.json; its one-pass engine is not "
+                             "measured on a device yet, docs/gpu.md); "
                              "backend='cupy' still uses it")
     return resolve_backend(name)
 
@@ -187,7 +191,7 @@ def torch_device(name: str | None = "auto") -> str:
 # --------------------------------------------------------------------------- segment engines (the contract)
 
 #: The engines :func:`segment_engine` knows without registration (:mod:`gpuir.backends.contract`).
-ENGINES = ("numpy", "numba", "cupy", "numpy-stats", "numba-each", "numba-stats", "cupy-stats")
+ENGINES = ("numpy", "numba", "cupy", "numpy-stats", "numba-each", "numba-stats", "cupy-each", "cupy-stats")
 
 #: The engine that serves each concrete backend's segment searches (:func:`engine_for`).
 ROUTES: dict[str, str] = {"numpy": "numpy", "numba": "numba", "cupy": "cupy"}
@@ -198,6 +202,10 @@ def _builtin_engine(name: str) -> SegmentEngine:
         from .numba_segments import NumbaSegmentsEngine
 
         return NumbaSegmentsEngine()
+    if name == "cupy":  # one device pass over every searched segment (gpuir.backends.cupy_segments)
+        from . import devicesearch
+
+        return devicesearch.engine()
     from .segment_engines import PerSegmentEngine
 
     backend, _, how = name.partition("-")
@@ -226,6 +234,11 @@ def engine_for(backend: str) -> SegmentEngine:
     name = ROUTES.get(backend)
     if name is None:
         raise ValueError(f"no segment engine for backend {backend!r}: choose one of {', '.join(ROUTES)}")
+    if name == "cupy":
+        from . import devicesearch
+
+        if not devicesearch.ONE_PASS:  # one scorer call per segment (the path before the one-pass engine)
+            name = "cupy-each"
     return segment_engine(name)
 
 

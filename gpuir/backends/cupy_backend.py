@@ -706,8 +706,11 @@ GRAPH_MAX_ROWS = 64
 #: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
 GRAPH_TERMS_PER_ROW = 64
 GRAPH_ALLOW_PER_ROW = 1 << 14
-#: Graphs a scorer keeps (least recently used dropped first).
+#: Graph shapes a scorer keeps (least recently used dropped first).
 GRAPH_CACHE = 16
+#: Idle graphs kept per shape: concurrent searches of one shape each take their own (a new one is
+#: captured when all are in use), so threads asking single questions do not queue behind one graph.
+GRAPH_POOL = 8
 
 
 class _Graph:
@@ -928,7 +931,9 @@ class CupyScorer(Scorer):
         self.timing = bool(timing)
         self.graphs = bool(graphs)
         self.graph_error: str | None = None
-        self._graphs: dict[tuple, _Graph] = {}
+        #: Idle captured graphs by shape (a pool: a graph in use is taken out, so concurrent searches of one
+        #: shape each run their own graph instead of queueing behind one).
+        self._graphs: dict[tuple, list[_Graph]] = {}
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         self.tile_threads, self.tile_docs = K.TILE_THREADS, K.TILE_DOCS
         N = index.n_docs
@@ -983,7 +988,9 @@ class CupyScorer(Scorer):
                 sms = int(cupy.cuda.Device(self.device_id).attributes["MultiProcessorCount"])
             except Exception:  # noqa: BLE001 - informational; 132 = H100 SXM
                 sms = 132
-            cupy.cuda.Device().synchronize()
+            # the uploads' stream, not the device: cudaDeviceSynchronize is refused while another thread
+            # captures a graph (bench/results/bench_memory_device_NVIDIA_H200_1part_s32_threads_not_kept.log)
+            cupy.cuda.get_current_stream().synchronize()
         #: int32 (V,), host: each term's directory row (-1: a light term).
         self._dir_row = _host(self.d_dir_row)
         #: Seconds spent building the directory (on the device with CuPy).
@@ -1362,9 +1369,10 @@ class CupyScorer(Scorer):
         Rb = _next_pow2(R)
         key = (Rb, k, sc, id(live[0]))
         with self._lock:
-            g = self._graphs.pop(key, None)
-            if g is not None:
-                self._graphs[key] = g  # most recently used last
+            idle = self._graphs.pop(key, None)
+            g = idle.pop() if idle else None  # taken out while in use (given back by _give_back)
+            if idle is not None:
+                self._graphs[key] = idle  # most recently used last
         n_light = int(((self._dir_row[b.qt_term] < 0) if b.qt_term.size else np.zeros(0, bool)).sum())
         if g is None:
             if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
@@ -1382,11 +1390,21 @@ class CupyScorer(Scorer):
             except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
                 self._graph_failed(e)
                 return None
-            with self._lock:
-                self._graphs[key] = g
-                while len(self._graphs) > GRAPH_CACHE:
-                    self._graphs.pop(next(iter(self._graphs)))
-        return g if g.fits(b, n_light) else None
+            g.key = key
+        if g.fits(b, n_light):
+            return g
+        self._give_back(g)
+        return None
+
+    def _give_back(self, g: _Graph) -> None:
+        """Return a graph to the idle pool of its shape (at most :data:`GRAPH_POOL` kept per shape)."""
+        with self._lock:
+            idle = self._graphs.pop(g.key, [])
+            if len(idle) < GRAPH_POOL:
+                idle.append(g)
+            self._graphs[g.key] = idle
+            while len(self._graphs) > GRAPH_CACHE:
+                self._graphs.pop(next(iter(self._graphs)))
 
     def _graph_failed(self, e: Exception) -> None:
         """Turn graphs off for this scorer, saying why (searches go on by the ordinary path)."""
@@ -1410,6 +1428,7 @@ class CupyScorer(Scorer):
             with self._lock:
                 self._graphs.clear()
             return False
+        self._give_back(g)
         stats["n_chunks"] += 1
         stats["rows_per_chunk"] = max(stats["rows_per_chunk"], b.n_rows)
         stats["tiles_scored"] += int(tiles.sum())

@@ -543,11 +543,74 @@ def model_decode_keys(a: dict, grid: tuple[int, ...]) -> None:
     a["out"].reshape(-1)[:n] = np.where(kk > 0, key_score(kk), F32(-np.inf))
 
 
+# =============================================================================
+# scatter.cu (the design card's kernel)
+# =============================================================================
+def model_scatter_round(a: dict, grid: tuple[int, ...]) -> None:
+    """One round: each span's postings add scaled(w, mult) into acc (at most one add per slot), touched set."""
+    from .weights import weights_of
+
+    n, width, words, doc0 = int(a["n_spans"]), int(a["width"]), int(a["words"]), int(a["doc0"])
+    acc, touched = a["acc"], a["touched"]
+    slots = []
+    for s in range(n):
+        p0 = int(a["sp_start"][s])
+        p1 = p0 + int(a["sp_cum"][s + 1] - a["sp_cum"][s])
+        g = int(a["sp_base"][s]) + a["doc_ids"][p0:p1].astype(np.int64)
+        d = g - doc0
+        ok = (d >= 0) & (d < width)
+        if int(a["has_weights"]):
+            w = a["weights"][p0:p1]
+        else:
+            w = weights_of(a["tfs"][p0:p1], a["doc_lens"][g], F32(a["sp_idf"][s]), F32(a["sp_w0"][s]),
+                           float(a["avgdl"]), _params(a))
+        w = np.asarray(scaled(np.asarray(w, F32), a["sp_mult"][s]), F32)[ok]
+        r, d = int(a["sp_row"][s]), d[ok]
+        slots.append(r * width + d)
+        acc[r * width + d] = (acc[r * width + d] + w).astype(F32)
+        np.bitwise_or.at(touched, r * words + (d >> 5), (U32(1) << (d & 31).astype(U32)).astype(U32))
+    allslots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+    assert np.unique(allslots).size == allslots.size, "a slot added twice in one round"
+
+
+def model_scatter_clip(a: dict, grid: tuple[int, ...]) -> None:
+    """Each span cut to the window: its first posting there and its count."""
+    doc0, width = int(a["doc0"]), int(a["width"])
+    for s in range(int(a["n_spans"])):
+        p0 = int(a["sp_start"][s])
+        p1 = p0 + int(a["sp_cum"][s + 1] - a["sp_cum"][s])
+        rows = a["doc_ids"][p0:p1].astype(np.int64) + int(a["sp_base"][s])
+        lo, hi = np.searchsorted(rows, doc0), np.searchsorted(rows, doc0 + width)
+        a["out_start"][s], a["out_len"][s] = p0 + lo, hi - lo
+
+
+def model_scatter_keys(a: dict, grid: tuple[int, ...]) -> None:
+    """Every slot of the window: its composite key, or the sentinel 0."""
+    width, words, doc0 = int(a["width"]), int(a["words"]), int(a["doc0"])
+    d = np.arange(width, dtype=np.int64)
+    g = doc0 + d
+    for r in range(grid[1]):
+        ok = ((a["touched"][r * words + (d >> 5)] >> (d & 31).astype(U32)) & U32(1)).astype(bool)
+        gi = np.where(ok, g, 0)  # the kernel reads the bitmaps only for touched slots (rows < N)
+        if int(a["has_live"]):
+            ok &= ((a["live"][gi >> 5] >> (gi & 31).astype(U32)) & U32(1)).astype(bool)
+        ar = int(a["row_allow"][r])
+        if ar >= 0:
+            aw = int(a["allow_words"])
+            ok &= ((a["allow"].reshape(-1)[ar * aw + (gi >> 5)] >> (gi & 31).astype(U32)) & U32(1)).astype(bool)
+        s = a["acc"][r * width: (r + 1) * width].astype(F32)
+        if int(a["has_w0"]):
+            s = (s + F32(a["row_const"][r])).astype(F32)
+        doc = a["row_key"][np.where(ok, g, 0)].astype(np.int64) if int(a["has_key"]) else g
+        a["keys"][r * width: (r + 1) * width] = np.where(ok, composite_key(s, np.where(ok, doc, 0)), U64(0))
+
+
 MODELS: dict[str, Callable[..., None]] = {
     "light_marks": model_light_marks, "tile_bounds": model_tile_bounds, "tile_list": model_tile_list,
     "seed_tiles": model_seed_tiles, "seed_theta": model_seed_theta,
     "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
     "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
+    "scatter_round": model_scatter_round, "scatter_clip": model_scatter_clip, "scatter_keys": model_scatter_keys,
 }
 
 
@@ -646,6 +709,9 @@ class _Capture(threading.local):
 
 
 _CAPTURE = _Capture()
+#: Streams capturing a graph now, in any thread (the fake device refuses a device-wide sync meanwhile).
+_ACTIVE = [0]
+_ACTIVE_LOCK = threading.Lock()
 
 
 def _deferred(fn: Callable[[], Any]) -> Any:
@@ -775,9 +841,13 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
             if _CAPTURE.ops is not None:
                 raise RuntimeError("a capture is already running")
             _CAPTURE.ops = []
+            with _ACTIVE_LOCK:
+                _ACTIVE[0] += 1
 
         def end_capture(self):
             ops, _CAPTURE.ops = _CAPTURE.ops, None
+            with _ACTIVE_LOCK:
+                _ACTIVE[0] -= 1
             cp.graph_captures += 1
             return Graph(ops)
 
@@ -785,6 +855,13 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
         def __init__(self, i=0):
             self.id = int(i)
             self.attributes = {"MultiProcessorCount": sm_count}
+
+        def synchronize(self):
+            # as CUDA: a device-wide synchronisation is refused while any stream of the device is
+            # capturing, whatever thread captures and in whatever capture mode
+            if _ACTIVE[0]:
+                raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is "
+                                   "capturing")
 
     class Pool:
         def free_all_blocks(self):
@@ -797,6 +874,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
     cp.graph_launches = cp.graph_captures = 0
     cp.cuda = types.SimpleNamespace(
         Event=Event, Stream=Stream, Device=Device, get_elapsed_time=lambda a, b: 0.0,
+        get_current_stream=lambda: Stream(),
         alloc_pinned_memory=lambda n: bytearray(max(1, int(n))),
         set_allocator=lambda alloc=None: None, set_pinned_memory_allocator=lambda alloc=None: None,
         memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
@@ -806,7 +884,7 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
     pool = Pool()
     cp.get_default_memory_pool = lambda: pool
     cp.launches = []
-    sigs = {**kernel_signatures("bm25_score.cu"), **kernel_signatures("topk.cu")}
+    sigs = {**kernel_signatures("bm25_score.cu"), **kernel_signatures("topk.cu"), **kernel_signatures("scatter.cu")}
 
     def kernel(filename, name, device_id=None):
         if name not in K.NAME_EXPRESSIONS[filename]:
@@ -873,7 +951,8 @@ def as_host(x: Any) -> Any:
 
 #: Instantiations :func:`small_tiles` uses: small blocks and tiles, so that
 #: small test indexes span many tiles and the host emulation stays quick.
-SMALL = {"TILE_THREADS": 32, "TILE_DOCS": 64, "HAYSTACK_THREADS": 32, "SELECT_THREADS": 64, "PACK_THREADS": 32}
+SMALL = {"TILE_THREADS": 32, "TILE_DOCS": 64, "HAYSTACK_THREADS": 32, "SELECT_THREADS": 64, "PACK_THREADS": 32,
+         "SCATTER_THREADS": 32}
 
 
 def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
@@ -889,6 +968,8 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
                           f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"haystack_score<{v['HAYSTACK_THREADS']}>"],
         "topk.cu": [f"select_topk<{v['SELECT_THREADS']}>", f"pack_candidates<{v['PACK_THREADS']}>", "decode_keys"],
+        "scatter.cu": [f"scatter_round<{v['SCATTER_THREADS']}>", f"scatter_clip<{v['SCATTER_THREADS']}>",
+                       f"scatter_keys<{v['SCATTER_THREADS']}>"],
     }
 
 

@@ -66,6 +66,8 @@ SEED_TILES = 16
 SELECT_THREADS = 512
 SELECT_MAX_K = 4096
 PACK_THREADS = 256
+#: The design card's scatter kernels (kernels/scatter.cu): threads per block.
+SCATTER_THREADS = 256
 
 #: Kernel file -> the names to instantiate (templates spelled out).
 NAME_EXPRESSIONS: dict[str, list[str]] = {
@@ -80,6 +82,9 @@ NAME_EXPRESSIONS: dict[str, list[str]] = {
         f"haystack_score<{HAYSTACK_THREADS}>",
     ],
     "topk.cu": [f"select_topk<{SELECT_THREADS}>", f"pack_candidates<{PACK_THREADS}>", "decode_keys"],
+    # The batched term-at-a-time scatter (gpuir/backends/cupy_scatter.py).
+    "scatter.cu": [f"scatter_round<{SCATTER_THREADS}>", f"scatter_clip<{SCATTER_THREADS}>",
+                   f"scatter_keys<{SCATTER_THREADS}>"],
     # Session pooling (gpuir/dense/late_interaction.py, loaded through load_module).
     "segment_reduce.cu": ["segment_reduce<float>", "segment_reduce<double>"],
 }

@@ -11,7 +11,9 @@ def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Sc
     """A :class:`Scorer` of the concrete ``backend`` ("numpy", "numba" or "cupy").
 
     ``opts`` go to the scorer: ``stats=`` (every backend), ``prune=`` (numpy,
-    numba), ``threads=`` and ``layout=`` (numba).
+    numba), ``threads=`` and ``layout=`` (numba); ``kernel="scatter"`` (cupy) takes
+    the design card's exhaustive scatter kernel (:mod:`gpuir.backends.cupy_scatter`)
+    instead of the pruned tiles (``kernel="tiles"``, the default).
     """
     if backend == "numpy":
         from .numpy_backend import NumpyScorer
@@ -22,6 +24,13 @@ def make_scorer(backend: str, index: CSRIndex, params: BM25Params, **opts) -> Sc
 
         return NumbaScorer(index, params, **opts)
     if backend == "cupy":
+        kernel = opts.pop("kernel", "tiles")
+        if kernel == "scatter":
+            from .cupy_scatter import ScatterScorer
+
+            return ScatterScorer(index, params, **opts)
+        if kernel != "tiles":
+            raise ValueError(f"kernel must be 'tiles' or 'scatter' for the cupy backend, got {kernel!r}")
         from .cupy_backend import CupyScorer
 
         return CupyScorer(index, params, **opts)

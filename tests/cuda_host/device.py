@@ -65,7 +65,8 @@ def real_kernels_installed(schedule: str = "forward", seed: int = 0, sm_count: i
     from gpuir.backends import kernel_model as km
 
     with km.fake_cupy_installed(seed=seed, sm_count=sm_count) as cp:
-        sigs = {**km.kernel_signatures("bm25_score.cu"), **km.kernel_signatures("topk.cu")}
+        sigs = {**km.kernel_signatures("bm25_score.cu"), **km.kernel_signatures("topk.cu"),
+                **km.kernel_signatures("scatter.cu")}
         given = dict(modules or {})
         built: dict[tuple[str, tuple[str, ...]], HostModule] = {}
 

@@ -260,7 +260,10 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
         ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms);
         ``dir_sub_off`` (H*n_tiles+1,) int64, ``dir_sub_cnt`` (max(H*n_tiles, 1),) uint64 and
         ``dir_sub_imp`` uint32: the impacts of each (row, tile)'s :data:`SUBS` sub-blocks of
-        ``tile / SUBS`` documents (:func:`sub_block_impacts`: 8 + 8 bytes per cell, 4 per impact).
+        ``tile / SUBS`` documents (:func:`sub_block_impacts`: 8 + 8 bytes per cell, 4 per impact);
+        ``dir_sub_end`` (max(H*n_tiles, 1)*SUBS,) uint16: row r, tile j, sub-block s: the postings of
+        term r in sub-blocks 0..s of tile j (so sub-block s's postings start at ``offsets[t] +
+        dir_start[r, j] + dir_sub_end[cell, s-1]``, no search; 32 bytes per cell).
     """
     offsets_x = xp.asarray(offsets).astype(xp.int64)
     off_h = np.asarray(offsets.get() if hasattr(offsets, "get") and not isinstance(offsets, np.ndarray)
@@ -278,6 +281,8 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
                                                                                        xp.int32)
     dir_parts, dir_counts = [], xp.zeros(H * n_tiles + 1, xp.int64)
     sub_parts, sub_counts, sub_cnt = [], xp.zeros(H * n_tiles + 1, xp.int64), xp.zeros(max(H * n_tiles, 1), xp.uint64)
+    # postings of each (row, tile, sub-block), scattered at the last posting of each run, summed up per cell below
+    sub_end = xp.zeros(max(H * n_tiles, 1) * SUBS, xp.int32)
     if tile % SUBS:
         raise ValueError(f"a tile of {tile} documents does not split into {SUBS} sub-blocks")
     term_parts, term_counts = [], xp.zeros(V + 1, xp.int64)
@@ -315,6 +320,12 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
                 sub_counts[1:] += off[1:] - off[:-1]
                 sub_cnt += cnt
                 sub_parts.append(pairs)
+                key = cell * SUBS + sb  # non-decreasing: terms ascending, documents ascending in a term
+                last = xp.ones(key.size, dtype=bool)
+                last[:-1] = key[1:] != key[:-1]
+                at = xp.flatnonzero(last)
+                sub_end[key[at]] = xp.diff(xp.concatenate([xp.zeros(1, at.dtype) - 1, at])).astype(xp.int32)
+                del key, last, at
                 del cell, sb, cnt
             lt = ~hv
             if bool(lt.any()):
@@ -327,7 +338,11 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
     dir_imp = xp.concatenate(dir_parts) if dir_parts else xp.zeros(0, xp.uint32)
     term_imp = xp.concatenate(term_parts) if term_parts else xp.zeros(0, xp.uint32)
     sub_imp = xp.concatenate(sub_parts) if sub_parts else xp.zeros(0, xp.uint32)
-    return {"dir_sub_off": xp.cumsum(sub_counts).astype(xp.int64), "dir_sub_cnt": sub_cnt,
+    # a cell's postings in sub-blocks 0..s (<= tile <= 65535: uint16), relative to the tile's first posting
+    if tile > 65535:
+        raise ValueError(f"a tile of {tile} documents does not fit the uint16 sub-block ends")
+    sub_end = xp.cumsum(sub_end.reshape(-1, SUBS), axis=1).astype(xp.uint16).reshape(-1)
+    return {"dir_sub_end": sub_end, "dir_sub_off": xp.cumsum(sub_counts).astype(xp.int64), "dir_sub_cnt": sub_cnt,
             "dir_sub_imp": _nzx(sub_imp, xp), "dir_row": xp.asarray(row_h), "dir_start": dir_start.reshape(-1).astype(xp.int32)
             if H else xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": xp.cumsum(dir_counts).astype(xp.int64),
             "dir_imp": _nzx(dir_imp, xp), "term_imp_off": xp.cumsum(term_counts).astype(xp.int64),
@@ -749,6 +764,7 @@ class _Graph:
         self.lmask = ws.scratch("lmask", cells, cp.uint64)
         self.items = ws.scratch("items", cells, cp.uint64)
         self.seeds = ws.scratch("seeds", R * K.SEED_TILES, cp.uint64)
+        self.sub_ub = ws.scratch("sub_ub", max(cells, R * K.SEED_TILES) * SUBS, cp.uint32)
         self.seedk = ws.scratch("seedk", R * k, cp.int64)[:R * k]
         self.cand = ws.scratch("cand", R * self.slots, cp.uint64)
         segs = scorer.select_segments(R, k, self.slots)
@@ -788,7 +804,7 @@ class _Graph:
                      self.lmask, self.ukey, self.seeds, bm)
         scorer._score_tiles(R, k, self.live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off,
                             allow_docs, self.ukey, self.seeds, self.items, n_items, theta, counts, tiles, b_scored,
-                            b_skipped, cand_off, self.cand, self.seedk, bm)
+                            b_skipped, cand_off, self.cand, self.seedk, bm, self.sub_ub)
         kpad = _next_pow2(k)
         sel, block = f"select_topk<{K.SELECT_THREADS}>", (K.SELECT_THREADS,)
         cand, off, cnt = self.cand, cand_off, counts
@@ -977,6 +993,7 @@ class CupyScorer(Scorer):
             self.d_term_imp_off, self.d_term_imp = d["term_imp_off"], d["term_imp"]
             self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp = (d["dir_sub_off"], d["dir_sub_cnt"],
                                                                           d["dir_sub_imp"])
+            self.d_dir_sub_end = d["dir_sub_end"]
             self._no_live = a(np.ones(1, np.uint32))
             self._dummy_f32 = a(np.zeros(1, np.float32))  # select_topk's unused score output (raw keys)
             try:
@@ -1025,7 +1042,7 @@ class CupyScorer(Scorer):
     def row_bytes(self, slots: np.ndarray, k: int, batch: Batch) -> np.ndarray:
         """Device bytes each row of ``batch`` needs (int64 (R,))."""
         per = (8 * slots + 12 * k + 96 + 16 * np.diff(batch.qt_off) + 4 * np.diff(batch.allow_off)
-               + (20 * self.n_tiles + 8 * k + 8 * K.SEED_TILES) * (batch.path == PATH_TILES))
+               + (84 * self.n_tiles + 8 * k + (8 + 64) * K.SEED_TILES) * (batch.path == PATH_TILES))
         if k > K.SELECT_MAX_K:
             per = per + 8 * (3 * slots + 2 * k)  # packed keys, sort buffers, decoded top keys
         return per.astype(np.int64)
@@ -1101,9 +1118,9 @@ class CupyScorer(Scorer):
             return self._fwd
 
     def persistent_blocks(self) -> int:
-        """Blocks of ``tile_score`` that fit the device at once (occupancy API x SMs)."""
+        """Blocks of ``sub_score`` that fit the device at once (occupancy API x SMs)."""
         if self._persistent is None:
-            fn = K.kernel(_SCORE_FILE, f"tile_score<{self.tile_threads}, {self.tile_docs}>", self.device_id)
+            fn = K.kernel(_SCORE_FILE, f"sub_score<{self.tile_threads}, {self.tile_docs}>", self.device_id)
             per_sm = 2
             with contextlib.suppress(Exception):  # the fake device of the tests has no occupancy API
                 ptr = getattr(fn, "kernel", fn).ptr
@@ -1176,6 +1193,7 @@ class CupyScorer(Scorer):
             lmask = ws.scratch("lmask", cells, self._cp.uint64)
             items = ws.scratch("items", cells, self._cp.uint64)
             seeds = ws.scratch("seeds", R * K.SEED_TILES, self._cp.uint64)
+            sub_ub = ws.scratch("sub_ub", max(cells, R * K.SEED_TILES) * SUBS, self._cp.uint32)
             seedk = ws.scratch("seedk", R * k, self._cp.int64)[:R * k] if k <= K.SELECT_MAX_K else None
             with timer.phase("plan_s"):
                 if lt_term.size:
@@ -1190,7 +1208,7 @@ class CupyScorer(Scorer):
             with timer.phase("score_s"):
                 self._score_tiles(R, k, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
                                   allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored,
-                                  b_skipped, d_cand_off, cand, seedk, bm)
+                                  b_skipped, d_cand_off, cand, seedk, bm, sub_ub)
         with timer.phase("topk_s"):
             self._select(ws, cand, d_cand_off, counts, theta, R, k, int(slots.max(initial=0)), out_ids, out_scores)
         with timer.phase("d2h_s"):
@@ -1218,32 +1236,49 @@ class CupyScorer(Scorer):
 
     def _score_tiles(self, R: int, k: int, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
                      allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored, b_skipped,
-                     cand_off, cand, seedk, bm: tuple) -> None:
+                     cand_off, cand, seedk, bm: tuple, sub_ub) -> None:
         """The seeds, their k-th best as the threshold, the list of tiles that can still matter, the list.
 
-        ``seedk`` (R, k) int64 scratch, or None (k > SELECT_MAX_K: each seed's own k-th best only).
-        ``n_items`` must hold 0 and ``counts`` / ``theta`` / ``tiles`` / ``b_*`` their initial values.
+        Each stage is ``sub_plan`` (thread per (item, sub-block): the cut, into ``sub_ub``) then
+        ``sub_score`` (warp per kept sub-block). ``seedk`` (R, k) int64 scratch, or None (k >
+        SELECT_MAX_K: each sub-block's own k-th best only). ``sub_ub`` uint32 scratch of
+        max(R * n_tiles, R * SEED_TILES) * 16. ``n_items`` must hold 0 and ``counts`` / ``theta`` /
+        ``tiles`` / ``b_*`` their initial values.
         """
         TT, TD = self.tile_threads, self.tile_docs
         live_dev, has_live = live
         blocks = self.persistent_blocks()
-        common = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row, self.d_dir_start,
-                  self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp, self.d_term_imp_off, self.d_term_imp,
-                  np.int32(self.n_tiles), np.int64(self.index.n_docs), live_dev, has_live, qt_off, qt_term, qt_mult,
-                  qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, ukey, seeds, items, n_items)
-        tail = (theta, counts, tiles, b_scored, b_skipped, cand_off, cand, np.int32(R), np.int32(k), *bm)
-        name = f"tile_score<{TT}, {TD}>"
-        self._launch(_SCORE_FILE, name, (min(R * K.SEED_TILES, blocks),), (TT,), (*common, np.int32(0), *tail))
-        if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
-            kpad = _next_pow2(k)
-            self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
-                         (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k), np.int32(kpad),
-                          np.int32(1), np.int32(1), seedk, self._dummy_f32), shared_mem=8 * kpad)
-            self._launch(_SCORE_FILE, "seed_theta", (-(-R // _ELEMWISE_BLOCK),), (_ELEMWISE_BLOCK,),
-                         (seedk, np.int32(k), np.int32(R), row_flags, theta))
-        self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
-                     (ukey, theta, np.int32(self.n_tiles), np.int32(R), items, n_items))
-        self._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
+        n_tiles, n_docs = np.int32(self.n_tiles), np.int64(self.index.n_docs)
+        q_args = (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs)
+        plan_head = (self.d_offsets, self.d_doc_ids, self.d_dir_row, self.d_dir_sub_off, self.d_dir_sub_cnt,
+                     self.d_dir_sub_imp, self.d_term_imp_off, self.d_term_imp, n_tiles, n_docs, *q_args, ukey, seeds,
+                     items, n_items)
+        score_head = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row, self.d_dir_start,
+                      self.d_dir_sub_end, n_tiles, n_docs, live_dev, has_live, *q_args, seeds, items, n_items)
+        plan, score = f"sub_plan<{TT}, {TD}>", f"sub_score<{TT}, {TD}>"
+        # the plan's grid: enough threads for every (item, sub-block) of the seeds; the list's count is on
+        # the device, so its grid is the device's resident threads (the kernel strides over the rest)
+        seed_threads = R * K.SEED_TILES * SUBS
+        plan_blocks = max(1, min(-(-seed_threads // TT), 4 * self.sm_count))
+        warps = TT // 32
+        for mode, grid_plan, grid_score in ((0, plan_blocks, min(blocks, max(1, -(-seed_threads // warps)))),
+                                            (1, 4 * self.sm_count, blocks)):
+            if mode == 1:
+                if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
+                    kpad = _next_pow2(k)
+                    self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
+                                 (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k),
+                                  np.int32(kpad), np.int32(1), np.int32(1), seedk, self._dummy_f32),
+                                 shared_mem=8 * kpad)
+                    self._launch(_SCORE_FILE, "seed_theta", (-(-R // _ELEMWISE_BLOCK),), (_ELEMWISE_BLOCK,),
+                                 (seedk, np.int32(k), np.int32(R), row_flags, theta))
+                self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
+                             (ukey, theta, n_tiles, np.int32(R), items, n_items))
+            self._launch(_SCORE_FILE, plan, (grid_plan,), (TT,),
+                         (*plan_head, np.int32(mode), theta, tiles, b_skipped, sub_ub, np.int32(R), *bm))
+            self._launch(_SCORE_FILE, score, (grid_score,), (TT,),
+                         (*score_head, np.int32(mode), sub_ub, theta, counts, b_scored, b_skipped, cand_off, cand,
+                          np.int32(R), np.int32(k), *bm))
 
     def select_segments(self, R: int, k: int, width: int) -> int:
         """Blocks per row of the selection: 1, or up to 64 when a batch of fewer rows than SMs has many candidates.
@@ -1370,7 +1405,8 @@ class CupyScorer(Scorer):
             if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
                 return None
             cells = Rb * self.n_tiles
-            need = 20 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k + 8 * K.SEED_TILES * Rb
+            need = (84 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k
+                    + (8 + 64) * K.SEED_TILES * Rb)
             if need > self.budget_bytes():
                 return None
             try:

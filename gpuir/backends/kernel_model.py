@@ -391,6 +391,27 @@ def _sub_range(a: dict, t: int, j: int, s: int, sbase: int, send: int) -> tuple[
     return o0 + int(np.searchsorted(lst, sbase, "left")), o0 + int(np.searchsorted(lst, send, "left"))
 
 
+def _sub_accumulate(a: dict, q: int, j: int, s: int, sbase: int, send: int, ok: np.ndarray):
+    """sub_score's rounds: (touched bool (SUB,), sums float32 (SUB,)), one term per round, ascending.
+
+    ``ok`` bool (SUB,): the slots not BLOCKED (live, allowed, inside the collection).
+    """
+    sub = ok.size
+    acc = np.zeros(sub, F32)
+    touched = np.zeros(sub, bool)
+    for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
+        lo, hi = _sub_range(a, int(a["qt_term"][u]), j, s, sbase, send)
+        if hi == lo:
+            continue
+        d = a["doc_ids"][lo:hi].astype(np.int64) - sbase
+        w = _weights(a, lo, hi, u)
+        keep = ok[d]
+        d, w = d[keep], w[keep]
+        acc[d] = acc[d] + scaled(w, a["qt_mult"][u])  # a document at most once per round
+        touched[d] = True
+    return touched, acc
+
+
 def _sub_item(a: dict, g: int) -> Iterator[None]:
     """One (item, sub-block) warp of sub_score, yielding where other warps may interleave."""
     ubk = int(a["sub_ub"][g])
@@ -416,18 +437,7 @@ def _sub_item(a: dict, g: int) -> Iterator[None]:
         inb = lst[(lst >= sbase) & (lst < send)]
         allowed[inb - sbase] = True
         ok &= allowed
-    acc = np.zeros(sub, F32)
-    touched = np.zeros(sub, bool)
-    for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
-        lo, hi = _sub_range(a, int(a["qt_term"][u]), j, s, sbase, send)
-        if hi == lo:
-            continue
-        d = a["doc_ids"][lo:hi].astype(np.int64) - sbase
-        w = _weights(a, lo, hi, u)
-        keep = ok[d]
-        d, w = d[keep], w[keep]
-        acc[d] = acc[d] + scaled(w, a["qt_mult"][u])  # a document at most once per round
-        touched[d] = True
+    touched, acc = _sub_accumulate(a, q, j, s, sbase, send, ok)
     sc = acc + F32(a["row_const"][q]) if int(a["has_w0"]) else acc
     keys = np.where(touched, float_to_ordered(sc.astype(F32)), U32(0)).astype(U32)
     lb = 0

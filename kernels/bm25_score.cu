@@ -792,16 +792,19 @@ __global__ void __launch_bounds__(THREADS, GPUIR_SUB_SCORE_BLOCKS) sub_score(
         }
         const int ncand = __reduce_add_sync(GPUIR_FULL_MASK, mine);
         unsigned int lb = 0u;
-        if (ncand >= k) {  // uniform: the largest L with >= k keys >= L, bit by bit from the top
+        if (ncand >= k) {  // uniform: the largest L with >= k keys >= L, bit by bit from the top (registers)
+            unsigned int kr[PER];
+#pragma unroll
+            for (int v = 0; v < PER; ++v) {
+                const int d = lane + GPUIR_WARP * v;
+                kr[v] = d < SUB ? val[d] : 0u;
+            }
 #pragma unroll 1
             for (int bit = 31; bit >= 0; --bit) {
                 const unsigned int c = lb | (1u << bit);
                 int n = 0;
 #pragma unroll
-                for (int v = 0; v < PER; ++v) {
-                    const int d = lane + GPUIR_WARP * v;
-                    n += d < SUB && val[d] >= c ? 1 : 0;
-                }
+                for (int v = 0; v < PER; ++v) n += kr[v] >= c ? 1 : 0;
                 if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;
             }
         }

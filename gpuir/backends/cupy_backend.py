@@ -75,7 +75,8 @@ from ..index.csr import CSRIndex, check_postings_sorted
 from ..results import SearchResults, empty_results
 from . import kernels as K
 from .base import CollectionStats, Scorer, WeightedQueries, check_queries, weigh_queries
-from .weights import has_absent_weight, numpy_row_sums
+from .batch_plan import weigh_static
+from .weights import has_absent_weight, numpy_row_sums, term_weights
 
 __all__ = ["CupyScorer", "build_directory", "candidate_slots", "check_allow", "check_queries", "choose_paths",
            "frontiers", "numpy_row_sums", "pack_summaries", "prepare_batch", "search_consts"]
@@ -698,9 +699,10 @@ class _Workspace:
             views.append(self.dev[o:o + n].view(dt).reshape(shape))
         return views, offs, h2d_end, state_start, total
 
-    def h2d(self, end: int) -> None:
-        if end:
-            self.dev[:end].set(self.host[:end], stream=self.stream)
+    def h2d(self, end: int, start: int = 0) -> None:
+        """Copy staged bytes [start, end) up (not blocking)."""
+        if end > start:
+            self.dev[start:end].set(self.host[start:end], stream=self.stream)
 
     def d2h(self, start: int, end: int) -> None:
         """Copy bytes [start, end) back into the pinned buffer."""
@@ -721,8 +723,20 @@ GRAPH_MAX_ROWS = 64
 #: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
 GRAPH_TERMS_PER_ROW = 64
 GRAPH_ALLOW_PER_ROW = 1 << 14
-#: Graphs a scorer keeps (least recently used dropped first).
+#: Graph shapes a scorer keeps (least recently used dropped first).
 GRAPH_CACHE = 16
+#: Graphs of one shape a scorer captures at most: one per thread asking at once (each its own
+#: workspace and stream), so concurrent questions do not wait behind one graph.
+GRAPH_POOL = 8
+
+
+@dataclass(frozen=True)
+class _TermCache:
+    """idf and w0 of every term under the scorer's own statistics, computed once (what
+    :func:`~gpuir.backends.batch_plan.weigh_static` reads as ``static.pw``)."""
+
+    stats: CollectionStats
+    pw: Any
 
 
 class _Graph:
@@ -844,7 +858,11 @@ class _Graph:
         th = np.zeros(R, np.uint32)
         th[:n] = theta0
         ws.host[self.offs[15]:self.offs[15] + 4 * R] = th.view(np.uint8)
-        ws.h2d(self.h2d_end)
+        # only the bytes in use: the allow-list region (GRAPH_ALLOW_PER_ROW * 4 bytes a row) up to its entries
+        used = self.offs[8] + -(-4 * int(b.allow_docs.size) // _Workspace.ALIGN) * _Workspace.ALIGN
+        self.copied = used + self.h2d_end - self.offs[9]
+        ws.h2d(used)
+        ws.h2d(self.h2d_end, self.offs[9])
         self.graph.launch(ws.stream)
         ws.d2h(self.state_start, self.total)
         ws.stream.synchronize()
@@ -944,7 +962,7 @@ class CupyScorer(Scorer):
         self.timing = bool(timing)
         self.graphs = bool(graphs)
         self.graph_error: str | None = None
-        self._graphs: dict[tuple, _Graph] = {}
+        self._graphs: dict[tuple, list[_Graph]] = {}
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         self.tile_threads, self.tile_docs = K.TILE_THREADS, K.TILE_DOCS
         N = index.n_docs
@@ -1015,6 +1033,7 @@ class CupyScorer(Scorer):
         self._lock = threading.Lock()  # the pool, the forward copy, the live bits, the budget
         self._pool: list[_Workspace] = []
         self._persistent: int | None = None
+        self._terms: _TermCache | None = None
         self._free_bytes: int | None = None
         self._device_name = self._name()
 
@@ -1129,12 +1148,25 @@ class CupyScorer(Scorer):
             self._persistent = max(1, per_sm) * self.sm_count
         return self._persistent
 
+    def _term_cache(self) -> _TermCache:
+        """idf and w0 of every term under the default statistics (computed on first use)."""
+        c = self._terms
+        if c is None:
+            idf, w0 = term_weights(np.asarray(self.stats.df), self.stats.n_docs, self.params)
+            pw = type("TermWeights", (), {})()
+            pw.idf, pw.w0 = idf, w0
+            c = self._terms = _TermCache(self.stats, pw)
+        return c
+
     # -- host prep -------------------------------------------------------------------
     def prepare(self, queries: Sequence[Any], allow: Sequence[Any] | None, stats: CollectionStats | None = None,
                 consts: np.ndarray | None = None, haystack: str | None = None) -> Batch:
         """Validate and prepare a batch on the host (no device call)."""
         st = self.search_stats(stats)
-        wq = weigh_queries(queries, st, self.params, consts)
+        if st is self.stats:  # the scorer's own statistics: idf and w0 from the cache, no batch machinery
+            wq = weigh_static(queries, self._term_cache(), self.params, consts)
+        else:
+            wq = weigh_queries(queries, st, self.params, consts)
         filtered, allow_off, allow_docs = check_allow(allow, wq.n_rows, self.index.n_docs)
         return prepare_batch(wq, filtered, allow_off, allow_docs, df=self._df, n_tiles=self.n_tiles,
                              tile=self.tile_docs, postings_per_doc=self._postings_per_doc,
@@ -1390,39 +1422,61 @@ class CupyScorer(Scorer):
 
     # -- small batches as CUDA graphs --------------------------------------------------
     def _graph_for(self, b: Batch, k: int, sc: SearchConsts, live: tuple[Any, np.int32]) -> _Graph | None:
-        """The graph for this batch's shape (captured on first use), or None when it does not fit one."""
+        """A graph for this batch's shape whose workspace lock the caller now holds (release it with
+        ``g.ws.lock.release()``), or None when the batch does not fit one.
+
+        Each shape has a pool of up to :data:`GRAPH_POOL` graphs: a free one is taken, a new one is
+        captured while the pool is not full, else the call waits for the least recently taken one.
+        """
         R = b.n_rows
         if not 0 < R <= GRAPH_MAX_ROWS or k > K.SELECT_MAX_K or (b.path == PATH_HAYSTACK).any():
             return None
         Rb = _next_pow2(R)
         key = (Rb, k, sc, id(live[0]))
-        with self._lock:
-            g = self._graphs.pop(key, None)
-            if g is not None:
-                self._graphs[key] = g  # most recently used last
         n_light = int(((self._dir_row[b.qt_term] < 0) if b.qt_term.size else np.zeros(0, bool)).sum())
-        if g is None:
-            if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
-                return None
-            cells = Rb * self.n_tiles
-            need = (84 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k
-                    + (8 + 64) * K.SEED_TILES * Rb)
-            if need > self.budget_bytes():
-                return None
-            try:
-                with self._cp.cuda.Device(self.device_id):
-                    g = _Graph(self, Rb, k, sc, live)
-            except self._cp.cuda.memory.OutOfMemoryError:
-                self._cp.get_default_memory_pool().free_all_blocks()
-                return None  # the ordinary path chunks to the memory there is
-            except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
-                self._graph_failed(e)
-                return None
-            with self._lock:
-                self._graphs[key] = g
-                while len(self._graphs) > GRAPH_CACHE:
-                    self._graphs.pop(next(iter(self._graphs)))
-        return g if g.fits(b, n_light) else None
+        wait: _Graph | None = None
+        with self._lock:
+            pool = self._graphs.pop(key, None)
+            if pool is not None:
+                self._graphs[key] = pool  # most recently used last
+                if not pool[0].fits(b, n_light):
+                    return None
+                for g in pool:
+                    if g.ws.lock.acquire(blocking=False):
+                        pool.remove(g)
+                        pool.append(g)  # least recently taken first
+                        return g
+                if len(pool) >= GRAPH_POOL:
+                    wait = pool[0]
+                    pool.remove(wait)
+                    pool.append(wait)
+        if wait is not None:
+            wait.ws.lock.acquire()
+            return wait
+        if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
+            return None
+        cells = Rb * self.n_tiles
+        need = (84 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k
+                + (8 + 64) * K.SEED_TILES * Rb)
+        if need > self.budget_bytes():
+            return None
+        try:
+            with self._cp.cuda.Device(self.device_id):
+                g = _Graph(self, Rb, k, sc, live)
+        except self._cp.cuda.memory.OutOfMemoryError:
+            self._cp.get_default_memory_pool().free_all_blocks()
+            return None  # the ordinary path chunks to the memory there is
+        except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
+            self._graph_failed(e)
+            return None
+        if not g.fits(b, n_light):
+            return None
+        g.ws.lock.acquire()
+        with self._lock:
+            self._graphs.setdefault(key, []).append(g)
+            while len(self._graphs) > GRAPH_CACHE:
+                self._graphs.pop(next(iter(self._graphs)))
+        return g
 
     def _graph_failed(self, e: Exception) -> None:
         """Turn graphs off for this scorer, saying why (searches go on by the ordinary path)."""
@@ -1434,18 +1488,20 @@ class CupyScorer(Scorer):
 
     def _search_graph(self, g: _Graph, b: Batch, k: int, sc: SearchConsts, live, stats: dict, ids: np.ndarray,
                       out: np.ndarray) -> bool:
-        """One graph launch for the batch; rows whose candidates overflowed are rerun the ordinary way.
+        """One graph launch for the batch (``g.ws.lock`` held, released here); rows whose candidates
+        overflowed are rerun the ordinary way.
 
         Returns False (nothing written) when the graph failed to run: graphs are then off for this scorer.
         """
         try:
-            with g.ws.lock:
-                r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
+            r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
         except Exception as e:  # noqa: BLE001 - see _graph_failed
             self._graph_failed(e)
             with self._lock:
                 self._graphs.clear()
             return False
+        finally:
+            g.ws.lock.release()  # taken by _graph_for
         stats["n_chunks"] += 1
         stats["rows_per_chunk"] = max(stats["rows_per_chunk"], b.n_rows)
         stats["tiles_scored"] += int(tiles.sum())

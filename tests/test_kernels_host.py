@@ -704,8 +704,8 @@ SCORE_BUGS = {
     # The sub-block's threshold L one ulp (one key step) above its k-th best: theta may pass s_k, and the
     # query's k-th document is then never emitted.
     "lulp": ("                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;\n            }\n",
-             "                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;\n            }\n"
-             "            lb += 1u;\n"),
+             ("                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;\n            }\n"
+             "            lb += 1u;\n")),
     # The accumulator sentinel not set: a slot keeps what the warp's previous sub-block (or the poison)
     # left there, so documents without a posting become candidates or start from garbage.
     "nosentinel": ("                val[d] = ok ? GPUIR_EMPTY_SLOT : GPUIR_BLOCKED_SLOT;",
@@ -722,10 +722,10 @@ SCORE_BUGS = {
     # Light terms (no directory row) add nothing to the sub-block bounds.
     "subnolight": ("h1 = here ? term_imp_off[t + 1] : h0;", "h1 = h0;"),
     # The plan's sub-block index shifted by one: a block is cut by its neighbour's bound.
-    "subshift": ("const int it = (int)(g / GPUIR_SUBS), s = (int)(g % GPUIR_SUBS);\n        int q;\n        long long j;\n"
-                 "        unsigned int u;",
-                 "const int it = (int)(g / GPUIR_SUBS), s = (int)((g + 1) % GPUIR_SUBS);\n        int q;\n"
-                 "        long long j;\n        unsigned int u;"),
+    "subshift": (("const int it = (int)(g / GPUIR_SUBS), s = (int)(g % GPUIR_SUBS);\n        int q;\n        long long j;\n"
+                 "        unsigned int u;"),
+                 ("const int it = (int)(g / GPUIR_SUBS), s = (int)((g + 1) % GPUIR_SUBS);\n        int q;\n"
+                 "        long long j;\n        unsigned int u;")),
     # A directory term's sub-block read from one past its first posting (the directory's end of the
     # previous sub-block off by one): that posting's document loses the term.
     "subend": ("const int e0 = s > 0 ? (int)dir_sub_end[cell * GPUIR_SUBS + s - 1] : 0;",

@@ -5,7 +5,9 @@
 * a graph copies up only the bytes in use (not the 64 KB allow-list region of a row without one);
 * graphs of one shape form a pool: a question asked while another holds a graph gets its own
   graph (its own workspace and stream) instead of waiting behind one lock, and results stay exact
-  when threads ask at once.
+  when threads ask at once;
+* a large batch runs as pieces, two in flight on two workspaces (issue 35, item 3), with the
+  whole batch's results and its input errors.
 """
 
 from __future__ import annotations
@@ -105,3 +107,29 @@ def test_concurrent_questions_get_their_own_graphs(fake, index):
     assert all(_same(want[i], got[i]) for i in range(len(qs)))
     assert all(got[i].meta["graph_runs"] == 1 for i in range(len(qs)))
     assert 2 <= sum(len(p) for p in gpu._graphs.values()) <= cb.GRAPH_POOL
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_a_large_batch_runs_as_pieces_with_the_same_results(fake, index, method):
+    gpu = cb.CupyScorer(index, BM25Params(method=method), haystack="auto", graphs=False)
+    gpu.pipeline_rows = 8
+    qs = random_queries(90, 30, seed=75, max_terms=5)
+    rng = np.random.default_rng(76)
+    allow = [None if i % 3 else np.sort(rng.choice(1200, 50 + 10 * i, replace=False)) for i in range(30)]
+    ref = NumpyScorer(index, BM25Params(method=method))
+    for al in (None, allow):
+        got = gpu.search(qs, 7, al)
+        assert got.meta["pieces"] == 4 and got.meta["n_chunks"] >= 4
+        assert _same(ref.search(qs, 7, al), got)
+    consts = np.linspace(0, 1, 30).astype(np.float32)
+    assert _same(ref.search(qs, 5, consts=consts), gpu.search(qs, 5, consts=consts))
+    assert len(gpu._pool) == 2  # two workspaces, one per piece in flight
+    n_launches = len(fake.launches)
+    with pytest.raises(ValueError, match="query 27"):
+        gpu.search(qs[:27] + [np.array([10**6])] + qs[28:], 5)
+    with pytest.raises(ValueError):
+        gpu.search(qs, 5, allow[:29])
+    assert len(fake.launches) == n_launches  # bad input: no device work
+    gpu.pipeline_rows = 0
+    one = gpu.search(qs, 7)
+    assert "pieces" not in one.meta and _same(ref.search(qs, 7), one)

@@ -723,6 +723,8 @@ GRAPH_MAX_ROWS = 64
 #: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
 GRAPH_TERMS_PER_ROW = 64
 GRAPH_ALLOW_PER_ROW = 1 << 14
+#: Large batches run as pieces of this many queries, two at a time (CupyScorer.pipeline_rows).
+PIPELINE_ROWS = 256
 #: Graph shapes a scorer keeps (least recently used dropped first).
 GRAPH_CACHE = 16
 #: Graphs of one shape a scorer captures at most: one per thread asking at once (each its own
@@ -916,6 +918,14 @@ class CupyScorer(Scorer):
         Run batches of at most :data:`GRAPH_MAX_ROWS` rows (an agent's query) as a
         captured CUDA graph (:class:`_Graph`), one per (rows bucket, k, statistics).
 
+    Attributes
+    ----------
+    pipeline_rows : int
+        A search of more queries than this runs as pieces of this many, two at a
+        time, each on its own workspace and stream (:data:`PIPELINE_ROWS`; 0: one
+        piece): one piece's host preparation and copies overlap the other's
+        scoring. Rows are independent, so the results are the same.
+
     Raises
     ------
     RuntimeError
@@ -960,6 +970,7 @@ class CupyScorer(Scorer):
         self.memory_fraction = float(memory_fraction)
         self.haystack = haystack
         self.timing = bool(timing)
+        self.pipeline_rows = PIPELINE_ROWS
         self.graphs = bool(graphs)
         self.graph_error: str | None = None
         self._graphs: dict[tuple, list[_Graph]] = {}
@@ -1548,6 +1559,9 @@ class CupyScorer(Scorer):
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         k = int(k)
+        n_q = len(queries) if hasattr(queries, "__len__") else None
+        if self.pipeline_rows and n_q is not None and n_q > self.pipeline_rows and not self.timing:
+            return self._search_pieces(queries, k, allow, stats, consts, live)
         t0 = time.perf_counter()
         st = self.search_stats(stats)
         batch = self.prepare(queries, allow, st, consts)
@@ -1578,6 +1592,50 @@ class CupyScorer(Scorer):
         timings["total_s"] = time.perf_counter() - t0
         res.meta = {"backend": "cupy", "device": self._device_name, "timings": timings, **counters,
                     "n_tiles": self.n_tiles, "persistent_blocks": self._persistent, "graph_error": self.graph_error}
+        return res
+
+    def _search_pieces(self, queries, k: int, allow, stats, consts, live) -> SearchResults:
+        """:meth:`search` as pieces of :attr:`pipeline_rows` queries, two in flight: while one piece's
+        kernels run on its workspace's stream, the other's host preparation and copies proceed on
+        another workspace (issue 35, item 3). Every input is checked first, so bad input raises before
+        any device work, naming the query as a whole-batch search would."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        t0 = time.perf_counter()
+        n = len(queries)
+        st = self.search_stats(stats)
+        check_queries(queries, self.index.n_terms)
+        if allow is not None:
+            check_allow(allow, n, self.index.n_docs)
+        if consts is not None and np.asarray(consts).reshape(-1).shape != (n,):
+            raise ValueError(f"consts must hold one float32 per query ({n}), got shape {np.shape(consts)}")
+        step = self.pipeline_rows
+        pieces = [(a, min(n, a + step)) for a in range(0, n, step)]
+        res = empty_results(n, k)
+        cs = None if consts is None else np.asarray(consts, np.float32).reshape(-1)
+
+        def one(piece):
+            a, b = piece
+            r = self.search([queries[i] for i in range(a, b)], k, None if allow is None else list(allow[a:b]),
+                            stats=st if stats is not None else None, consts=None if cs is None else cs[a:b],
+                            live=live)
+            res.ids[a:b] = r.ids
+            res.scores[a:b] = r.scores
+            return r.meta
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuir-piece") as ex:
+            metas = list(ex.map(one, pieces))
+        meta: dict[str, Any] = {"backend": "cupy", "device": self._device_name, "n_tiles": self.n_tiles,
+                                "persistent_blocks": self._persistent, "graph_error": self.graph_error,
+                                "pieces": len(pieces)}
+        for m in metas:
+            for f, v in m.items():
+                if f in ("backend", "device", "n_tiles", "persistent_blocks", "graph_error", "timings"):
+                    continue
+                meta[f] = max(meta.get(f, 0), v) if f == "rows_per_chunk" else meta.get(f, 0) + v
+        meta["timings"] = {"total_s": time.perf_counter() - t0,
+                           "prep_s": float(sum(m["timings"].get("prep_s", 0.0) for m in metas))}
+        res.meta = meta
         return res
 
     def score_matrix(

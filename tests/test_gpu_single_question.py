@@ -133,3 +133,21 @@ def test_a_large_batch_runs_as_pieces_with_the_same_results(fake, index, method)
     gpu.pipeline_rows = 0
     one = gpu.search(qs, 7)
     assert "pieces" not in one.meta and _same(ref.search(qs, 7), one)
+
+
+def test_a_segment_of_at_most_16_tiles_skips_the_list_stage(fake):
+    """With n_tiles <= 16 every tile with a posting is a seed: no list, no seed threshold, same results."""
+    small = random_index(900, 60, seed=77, heavy_df=800)
+    gpu = cb.CupyScorer(small, BM25Params(), haystack="never", graphs=False)
+    assert gpu.n_tiles <= 16
+    qs = [q for q in random_queries(60, 12, seed=78, max_terms=5) if q.size]
+    ref = NumpyScorer(small, BM25Params())
+    n0 = len(fake.launches)
+    for k in (1, 5, 50):
+        assert _same(ref.search(qs, k), gpu.search(qs, k))
+    names = [n.split("<")[0] for n, *_ in fake.launches[n0:]]
+    assert "tile_list" not in names and "seed_theta" not in names and names.count("sub_score") == 3
+    big = cb.CupyScorer(random_index(1500, 60, seed=77, heavy_df=1300), BM25Params(), haystack="never", graphs=False)
+    n0 = len(fake.launches)
+    big.search(qs, 5)
+    assert "tile_list" in [n.split("<")[0] for n, *_ in fake.launches[n0:]]

@@ -1307,6 +1307,8 @@ class CupyScorer(Scorer):
         for mode, grid_plan, grid_score in ((0, plan_blocks, min(blocks, max(1, -(-seed_threads // warps)))),
                                             (1, 4 * self.sm_count, blocks)):
             if mode == 1:
+                if self.n_tiles <= K.SEED_TILES:
+                    break  # every tile with a posting was a seed: the list would be empty (a stage that cannot prune)
                 if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
                     kpad = _next_pow2(k)
                     self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),

@@ -817,7 +817,9 @@ def test_planted_bugs_in_the_sub_block_cut_are_caught(mods, topk_mod):
         # while the seeds are scored, so only it cuts sub-blocks of this 16-tile index
         assert res.meta["blocks_scored"] > 0 and (k > 4 or res.meta["blocks_skipped"] > 0)
     want = ref.search(qs, 3)
-    for bug in ("subnomult", "subnolight", "subshift", "seedtwice"):
+    # (seedtwice needs a list stage: this 16-tile index has none, every tile being a seed; it is caught
+    # on 63 tiles in test_planted_bugs_in_sub_score_are_caught)
+    for bug in ("subnomult", "subnolight", "subshift"):
         with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
                                                              "topk.cu": topk_mod}):
             got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 3)

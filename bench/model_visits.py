@@ -214,6 +214,8 @@ def built_query(idx, d, n_tiles, q, ks, params, avgdl):
     post_sub = np.zeros(n_sub, np.int64)
     acc = np.zeros(N, np.float32)
     touched = np.zeros(N, bool)
+    nterm_tile = np.zeros(n_tiles, np.int64)  # query terms with a posting in each tile / sub-block
+    nterm_sub = np.zeros(n_sub, np.int64)
     for i, t in enumerate(terms.tolist()):
         s, e = int(idx.offsets[t]), int(idx.offsets[t + 1])
         docs = idx.doc_ids[s:e].astype(np.int64)
@@ -221,9 +223,12 @@ def built_query(idx, d, n_tiles, q, ks, params, avgdl):
         acc[docs] = acc[docs] + w
         touched[docs] = True
         tl, sb = docs // TILE, docs // sub
-        post_tile += np.bincount(tl, minlength=n_tiles)
+        cnt_tile = np.bincount(tl, minlength=n_tiles)
+        post_tile += cnt_tile
+        nterm_tile += cnt_tile > 0
         cnt_sub = np.bincount(sb, minlength=n_sub)
         post_sub += cnt_sub
+        nterm_sub += cnt_sub > 0
         bt = np.zeros(n_tiles, np.float32)
         bs = np.zeros(n_sub, np.float32)
         r = int(d["dir_row"][t])
@@ -311,9 +316,56 @@ def built_query(idx, d, n_tiles, q, ks, params, avgdl):
             row[f"after_{mode}_blocks_scored"] = int((seed_subs | kept).sum())
             row[f"after_{mode}_blocks_skipped"] = int(skipped.sum())
             row[f"after_{mode}_tiles"] = int(in_seed.sum() + lst.sum())
+            if mode == "pessimistic":
+                row.update(visit_costs(terms.size, in_seed | lst, seed_subs | kept, nterm_tile, nterm_sub, post_sub,
+                                       np.bincount(ctile, minlength=n_tiles),
+                                       np.bincount(cand // sub, minlength=n_sub), k))
         row["ideal_tiles"] = int(np.unique(ctile[ckey >= sk]).size) if sk else 0
         out[k] = row
     return out
+
+
+def visit_costs(nt, vis_tiles, kept_subs, nterm_tile, nterm_sub, post_sub, cand_tile, cand_sub, k) -> dict:
+    """Modelled per-visit work of the old ``tile_score`` (block per tile) and the new ``sub_plan`` +
+    ``sub_score`` (warp per kept sub-block) for one query, counted from the kernels' code paths.
+
+    old, per visited tile (``vis_tiles``; nb = ceil(nt / 16) term batches): block barriers
+    1 (item) + 3 nb + 1 (sub-block bounds and cut) + 3 nb + (terms present: one per round) (the
+    rounds) + 4 (keys, candidate count) + 11 when the tile has >= k candidates (two histogram
+    passes) + 1 (threshold); passes over the 4,096 slots: EMPTY, keys, emission, + the second
+    histogram pass; binary searches (``sub_ranges``): 15 per (term, call), once for the bounds and
+    again for the rounds when nt > 16. new, per kept sub-block: no block barrier; __syncwarp 2 +
+    (terms present); passes over its 256 slots: EMPTY, keys, count, emission (L's 32 steps run on
+    registers); no search for a directory term. Bytes: 12 per posting read (doc id, tf, the
+    document length gathered) in the kept sub-blocks, the same in both (both cut to the same
+    sub-blocks at a fixed theta), plus the directory reads: old 8 per (present term, tile) for the
+    range and 4 per search step (log2 of the run, 15 a term and call); new 8 per (present term,
+    sub-block) (dir_start + two uint16 ends + the offsets word amortised).
+    """
+    sub_tile = np.repeat(np.arange(vis_tiles.size), SUBS)
+    nb = -(-nt // 16)
+    v = np.flatnonzero(vis_tiles)
+    kept_in_vis = kept_subs & vis_tiles[sub_tile]
+    r_t = nterm_tile[v]
+    big = cand_tile[v] >= k
+    old_barriers = int(((1 + 3 * nb + 1) + (3 * nb + r_t) + 4 + 11 * big + 1).sum())
+    old_passes = int((3 + big).sum())
+    run = np.maximum(1, post_sub.reshape(-1, SUBS)[v].sum(axis=1) // np.maximum(1, r_t))
+    steps = np.ceil(np.log2(run + 1)).astype(np.int64)
+    calls = 1 + (nt > 16)
+    old_searches = int((15 * r_t * calls).sum())
+    old_dir_bytes = int((8 * r_t + 4 * 15 * r_t * calls * steps).sum())
+    ks = np.flatnonzero(kept_in_vis)
+    new_syncwarps = int((2 + nterm_sub[ks]).sum())
+    new_passes = 4 * ks.size
+    new_dir_bytes = int(8 * nterm_sub[ks].sum())
+    posting_bytes = 12 * int(post_sub[ks].sum())
+    return {"cost_tiles": int(v.size), "cost_subs": int(ks.size), "old_block_barriers": old_barriers,
+            "old_slot_passes_4096": old_passes, "old_slots_touched": 4096 * old_passes,
+            "old_searches": old_searches, "old_bytes": posting_bytes + old_dir_bytes,
+            "new_block_barriers": 0, "new_syncwarps": new_syncwarps, "new_slot_passes_256": new_passes,
+            "new_slots_touched": 256 * new_passes, "new_searches": 0, "new_bytes": posting_bytes + new_dir_bytes,
+            "posting_bytes": posting_bytes, "new_l_searches": int((cand_sub[ks] >= k).sum())}
 
 
 def main_built(a, idx, d, n_tiles, sets, params) -> dict:
@@ -381,6 +433,17 @@ def main(argv=None) -> int:
                       f"{v['after_pessimistic_tiles']:,} | {v['after_pessimistic_blocks_scored']:,} / "
                       f"{v['after_pessimistic_blocks_skipped']:,} | {v['after_pessimistic_over_floor']:.2f} | "
                       f"{v['after_sequential_over_floor']:.2f} | {v['after_final_over_floor']:.2f} |")
+        print()
+        print("| queries | k | tiles visited | sub-blocks kept | block barriers / tile, old -> new "
+              "| slots touched / tile, old -> new | searches / tile, old -> new | bytes / tile, old -> new |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, per_k in res["sets"].items():
+            for k, v in per_k.items():
+                t = max(1, v["cost_tiles"])
+                print(f"| {name} | {k} | {v['cost_tiles']:,} | {v['cost_subs']:,} | "
+                      f"{v['old_block_barriers'] / t:.1f} -> 0 (+ {v['new_syncwarps'] / t:.1f} __syncwarp) | "
+                      f"{v['old_slots_touched'] / t:,.0f} -> {v['new_slots_touched'] / t:,.0f} | "
+                      f"{v['old_searches'] / t:.0f} -> 0 | {v['old_bytes'] / t:,.0f} -> {v['new_bytes'] / t:,.0f} |")
         print(f"wrote {path}", file=sys.stderr)
         return 0
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "python": sys.version.split()[0]},

@@ -18,15 +18,16 @@ from ._compat import cuda_device, has_cupy
 #: under --require-gpu, sanitizers clean, bit-exact scale cases). Set to True only in the commit that adds
 #: such a run's output to bench/results/, together with :data:`VERIFIED_SOURCES_SHA256`: a change to any
 #: of :data:`VERIFIED_SOURCES` after that fails a test until a new device run is committed (or this is False).
-GPU_PATH_VERIFIED = True
+GPU_PATH_VERIFIED = False
 GPU_PATH_STATUS = (
-    "VERIFIED on an NVIDIA H200 (bench/results/gpu_verify_NVIDIA_H200_20261127T072556_510.*, 2026-11-27): "
-    "every GPU test (65 core; the 25 others in a second call, after a fix to one test's own expected tie "
-    "order), compute-sanitizer memcheck, racecheck, synccheck and initcheck clean, "
-    "every checked score bit-exact at 2.7M and 8.8M documents (k up to 5,000, 20,000 rows), the CUDA-graph path "
-    "for small batches and the tile directory built on the device. Earlier runs: "
-    "bench/results/gpu_verify_NVIDIA_H100_80GB_HBM3_* (2026-11-26). Re-run `python bench/gpu_verify.py` on a GPU "
-    "machine after changing the kernels or their host code."
+    "NOT VERIFIED on a device since issue 35 (tile scoring without block barriers: sub_plan and sub_score "
+    "replaced tile_score; a pool of graphs; large batches in pieces): its kernels are checked without a "
+    "device only -- they compile spill-free with NVRTC 12 and 13 and nvcc 13 for sm_80 and sm_90, and their "
+    "real bodies run on the CPU bit-exact with NumPy (tests/test_kernels_host.py, "
+    "tests/test_gpu_host_emulation.py). Not run: the GPU tests, compute-sanitizer, timings. The previous "
+    "kernels were VERIFIED on an NVIDIA H200 (bench/results/gpu_verify_NVIDIA_H200_20261127T072556_510.*, "
+    "2026-11-27) and H100 (bench/results/gpu_verify_NVIDIA_H100_80GB_HBM3_*). Run `python bench/gpu_verify.py` "
+    "on a GPU machine and commit its files to verify this version."
 )
 #: The sources the verification run exercised (repository paths; globs): the kernels and the host code that
 #: compiles, launches and reads them.

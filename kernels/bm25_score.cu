@@ -121,6 +121,7 @@
 #define GPUIR_ROW_FILTERED 1   // row_flags: the row has an allow-list
 #define GPUIR_ROW_OFF_TILES 2  // row_flags: the row is not scored by the tile kernels
 #define GPUIR_EMPTY_SLOT 0x7FC00001u  // accumulator marker: a NaN no sum produces
+#define GPUIR_BLOCKED_SLOT 0x7FC00002u  // sub_score: a deleted or filtered-out document (never added to)
 #define GPUIR_LIGHT_BITS 64    // light terms 0..63 of a row are marked from their postings
 #define GPUIR_SUBS 16          // sub-blocks per tile; a directory cell's count word holds 16 4-bit counts
 #define GPUIR_SEEDS 16         // tiles per row scored first (seed_tiles), best bound first
@@ -495,27 +496,29 @@ __global__ void seed_theta(const long long* __restrict__ top,  // (R, k) raw key
     if (key != 0ull && sk > theta[q]) theta[q] = sk;
 }
 
-// Blocks of tile_score per SM its registers must allow: 4 (64 registers a thread). The sub-block
-// bounds (bound_of's double arithmetic) inside the item loop spill at 48 registers (5 blocks) with
-// nvcc 13 for sm_90 and with NVRTC for sm_80.
-#define GPUIR_TILE_SCORE_BLOCKS 4
-
+// The sub-block plan: thread (item, s) of a seed or list item (q, j) decides whether sub-block s of
+// tile j (documents [j*TILE + s*SUB, + SUB), SUB = TILE / GPUIR_SUBS) can still matter, and writes
+// sub_ub[item * GPUIR_SUBS + s] = key(ub[s] [+ C]), or 0 when it cannot: the tile's bound is below
+// theta[q] (strictly), or the sub-block has no posting of the row's terms, no allowed document, or a
+// bound below theta[q]. ub[s] is the float32 sum, in the scoring order, of each present term's
+// largest impact bound in the sub-block (a directory term: the sub-block's own impacts; a light
+// term: its whole list's) -- the same sum tile_score summed. Each thread sums its own sub-block's
+// terms one after another: no barrier, no shuffle, no shared memory. The double arithmetic of the
+// bounds lives here, so sub_score (the hot kernel) stays small in registers.
+// mode 0 (seeds): item i = seeds[i] (row i / GPUIR_SEEDS; U is the seed's high word), and thread s = 0
+// zeroes its ukey cell (so tile_list never lists it). mode 1 (list): items[i] = (q << 32 | j).
+// theta is not written while this kernel runs (sub_score runs after it).
 template <int THREADS, int TILE>
-__global__ void __launch_bounds__(THREADS, GPUIR_TILE_SCORE_BLOCKS) tile_score(
+__global__ void __launch_bounds__(THREADS, 2) sub_plan(
     const long long* __restrict__ offsets,    // (V+1,) int64
     const int* __restrict__ doc_ids,          // (P,) int32
-    const int* __restrict__ tfs,              // (P,) int32
-    const int* __restrict__ doc_lens,         // (N,) int32
     const int* __restrict__ dir_row,          // (V,) int32
-    const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
     const long long* __restrict__ dir_sub_off,        // (H*n_tiles+1,) int64: a cell's sub-block impacts
     const unsigned long long* __restrict__ dir_sub_cnt,  // (H*n_tiles,) uint64: 16 4-bit counts per cell
     const unsigned int* __restrict__ dir_sub_imp,     // uint32 (tf, length) pairs, by sub-block
     const long long* __restrict__ term_imp_off,       // (V+1,) int64: a light term's impacts
     const unsigned int* __restrict__ term_imp,        // uint32 (tf, length) pairs
     int n_tiles, long long n_docs,
-    const unsigned int* __restrict__ live,    // (ceil(N/32),) uint32 live bits
-    int has_live,
     const int* __restrict__ qt_off,           // (R+1,) int32
     const int* __restrict__ qt_term,          // (T,) int32
     const float* __restrict__ qt_mult,        // (T,) float32
@@ -529,206 +532,317 @@ __global__ void __launch_bounds__(THREADS, GPUIR_TILE_SCORE_BLOCKS) tile_score(
     const unsigned long long* __restrict__ seeds,  // (R * GPUIR_SEEDS,) uint64 from seed_tiles
     const unsigned long long* __restrict__ items,  // mode 1: (q << 32 | j) work items
     const int* __restrict__ n_items,          // mode 1: (1,) int32 item count
-    int mode,                                 // 0: the seeds (item i = seeds[i]), 1: the list
+    int mode,                                 // 0: the seeds, 1: the list
+    const unsigned int* __restrict__ theta,   // (R,) uint32 ordered keys (read only here)
+    int* __restrict__ tiles_scored,           // (R,) int32: items whose tile bound reaches theta
+    int* __restrict__ blocks_skipped,         // (R,) int32: sub-blocks with postings, cut here
+    unsigned int* __restrict__ sub_ub,        // (n_work * GPUIR_SUBS,) uint32 out: keys, 0 = cut
+    int n_rows, GPUIR_BM25_PARAMS) {
+    constexpr int SUB = TILE / GPUIR_SUBS;
+    static_assert(TILE % GPUIR_SUBS == 0, "whole sub-blocks");
+    const int n_work = mode == 0 ? n_rows * GPUIR_SEEDS : n_items[0];
+    const long long total = (long long)n_work * GPUIR_SUBS;
+    for (long long g = blockIdx.x * (long long)THREADS + threadIdx.x; g < total; g += (long long)gridDim.x * THREADS) {
+        const int it = (int)(g / GPUIR_SUBS), s = (int)(g % GPUIR_SUBS);
+        int q;
+        long long j;
+        unsigned int u;
+        if (mode == 0) {
+            q = it / GPUIR_SEEDS;
+            const unsigned long long sd = seeds[it];
+            j = (long long)(~(unsigned int)(sd & 0xFFFFFFFFull));
+            u = (unsigned int)(sd >> 32);
+            if (sd != 0ull && s == 0) ukey[(long long)q * n_tiles + j] = 0u;  // a seed is never listed again
+        } else {
+            const unsigned long long item = items[it];
+            q = (int)(item >> 32);
+            j = (long long)(item & 0xFFFFFFFFull);
+            u = ukey[(long long)q * n_tiles + j];
+        }
+        unsigned int key = 0u;
+        const unsigned int th = u != 0u ? theta[q] : 0u;
+        if (u != 0u && u >= th) {
+            if (s == 0) atomicAdd(&tiles_scored[q], 1);
+            const long long sbase = j * TILE + (long long)s * SUB;
+            const long long send = sbase + SUB < n_docs ? sbase + SUB : n_docs;
+            bool ok = sbase < n_docs;
+            if (ok && (row_flags[q] & GPUIR_ROW_FILTERED)) {
+                const long long a1 = allow_off[q + 1];
+                const long long a0 = gpuir::lower_bound(allow_docs, allow_off[q], a1, (int)sbase);
+                ok = a0 < a1 && allow_docs[a0] < send;
+            }
+            if (ok) {
+                const double K1 = (double)k1, B = (double)b, D = (double)delta, inv_avgdl = gpuir::recip_f64(avgdl);
+                const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
+                float ub = 0.0f;
+                bool pres = false;
+                for (int i = 0; i < nt; ++i) {
+                    const int uu = t0 + i;
+                    const int t = qt_term[uu];
+                    const int r = dir_row[t];
+                    const unsigned int* imp;
+                    long long h0, h1;
+                    if (r >= 0) {  // the sub-block's own impacts (none: no posting there)
+                        const long long cell = (long long)r * n_tiles + j;
+                        const unsigned long long w = dir_sub_cnt[cell];
+                        h0 = dir_sub_off[cell] + gpuir::nibble_prefix(w, s);
+                        h1 = h0 + (long long)((w >> (4 * s)) & 15ull);
+                    } else {       // a light term: present when its list has a document in the sub-block
+                        const long long o1 = offsets[t + 1];
+                        const long long p = gpuir::lower_bound(doc_ids, offsets[t], o1, (int)sbase);
+                        const bool here = p < o1 && doc_ids[p] < send;
+                        h0 = term_imp_off[t];
+                        h1 = here ? term_imp_off[t + 1] : h0;
+                    }
+                    if (h1 == h0) continue;
+                    imp = r >= 0 ? dir_sub_imp : term_imp;
+                    pres = true;
+                    const float idf = qt_idf[uu], w0 = qt_w0[uu];
+                    float bb = 0.0f;
+#pragma unroll 1
+                    for (long long h = h0; h < h1; ++h) {
+                        const float b1 = gpuir::bound_of(imp[h], idf, w0, method, K1, B, D, inv_avgdl, has_w0);
+                        bb = b1 > bb ? b1 : bb;
+                    }
+                    ub = gpuir::add_rn(ub, gpuir::scaled(bb, qt_mult[uu]));
+                }
+                if (pres) {
+                    const float ubc = has_w0 ? gpuir::add_rn(ub, row_const[q]) : ub;
+                    const unsigned int kk = gpuir::float_to_ordered(ubc);
+                    if (kk >= th) key = kk;
+                    else atomicAdd(&blocks_skipped[q], 1);
+                }
+            }
+        }
+        sub_ub[g] = key;
+    }
+}
+
+// Blocks of sub_score per SM its registers must allow: 6 on sm_90 (40 registers a thread at 256
+// threads; 8 KB of shared memory each), 5 on sm_80 (48 registers: at 40 ptxas spills 16 bytes there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define GPUIR_SUB_SCORE_BLOCKS 5
+#else
+#define GPUIR_SUB_SCORE_BLOCKS 6
+#endif
+
+// Scores the sub-blocks sub_plan kept: one warp per (item, sub-block s), warps persistent over
+// g = item * GPUIR_SUBS + s. No block barrier: a warp owns SUB accumulator slots in shared memory.
+//   1. skip when sub_ub[g] is 0 or below theta[q] (read now: it may have risen since the plan);
+//   2. the slots start EMPTY, or BLOCKED for a deleted document (live) or one outside the row's
+//      allow-list (two searches in it, then one store per allowed document);
+//   3. the rounds, one per term in ascending term id, separated by __syncwarp: a directory term's
+//      postings in the sub-block are read straight from the directory (offsets[t] + dir_start[r, j]
+//      + dir_sub_end[cell, s - 1] .. dir_sub_end[cell, s]), a light term's by two searches in its
+//      (short) list; lane i of a batch of 32 terms finds term i's range, shuffled to the warp. A
+//      term's list holds a document at most once, so in a round every slot is written by at most
+//      one lane: the reference's order of adds, no atomics. A BLOCKED slot is never read further;
+//   4. L: when the sub-block has >= k candidates, the exact k-th largest of its keys (a greedy bit by
+//      bit search, each bit one warp reduction); theta[q] = atomicMax(theta[q], L);
+//   5. emit every candidate with key >= max(L, theta[q]) (ties included) with one atomicAdd on
+//      counts[q] for the whole sub-block (which counts past the capacity).
+// Exactness as for the tiles (see the top of this file): a sub-block holding a document of the top k
+// has ub >= its score >= theta, so it is never cut; L is the k-th best of k scored documents, so
+// theta stays <= s_k.
+template <int THREADS, int TILE>
+__global__ void __launch_bounds__(THREADS, GPUIR_SUB_SCORE_BLOCKS) sub_score(
+    const long long* __restrict__ offsets,    // (V+1,) int64
+    const int* __restrict__ doc_ids,          // (P,) int32
+    const int* __restrict__ tfs,              // (P,) int32
+    const int* __restrict__ doc_lens,         // (N,) int32
+    const int* __restrict__ dir_row,          // (V,) int32
+    const int* __restrict__ dir_start,        // (H, n_tiles+1) int32
+    const unsigned short* __restrict__ dir_sub_end,  // (H*n_tiles, 16) uint16: postings of sub-blocks <= s
+    int n_tiles, long long n_docs,
+    const unsigned int* __restrict__ live,    // (ceil(N/32),) uint32 live bits
+    int has_live,
+    const int* __restrict__ qt_off,           // (R+1,) int32
+    const int* __restrict__ qt_term,          // (T,) int32
+    const float* __restrict__ qt_mult,        // (T,) float32
+    const float* __restrict__ qt_idf,         // (T,) float32
+    const float* __restrict__ qt_w0,          // (T,) float32
+    const float* __restrict__ row_const,      // (R,) float32
+    const int* __restrict__ row_flags,        // (R,) int32
+    const long long* __restrict__ allow_off,  // (R+1,) int64
+    const int* __restrict__ allow_docs,       // (A,) int32
+    const unsigned long long* __restrict__ seeds,  // (R * GPUIR_SEEDS,) uint64 from seed_tiles
+    const unsigned long long* __restrict__ items,  // mode 1: (q << 32 | j) work items
+    const int* __restrict__ n_items,          // mode 1: (1,) int32 item count
+    int mode,                                 // 0: the seeds, 1: the list
+    const unsigned int* __restrict__ sub_ub,  // (n_work * GPUIR_SUBS,) uint32 from sub_plan
     unsigned int* __restrict__ theta,         // (R,) uint32 ordered keys, in/out
     int* __restrict__ counts,                 // (R,) int32 (may exceed the capacity)
-    int* __restrict__ tiles_scored,           // (R,) int32
-    int* __restrict__ blocks_scored,          // (R,) int32: sub-blocks with postings, scored
-    int* __restrict__ blocks_skipped,         // (R,) int32: sub-blocks with postings, cut
+    int* __restrict__ blocks_scored,          // (R,) int32: sub-blocks scored
+    int* __restrict__ blocks_skipped,         // (R,) int32: sub-blocks kept by the plan, cut here
     const long long* __restrict__ cand_off,   // (R+1,) int64
     unsigned long long* __restrict__ cand,    // (cand_off[R],) uint64 composite keys
     int n_rows, int k, GPUIR_BM25_PARAMS) {
-    constexpr int BINS = GPUIR_RADIX_BINS;
-    constexpr int TB = THREADS / GPUIR_SUBS;
-    constexpr int W = GPUIR_SUBS + 1;
-    static_assert(TILE % THREADS == 0 && TILE % 32 == 0, "TILE must be a multiple of THREADS and 32");
-    static_assert(THREADS % GPUIR_SUBS == 0 && TILE % GPUIR_SUBS == 0 && GPUIR_SUBS == 16, "16 sub-blocks");
-    __shared__ unsigned int s_val[TILE];
-    __shared__ unsigned int s_allow[TILE / 32];
-    __shared__ long long s_lo[TB];
-    __shared__ int s_off[TB * W];
-    __shared__ int s_kpre[TB * W];
-    __shared__ float s_tb[TB * GPUIR_SUBS];
-    __shared__ int s_hist[BINS];
-    __shared__ int s_warp[GPUIR_WARP];
-    __shared__ long long s_range[2];
-    __shared__ int s_q, s_go, s_bin, s_above, s_binc;
-    __shared__ long long s_j;
-    __shared__ unsigned int s_thr, s_pres, s_keep;
-
-    const int tid = threadIdx.x, lane = tid & (GPUIR_WARP - 1);
+    constexpr int SUB = TILE / GPUIR_SUBS;
+    constexpr int WARPS = THREADS / GPUIR_WARP;
+    constexpr int PER = (SUB + GPUIR_WARP - 1) / GPUIR_WARP;  // slots per lane
+    static_assert(THREADS % GPUIR_WARP == 0 && TILE % GPUIR_SUBS == 0, "whole warps, whole sub-blocks");
+    __shared__ unsigned int s_val[WARPS * SUB];
+    const int lane = threadIdx.x & (GPUIR_WARP - 1), wib = threadIdx.x / GPUIR_WARP;
+    unsigned int* val = s_val + wib * SUB;
     const int n_work = mode == 0 ? n_rows * GPUIR_SEEDS : n_items[0];
-    for (int it = blockIdx.x; it < n_work; it += gridDim.x) {
-        __syncthreads();  // the previous item's readers of s_q, s_j, s_thr are done
-        if (tid == 0) {
-            int q;
-            long long j;
-            bool ok;
-            if (mode == 0) {
-                q = it / GPUIR_SEEDS;
-                const unsigned long long b = seeds[it];
-                ok = b != 0ull;
-                j = (long long)(~(unsigned int)(b & 0xFFFFFFFFull));
-            } else {
-                const unsigned long long item = items[it];
-                q = (int)(item >> 32);
-                j = (long long)(item & 0xFFFFFFFFull);
-                ok = true;
-            }
-            int go = 0;
-            if (ok) {
-                unsigned int* cell = &ukey[(long long)q * n_tiles + j];
-                const unsigned int u = *cell;
-                if (mode == 0) *cell = 0u;  // a seed is never listed again (tile_list skips key 0)
-                const unsigned int th = gpuir::atomic_read(&theta[q]);
-                go = u != 0u && u >= th;
-                if (go) atomicAdd(&tiles_scored[q], 1);
-            }
-            s_q = q;
-            s_j = j;
-            s_go = go;
-            s_pres = 0u;
+    const long long total = (long long)n_work * GPUIR_SUBS;
+    for (long long g = blockIdx.x * (long long)WARPS + wib; g < total; g += (long long)gridDim.x * WARPS) {
+        const unsigned int ubk = sub_ub[g];
+        if (ubk == 0u) continue;  // uniform in the warp
+        const int it = (int)(g / GPUIR_SUBS), s = (int)(g % GPUIR_SUBS);
+        int q;
+        long long j;
+        if (mode == 0) {
+            q = it / GPUIR_SEEDS;
+            j = (long long)(~(unsigned int)(seeds[it] & 0xFFFFFFFFull));
+        } else {
+            const unsigned long long item = items[it];
+            q = (int)(item >> 32);
+            j = (long long)(item & 0xFFFFFFFFull);
         }
-        __syncthreads();
-        if (!s_go) continue;  // uniform
-        const int q = s_q;
-        const long long j = s_j;
-        const int flags = row_flags[q];
+        // 1. the cut, with theta as it is now
+        unsigned int th = 0u;
+        if (lane == 0) th = gpuir::atomic_read(&theta[q]);
+        th = __shfl_sync(GPUIR_FULL_MASK, th, 0);
+        if (ubk < th) {
+            if (lane == 0) atomicAdd(&blocks_skipped[q], 1);
+            continue;  // uniform
+        }
+        if (lane == 0) atomicAdd(&blocks_scored[q], 1);
+        const long long sbase = j * TILE + (long long)s * SUB;
+        const long long send = sbase + SUB < n_docs ? sbase + SUB : n_docs;
+        const bool filtered = (row_flags[q] & GPUIR_ROW_FILTERED) != 0;
+        // 2. the slots
+#pragma unroll
+        for (int v = 0; v < PER; ++v) {
+            const int d = lane + GPUIR_WARP * v;
+            if (d < SUB) {
+                const long long doc = sbase + d;
+                const bool ok = !filtered && doc < send && (!has_live || gpuir::bit_set(live, doc));
+                val[d] = ok ? GPUIR_EMPTY_SLOT : GPUIR_BLOCKED_SLOT;
+            }
+        }
+        if (filtered) {
+            long long a = 0;
+            if (lane < 2) a = gpuir::lower_bound(allow_docs, allow_off[q], allow_off[q + 1], (int)(lane ? send : sbase));
+            const long long a0 = __shfl_sync(GPUIR_FULL_MASK, a, 0), a1 = __shfl_sync(GPUIR_FULL_MASK, a, 1);
+            __syncwarp();
+            for (long long p = a0 + lane; p < a1; p += GPUIR_WARP) {
+                const long long doc = allow_docs[p];
+                if (!has_live || gpuir::bit_set(live, doc)) val[doc - sbase] = GPUIR_EMPTY_SLOT;
+            }
+        }
+        __syncwarp();
+        // 3. the rounds
         const int t0 = qt_off[q], nt = qt_off[q + 1] - t0;
-        const bool filtered = (flags & GPUIR_ROW_FILTERED) != 0;
-        const int base = (int)(j * TILE);
-        const int end = (long long)base + TILE < n_docs ? base + TILE : (int)n_docs;
-        // filter
-        if (filtered && !gpuir::load_allow<THREADS, TILE>(allow_off, allow_docs, q, base, end, s_allow, s_range))
-            continue;
-        // sub-block bounds: ub[s] = the float32 sum, in the scoring order, of each term's largest impact
-        // bound in sub-block s (0 for a term without a posting there) [+ C]; thread s < GPUIR_SUBS keeps
-        // its sub-block's running sum. Terms in batches of TB: thread (i, s) bounds term i in sub-block s.
-        {
-            const double K1 = (double)k1, B = (double)b, D = (double)delta, inv_avgdl = gpuir::recip_f64(avgdl);
-            float ub = 0.0f;
-            for (int tb = 0; tb < nt; tb += TB) {
-                const int n = nt - tb < TB ? nt - tb : TB;
-                __syncthreads();
-                gpuir::sub_ranges<TILE>(offsets, doc_ids, dir_row, dir_start, n_tiles, qt_term, t0 + tb, n, j, base,
-                                        end, s_lo, s_off);
-                __syncthreads();
-                const int i = tid / GPUIR_SUBS, s = tid % GPUIR_SUBS;
-                if (i < TB) {
-                    float bb = 0.0f;
-                    if (i < n && s_off[i * W + s + 1] > s_off[i * W + s]) {  // term i has postings in sub-block s
-                        const int u = t0 + tb + i;
-                        const int t = qt_term[u];
-                        const int r = dir_row[t];
-                        const unsigned int* imp;
-                        long long h0, h1;
-                        if (r >= 0) {  // the sub-block's own impacts
-                            const long long cell = (long long)r * n_tiles + j;
-                            const unsigned long long w = dir_sub_cnt[cell];
-                            h0 = dir_sub_off[cell] + gpuir::nibble_prefix(w, s);
-                            h1 = h0 + (long long)((w >> (4 * s)) & 15ull);
-                            imp = dir_sub_imp;
-                        } else {       // a light term: its whole list's impacts
-                            h0 = term_imp_off[t];
-                            h1 = term_imp_off[t + 1];
-                            imp = term_imp;
-                        }
-                        const float idf = qt_idf[u], w0 = qt_w0[u];
-#pragma unroll 1
-                        for (long long h = h0; h < h1; ++h) {
-                            const float b1 = gpuir::bound_of(imp[h], idf, w0, method, K1, B, D, inv_avgdl, has_w0);
-                            bb = b1 > bb ? b1 : bb;
-                        }
-                        bb = gpuir::scaled(bb, qt_mult[u]);
-                        atomicOr(&s_pres, 1u << s);
+        for (int tb = 0; tb < nt; tb += GPUIR_WARP) {
+            const int n = nt - tb < GPUIR_WARP ? nt - tb : GPUIR_WARP;
+            long long lo = 0;
+            int len = 0;
+            if (lane < n) {  // term tb + lane's postings in the sub-block
+                const int t = qt_term[t0 + tb + lane];
+                const int r = dir_row[t];
+                const long long o0 = offsets[t];
+                if (r >= 0) {
+                    const long long cell = (long long)r * n_tiles + j;
+                    const int e0 = s > 0 ? (int)dir_sub_end[cell * GPUIR_SUBS + s - 1] : 0;
+                    lo = o0 + dir_start[(long long)r * (n_tiles + 1) + j] + e0;
+                    len = (int)dir_sub_end[cell * GPUIR_SUBS + s] - e0;
+                } else {
+                    const long long o1 = offsets[t + 1];
+                    lo = gpuir::lower_bound(doc_ids, o0, o1, (int)sbase);
+                    len = (int)(gpuir::lower_bound(doc_ids, lo, o1, (int)send) - lo);
+                }
+            }
+            for (int i = 0; i < n; ++i) {
+                const long long plo = __shfl_sync(GPUIR_FULL_MASK, lo, i);
+                const int plen = __shfl_sync(GPUIR_FULL_MASK, len, i);
+                if (plen == 0) continue;  // uniform
+                const int u = t0 + tb + i;
+                const float m = qt_mult[u], idf = qt_idf[u], w0 = qt_w0[u];
+                // A directory term has a few postings in a sub-block of SUB documents (about df / N * SUB):
+                // mostly one or none a lane, so no unrolling; latency is hidden by the resident warps.
+                for (int p = lane; p < plen; p += GPUIR_WARP) {
+                    const int d = (int)(doc_ids[plo + p] - sbase);
+                    const unsigned int old = val[d];
+                    if (old != GPUIR_BLOCKED_SLOT) {
+                        const float w = gpuir::bm25_weight(tfs[plo + p], doc_lens[sbase + d], idf, w0, GPUIR_BM25_ARGS);
+                        val[d] = gpuir::float_bits(
+                            gpuir::add_rn(old == GPUIR_EMPTY_SLOT ? 0.0f : gpuir::bits_float(old), gpuir::scaled(w, m)));
                     }
-                    s_tb[i * GPUIR_SUBS + s] = bb;
                 }
-                __syncthreads();
-                if (tid < GPUIR_SUBS)
-                    for (int h = 0; h < n; ++h) ub = gpuir::add_rn(ub, s_tb[h * GPUIR_SUBS + tid]);
+                __syncwarp();  // round boundary: the next term may add to the same documents
             }
-            if (tid < GPUIR_WARP) {  // warp 0: the sub-blocks whose bound reaches theta
-                bool pred = false;
-                if (tid < GPUIR_SUBS) {
-                    const float ubc = has_w0 ? gpuir::add_rn(ub, row_const[q]) : ub;
-                    pred = gpuir::float_to_ordered(ubc) >= gpuir::atomic_read(&theta[q]);
-                }
-                const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
-                if (tid == 0) {
-                    const unsigned int pres = s_pres, keep = ballot & pres;
-                    s_keep = keep;
-                    atomicAdd(&blocks_scored[q], __popc(keep));
-                    atomicAdd(&blocks_skipped[q], __popc(pres & ~keep));
-                }
-            }
-            __syncthreads();
         }
-        const unsigned int keep = s_keep;
-        if (keep == 0u) continue;  // uniform: nothing here can reach theta
-        // accumulate the kept sub-blocks
-        gpuir::accumulate_tile<THREADS, TILE>(offsets, doc_ids, tfs, doc_lens, dir_row, dir_start, n_tiles, live,
-                                              has_live, qt_term, qt_mult, qt_idf, qt_w0, t0, nt, j, base, end,
-                                              filtered, keep, nt <= TB, s_allow, s_val, s_lo, s_off, s_kpre,
-                                              GPUIR_BM25_ARGS);
-        // final keys (0 = no candidate), candidate count, histogram of bits 31..21
+        // 4. final keys (back into the lane's own slots: 0 = no candidate), L
         const float rc = row_const[q];
-        for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
-        __syncthreads();
         int mine = 0;
-        for (int i = tid; i < TILE; i += THREADS) {
-            const unsigned int u = s_val[i];
-            unsigned int key = 0u;
-            if (u != GPUIR_EMPTY_SLOT) {
-                float s = gpuir::bits_float(u);
-                if (has_w0) s = gpuir::add_rn(s, rc);
-                key = gpuir::float_to_ordered(s);
-                ++mine;
-                atomicAdd(&s_hist[key >> 21], 1);
+#pragma unroll
+        for (int v = 0; v < PER; ++v) {
+            const int d = lane + GPUIR_WARP * v;
+            if (d < SUB) {
+                const unsigned int x = val[d];
+                unsigned int key = 0u;
+                if (x != GPUIR_EMPTY_SLOT && x != GPUIR_BLOCKED_SLOT) {
+                    key = gpuir::float_to_ordered(has_w0 ? gpuir::add_rn(gpuir::bits_float(x), rc) : gpuir::bits_float(x));
+                    ++mine;
+                }
+                val[d] = key;
             }
-            s_val[i] = key;
         }
-        int ncand;
-        gpuir::block_exclusive_sum<THREADS>(mine, s_warp, &ncand);  // barriers: s_hist complete
+        const int ncand = __reduce_add_sync(GPUIR_FULL_MASK, mine);
         unsigned int lb = 0u;
-        if (ncand >= k) {  // uniform
-            // tile bound L: bin b1 of bits 31..21, then b2 of bits 20..10 inside it
-            if (tid == 0) s_bin = -1;
-            __syncthreads();
-            gpuir::find_bin<THREADS>(s_hist, BINS, k, s_warp, &s_bin, &s_above, &s_binc, nullptr);
-            const unsigned int b1 = (unsigned int)s_bin;
-            const int krem = k - s_above;
-            for (int i = tid; i < BINS; i += THREADS) s_hist[i] = 0;
-            __syncthreads();
-            for (int i = tid; i < TILE; i += THREADS) {
-                const unsigned int key = s_val[i];
-                if (key != 0u && (key >> 21) == b1) atomicAdd(&s_hist[(key >> 10) & (BINS - 1)], 1);
+        if (ncand >= k) {  // uniform: the largest L with >= k keys >= L, bit by bit from the top (registers)
+            unsigned int kr[PER];
+#pragma unroll
+            for (int v = 0; v < PER; ++v) {
+                const int d = lane + GPUIR_WARP * v;
+                kr[v] = d < SUB ? val[d] : 0u;
             }
-            if (tid == 0) s_bin = -1;
-            __syncthreads();
-            gpuir::find_bin<THREADS>(s_hist, BINS, krem, s_warp, &s_bin, &s_above, &s_binc, nullptr);
-            lb = (b1 << 21) | ((unsigned int)s_bin << 10);
+#pragma unroll 1
+            for (int bit = 31; bit >= 0; --bit) {
+                const unsigned int c = lb | (1u << bit);
+                int n = 0;
+#pragma unroll
+                for (int v = 0; v < PER; ++v) n += kr[v] >= c ? 1 : 0;
+                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;
+            }
         }
-        if (tid == 0) {
+        unsigned int thr = 0u;
+        if (lane == 0) {
             const unsigned int old = lb ? atomicMax(&theta[q], lb) : gpuir::atomic_read(&theta[q]);
-            s_thr = old > lb ? old : lb;
+            thr = old > lb ? old : lb;
         }
-        __syncthreads();
-        const unsigned int thr = s_thr;
-        const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
-        // emit (TILE % THREADS == 0: all 32 lanes of a warp run every iteration)
-        for (int i = tid; i < TILE; i += THREADS) {
-            const unsigned int key = s_val[i];
-            const bool pred = key != 0u && key >= thr;
-            const unsigned int ballot = __ballot_sync(GPUIR_FULL_MASK, pred);
+        thr = __shfl_sync(GPUIR_FULL_MASK, thr, 0);
+        // 5. emit, one atomicAdd for the sub-block
+        int all = 0;
+#pragma unroll
+        for (int v = 0; v < PER; ++v) {
+            const int d = lane + GPUIR_WARP * v;
+            const unsigned int key = d < SUB ? val[d] : 0u;
+            all += key != 0u && key >= thr ? 1 : 0;
+        }
+        all = __reduce_add_sync(GPUIR_FULL_MASK, all);
+        if (all > 0) {  // uniform
             int first = 0;
-            if (lane == 0 && ballot != 0u) first = atomicAdd(&counts[q], __popc(ballot));
+            if (lane == 0) first = atomicAdd(&counts[q], all);
             first = __shfl_sync(GPUIR_FULL_MASK, first, 0);
-            if (pred) {
-                const long long slot = (long long)first + __popc(ballot & ((1u << lane) - 1u));
-                if (slot < cap) cand[c0 + slot] = gpuir::key_from_ordered(key, (long long)base + i);
+            const long long c0 = cand_off[q], cap = cand_off[q + 1] - c0;
+            const unsigned int below = (1u << lane) - 1u;
+#pragma unroll
+            for (int v = 0; v < PER; ++v) {
+                const int d = lane + GPUIR_WARP * v;
+                const unsigned int key = d < SUB ? val[d] : 0u;
+                const bool pred = key != 0u && key >= thr;
+                const unsigned int bal = __ballot_sync(GPUIR_FULL_MASK, pred);
+                if (pred) {
+                    const long long slot = (long long)first + __popc(bal & below);
+                    if (slot < cap) cand[c0 + slot] = gpuir::key_from_ordered(key, sbase + d);
+                }
+                first += __popc(bal);
             }
         }
+        __syncwarp();  // every lane has read the slots before the next item resets them
     }
 }
 

@@ -399,7 +399,7 @@ def test_model_equals_reference_bit_for_bit(model_device, corpus, method):
         assert res.meta["haystack_rows"] >= 1  # the scattered allow-lists went to the haystack path
     assert np.array_equal(ref.score_matrix(qs, allow), gpu.score_matrix(qs, allow))
     names = {n.split("<")[0] for n, *_ in model_device.cp.launches}
-    assert names >= {"tile_score", "haystack_score", "select_topk", "tile_dense"}
+    assert names >= {"sub_plan", "sub_score", "haystack_score", "select_topk", "tile_dense"}
 
 
 @pytest.mark.parametrize("seed", [None, 1, 2, 3])
@@ -530,9 +530,8 @@ def test_summation_order_matters_and_is_detected(model_device, monkeypatch):
     qs = [rng.integers(0, 200, 12).astype(np.int64) for _ in range(40)]
     ref, gpu = NumpyScorer(idx, BM25Params()), model_device(idx, haystack="never")
     _exact(ref.search(qs, 50), gpu.search(qs, 50))
-    real = km._accumulate
-    monkeypatch.setattr(km, "_accumulate", lambda a, q, j, base, end, allowed, *keep: real(_reversed(a, q), q, j, base,
-                                                                                          end, allowed, *keep))
+    real = km._sub_accumulate
+    monkeypatch.setattr(km, "_sub_accumulate", lambda a, q, *rest: real(_reversed(a, q), q, *rest))
     a, b = ref.search(qs, 50), gpu.search(qs, 50)
     assert not np.array_equal(a.scores, b.scores)
 
@@ -656,7 +655,7 @@ def test_launch_checker_rejects_python_scalars_and_wrong_dtypes():
         km.check_launch(sigs, "pack_candidates<256>", (1, 1), (128,), pack)
     with pytest.raises(km.LaunchError, match="grid"):
         km.check_launch(sigs, "pack_candidates<256>", (1, 70000), (256,), pack)
-    names = [p[0] for p in km.kernel_signatures("bm25_score.cu")["tile_score"]]
+    names = [p[0] for p in km.kernel_signatures("bm25_score.cu")["sub_score"]]
     assert "row_const" in names and names[:4] == ["offsets", "doc_ids", "tfs", "doc_lens"]
     assert names[-8:] == ["method", "k1", "b", "one_minus_b", "k1p1", "delta", "avgdl", "has_w0"]
 
@@ -978,29 +977,26 @@ def test_a_sub_block_bound_one_ulp_below_its_best_score_is_caught(model_device, 
     want = ref.search(qs, k)
     kth = km.float_to_ordered(want.scores[:, k - 1]).astype(np.int64)
     dense = ref.score_matrix(qs)
-    real = km._sub_bounds
+    real = km._sub_bound
 
     def exact_max(ulps):
-        def sub_bounds(a, q, j, base, end):
-            ub, pres = real(a, q, j, base, end)
-            sub = int(a["TILE"]) // km.SUBS
+        def sub_bound(a, q, j, s, sbase, send):
+            ub, pres = real(a, q, j, s, sbase, send)
             row = dense[q]  # one chunk of the whole batch: the launch's row q is query q
-            for s in range(km.SUBS):
-                lo, hi = base + s * sub, min(base + (s + 1) * sub, end)
-                sc = row[lo:hi] if hi > lo else np.zeros(0, np.float32)
-                sc = sc[np.isfinite(sc)]
-                if (pres >> s) & 1 and sc.size:
-                    m = np.float32(sc.max())
-                    ub[s] = np.nextafter(m, np.float32(-np.inf)) if ulps else m
+            sc = row[sbase:send] if send > sbase else np.zeros(0, np.float32)
+            sc = sc[np.isfinite(sc)]
+            if pres and sc.size:
+                m = np.float32(sc.max())
+                ub = np.nextafter(m, np.float32(-np.inf)) if ulps else m
             return ub, pres
-        return sub_bounds
+        return sub_bound
 
     gpu = model_device(idx, haystack="never")
-    monkeypatch.setattr(km, "_sub_bounds", exact_max(0))
+    monkeypatch.setattr(km, "_sub_bound", exact_max(0))
     good = _run_with_theta(gpu, model_device.cp, qs, k, kth)
     _exact(want, good, "tightest true bound")
     assert good.meta["blocks_skipped"] > 0
-    monkeypatch.setattr(km, "_sub_bounds", exact_max(1))
+    monkeypatch.setattr(km, "_sub_bound", exact_max(1))
     bad = _run_with_theta(gpu, model_device.cp, qs, k, kth)
     assert not np.array_equal(bad.ids, want.ids), "a sub-block bound one ulp too low went unnoticed"
 

@@ -20,7 +20,7 @@ out-of-bounds writes show; AddressSanitizer runs catch out-of-bounds reads.
   on adversarial candidate rows (ties across the k-th place, all tied, -0.0 next
   to +0.0, sentinels and garbage in the slots, counts past the capacity,
   thresholds).
-* ``tile_score`` / ``tile_dense`` / ``haystack_score`` run behind
+* ``sub_plan`` / ``sub_score`` / ``tile_dense`` / ``haystack_score`` run behind
   ``CupyScorer`` (its host code builds their many inputs), through the fake
   ``cupy`` of ``gpuir.backends.kernel_model`` whose kernels are swapped for the
   real ones (``cuda_host/device.py``): search results and dense rows must equal
@@ -259,7 +259,7 @@ def test_pack_candidates_then_sort_and_decode(topk_mod):
 
 
 # =============================================================================
-# tile_score, tile_dense, haystack_score behind CupyScorer, bit for bit
+# sub_plan, sub_score, tile_dense, haystack_score behind CupyScorer, bit for bit
 # =============================================================================
 def with_empty_terms(idx: CSRIndex) -> CSRIndex:
     """The index plus two vocabulary terms without postings."""
@@ -315,7 +315,7 @@ def test_scorer_on_real_kernels_equals_numpy(mods, corpus, method):
         want = ref.score_matrix(qs, allow)
         got = gpu.score_matrix(qs, allow)
         assert np.array_equal(want, got) and np.array_equal(np.isfinite(want), np.isfinite(got))
-    assert {n.split("<")[0] for n, *_ in cp.launches} >= {"tile_score", "haystack_score", "select_topk",
+    assert {n.split("<")[0] for n, *_ in cp.launches} >= {"sub_plan", "sub_score", "haystack_score", "select_topk",
                                                           "tile_dense"}
 
 
@@ -405,14 +405,17 @@ def test_statistics_per_search_and_live_on_real_kernels(mods, corpus, method):
 
 
 def test_production_block_sizes(mods, corpus):
-    """tile_score<256, 4096>, tile_dense, haystack_score<256>, select_topk<512>, as on a GPU."""
+    """sub_plan / sub_score<256, 4096> (8 warps a block), tile_dense, haystack_score<256>, select_topk<512>."""
     idx, qs, allow = corpus
     ref = NumpyScorer(idx, BM25Params(method="bm25+"))
     with real_kernels_installed(schedule="forward", modules=mods) as cp:
         gpu = cb.CupyScorer(idx, BM25Params(method="bm25+"), haystack="auto")
         exact(ref.search(qs, 10, allow), gpu.search(qs, 10, allow), "production")
         assert np.array_equal(ref.score_matrix(qs[:4]), gpu.score_matrix(qs[:4]))
-    assert {n for n, *_ in cp.launches} >= {n for n in PROD["bm25_score.cu"] if "tile" in n}
+    want = {n for n in PROD["bm25_score.cu"] if "tile" in n or "sub_" in n}
+    if gpu.n_tiles <= K.SEED_TILES:  # every tile with a posting is a seed already: the list stage is skipped
+        want = {n for n in want if not n.startswith("tile_list")}
+    assert {n for n, *_ in cp.launches} >= want
     assert f"select_topk<{K.SELECT_THREADS}>" in {n for n, *_ in cp.launches}
 
 
@@ -698,26 +701,38 @@ TOPK_BUGS = {
                   "        if (pass < 3) { shift = 53 - 11 * pass; width = pass < 2 ? 11 : 10; }")),
 }
 SCORE_BUGS = {
-    # No barrier between two terms' rounds: a document's terms may be added out of order, or race.
-    "noround": ("            __syncthreads();  // round boundary: the next term may add to the same documents\n",
-                ""),
-    # The tile bound L one histogram bin too high: theta may exceed the k-th score, losing documents.
-    "lbin": ("lb = (b1 << 21) | ((unsigned int)s_bin << 10);",
-             "lb = (b1 << 21) | ((unsigned int)(s_bin + 1) << 10);"),
+    # The rounds of a batch of terms in descending term id: a document's adds in another float order.
+    "roundswap": ("            for (int i = 0; i < n; ++i) {\n                const long long plo",
+                  "            for (int i = n - 1; i >= 0; --i) {\n                const long long plo"),
+    # The sub-block's threshold L one ulp (one key step) above its k-th best: theta may pass s_k, and the
+    # query's k-th document is then never emitted.
+    "lulp": ("                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;\n            }\n",
+             ("                if (__reduce_add_sync(GPUIR_FULL_MASK, n) >= k) lb = c;\n            }\n"
+             "            lb += 1u;\n")),
+    # The accumulator sentinel not set: a slot keeps what the warp's previous sub-block (or the poison)
+    # left there, so documents without a posting become candidates or start from garbage.
+    "nosentinel": ("                val[d] = ok ? GPUIR_EMPTY_SLOT : GPUIR_BLOCKED_SLOT;",
+                   "                if (!ok) val[d] = GPUIR_BLOCKED_SLOT;"),
     # The tile bound ignores a repeated query term's multiplicity: it may fall below a real score, so a
     # tile holding part of the top k is left out of the work list.
     "nomult": ("bound = gpuir::add_rn(bound, gpuir::scaled(bt, qt_mult[t0 + i]));",
                "bound = gpuir::add_rn(bound, bt);"),
     # A seed tile is listed again (its key not zeroed): its documents are emitted twice.
-    "seedtwice": ("if (mode == 0) *cell = 0u;", ""),
+    "seedtwice": ("if (sd != 0ull && s == 0) ukey[(long long)q * n_tiles + j] = 0u;", ""),
     # The sub-block bound ignores a repeated term's multiplicity: below some real scores, so a sub-block
     # holding part of the top k is cut.
-    "subnomult": ("bb = gpuir::scaled(bb, qt_mult[u]);", ""),
+    "subnomult": ("ub = gpuir::add_rn(ub, gpuir::scaled(bb, qt_mult[uu]));", "ub = gpuir::add_rn(ub, bb);"),
     # Light terms (no directory row) add nothing to the sub-block bounds.
-    "subnolight": ("h0 = term_imp_off[t];\n", "h0 = term_imp_off[t + 1];\n"),
-    # The keep mask shifted by one sub-block: a block is cut by its neighbour's bound.
-    "subshift": ("const unsigned int pres = s_pres, keep = ballot & pres;",
-                 "const unsigned int pres = s_pres, keep = (ballot << 1) & pres;"),
+    "subnolight": ("h1 = here ? term_imp_off[t + 1] : h0;", "h1 = h0;"),
+    # The plan's sub-block index shifted by one: a block is cut by its neighbour's bound.
+    "subshift": (("const int it = (int)(g / GPUIR_SUBS), s = (int)(g % GPUIR_SUBS);\n        int q;\n        long long j;\n"
+                 "        unsigned int u;"),
+                 ("const int it = (int)(g / GPUIR_SUBS), s = (int)((g + 1) % GPUIR_SUBS);\n        int q;\n"
+                 "        long long j;\n        unsigned int u;")),
+    # A directory term's sub-block read from one past its first posting (the directory's end of the
+    # previous sub-block off by one): that posting's document loses the term.
+    "subend": ("const int e0 = s > 0 ? (int)dir_sub_end[cell * GPUIR_SUBS + s - 1] : 0;",
+               "const int e0 = s > 0 ? (int)dir_sub_end[cell * GPUIR_SUBS + s - 1] + 1 : 0;"),
 }
 
 
@@ -741,13 +756,12 @@ def test_planted_bugs_in_select_topk_are_caught():
     assert "low_mantissa" in bad, bad
 
 
-def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
-    """Each bug fails the exact comparison on inputs where the real kernel passes it."""
+def test_planted_bugs_in_sub_score_are_caught(mods, topk_mod):
+    """Each bug fails the exact comparison on inputs where the real kernel passes it (issue 35: a round
+    order swapped, a threshold one ulp too high, a sentinel not set)."""
     bugs = load("score_planted")
-    # 1. No round barrier: some document's terms are added out of order. The terms go in batches of
-    #    THREADS / 16 = 2 (one barrier between batches), so the unprotected pairs are terms 2i, 2i+1, whose
-    #    adds commute only for the first pair (0 + a + b): queries of frequent terms, so that documents
-    #    hold many of them.
+    # 1. Rounds in the wrong order: documents holding three or more of the query's frequent terms get
+    #    their adds in another float order (a + b + c != c + b + a in float32 for some documents).
     idx = random_index(1000, 120, seed=41, heavy_df=900)
     rng = np.random.default_rng(42)
     frequent = np.argsort(-np.diff(idx.offsets), kind="stable")[:16]
@@ -755,36 +769,37 @@ def test_planted_bugs_in_tile_score_are_caught(mods, topk_mod):
     qs += [rng.integers(0, 120, 12).astype(np.int64) for _ in range(12)]
     ref = NumpyScorer(idx, BM25Params())
     want = ref.search(qs, 50)
-    differs = []
-    for schedule in ("forward", "reverse"):
-        with small_blocks(), real_kernels_installed(schedule=schedule, modules={
-                "bm25_score.cu": (bugs, "noround::"), "topk.cu": topk_mod}):
-            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 50)
-        differs.append(not (np.array_equal(want.ids, got.ids) and np.array_equal(want.scores, got.scores)))
-    assert any(differs), "tile_score without its round barrier still matched NumPy"
+    with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, "roundswap::"),
+                                                         "topk.cu": topk_mod}):
+        got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 50)
+    assert not np.array_equal(want.scores, got.scores), "sub_score with its rounds reversed still matched NumPy"
     with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
         exact(want, cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 50), "control")
-    # 2. A threshold one histogram bin too high: in a one-tile collection (60 documents, tiles of 64)
-    #    the tile's k-th best is the query's, and it is never emitted.
-    small = random_index(60, 20, seed=43, heavy_df=50)
-    q2 = [np.array([0, 1]), np.array([0]), np.array([1, 2, 3])]
-    with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, "lbin::"), "topk.cu": topk_mod}):
-        got = cb.CupyScorer(small, BM25Params(), haystack="never").search(q2, 5)
-    want2 = NumpyScorer(small, BM25Params()).search(q2, 5)
-    assert not np.array_equal(got.ids, want2.ids), "a too-high tile threshold went unnoticed"
-    with small_blocks(), real_kernels_installed(modules=mods):
-        exact(want2, cb.CupyScorer(small, BM25Params(), haystack="never").search(q2, 5), "control")
-    # 3. Bounds without the multiplicity, and the seed tile listed twice: both change some results
-    #    of queries with repeated terms.
+    # 2. L one ulp high (k = 1: a sub-block of 4 documents (tiles of 64) holds a query's best document
+    #    and reaches k), 3. the sentinel not set, 4. the directory's sub-block start off by one.
+    q2 = qs[:12] + [np.array([0, 1]), np.array([0]), np.array([1, 2, 3])]
+    for bug, k in (("lulp", 1), ("nosentinel", 3), ("subend", 10)):
+        want2 = ref.search(q2, k)
+        with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
+                                                             "topk.cu": topk_mod}):
+            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(q2, k)
+        assert not (np.array_equal(got.ids, want2.ids) and np.array_equal(got.scores, want2.scores)), \
+            f"planted bug {bug} went unnoticed"
+        with small_blocks(), real_kernels_installed(modules=mods):
+            exact(want2, cb.CupyScorer(idx, BM25Params(), haystack="never").search(q2, k), f"control {bug}")
+    # 5. Bounds without the multiplicity, and the seed tile listed twice: both change some results
+    #    of queries with repeated terms. The tile bound only matters for tiles past the 16 seeds: an
+    #    index of 4,000 documents (63 tiles of 64).
+    big = random_index(4000, 120, seed=41, heavy_df=3600)
     q3 = [np.repeat(q[:4], 3) for q in qs]
-    want3 = ref.search(q3, 5)
+    want3 = NumpyScorer(big, BM25Params()).search(q3, 5)
     for bug in ("nomult", "seedtwice"):
         with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
                                                              "topk.cu": topk_mod}):
-            got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(q3, 5)
+            got = cb.CupyScorer(big, BM25Params(), haystack="never").search(q3, 5)
         assert not np.array_equal(got.ids, want3.ids), f"planted bug {bug} went unnoticed"
     with small_blocks(), real_kernels_installed(modules=mods):
-        exact(want3, cb.CupyScorer(idx, BM25Params(), haystack="never").search(q3, 5), "control")
+        exact(want3, cb.CupyScorer(big, BM25Params(), haystack="never").search(q3, 5), "control")
 
 
 def test_planted_bugs_in_the_sub_block_cut_are_caught(mods, topk_mod):
@@ -801,9 +816,13 @@ def test_planted_bugs_in_the_sub_block_cut_are_caught(mods, topk_mod):
         with small_blocks(), real_kernels_installed(schedule="reverse", modules=mods):
             res = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, k)
         exact(want, res, f"control k={k}")
-        assert res.meta["blocks_skipped"] > 0 and res.meta["blocks_scored"] > 0
+        # sub-blocks of 4 documents (tiles of 64) reach k = 3, not k = 20: only the first raises theta
+        # while the seeds are scored, so only it cuts sub-blocks of this 16-tile index
+        assert res.meta["blocks_scored"] > 0 and (k > 4 or res.meta["blocks_skipped"] > 0)
     want = ref.search(qs, 3)
-    for bug in ("subnomult", "subnolight", "subshift", "seedtwice"):
+    # (seedtwice needs a list stage: this 16-tile index has none, every tile being a seed; it is caught
+    # on 63 tiles in test_planted_bugs_in_sub_score_are_caught)
+    for bug in ("subnomult", "subnolight", "subshift"):
         with small_blocks(), real_kernels_installed(modules={"bm25_score.cu": (bugs, f"{bug}::"),
                                                              "topk.cu": topk_mod}):
             got = cb.CupyScorer(idx, BM25Params(), haystack="never").search(qs, 3)

@@ -75,7 +75,8 @@ from ..index.csr import CSRIndex, check_postings_sorted
 from ..results import SearchResults, empty_results
 from . import kernels as K
 from .base import CollectionStats, Scorer, WeightedQueries, check_queries, weigh_queries
-from .weights import has_absent_weight, numpy_row_sums
+from .batch_plan import weigh_static
+from .weights import has_absent_weight, numpy_row_sums, term_weights
 
 __all__ = ["CupyScorer", "build_directory", "candidate_slots", "check_allow", "check_queries", "choose_paths",
            "frontiers", "numpy_row_sums", "pack_summaries", "prepare_batch", "search_consts"]
@@ -260,7 +261,10 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
         ``term_imp`` uint32: the impacts of each light term's whole list (empty for directory terms);
         ``dir_sub_off`` (H*n_tiles+1,) int64, ``dir_sub_cnt`` (max(H*n_tiles, 1),) uint64 and
         ``dir_sub_imp`` uint32: the impacts of each (row, tile)'s :data:`SUBS` sub-blocks of
-        ``tile / SUBS`` documents (:func:`sub_block_impacts`: 8 + 8 bytes per cell, 4 per impact).
+        ``tile / SUBS`` documents (:func:`sub_block_impacts`: 8 + 8 bytes per cell, 4 per impact);
+        ``dir_sub_end`` (max(H*n_tiles, 1)*SUBS,) uint16: row r, tile j, sub-block s: the postings of
+        term r in sub-blocks 0..s of tile j (so sub-block s's postings start at ``offsets[t] +
+        dir_start[r, j] + dir_sub_end[cell, s-1]``, no search; 32 bytes per cell).
     """
     offsets_x = xp.asarray(offsets).astype(xp.int64)
     off_h = np.asarray(offsets.get() if hasattr(offsets, "get") and not isinstance(offsets, np.ndarray)
@@ -278,6 +282,8 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
                                                                                        xp.int32)
     dir_parts, dir_counts = [], xp.zeros(H * n_tiles + 1, xp.int64)
     sub_parts, sub_counts, sub_cnt = [], xp.zeros(H * n_tiles + 1, xp.int64), xp.zeros(max(H * n_tiles, 1), xp.uint64)
+    # postings of each (row, tile, sub-block), scattered at the last posting of each run, summed up per cell below
+    sub_end = xp.zeros(max(H * n_tiles, 1) * SUBS, xp.int32)
     if tile % SUBS:
         raise ValueError(f"a tile of {tile} documents does not split into {SUBS} sub-blocks")
     term_parts, term_counts = [], xp.zeros(V + 1, xp.int64)
@@ -315,6 +321,12 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
                 sub_counts[1:] += off[1:] - off[:-1]
                 sub_cnt += cnt
                 sub_parts.append(pairs)
+                key = cell * SUBS + sb  # non-decreasing: terms ascending, documents ascending in a term
+                last = xp.ones(key.size, dtype=bool)
+                last[:-1] = key[1:] != key[:-1]
+                at = xp.flatnonzero(last)
+                sub_end[key[at]] = xp.diff(xp.concatenate([xp.zeros(1, at.dtype) - 1, at])).astype(xp.int32)
+                del key, last, at
                 del cell, sb, cnt
             lt = ~hv
             if bool(lt.any()):
@@ -327,7 +339,11 @@ def build_directory(offsets: Any, doc_ids: Any, tfs: Any, doc_lens: Any, tile: i
     dir_imp = xp.concatenate(dir_parts) if dir_parts else xp.zeros(0, xp.uint32)
     term_imp = xp.concatenate(term_parts) if term_parts else xp.zeros(0, xp.uint32)
     sub_imp = xp.concatenate(sub_parts) if sub_parts else xp.zeros(0, xp.uint32)
-    return {"dir_sub_off": xp.cumsum(sub_counts).astype(xp.int64), "dir_sub_cnt": sub_cnt,
+    # a cell's postings in sub-blocks 0..s (<= tile <= 65535: uint16), relative to the tile's first posting
+    if tile > 65535:
+        raise ValueError(f"a tile of {tile} documents does not fit the uint16 sub-block ends")
+    sub_end = xp.cumsum(sub_end.reshape(-1, SUBS), axis=1).astype(xp.uint16).reshape(-1)
+    return {"dir_sub_end": sub_end, "dir_sub_off": xp.cumsum(sub_counts).astype(xp.int64), "dir_sub_cnt": sub_cnt,
             "dir_sub_imp": _nzx(sub_imp, xp), "dir_row": xp.asarray(row_h), "dir_start": dir_start.reshape(-1).astype(xp.int32)
             if H else xp.zeros(n_tiles + 1, xp.int32), "dir_imp_off": xp.cumsum(dir_counts).astype(xp.int64),
             "dir_imp": _nzx(dir_imp, xp), "term_imp_off": xp.cumsum(term_counts).astype(xp.int64),
@@ -683,9 +699,10 @@ class _Workspace:
             views.append(self.dev[o:o + n].view(dt).reshape(shape))
         return views, offs, h2d_end, state_start, total
 
-    def h2d(self, end: int) -> None:
-        if end:
-            self.dev[:end].set(self.host[:end], stream=self.stream)
+    def h2d(self, end: int, start: int = 0) -> None:
+        """Copy staged bytes [start, end) up (not blocking)."""
+        if end > start:
+            self.dev[start:end].set(self.host[start:end], stream=self.stream)
 
     def d2h(self, start: int, end: int) -> None:
         """Copy bytes [start, end) back into the pinned buffer."""
@@ -706,11 +723,22 @@ GRAPH_MAX_ROWS = 64
 #: Per graph row: query terms, allow-list entries (more, or haystack rows, take the ordinary path).
 GRAPH_TERMS_PER_ROW = 64
 GRAPH_ALLOW_PER_ROW = 1 << 14
+#: Large batches run as pieces of this many queries, two at a time (CupyScorer.pipeline_rows).
+PIPELINE_ROWS = 256
 #: Graph shapes a scorer keeps (least recently used dropped first).
 GRAPH_CACHE = 16
-#: Idle graphs kept per shape: concurrent searches of one shape each take their own (a new one is
-#: captured when all are in use), so threads asking single questions do not queue behind one graph.
+#: Graphs of one shape a scorer captures at most: one per thread asking at once (each its own
+#: workspace and stream), so concurrent questions do not wait behind one graph.
 GRAPH_POOL = 8
+
+
+@dataclass(frozen=True)
+class _TermCache:
+    """idf and w0 of every term under the scorer's own statistics, computed once (what
+    :func:`~gpuir.backends.batch_plan.weigh_static` reads as ``static.pw``)."""
+
+    stats: CollectionStats
+    pw: Any
 
 
 class _Graph:
@@ -752,6 +780,7 @@ class _Graph:
         self.lmask = ws.scratch("lmask", cells, cp.uint64)
         self.items = ws.scratch("items", cells, cp.uint64)
         self.seeds = ws.scratch("seeds", R * K.SEED_TILES, cp.uint64)
+        self.sub_ub = ws.scratch("sub_ub", max(cells, R * K.SEED_TILES) * SUBS, cp.uint32)
         self.seedk = ws.scratch("seedk", R * k, cp.int64)[:R * k]
         self.cand = ws.scratch("cand", R * self.slots, cp.uint64)
         segs = scorer.select_segments(R, k, self.slots)
@@ -791,7 +820,7 @@ class _Graph:
                      self.lmask, self.ukey, self.seeds, bm)
         scorer._score_tiles(R, k, self.live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off,
                             allow_docs, self.ukey, self.seeds, self.items, n_items, theta, counts, tiles, b_scored,
-                            b_skipped, cand_off, self.cand, self.seedk, bm)
+                            b_skipped, cand_off, self.cand, self.seedk, bm, self.sub_ub)
         kpad = _next_pow2(k)
         sel, block = f"select_topk<{K.SELECT_THREADS}>", (K.SELECT_THREADS,)
         cand, off, cnt = self.cand, cand_off, counts
@@ -831,7 +860,11 @@ class _Graph:
         th = np.zeros(R, np.uint32)
         th[:n] = theta0
         ws.host[self.offs[15]:self.offs[15] + 4 * R] = th.view(np.uint8)
-        ws.h2d(self.h2d_end)
+        # only the bytes in use: the allow-list region (GRAPH_ALLOW_PER_ROW * 4 bytes a row) up to its entries
+        used = self.offs[8] + -(-4 * int(b.allow_docs.size) // _Workspace.ALIGN) * _Workspace.ALIGN
+        self.copied = used + self.h2d_end - self.offs[9]
+        ws.h2d(used)
+        ws.h2d(self.h2d_end, self.offs[9])
         self.graph.launch(ws.stream)
         ws.d2h(self.state_start, self.total)
         ws.stream.synchronize()
@@ -885,6 +918,14 @@ class CupyScorer(Scorer):
         Run batches of at most :data:`GRAPH_MAX_ROWS` rows (an agent's query) as a
         captured CUDA graph (:class:`_Graph`), one per (rows bucket, k, statistics).
 
+    Attributes
+    ----------
+    pipeline_rows : int
+        A search of more queries than this runs as pieces of this many, two at a
+        time, each on its own workspace and stream (:data:`PIPELINE_ROWS`; 0: one
+        piece): one piece's host preparation and copies overlap the other's
+        scoring. Rows are independent, so the results are the same.
+
     Raises
     ------
     RuntimeError
@@ -929,10 +970,9 @@ class CupyScorer(Scorer):
         self.memory_fraction = float(memory_fraction)
         self.haystack = haystack
         self.timing = bool(timing)
+        self.pipeline_rows = PIPELINE_ROWS
         self.graphs = bool(graphs)
         self.graph_error: str | None = None
-        #: Idle captured graphs by shape (a pool: a graph in use is taken out, so concurrent searches of one
-        #: shape each run their own graph instead of queueing behind one).
         self._graphs: dict[tuple, list[_Graph]] = {}
         self.device_id = cupy.cuda.Device().id if device is None else int(device)
         self.tile_threads, self.tile_docs = K.TILE_THREADS, K.TILE_DOCS
@@ -982,6 +1022,7 @@ class CupyScorer(Scorer):
             self.d_term_imp_off, self.d_term_imp = d["term_imp_off"], d["term_imp"]
             self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp = (d["dir_sub_off"], d["dir_sub_cnt"],
                                                                           d["dir_sub_imp"])
+            self.d_dir_sub_end = d["dir_sub_end"]
             self._no_live = a(np.ones(1, np.uint32))
             self._dummy_f32 = a(np.zeros(1, np.float32))  # select_topk's unused score output (raw keys)
             try:
@@ -1005,6 +1046,7 @@ class CupyScorer(Scorer):
         self._lock = threading.Lock()  # the pool, the forward copy, the live bits, the budget
         self._pool: list[_Workspace] = []
         self._persistent: int | None = None
+        self._terms: _TermCache | None = None
         self._free_bytes: int | None = None
         self._device_name = self._name()
 
@@ -1032,7 +1074,7 @@ class CupyScorer(Scorer):
     def row_bytes(self, slots: np.ndarray, k: int, batch: Batch) -> np.ndarray:
         """Device bytes each row of ``batch`` needs (int64 (R,))."""
         per = (8 * slots + 12 * k + 96 + 16 * np.diff(batch.qt_off) + 4 * np.diff(batch.allow_off)
-               + (20 * self.n_tiles + 8 * k + 8 * K.SEED_TILES) * (batch.path == PATH_TILES))
+               + (84 * self.n_tiles + 8 * k + (8 + 64) * K.SEED_TILES) * (batch.path == PATH_TILES))
         if k > K.SELECT_MAX_K:
             per = per + 8 * (3 * slots + 2 * k)  # packed keys, sort buffers, decoded top keys
         return per.astype(np.int64)
@@ -1108,9 +1150,9 @@ class CupyScorer(Scorer):
             return self._fwd
 
     def persistent_blocks(self) -> int:
-        """Blocks of ``tile_score`` that fit the device at once (occupancy API x SMs)."""
+        """Blocks of ``sub_score`` that fit the device at once (occupancy API x SMs)."""
         if self._persistent is None:
-            fn = K.kernel(_SCORE_FILE, f"tile_score<{self.tile_threads}, {self.tile_docs}>", self.device_id)
+            fn = K.kernel(_SCORE_FILE, f"sub_score<{self.tile_threads}, {self.tile_docs}>", self.device_id)
             per_sm = 2
             with contextlib.suppress(Exception):  # the fake device of the tests has no occupancy API
                 ptr = getattr(fn, "kernel", fn).ptr
@@ -1119,12 +1161,25 @@ class CupyScorer(Scorer):
             self._persistent = max(1, per_sm) * self.sm_count
         return self._persistent
 
+    def _term_cache(self) -> _TermCache:
+        """idf and w0 of every term under the default statistics (computed on first use)."""
+        c = self._terms
+        if c is None:
+            idf, w0 = term_weights(np.asarray(self.stats.df), self.stats.n_docs, self.params)
+            pw = type("TermWeights", (), {})()
+            pw.idf, pw.w0 = idf, w0
+            c = self._terms = _TermCache(self.stats, pw)
+        return c
+
     # -- host prep -------------------------------------------------------------------
     def prepare(self, queries: Sequence[Any], allow: Sequence[Any] | None, stats: CollectionStats | None = None,
                 consts: np.ndarray | None = None, haystack: str | None = None) -> Batch:
         """Validate and prepare a batch on the host (no device call)."""
         st = self.search_stats(stats)
-        wq = weigh_queries(queries, st, self.params, consts)
+        if st is self.stats:  # the scorer's own statistics: idf and w0 from the cache, no batch machinery
+            wq = weigh_static(queries, self._term_cache(), self.params, consts)
+        else:
+            wq = weigh_queries(queries, st, self.params, consts)
         filtered, allow_off, allow_docs = check_allow(allow, wq.n_rows, self.index.n_docs)
         return prepare_batch(wq, filtered, allow_off, allow_docs, df=self._df, n_tiles=self.n_tiles,
                              tile=self.tile_docs, postings_per_doc=self._postings_per_doc,
@@ -1183,6 +1238,7 @@ class CupyScorer(Scorer):
             lmask = ws.scratch("lmask", cells, self._cp.uint64)
             items = ws.scratch("items", cells, self._cp.uint64)
             seeds = ws.scratch("seeds", R * K.SEED_TILES, self._cp.uint64)
+            sub_ub = ws.scratch("sub_ub", max(cells, R * K.SEED_TILES) * SUBS, self._cp.uint32)
             seedk = ws.scratch("seedk", R * k, self._cp.int64)[:R * k] if k <= K.SELECT_MAX_K else None
             with timer.phase("plan_s"):
                 if lt_term.size:
@@ -1197,7 +1253,7 @@ class CupyScorer(Scorer):
             with timer.phase("score_s"):
                 self._score_tiles(R, k, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
                                   allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored,
-                                  b_skipped, d_cand_off, cand, seedk, bm)
+                                  b_skipped, d_cand_off, cand, seedk, bm, sub_ub)
         with timer.phase("topk_s"):
             self._select(ws, cand, d_cand_off, counts, theta, R, k, int(slots.max(initial=0)), out_ids, out_scores)
         with timer.phase("d2h_s"):
@@ -1225,32 +1281,51 @@ class CupyScorer(Scorer):
 
     def _score_tiles(self, R: int, k: int, live, qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags,
                      allow_off, allow_docs, ukey, seeds, items, n_items, theta, counts, tiles, b_scored, b_skipped,
-                     cand_off, cand, seedk, bm: tuple) -> None:
+                     cand_off, cand, seedk, bm: tuple, sub_ub) -> None:
         """The seeds, their k-th best as the threshold, the list of tiles that can still matter, the list.
 
-        ``seedk`` (R, k) int64 scratch, or None (k > SELECT_MAX_K: each seed's own k-th best only).
-        ``n_items`` must hold 0 and ``counts`` / ``theta`` / ``tiles`` / ``b_*`` their initial values.
+        Each stage is ``sub_plan`` (thread per (item, sub-block): the cut, into ``sub_ub``) then
+        ``sub_score`` (warp per kept sub-block). ``seedk`` (R, k) int64 scratch, or None (k >
+        SELECT_MAX_K: each sub-block's own k-th best only). ``sub_ub`` uint32 scratch of
+        max(R * n_tiles, R * SEED_TILES) * 16. ``n_items`` must hold 0 and ``counts`` / ``theta`` /
+        ``tiles`` / ``b_*`` their initial values.
         """
         TT, TD = self.tile_threads, self.tile_docs
         live_dev, has_live = live
         blocks = self.persistent_blocks()
-        common = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row, self.d_dir_start,
-                  self.d_dir_sub_off, self.d_dir_sub_cnt, self.d_dir_sub_imp, self.d_term_imp_off, self.d_term_imp,
-                  np.int32(self.n_tiles), np.int64(self.index.n_docs), live_dev, has_live, qt_off, qt_term, qt_mult,
-                  qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs, ukey, seeds, items, n_items)
-        tail = (theta, counts, tiles, b_scored, b_skipped, cand_off, cand, np.int32(R), np.int32(k), *bm)
-        name = f"tile_score<{TT}, {TD}>"
-        self._launch(_SCORE_FILE, name, (min(R * K.SEED_TILES, blocks),), (TT,), (*common, np.int32(0), *tail))
-        if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
-            kpad = _next_pow2(k)
-            self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
-                         (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k), np.int32(kpad),
-                          np.int32(1), np.int32(1), seedk, self._dummy_f32), shared_mem=8 * kpad)
-            self._launch(_SCORE_FILE, "seed_theta", (-(-R // _ELEMWISE_BLOCK),), (_ELEMWISE_BLOCK,),
-                         (seedk, np.int32(k), np.int32(R), row_flags, theta))
-        self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
-                     (ukey, theta, np.int32(self.n_tiles), np.int32(R), items, n_items))
-        self._launch(_SCORE_FILE, name, (blocks,), (TT,), (*common, np.int32(1), *tail))
+        n_tiles, n_docs = np.int32(self.n_tiles), np.int64(self.index.n_docs)
+        q_args = (qt_off, qt_term, qt_mult, qt_idf, qt_w0, row_const, row_flags, allow_off, allow_docs)
+        plan_head = (self.d_offsets, self.d_doc_ids, self.d_dir_row, self.d_dir_sub_off, self.d_dir_sub_cnt,
+                     self.d_dir_sub_imp, self.d_term_imp_off, self.d_term_imp, n_tiles, n_docs, *q_args, ukey, seeds,
+                     items, n_items)
+        score_head = (self.d_offsets, self.d_doc_ids, self.d_tfs, self.d_doc_lens, self.d_dir_row, self.d_dir_start,
+                      self.d_dir_sub_end, n_tiles, n_docs, live_dev, has_live, *q_args, seeds, items, n_items)
+        plan, score = f"sub_plan<{TT}, {TD}>", f"sub_score<{TT}, {TD}>"
+        # the plan's grid: enough threads for every (item, sub-block) of the seeds; the list's count is on
+        # the device, so its grid is the device's resident threads (the kernel strides over the rest)
+        seed_threads = R * K.SEED_TILES * SUBS
+        plan_blocks = max(1, min(-(-seed_threads // TT), 4 * self.sm_count))
+        warps = TT // 32
+        for mode, grid_plan, grid_score in ((0, plan_blocks, min(blocks, max(1, -(-seed_threads // warps)))),
+                                            (1, 4 * self.sm_count, blocks)):
+            if mode == 1:
+                if self.n_tiles <= K.SEED_TILES:
+                    break  # every tile with a posting was a seed: the list would be empty (a stage that cannot prune)
+                if seedk is not None:  # the k-th best key the seeds emitted raises theta before the list is made
+                    kpad = _next_pow2(k)
+                    self._launch(_TOPK_FILE, f"select_topk<{K.SELECT_THREADS}>", (R,), (K.SELECT_THREADS,),
+                                 (cand, cand_off, counts, theta, np.int32(self.doc_bits), np.int32(k),
+                                  np.int32(kpad), np.int32(1), np.int32(1), seedk, self._dummy_f32),
+                                 shared_mem=8 * kpad)
+                    self._launch(_SCORE_FILE, "seed_theta", (-(-R // _ELEMWISE_BLOCK),), (_ELEMWISE_BLOCK,),
+                                 (seedk, np.int32(k), np.int32(R), row_flags, theta))
+                self._launch(_SCORE_FILE, f"tile_list<{TT}>", (-(-self.n_tiles // TT), R), (TT,),
+                             (ukey, theta, n_tiles, np.int32(R), items, n_items))
+            self._launch(_SCORE_FILE, plan, (grid_plan,), (TT,),
+                         (*plan_head, np.int32(mode), theta, tiles, b_skipped, sub_ub, np.int32(R), *bm))
+            self._launch(_SCORE_FILE, score, (grid_score,), (TT,),
+                         (*score_head, np.int32(mode), sub_ub, theta, counts, b_scored, b_skipped, cand_off, cand,
+                          np.int32(R), np.int32(k), *bm))
 
     def select_segments(self, R: int, k: int, width: int) -> int:
         """Blocks per row of the selection: 1, or up to 64 when a batch of fewer rows than SMs has many candidates.
@@ -1362,49 +1437,63 @@ class CupyScorer(Scorer):
 
     # -- small batches as CUDA graphs --------------------------------------------------
     def _graph_for(self, b: Batch, k: int, sc: SearchConsts, live: tuple[Any, np.int32]) -> _Graph | None:
-        """The graph for this batch's shape (captured on first use), or None when it does not fit one."""
+        """A graph for this batch's shape whose workspace lock the caller now holds (release it with
+        ``g.ws.lock.release()``), or None when the batch does not fit one.
+
+        Each shape has a pool of up to :data:`GRAPH_POOL` graphs: a free one is taken, a new one is
+        captured while the pool is not full, else the call waits for the least recently taken one.
+        """
         R = b.n_rows
         if not 0 < R <= GRAPH_MAX_ROWS or k > K.SELECT_MAX_K or (b.path == PATH_HAYSTACK).any():
             return None
         Rb = _next_pow2(R)
         key = (Rb, k, sc, id(live[0]))
-        with self._lock:
-            idle = self._graphs.pop(key, None)
-            g = idle.pop() if idle else None  # taken out while in use (given back by _give_back)
-            if idle is not None:
-                self._graphs[key] = idle  # most recently used last
         n_light = int(((self._dir_row[b.qt_term] < 0) if b.qt_term.size else np.zeros(0, bool)).sum())
-        if g is None:
-            if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
-                return None
-            cells = Rb * self.n_tiles
-            need = 20 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k + 8 * K.SEED_TILES * Rb
-            if need > self.budget_bytes():
-                return None
-            try:
-                with self._cp.cuda.Device(self.device_id):
-                    g = _Graph(self, Rb, k, sc, live)
-            except self._cp.cuda.memory.OutOfMemoryError:
-                self._cp.get_default_memory_pool().free_all_blocks()
-                return None  # the ordinary path chunks to the memory there is
-            except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
-                self._graph_failed(e)
-                return None
-            g.key = key
-        if g.fits(b, n_light):
-            return g
-        self._give_back(g)
-        return None
-
-    def _give_back(self, g: _Graph) -> None:
-        """Return a graph to the idle pool of its shape (at most :data:`GRAPH_POOL` kept per shape)."""
+        wait: _Graph | None = None
         with self._lock:
-            idle = self._graphs.pop(g.key, [])
-            if len(idle) < GRAPH_POOL:
-                idle.append(g)
-            self._graphs[g.key] = idle
+            pool = self._graphs.pop(key, None)
+            if pool is not None:
+                self._graphs[key] = pool  # most recently used last
+                if not pool[0].fits(b, n_light):
+                    return None
+                for g in pool:
+                    if g.ws.lock.acquire(blocking=False):
+                        pool.remove(g)
+                        pool.append(g)  # least recently taken first
+                        return g
+                if len(pool) >= GRAPH_POOL:
+                    wait = pool[0]
+                    pool.remove(wait)
+                    pool.append(wait)
+        if wait is not None:
+            wait.ws.lock.acquire()
+            return wait
+        if b.qt_term.size > GRAPH_TERMS_PER_ROW * Rb or b.allow_docs.size > GRAPH_ALLOW_PER_ROW * Rb:
+            return None
+        cells = Rb * self.n_tiles
+        need = (84 * cells + 8 * Rb * (4 * k + _Graph.SLOTS_EXTRA) + 20 * Rb * k
+                + (8 + 64) * K.SEED_TILES * Rb)
+        if need > self.budget_bytes():
+            return None
+        try:
+            with self._cp.cuda.Device(self.device_id):
+                g = _Graph(self, Rb, k, sc, live)
+        except self._cp.cuda.memory.OutOfMemoryError:
+            self._cp.get_default_memory_pool().free_all_blocks()
+            return None  # the ordinary path chunks to the memory there is
+        except Exception as e:  # noqa: BLE001 - a graph is an optimisation: never let it fail a search
+            self._graph_failed(e)
+            return None
+        if not g.fits(b, n_light):
+            return None
+        g.ws.lock.acquire()
+        with self._lock:
+            pool = self._graphs.setdefault(key, [])
+            if len(pool) < GRAPH_POOL:  # (threads that captured at once: the pool keeps GRAPH_POOL, the rest
+                pool.append(g)          # run once and are dropped)
             while len(self._graphs) > GRAPH_CACHE:
                 self._graphs.pop(next(iter(self._graphs)))
+        return g
 
     def _graph_failed(self, e: Exception) -> None:
         """Turn graphs off for this scorer, saying why (searches go on by the ordinary path)."""
@@ -1416,19 +1505,20 @@ class CupyScorer(Scorer):
 
     def _search_graph(self, g: _Graph, b: Batch, k: int, sc: SearchConsts, live, stats: dict, ids: np.ndarray,
                       out: np.ndarray) -> bool:
-        """One graph launch for the batch; rows whose candidates overflowed are rerun the ordinary way.
+        """One graph launch for the batch (``g.ws.lock`` held, released here); rows whose candidates
+        overflowed are rerun the ordinary way.
 
         Returns False (nothing written) when the graph failed to run: graphs are then off for this scorer.
         """
         try:
-            with g.ws.lock:
-                r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
+            r_ids, r_scores, counts, theta, tiles, slots = g.run(self, b, np.zeros(b.n_rows, np.uint32), stats)
         except Exception as e:  # noqa: BLE001 - see _graph_failed
             self._graph_failed(e)
             with self._lock:
                 self._graphs.clear()
             return False
-        self._give_back(g)
+        finally:
+            g.ws.lock.release()  # taken by _graph_for
         stats["n_chunks"] += 1
         stats["rows_per_chunk"] = max(stats["rows_per_chunk"], b.n_rows)
         stats["tiles_scored"] += int(tiles.sum())
@@ -1475,6 +1565,9 @@ class CupyScorer(Scorer):
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         k = int(k)
+        n_q = len(queries) if hasattr(queries, "__len__") else None
+        if self.pipeline_rows and n_q is not None and n_q > self.pipeline_rows and not self.timing:
+            return self._search_pieces(queries, k, allow, stats, consts, live)
         t0 = time.perf_counter()
         st = self.search_stats(stats)
         batch = self.prepare(queries, allow, st, consts)
@@ -1505,6 +1598,50 @@ class CupyScorer(Scorer):
         timings["total_s"] = time.perf_counter() - t0
         res.meta = {"backend": "cupy", "device": self._device_name, "timings": timings, **counters,
                     "n_tiles": self.n_tiles, "persistent_blocks": self._persistent, "graph_error": self.graph_error}
+        return res
+
+    def _search_pieces(self, queries, k: int, allow, stats, consts, live) -> SearchResults:
+        """:meth:`search` as pieces of :attr:`pipeline_rows` queries, two in flight: while one piece's
+        kernels run on its workspace's stream, the other's host preparation and copies proceed on
+        another workspace (issue 35, item 3). Every input is checked first, so bad input raises before
+        any device work, naming the query as a whole-batch search would."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        t0 = time.perf_counter()
+        n = len(queries)
+        st = self.search_stats(stats)
+        check_queries(queries, self.index.n_terms)
+        if allow is not None:
+            check_allow(allow, n, self.index.n_docs)
+        if consts is not None and np.asarray(consts).reshape(-1).shape != (n,):
+            raise ValueError(f"consts must hold one float32 per query ({n}), got shape {np.shape(consts)}")
+        step = self.pipeline_rows
+        pieces = [(a, min(n, a + step)) for a in range(0, n, step)]
+        res = empty_results(n, k)
+        cs = None if consts is None else np.asarray(consts, np.float32).reshape(-1)
+
+        def one(piece):
+            a, b = piece
+            r = self.search([queries[i] for i in range(a, b)], k, None if allow is None else list(allow[a:b]),
+                            stats=st if stats is not None else None, consts=None if cs is None else cs[a:b],
+                            live=live)
+            res.ids[a:b] = r.ids
+            res.scores[a:b] = r.scores
+            return r.meta
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuir-piece") as ex:
+            metas = list(ex.map(one, pieces))
+        meta: dict[str, Any] = {"backend": "cupy", "device": self._device_name, "n_tiles": self.n_tiles,
+                                "persistent_blocks": self._persistent, "graph_error": self.graph_error,
+                                "pieces": len(pieces)}
+        for m in metas:
+            for f, v in m.items():
+                if f in ("backend", "device", "n_tiles", "persistent_blocks", "graph_error", "timings"):
+                    continue
+                meta[f] = max(meta.get(f, 0), v) if f == "rows_per_chunk" else meta.get(f, 0) + v
+        meta["timings"] = {"total_s": time.perf_counter() - t0,
+                           "prep_s": float(sum(m["timings"].get("prep_s", 0.0) for m in metas))}
+        res.meta = meta
         return res
 
     def score_matrix(

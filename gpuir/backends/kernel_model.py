@@ -299,110 +299,183 @@ def _nibble_prefix(w: int, s: int) -> int:
     return sum((w >> (4 * h)) & 15 for h in range(s))
 
 
-def _sub_bounds(a: dict, q: int, j: int, base: int, end: int) -> tuple[np.ndarray, int]:
-    """tile_score's sub-block bounds: (float32 (SUBS,) ub[s] [+ C], bitmask of sub-blocks with postings)."""
-    n_tiles, tile = int(a["n_tiles"]), int(a["TILE"])
-    sub = tile // SUBS
-    ub = np.zeros(SUBS, F32)
-    pres = 0
+def _item(a: dict, it: int) -> tuple[int, int, int]:
+    """(q, j, U) of work item ``it``: a seed (mode 0; U its high word, 0 = no seed) or a list item (U = ukey)."""
+    n_tiles = int(a["n_tiles"])
+    if int(a["mode"]) == 0:
+        seed = int(a["seeds"][it])
+        return it // SEEDS, (~seed) & 0xFFFFFFFF, seed >> 32
+    item = int(a["items"][it])
+    q, j = item >> 32, item & 0xFFFFFFFF
+    return q, j, int(a["ukey"][q * n_tiles + j]) if "ukey" in a else 0
+
+
+def _n_work(a: dict) -> int:
+    return int(a["n_rows"]) * SEEDS if int(a["mode"]) == 0 else int(a["n_items"][0])
+
+
+def _sub_bound(a: dict, q: int, j: int, s: int, sbase: int, send: int) -> tuple[np.float32, bool]:
+    """sub_plan's bound of sub-block s of tile j: (float32 ub [+ C], whether a query term has a posting there)."""
+    n_tiles = int(a["n_tiles"])
+    ub, pres = F32(0), False
     for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
         t = int(a["qt_term"][u])
-        lo, hi = _range(a, t, j, base, end)
-        d = a["doc_ids"][lo:hi].astype(np.int64)
         r = int(a["dir_row"][t])
-        for s in range(SUBS):
-            inb = int(((d >= base + s * sub) & (d < base + (s + 1) * sub)).sum())
-            bb = F32(0)
-            if inb:
-                pres |= 1 << s
-                if r >= 0:
-                    cell = r * n_tiles + j
-                    w = int(a["dir_sub_cnt"][cell])
-                    h0 = int(a["dir_sub_off"][cell]) + _nibble_prefix(w, s)
-                    imp = a["dir_sub_imp"][h0:h0 + ((w >> (4 * s)) & 15)]
-                else:
-                    imp = a["term_imp"][int(a["term_imp_off"][t]):int(a["term_imp_off"][t + 1])]
-                bb = F32(scaled(max([_bound(a, int(x), u) for x in imp.tolist()], default=F32(0)), a["qt_mult"][u]))
-            ub[s] = F32(ub[s] + bb)
+        if r >= 0:
+            cell = r * n_tiles + j
+            w = int(a["dir_sub_cnt"][cell])
+            h0 = int(a["dir_sub_off"][cell]) + _nibble_prefix(w, s)
+            imp = a["dir_sub_imp"][h0:h0 + ((w >> (4 * s)) & 15)]
+        else:
+            lst = a["doc_ids"][int(a["offsets"][t]):int(a["offsets"][t + 1])]
+            p = int(np.searchsorted(lst, sbase, "left"))
+            here = p < lst.size and int(lst[p]) < send
+            imp = a["term_imp"][int(a["term_imp_off"][t]):int(a["term_imp_off"][t + 1])] if here else imp_empty
+        if imp.size == 0:
+            continue
+        pres = True
+        bb = max(_bound(a, int(x), u) for x in imp.tolist())
+        ub = F32(ub + F32(scaled(bb, a["qt_mult"][u])))
     if int(a["has_w0"]):
-        ub = (ub + F32(a["row_const"][q])).astype(F32)
+        ub = F32(ub + F32(a["row_const"][q]))
     return ub, pres
 
 
-def _tile_item(a: dict, q: int, j: int) -> Iterator[None]:
-    """One (row q, tile j) of tile_score, yielding where other blocks may interleave."""
-    tile, k, n_tiles = int(a["TILE"]), int(a["k"]), int(a["n_tiles"])
-    base = j * tile
-    end = min(base + tile, int(a["n_docs"]))
-    yield  # theta is read for the skip test
+imp_empty = np.zeros(0, U32)
+
+
+def model_sub_plan(a: dict, grid: tuple[int, ...]) -> None:
+    """sub_plan: sub_ub[it * SUBS + s] = key(ub) of each kept sub-block, 0 for a cut one."""
+    n_tiles, tile, n_docs = int(a["n_tiles"]), int(a["TILE"]), int(a["n_docs"])
+    sub = tile // SUBS
+    for it in range(_n_work(a)):
+        q, j, u = _item(a, it)
+        if int(a["mode"]) == 0 and u:
+            a["ukey"][q * n_tiles + j] = 0  # a seed is never listed again
+        th = int(a["theta"][q]) if u else 0
+        for s in range(SUBS):
+            key = 0
+            if u and u >= th:
+                if s == 0:
+                    a["tiles_scored"][q] += 1
+                sbase = j * tile + s * sub
+                send = min(sbase + sub, n_docs)
+                ok = sbase < n_docs
+                if ok and int(a["row_flags"][q]) & ROW_FILTERED:
+                    lst = a["allow_docs"][int(a["allow_off"][q]):int(a["allow_off"][q + 1])]
+                    p = int(np.searchsorted(lst, sbase, "left"))
+                    ok = p < lst.size and int(lst[p]) < send
+                if ok:
+                    ub, pres = _sub_bound(a, q, j, s, sbase, send)
+                    if pres:
+                        kk = int(float_to_ordered(ub)[0])
+                        if kk >= th:
+                            key = kk
+                        else:
+                            a["blocks_skipped"][q] += 1
+            a["sub_ub"][it * SUBS + s] = key
+
+
+def _sub_range(a: dict, t: int, j: int, s: int, sbase: int, send: int) -> tuple[int, int]:
+    """sub_score: term t's postings [lo, hi) in sub-block s of tile j (the directory's ends, or two searches)."""
+    n_tiles = int(a["n_tiles"])
+    o0, o1 = int(a["offsets"][t]), int(a["offsets"][t + 1])
+    r = int(a["dir_row"][t])
+    if r >= 0:
+        cell = r * n_tiles + j
+        e = a["dir_sub_end"]
+        e0 = int(e[cell * SUBS + s - 1]) if s > 0 else 0
+        lo = o0 + int(a["dir_start"][r * (n_tiles + 1) + j]) + e0
+        return lo, lo + int(e[cell * SUBS + s]) - e0
+    lst = a["doc_ids"][o0:o1]
+    return o0 + int(np.searchsorted(lst, sbase, "left")), o0 + int(np.searchsorted(lst, send, "left"))
+
+
+def _sub_accumulate(a: dict, q: int, j: int, s: int, sbase: int, send: int, ok: np.ndarray):
+    """sub_score's rounds: (touched bool (SUB,), sums float32 (SUB,)), one term per round, ascending.
+
+    ``ok`` bool (SUB,): the slots not BLOCKED (live, allowed, inside the collection).
+    """
+    sub = ok.size
+    acc = np.zeros(sub, F32)
+    touched = np.zeros(sub, bool)
+    for u in range(int(a["qt_off"][q]), int(a["qt_off"][q + 1])):
+        lo, hi = _sub_range(a, int(a["qt_term"][u]), j, s, sbase, send)
+        if hi == lo:
+            continue
+        d = a["doc_ids"][lo:hi].astype(np.int64) - sbase
+        w = _weights(a, lo, hi, u)
+        keep = ok[d]
+        d, w = d[keep], w[keep]
+        acc[d] = acc[d] + scaled(w, a["qt_mult"][u])  # a document at most once per round
+        touched[d] = True
+    return touched, acc
+
+
+def _sub_item(a: dict, g: int) -> Iterator[None]:
+    """One (item, sub-block) warp of sub_score, yielding where other warps may interleave."""
+    ubk = int(a["sub_ub"][g])
+    if ubk == 0:
+        return
+    it, s = divmod(g, SUBS)
+    q, j, _ = _item(a, it)
+    tile, k, n_docs = int(a["TILE"]), int(a["k"]), int(a["n_docs"])
+    sub = tile // SUBS
+    yield  # theta is read for the cut
     theta = a["theta"]
-    u = int(a["ukey"][q * n_tiles + j])
-    if int(a["mode"]) == 0:
-        a["ukey"][q * n_tiles + j] = 0  # a seed is never listed again
-    if u == 0 or u < int(theta[q]):
+    if ubk < int(theta[q]):
+        a["blocks_skipped"][q] += 1
         return
-    a["tiles_scored"][q] += 1
-    allowed = None
+    a["blocks_scored"][q] += 1
+    sbase = j * tile + s * sub
+    send = min(sbase + sub, n_docs)
+    docs = np.arange(sbase, sbase + sub)
+    ok = (docs < send) & _live(a, np.minimum(docs, max(n_docs - 1, 0)))
     if int(a["row_flags"][q]) & ROW_FILTERED:
-        allowed = _allowed(a, q, base, end)
-        if allowed is None:
-            return
-    ub, pres = _sub_bounds(a, q, j, base, end)
-    yield  # theta is read for the sub-block cut
-    keep = int(sum(1 << s for s in range(SUBS) if int(float_to_ordered(ub[s:s + 1])[0]) >= int(theta[q]))) & pres
-    a["blocks_scored"][q] += keep.bit_count()
-    a["blocks_skipped"][q] += (pres & ~keep).bit_count()
-    if keep == 0:
-        return
-    touched, acc = _accumulate(a, q, j, base, end, allowed, keep)
-    keys = _finalize(a, q, touched, acc)
+        lst = a["allow_docs"][int(a["allow_off"][q]):int(a["allow_off"][q + 1])]
+        allowed = np.zeros(sub, bool)
+        inb = lst[(lst >= sbase) & (lst < send)]
+        allowed[inb - sbase] = True
+        ok &= allowed
+    touched, acc = _sub_accumulate(a, q, j, s, sbase, send, ok)
+    sc = acc + F32(a["row_const"][q]) if int(a["has_w0"]) else acc
+    keys = np.where(touched, float_to_ordered(sc.astype(F32)), U32(0)).astype(U32)
     lb = 0
     if int(touched.sum()) >= k:
-        hist1 = np.bincount((keys[touched] >> U32(21)).astype(np.int64), minlength=BINS)
-        b1, above, _ = find_bin(hist1, k)
-        inb = touched & ((keys >> U32(21)) == U32(b1))
-        hist2 = np.bincount(((keys[inb] >> U32(10)) & U32(BINS - 1)).astype(np.int64), minlength=BINS)
-        b2, _, _ = find_bin(hist2, k - above)
-        lb = (b1 << 21) | (b2 << 10)
+        lb = int(np.sort(keys[touched])[::-1][k - 1])  # the exact k-th largest key
     yield  # theta is raised and read for the emission
     old = int(theta[q])
     if lb:
         theta[q] = max(old, lb)
     thr = max(old, lb)
     sel = np.flatnonzero(touched & (keys >= U32(thr)))
+    if sel.size == 0:
+        return
     yield  # candidates are emitted
     c0, c1 = int(a["cand_off"][q]), int(a["cand_off"][q + 1])
     first = int(a["counts"][q])
     a["counts"][q] = first + sel.size
     slots = first + np.arange(sel.size)
-    ok = slots < c1 - c0
-    a["cand"][c0 + slots[ok]] = key_from_ordered(keys[sel[ok]], base + sel[ok])
+    fit = slots < c1 - c0
+    a["cand"][c0 + slots[fit]] = key_from_ordered(keys[sel[fit]], sbase + sel[fit])
 
 
-def _tile_block(a: dict, b: int, n_blocks: int) -> Iterator[None]:
-    mode = int(a["mode"])
-    n_work = int(a["n_rows"]) * SEEDS if mode == 0 else int(a["n_items"][0])
-    for it in range(b, n_work, n_blocks):
-        if mode == 0:
-            seed = int(a["seeds"][it])
-            if seed == 0:
-                continue
-            q, j = it // SEEDS, (~seed) & 0xFFFFFFFF
-        else:
-            item = int(a["items"][it])
-            q, j = item >> 32, item & 0xFFFFFFFF
-        yield from _tile_item(a, q, j)
+def _sub_warp(a: dict, w: int, n_warps: int) -> Iterator[None]:
+    for g in range(w, _n_work(a) * SUBS, n_warps):
+        yield from _sub_item(a, g)
 
 
-def model_tile_score(a: dict, grid: tuple[int, ...], rng: np.random.Generator | None = None) -> None:
-    """tile_score over ``grid[0]`` persistent blocks; blocks interleaved by ``rng`` (None: in order)."""
-    blocks = [_tile_block(a, b, grid[0]) for b in range(grid[0])]
+def model_sub_score(a: dict, grid: tuple[int, ...], rng: np.random.Generator | None = None,
+                    warps_per_block: int = 1) -> None:
+    """sub_score over ``grid[0]`` persistent blocks of ``warps_per_block`` warps, interleaved by ``rng``."""
+    n = grid[0] * warps_per_block
+    warps = [_sub_warp(a, w, n) for w in range(n)]
     if rng is None:
-        for b in blocks:
+        for b in warps:
             for _ in b:
                 pass
         return
-    live = list(blocks)
+    live = list(warps)
     while live:
         i = int(rng.integers(len(live)))
         try:
@@ -608,7 +681,7 @@ def model_scatter_keys(a: dict, grid: tuple[int, ...]) -> None:
 MODELS: dict[str, Callable[..., None]] = {
     "light_marks": model_light_marks, "tile_bounds": model_tile_bounds, "tile_list": model_tile_list,
     "seed_tiles": model_seed_tiles, "seed_theta": model_seed_theta,
-    "tile_score": model_tile_score, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
+    "sub_plan": model_sub_plan, "tile_dense": model_tile_dense, "haystack_score": model_haystack_score,
     "select_topk": model_select_topk, "pack_candidates": model_pack_candidates, "decode_keys": model_decode_keys,
     "scatter_round": model_scatter_round, "scatter_clip": model_scatter_clip, "scatter_keys": model_scatter_keys,
 }
@@ -618,7 +691,7 @@ MODELS: dict[str, Callable[..., None]] = {
 # Kernel signatures, parsed from the .cu text, and launch checks
 # =============================================================================
 _CTYPES = {
-    "int": np.int32, "long long": np.int64, "unsigned int": np.uint32,
+    "int": np.int32, "long long": np.int64, "unsigned int": np.uint32, "unsigned short": np.uint16,
     "unsigned long long": np.uint64, "float": np.float32, "double": np.float64,
 }
 
@@ -909,10 +982,10 @@ def make_fake_cupy(oom_if: Callable[[str, tuple], bool] | None = None, seed: int
                     a[n] = a[n].view()
                     a[n].flags.writeable = False
             tmpl = template_args(name)
-            if base in ("tile_score", "tile_dense", "tile_bounds", "light_marks"):
+            if base in ("sub_plan", "sub_score", "tile_dense", "tile_bounds", "light_marks"):
                 a["TILE"] = tmpl[1]
-            if base == "tile_score":
-                model_tile_score(a, grid, rng)
+            if base == "sub_score":
+                model_sub_score(a, grid, rng, max(1, block[0] // 32))
             else:
                 MODELS[base](a, grid)
 
@@ -962,7 +1035,8 @@ def small_names(v: dict[str, int] | None = None) -> dict[str, list[str]]:
         "bm25_score.cu": [f"light_marks<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"tile_bounds<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           f"seed_tiles<{v['TILE_THREADS']}>",
-                          f"tile_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"sub_plan<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
+                          f"sub_score<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",
                           "seed_theta",
                           f"tile_list<{v['TILE_THREADS']}>",
                           f"tile_dense<{v['TILE_THREADS']}, {v['TILE_DOCS']}>",

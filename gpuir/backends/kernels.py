@@ -75,7 +75,8 @@ NAME_EXPRESSIONS: dict[str, list[str]] = {
         f"light_marks<{TILE_THREADS}, {TILE_DOCS}>",
         f"tile_bounds<{TILE_THREADS}, {TILE_DOCS}>",
         f"seed_tiles<{TILE_THREADS}>",
-        f"tile_score<{TILE_THREADS}, {TILE_DOCS}>",
+        f"sub_plan<{TILE_THREADS}, {TILE_DOCS}>",
+        f"sub_score<{TILE_THREADS}, {TILE_DOCS}>",
         "seed_theta",
         f"tile_list<{TILE_THREADS}>",
         f"tile_dense<{TILE_THREADS}, {TILE_DOCS}>",
@@ -492,6 +493,40 @@ def _mangled_prefix(expr: str) -> str:
         else:
             raise ValueError(f"cannot mangle the template argument {a!r} of {expr!r}")
     return f"{out}I{''.join(parts)}E"
+
+
+#: Per-SM limits of the architectures the kernels are checked for (CUDA C Programming Guide, "Technical
+#: Specifications per Compute Capability"): registers, register allocation unit (per warp), threads,
+#: resident blocks, shared memory usable by blocks, shared memory the driver reserves per block.
+SM_LIMITS: dict[str, dict[str, int]] = {
+    "sm_80": {"regs": 65536, "reg_unit": 256, "threads": 2048, "blocks": 32, "smem": 164 * 1024, "smem_block": 1024},
+    "sm_90": {"regs": 65536, "reg_unit": 256, "threads": 2048, "blocks": 32, "smem": 228 * 1024, "smem_block": 1024},
+}
+
+
+def blocks_per_sm(arch: str, registers: int, smem: int, threads: int) -> int:
+    """Resident blocks per SM that a kernel's resources allow (what the occupancy calculator computes).
+
+    Parameters
+    ----------
+    arch : str
+        A key of :data:`SM_LIMITS`.
+    registers, smem : int
+        Registers per thread and static (+ dynamic) shared memory per block in bytes, as ptxas reports.
+    threads : int
+        Threads per block.
+
+    Returns
+    -------
+    int
+        min over the register, shared-memory, thread and block limits.
+    """
+    lim = SM_LIMITS[arch]
+    warps = -(-threads // 32)
+    per_warp = -(-max(1, registers) * 32 // lim["reg_unit"]) * lim["reg_unit"]
+    by_regs = lim["regs"] // (per_warp * warps)
+    by_smem = lim["smem"] // (smem + lim["smem_block"])
+    return int(min(by_regs, by_smem, lim["threads"] // threads, lim["blocks"]))
 
 
 def resource_usage(arch: str, filenames: list[str] | None = None, nvrtc: int | None = None,

@@ -132,7 +132,7 @@ def test_no_torch_needed():
         assert not any(k.startswith("torch") for k in sys.modules if sys.modules[k] is not None)
         print("ok", e.engine, e.device)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "ok numpy cpu"
 

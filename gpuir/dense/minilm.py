@@ -71,7 +71,7 @@ def is_supported_folder(folder: str | Path) -> tuple[bool, str]:
     kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in _read_json(p / "modules.json")]
     if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
         return False, f"modules {kinds} are not Transformer, Pooling[, Normalize]"
-    pool_dir = [m for m in _read_json(p / "modules.json") if m.get("type", "").endswith("Pooling")][0]
+    pool_dir = next(m for m in _read_json(p / "modules.json") if m.get("type", "").endswith("Pooling"))
     pool_cfg = p / pool_dir.get("path", "") / "config.json"
     if pool_cfg.exists():
         pc = _read_json(pool_cfg)

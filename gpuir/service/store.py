@@ -120,7 +120,7 @@ def pooled_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | 
         elif k == "$not":
             out[k] = pooled_where(v, tenant)
         elif k == "id" and isinstance(v, dict):
-            if "contains" in v or "$contains" in v:
+            if {"contains", "$contains", "icontains", "$icontains"} & set(v):
                 from ..memory.where import WhereError
 
                 raise WhereError("where['id']: 'contains' on ids is not available with pooled statistics "

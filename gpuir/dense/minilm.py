@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MiniLM", "is_supported_folder"]
+__all__ = ["SMALL_BATCH_TOKENS", "MiniLM", "is_supported_folder"]
+
+#: Batches of at most this many token slots (rows x longest) run their matrix products on one BLAS
+#: thread (through threadpoolctl): a single question's products are too small to split, and threads
+#: waiting on each other made one sentence 10x slower on this project's loaded 2-core machine
+#: (963 ms against 105 ms under a load average of 13).
+SMALL_BATCH_TOKENS = 1024
 
 log = logging.getLogger(__name__)  # gpuir.dense.minilm
 
@@ -176,6 +182,14 @@ class MiniLM:
             from cupyx.scipy.special import erf
             self.device = f"cuda:{xp_.cuda.Device().id}"
         self._erf = erf
+        self._blas = None  # limits the BLAS threads on small batches (threadpoolctl, where installed)
+        if xp_ is np:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                self._blas = ThreadpoolController()
+            except Exception:  # noqa: BLE001 - not installed, or no BLAS found: the BLAS default is kept
+                self._blas = None
         log.info("torch-free encoder %s on %s (%d layers, dim %d, max_seq_length %d)",
                  self.folder.name, self.device, self.layers, self.hidden, self.max_seq_length)
 
@@ -328,7 +342,11 @@ class MiniLM:
                 t = ids[i]
                 tok[r, : len(t)] = t
                 mask[r, : len(t)] = True
-            emb = self._pool(self.forward(tok, mask), mask, norm)
+            if self._blas is not None and len(sel) * L <= SMALL_BATCH_TOKENS:
+                with self._blas.limit(limits=1, user_api="blas"):
+                    emb = self._pool(self.forward(tok, mask), mask, norm)
+            else:
+                emb = self._pool(self.forward(tok, mask), mask, norm)
             out[sel] = emb if self.xp is np else self.xp.asnumpy(emb)
         return out
 

@@ -197,3 +197,23 @@ def test_hybrid_default_answers_a_paraphrase_with_minilm():
     hits = mem.search("where does Alice live?", filters={"user_id": "alice"}, threshold=None)["results"]
     assert hits[0]["memory"] == "I moved to Berlin"
     assert 0.0 < hits[0]["score"] <= 1.0
+
+
+def test_hybrid_over_a_memory_the_user_holds():
+    """A gpuir.Memory with its own embedding (the query encoded by the memory): same answers as the default."""
+    import gpuir
+
+    enc = BagEncoder()
+    core = gpuir.Memory(embeddings={"bag": {"encoder": lambda texts: enc.encode_passages(list(texts))}})
+    held = Memory(memory=core)
+    ours = Memory(encoder=enc)
+    for mem in (held, ours):
+        mem.add("I adopted a puppy named Max", user_id="a")
+        mem.add("Max the puppy loves the park", user_id="a")
+        mem.add("I moved to Berlin", user_id="a")
+    a = held.search("puppy park Berlin", user_id="a", threshold=None)["results"]
+    b = ours.search("puppy park Berlin", user_id="a", threshold=None)["results"]
+    assert [x["memory"] for x in a] == [x["memory"] for x in b]
+    np.testing.assert_allclose([x["score"] for x in a], [x["score"] for x in b], atol=1e-6)
+    with pytest.raises(ValueError, match="needs a memory with an embedding"):
+        Memory(memory=gpuir.Memory())

@@ -225,7 +225,7 @@ class Memory:
                 memory = CoreMemory(embeddings=emb)
                 if self._path is not None:
                     memory.save(self._path)
-        elif self.hybrid and not memory.embeddings():
+        elif self.hybrid and not memory.embeddings:
             raise ValueError("hybrid=True needs a memory with an embedding: give gpuir.Memory(embeddings="
                              "{'minilm': Encoder()}), or hybrid=False")
         self.memory = memory
@@ -388,46 +388,46 @@ class Memory:
         return {"results": results}
 
     def _ranked(self, query: str, where: dict[str, Any], k: int, depth: int) -> list[tuple[dict, float]]:
-        lex = self.memory.search(query, k=depth, where=where)
-        lex_hits = lex.hits(0)
         if not self.hybrid:
-            return [(h, float(h["score"])) for h in lex_hits[:k]]
+            return [(h, float(h["score"])) for h in self.memory.search(query, k=k, where=where).hits(0)]
+        lex = self.memory.search(query, k=depth, where=where)
         qv: Any = query
         if self._encoder is not None and hasattr(self._encoder, "encode_queries"):
             qv = np.asarray(self._encoder.encode_queries([query]), dtype=np.float32)[0]
         dense = self.memory.search_vectors(qv, k=depth, where=where, embedding=self._emb_name)
-        dense_hits = dense.hits(0)
-        # one fusion for every gpuir object (gpuir.fusion): documents numbered by add order (the tie rule)
-        seq_of: dict[str, int] = {}
-        rec_of: dict[str, dict] = {}
-        for res, hs in ((lex, lex_hits), (dense, dense_hits)):
-            for s, h in zip(res.seqs[0][res.seqs[0] >= 0].tolist(), hs):
-                seq_of[h["id"]] = int(s)
-                rec_of.setdefault(h["id"], h)
-        cos = {h["id"]: float(h["score"]) for h in dense_hits}
-        if not rec_of:
+        # one fusion for every gpuir object (gpuir.fusion), over the records' sequence numbers (add order:
+        # the tie rule); records are read for the final top k only
+        id_of: dict[int, str] = {}
+        chans = []
+        for res in (lex, dense):
+            ok = res.seqs[0] >= 0
+            seqs, scores = res.seqs[0][ok], res.scores[0][ok]
+            id_of.update(zip(seqs.tolist(), res.ids(0)))
+            if seqs.size == 0:
+                chans.append(SearchResults(np.full((1, 1), -1, np.int64), np.full((1, 1), -np.inf, np.float32)))
+            else:
+                chans.append(SearchResults(seqs[None, :].astype(np.int64), scores[None, :].astype(np.float32)))
+        if not id_of:
             return []
-
-        def channel(hs: list[dict]) -> SearchResults:
-            if not hs:
-                return SearchResults(np.full((1, 1), -1, np.int64), np.full((1, 1), -np.inf, np.float32))
-            return SearchResults(np.asarray([[seq_of[h["id"]] for h in hs]], np.int64),
-                                 np.asarray([[h["score"] for h in hs]], np.float32))
-
-        fused = fuse([channel(lex_hits), channel(dense_hits)], k, method="z", alpha=self.alpha)
-        by_seq = {s: i for i, s in seq_of.items()}
-        top = [by_seq[int(s)] for s in fused.ids[0].tolist() if s >= 0]
-        missing = [rid for rid in top if rid not in cos]  # BM25 hits outside the cosine list
-        if missing:
-            if isinstance(qv, str):
-                qv = np.asarray(self.memory.search_vectors(qv, k=1, embedding=self._emb_name).meta.get(
-                    "query_vectors", [[np.nan]]), dtype=np.float32)[0]
-            v = np.asarray(self.memory.vectors(missing, embedding=self._emb_name), dtype=np.float64)
-            q = np.asarray(qv, dtype=np.float64)
+        dseqs = dense.seqs[0][dense.seqs[0] >= 0].tolist()
+        cos = dict(zip(dseqs, dense.scores[0][: len(dseqs)].tolist()))
+        fused = fuse(chans, k, method="z", alpha=self.alpha)
+        top = [int(s) for s in fused.ids[0].tolist() if s >= 0]
+        ids = [id_of[s] for s in top]
+        missing = [i for i, s in enumerate(top) if s not in cos]  # BM25 hits outside the cosine list
+        if missing and isinstance(qv, str):  # the memory's own encoder: ask it for just those records
+            got = self.memory.search_vectors(qv, k=len(missing), embedding=self._emb_name,
+                                             where={**where, "id": {"in": [ids[i] for i in missing]}})
+            gs = got.seqs[0][got.seqs[0] >= 0].tolist()
+            cos.update(zip(gs, got.scores[0][: len(gs)].tolist()))
+        elif missing:
+            v = np.asarray(self.memory.vectors([ids[i] for i in missing], embedding=self._emb_name), np.float64)
+            q = np.asarray(qv, dtype=np.float64).reshape(-1)
             q = q / max(float(np.linalg.norm(q)), 1e-12)
-            for rid, c in zip(missing, (v @ q).tolist()):
-                cos[rid] = float(np.float32(c))
-        return [(rec_of[rid], cos[rid]) for rid in top]
+            for i, c in zip(missing, (v @ q).tolist()):
+                cos[top[i]] = float(np.float32(c))
+        recs = self.memory.get(ids)
+        return [(r, float(cos[s])) for r, s in zip(recs, top)]
 
     def get(self, memory_id: str) -> dict[str, Any] | None:
         """The memory ``memory_id`` as mem0's MemoryItem dict, or None."""

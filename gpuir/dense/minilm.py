@@ -146,11 +146,8 @@ class MiniLM:
         pre = "bert." if "bert.embeddings.word_embeddings.weight" in w else ""
         xp_ = self.xp
 
-        def t(name: str, transpose: bool = False):
-            a = w[pre + name].astype(np.float32, copy=False)
-            if transpose:
-                a = np.ascontiguousarray(a.T)
-            return xp_.asarray(a)
+        def t(name: str):  # Linear weights stay (out, in), as stored: see _mm
+            return xp_.asarray(np.ascontiguousarray(w[pre + name].astype(np.float32, copy=False)))
 
         # host copies of the tables gathered per token (cheap to index on the CPU)
         self._word = w[pre + "embeddings.word_embeddings.weight"].astype(np.float32, copy=False)
@@ -164,14 +161,14 @@ class MiniLM:
             qkv_w = np.concatenate([w[pre + p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")])
             qkv_b = np.concatenate([w[pre + p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
             self._layer_w.append({
-                "qkv_w": xp_.asarray(np.ascontiguousarray(qkv_w.T.astype(np.float32))),
+                "qkv_w": xp_.asarray(np.ascontiguousarray(qkv_w.astype(np.float32))),
                 "qkv_b": xp_.asarray(qkv_b.astype(np.float32)),
-                "ao_w": t(p + "attention.output.dense.weight", True),
+                "ao_w": t(p + "attention.output.dense.weight"),
                 "ao_b": t(p + "attention.output.dense.bias"),
                 "ln1": (t(p + "attention.output.LayerNorm.weight"), t(p + "attention.output.LayerNorm.bias")),
-                "in_w": t(p + "intermediate.dense.weight", True),
+                "in_w": t(p + "intermediate.dense.weight"),
                 "in_b": t(p + "intermediate.dense.bias"),
-                "out_w": t(p + "output.dense.weight", True),
+                "out_w": t(p + "output.dense.weight"),
                 "out_b": t(p + "output.dense.bias"),
                 "ln2": (t(p + "output.LayerNorm.weight"), t(p + "output.LayerNorm.bias")),
             })
@@ -247,8 +244,16 @@ class MiniLM:
         scale = np.float32(1.0 / math.sqrt(hd))
         x = x.reshape(b * L, H)
         c = np.float32(1.0 / math.sqrt(2.0))
+        small = b * L <= SMALL_BATCH_TOKENS
+
+        def mm(a, wt):
+            # a (m, in) times the weight (out, in) transposed. Few rows: (W a^T)^T, which BLAS runs
+            # about 1.7x faster than a W^T for a single sentence (measured: 0.27 against 0.48 ms for
+            # 12 x 384 x 1536 on one thread); many rows: a W^T through the transposed flag, no copy.
+            return (wt @ a.T).T if small else a @ wt.T
+
         for lw in self._layer_w:
-            qkv = x @ lw["qkv_w"]
+            qkv = mm(x, lw["qkv_w"])
             qkv += lw["qkv_b"]  # (b*L, 3H)
             qkv = qkv.reshape(b, L, 3, nh, hd).transpose(2, 0, 3, 1, 4)  # (3, b, nh, L, hd)
             q, k, v = qkv[0], qkv[1], qkv[2]
@@ -259,17 +264,17 @@ class MiniLM:
             xp.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True)
             ctx = (s @ v).transpose(0, 2, 1, 3).reshape(b * L, H)
-            a = ctx @ lw["ao_w"]
+            a = mm(ctx, lw["ao_w"])
             a += lw["ao_b"]
             a += x
             x = self._layer_norm(a, lw["ln1"])
-            h = x @ lw["in_w"]
+            h = mm(x, lw["in_w"])
             h += lw["in_b"]
             g = self._erf(h * c)  # exact GELU: h * (1 + erf(h / sqrt 2)) / 2
             g += np.float32(1.0)
             g *= h
             g *= np.float32(0.5)
-            o = g @ lw["out_w"]
+            o = mm(g, lw["out_w"])
             o += lw["out_b"]
             o += x
             x = self._layer_norm(o, lw["ln2"])

@@ -48,7 +48,7 @@ RUN pip install -c constraints.txt torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY gpuir ./gpuir
 COPY kernels ./kernels
-RUN pip install -c constraints.txt '.[gpu-cuda13,dense,service]' \
+RUN pip install -c constraints.txt '.[gpu-cuda13,dense-torch,service]' \
     && useradd --create-home --uid 10001 gpuir \
     && mkdir -p /data/eval /data/memory \
     && chown -R 10001 /data

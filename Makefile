@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.gpuir-installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 # The extras `make setup` installs (all of them).
-EXTRAS := cpu,gpu,dense,routing,service,ray,langchain,llamaindex,mcp,bench,dev
+EXTRAS := cpu,gpu,dense,dense-torch,routing,service,ray,langchain,llamaindex,mcp,bench,dev
 
 .PHONY: demo test setup browser bench-cpu clean
 

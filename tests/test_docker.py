@@ -56,10 +56,10 @@ def test_dockerfile_lints_clean():
 def test_dockerfile_contents():
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM nvidia/cuda:\S+-runtime-", text, re.MULTILINE)
-    assert "[gpu-cuda13,dense,service]" in text
+    assert "[gpu-cuda13,dense-torch,service]" in text
     assert "torch==2.13.0" in text and "constraints.txt" in text
     # The constraints are installed before gpuir itself.
-    assert text.index("RUN pip install -c constraints.txt torch==2.13.0") < text.index("'.[gpu-cuda13,dense,service]'")
+    assert text.index("RUN pip install -c constraints.txt torch==2.13.0") < text.index("'.[gpu-cuda13,dense-torch,service]'")
     assert 'CMD ["gpuir", "demo"]' in text
     assert "GPUIR_DATA=" in text and 'VOLUME ["/data"]' in text
 

@@ -63,7 +63,7 @@ def test_help_has_no_markup_and_data_default_is_a_path(capsys):
 
 
 def test_missing_dense_extra_exits_2_with_the_pip_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
     assert _cli(["eval", "locomo", "--method", "dense", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'gpuir[dense]'" in err and "Traceback" not in err

@@ -141,6 +141,7 @@ LAYERS = [  # (importer package, forbidden packages)
     ("gpuir.memory", ["gpuir.retrieve", "gpuir.service", "gpuir.cli", "gpuir.adapters"]),
     ("gpuir.retrieve", ["gpuir.service", "gpuir.cli", "gpuir.adapters"]),
     ("gpuir.backends", ["gpuir.memory", "gpuir.retrieve", "gpuir.service", "gpuir.cli"]),
+    ("gpuir.compat", ["gpuir.service", "gpuir.cli", "gpuir.eval", "gpuir.adapters"]),
 ]
 
 

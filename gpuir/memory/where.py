@@ -13,7 +13,8 @@ Grammar (JSON; ``docs/memory.md`` has it with examples)::
                | "time" | "expires_at" | "created_at" | "updated_at" | "importance"
                | "metadata.<path>"
     path      := key ( "." key )*                     walks nested metadata objects
-    op        := eq | ne | in | nin | gt | gte | lt | lte | contains | exists   ("$eq" etc. also accepted)
+    op        := eq | ne | in | nin | gt | gte | lt | lte | contains | icontains | exists
+                                                      ("$eq" etc. also accepted)
 
 Semantics (``v`` is the record's value of the field; "present" = the field is
 there and not JSON null):
@@ -30,6 +31,8 @@ there and not JSON null):
 lt lte x``     string by code points, time with time), and compared
 ``contains x`` v is a list holding an element equal to x, or v is a string and
                x a string found in it
+``icontains x`` x a string; v a string holding x, or a list holding a string
+               equal to x, both ignoring case (``str.casefold``)
 ``exists b``   present (b true) or not present (b false)
 =============  ==============================================================
 
@@ -39,14 +42,17 @@ Fields: ``id`` and ``text`` (always present; strings), ``session``, ``agent``,
 kept by a memory with ``record_times``: ISO 8601 strings, timezone-aware datetimes,
 or numbers with ``time_unit``; not ``contains``), ``importance`` (numbers; not
 ``contains``), ``metadata.<path>`` (any JSON value; a path walks objects only: a
-list or scalar met on the way means the key is not present; keys holding a
-"." cannot be named). Numbers compare as float64.
+list or scalar met on the way means the key is not present; a key that itself
+holds a "." is found too: ``metadata.a.b`` names ``{"a": {"b": ..}}`` or, where
+there is none, ``{"a.b": ..}``). Numbers compare as float64.
 
 Anything else is a :class:`WhereError` naming the clause and the fix: an unknown
 field or operator, a value of the wrong kind, a list given as a value (write
 ``{"in": [...]}``, ``{"contains": ...}`` or ``{"eq": [...]}``), an empty
-condition, a range on a bool. A filter never matches nothing silently because
-of its shape.
+condition, a range on a bool, ``"*"`` as the value of ``session``, ``agent`` or
+``type`` (not a wildcard here: write ``{"exists": true}``; mem0's ``*`` is
+translated by :mod:`gpuir.compat.mem0`), ``icontains`` with anything but a
+string. A filter never matches nothing silently because of its shape.
 
 **Tenant is a hard boundary.** A ``tenant`` clause names exactly one tenant (a
 string, or ``{"eq": "..."}``) and stands at the top level (directly, or inside
@@ -89,7 +95,9 @@ from .stamps import STAMP_FIELDS, stamp_column
 from .timeutil import check_time_unit, parse_time
 
 #: Comparison operators.
-OPS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "contains", "exists")
+OPS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "contains", "icontains", "exists")
+#: String values that look like a wildcard: refused as literal values (see :meth:`_Compiler.scalar`).
+WILDCARDS = ("*",)
 #: Logical operators.
 LOGICAL = ("$and", "$or", "$not")
 _RANGES = ("gt", "gte", "lt", "lte")
@@ -491,8 +499,14 @@ class _Compiler:
 
     def scalar(self, fld: str, x: Any, here: str, op: str) -> Any:
         ranged = op in _RANGES
-        if x is None and (ranged or op == "contains"):
+        if x is None and (ranged or op in ("contains", "icontains")):
             raise WhereError(f"{here}: {op!r} needs a value, got null")
+        if op == "icontains" and not isinstance(x, str):
+            raise WhereError(f"{here}: 'icontains' (contains, ignoring case) takes a string, got {x!r}")
+        if op in ("eq", "ne") and isinstance(x, str) and x in WILDCARDS and fld in STRING_FIELDS \
+                and fld not in ("role", "tenant"):
+            raise WhereError(f'{here}: {x!r} is not a wildcard here; for "any {fld}" write {{"exists": true}} '
+                             f'(for the literal value write {{"in": [{x!r}]}})')
         if fld == "metadata":
             if ranged and (isinstance(x, bool) or not isinstance(x, (int, float, str))):
                 raise WhereError(f"{here}: a range needs a number or a string, got {x!r}")
@@ -503,7 +517,7 @@ class _Compiler:
                     raise WhereError(f"{here}: every record has an {fld}; null never matches")
                 return None
             if fld == "role":
-                if ranged or op == "contains":
+                if ranged or op in ("contains", "icontains"):
                     raise WhereError(f"{here}: role takes equality and membership only (eq, ne, in, nin, exists), "
                                      f"not {op!r}")
                 if x not in ROLES:
@@ -511,8 +525,8 @@ class _Compiler:
             if not isinstance(x, str):
                 raise WhereError(f"{here}: {fld} values are strings, got {type(x).__name__} {x!r}")
             return x
-        if op == "contains":
-            raise WhereError(f"{here}: 'contains' applies to strings and lists; {fld} is a "
+        if op in ("contains", "icontains"):
+            raise WhereError(f"{here}: {op!r} applies to strings and lists; {fld} is a "
                              f"{'time' if fld in _TIMES else 'number'} (use gt, gte, lt, lte)")
         if x is None:
             return None
@@ -622,6 +636,8 @@ def _cond(c: Cond, seg: Segment, dicts: dict[str, Interner]) -> np.ndarray:
         return m if op == "in" else ~m
     if op == "contains":
         return col.contains(val)
+    if op == "icontains":
+        return col.icontains(val)
     return col.range(op, val)
 
 
@@ -668,6 +684,8 @@ class _NumColumn:
     def contains(self, x: Any) -> np.ndarray:  # pragma: no cover - refused at compile time
         raise WhereError("'contains' does not apply to times and numbers")
 
+    icontains = contains
+
 
 class _DictColumn:
     """A dictionary-encoded string field: tests run on the distinct values, rows found by code."""
@@ -703,6 +721,10 @@ class _DictColumn:
 
     def contains(self, x: str) -> np.ndarray:
         return self._where_values(lambda s: x in s)
+
+    def icontains(self, x: str) -> np.ndarray:
+        f = x.casefold()
+        return self._where_values(lambda s: f in s.casefold())
 
 
 class _TextColumn:
@@ -741,6 +763,10 @@ class _TextColumn:
     def contains(self, x: str) -> np.ndarray:
         return np.fromiter((x in s for s in self._strings()), dtype=bool, count=self.seg.n_docs)
 
+    def icontains(self, x: str) -> np.ndarray:
+        f = x.casefold()
+        return np.fromiter((f in s.casefold() for s in self._strings()), dtype=bool, count=self.seg.n_docs)
+
 
 #: Kinds of a metadata value in a :class:`MetaColumn`.
 ABSENT, NULL, BOOL, NUM, STR, LIST, OBJ = range(7)
@@ -773,6 +799,7 @@ class MetaColumn:
     svals : list of str, sorted
     whole : dict jkey -> ndarray of rows: list and object values, by value
     elems : dict jkey -> ndarray of rows: the rows whose list holds an element of that value
+    ielems : dict str -> ndarray of rows: the rows whose list holds a string element, by its casefold
     """
 
     kind: np.ndarray
@@ -781,6 +808,7 @@ class MetaColumn:
     svals: list[str]
     whole: dict
     elems: dict
+    ielems: dict = field(default_factory=dict)
 
     def present(self) -> np.ndarray:
         return self.kind > NULL
@@ -820,12 +848,29 @@ class MetaColumn:
                 m |= np.isin(self.scode, np.asarray(ok, dtype=np.int32))
         return m
 
+    def icontains(self, x: str) -> np.ndarray:
+        f = x.casefold()
+        m = self._rows(self.ielems.get(f))
+        ok = [j for j, s in enumerate(self.svals) if f in s.casefold()]
+        if ok:
+            m |= np.isin(self.scode, np.asarray(ok, dtype=np.int32))
+        return m
+
 
 def _walk(obj: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
-    for p in path:
-        if not isinstance(obj, dict) or p not in obj:
+    """The value at ``path``: nested objects key by key, and where a key is missing, a key holding the dots
+    itself (``("a", "b")`` finds ``{"a": {"b": v}}``, else ``{"a.b": v}``)."""
+    for i, p in enumerate(path):
+        if not isinstance(obj, dict):
             return False, None
-        obj = obj[p]
+        if p in obj:
+            obj = obj[p]
+            continue
+        for j in range(len(path), i + 1, -1):  # the longest dotted key first
+            key = ".".join(path[i:j])
+            if key in obj:
+                return _walk(obj[key], path[j:]) if j < len(path) else (True, obj[key])
+        return False, None
     return True, obj
 
 
@@ -844,6 +889,7 @@ def meta_column(seg: Segment, path: tuple[str, ...] | str) -> MetaColumn:
     srows: list[int] = []
     whole: dict[Any, list[int]] = {}
     elems: dict[Any, list[int]] = {}
+    ielems: dict[str, list[int]] = {}
     for i, raw in enumerate(seg.meta.tolist()):
         if not raw:
             continue
@@ -866,13 +912,15 @@ def meta_column(seg: Segment, path: tuple[str, ...] | str) -> MetaColumn:
             if isinstance(v, list):
                 for k in {jkey(x) for x in v}:
                     elems.setdefault(k, []).append(i)
+                for k in {x.casefold() for x in v if isinstance(x, str)}:
+                    ielems.setdefault(k, []).append(i)
     svals = sorted(set(strs))
     scode = np.full(n, -1, dtype=np.int32)
     if srows:
         pos = {s: j for j, s in enumerate(svals)}
         scode[np.asarray(srows, dtype=np.int64)] = np.fromiter((pos[s] for s in strs), np.int32, len(strs))
     arr = (lambda d: {k: np.asarray(r, dtype=np.int64) for k, r in d.items()})
-    col = MetaColumn(kind, num, scode, svals, arr(whole), arr(elems))
+    col = MetaColumn(kind, num, scode, svals, arr(whole), arr(elems), arr(ielems))
     seg.cache[ck] = col
     return col
 

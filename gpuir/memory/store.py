@@ -1950,8 +1950,8 @@ class Memory:
         the last snapshot still work. Closing twice does nothing.
 
         With a log (durability "fsync" or "flush") every acknowledged write is
-        in the directory already: the next :meth:`open` replays what no save
-        holds. With durability "none", closing a memory bound to a directory
+        in the directory already; closing folds the log into a save (a
+        checkpoint: if it fails, the next :meth:`open` replays the log). With durability "none", closing a memory bound to a directory
         while it holds unsaved writes warns (:class:`UnsavedWritesWarning`,
         naming the count; also logged): they are not in the directory. Pass
         ``discard_unsaved=True`` when that is meant.
@@ -1964,6 +1964,15 @@ class Memory:
         t = self._ckpt_thread
         if t is not None:
             t.join()
+        if self._log is not None and self._log.ops and self._log.failed is None:
+            self._closed = False  # (the final checkpoint is this memory's own last write)
+            try:
+                self.save()  # fold the log, as SQLite checkpoints its WAL when the last connection closes
+            except Exception as e:  # noqa: BLE001 - every write is in the log still: the next open replays it
+                log.warning("closing %s: the final checkpoint failed (the log keeps every write): %s: %s",
+                            self._path, type(e).__name__, e)
+            finally:
+                self._closed = True
         with self._save_lock, self._write_lock:
             if self._log is not None:
                 self._log.close()

@@ -37,21 +37,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_cpu import cpu_model
 
 from gpuir import Memory
 from gpuir.synthetic import iter_records
 
 LEVELS = ("fsync", "flush", "none")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _fs(path: Path) -> str:
@@ -132,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                  / med["none"]["batched_then_saved_records_per_s"])
     out = {"bench": "durability", "levels": med, "rounds": rounds,
            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "machine": {"cpu_model": _cpu_model(), "logical_cores": os.cpu_count(), "filesystem": _fs(base.parent),
+           "machine": {"cpu_model": cpu_model(), "logical_cores": os.cpu_count(), "filesystem": _fs(base.parent),
                        "python": platform.python_version(), "numpy": np.__version__},
            "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     text = json.dumps(out, indent=2)

@@ -30,10 +30,15 @@ def test_cupy_shards_on_the_kernel_model_equal_one_memory(tmp_path, monkeypatch,
     recs = records(240, rng)
     one = Memory(partition_days=14)
     sm, _ = in_process(tmp_path, monkeypatch, 2, route, backend="cupy", partition_days=14)
+    from gpuir.backends import cupy_segments as cs
+
     used: list[int] = []
     real = cb.CupyScorer.search
     monkeypatch.setattr(cb.CupyScorer, "search", lambda self, queries, *a, **kw: used.append(len(queries))
                         or real(self, queries, *a, **kw))
+    real_pass = cs.CupySegmentsEngine.search  # the memory's one device pass (the "cupy" route of the contract)
+    monkeypatch.setattr(cs.CupySegmentsEngine, "search", lambda self, segset, view_ids, batch, k:
+                        used.append(batch.size) or real_pass(self, segset, view_ids, batch, k))
     qs = ["walk lake", "paint group support", "dog dog trip", "music camp book", "nothing"]
     try:
         with small_blocks(), real_kernels_installed(schedule="forward"):

@@ -138,12 +138,12 @@ def test_delete_missing_ok_and_keep_history(make):
         m.delete(["a2", "nope"])
     assert "a2" in m  # nothing deleted
     assert m.delete(["a2", "nope"], missing_ok=True) == 1
-    assert m.delete(["a1"], keep_history=True) == 1
+    assert m.delete(["a1"]) == 1  # the default keeps the history (issue 36)
     assert "a1" not in m
     kept = m.history("a1")
     assert [v["text"] for v in kept] == [RECS[0]["text"], "changed once"]  # the deleted version last
-    assert m.delete(["b1"]) == 1
-    assert m.history("b1") == []  # by default a deleted record's history goes with it
+    assert m.delete(["b1"], keep_history=False) == 1
+    assert m.history("b1") == []  # keep_history=False: a deleted record's history goes with it
     assert len(m) == len(RECS) - 3 and m.search("support group", k=5).ids(0) == []
 
 

@@ -431,11 +431,12 @@ class ShardServer:
     def restore_history(self, hists: list[tuple[str, list[dict[str, Any]]]]) -> int:
         """Give records their histories (an import's; canonical versions), then checkpoint: the histories are
         durable in the memory's files when this returns (the log holds records, not histories)."""
-        with self._lock, self.memory._write_lock:
-            for rid, versions in hists:
-                self.memory._history.restore(rid, versions)
-            self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
-            self.checkpoint(force=True)
+        with self._lock:
+            with self.memory._write_lock:
+                for rid, versions in hists:
+                    self.memory._history.restore(rid, versions)
+                self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+            self.checkpoint(force=True)  # (outside the memory's writer lock: a save takes its own locks first)
             return len(hists)
 
     def merge(self, partition: Any = "all") -> int:

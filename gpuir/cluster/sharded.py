@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
 from ..memory.records import RecordBatch, id_list, normalize_records
@@ -652,7 +653,7 @@ class ShardedMemory:
 
         Returns
         -------
-        int: the number of records given.
+        int: the number of records changed (one left as it was counts 0, as in :meth:`Memory.update`).
 
         Raises
         ------
@@ -693,8 +694,8 @@ class ShardedMemory:
                 if unknown:
                     raise UnknownIdError(unknown, what)
             new, labels, replaced, _ = updates.plan(patches, current, replace)
-            if not new:
-                return len(ids)
+            if not new:  # nothing changes (as Memory.update: 0)
+                return 0
             batch = normalize_records(fold_expiry(new), labels=labels)
             n = len(batch)
             own = self._owners_of_batch(batch)
@@ -718,7 +719,7 @@ class ShardedMemory:
             if self._owner is not None:
                 for rid, s in zip(batch.ids, own):
                     self._owner[rid] = s
-            return len(ids)
+            return n  # the records changed (as Memory.update: one left as it was counts 0)
 
     def import_(self, path: str | os.PathLike, vectors: dict | None = None, replace: bool = False,
                 check_config: bool = True) -> int:
@@ -756,8 +757,11 @@ class ShardedMemory:
                                  f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
                                  "differently. Pass check_config=False to import it anyway")
         canon = canonical_records(recs, None, labels=labels)
-        n = self.upsert(canon, replace=True, time_unit="ms") if replace else self.add(to_batch(canon, "ms",
-                                                                                                 labels=labels))
+        if replace:  # every record of the file is now as the file has it (as Memory.import_: unchanged ones count)
+            self.upsert(canon, replace=True, time_unit="ms")
+            n = len(canon)
+        else:
+            n = self.add(to_batch(canon, "ms", labels=labels))
         if hists:
             with self._rw.writing():
                 self._check_open()
@@ -765,7 +769,7 @@ class ShardedMemory:
                 for rid, versions in hists:
                     s = self._owner_of_id(rid)
                     if s is not None:
-                        groups.setdefault(s, []).append((rid, canonical_records(versions, None)))
+                        groups.setdefault(s, []).append((rid, canonical_entries(versions)))
                 self._gather({s: (lambda s=s, g=g: self._actors[s].restore_history.remote(g))
                               for s, g in groups.items()}, "import histories")
         if vectors is not None:
@@ -790,10 +794,11 @@ class ShardedMemory:
         dead = [rid for g in ids.values() for rid in g]
         return self.delete(dead, missing_ok=True) if dead else 0
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int:
+    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = True) -> int:
         """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
 
-        ``keep_history`` keeps each record's history on its shard, the deleted version last.
+        ``keep_history`` (the default, as in ``Memory.delete``) keeps each record's history on its shard,
+        the deleted version last; False drops it.
 
         Raises
         ------

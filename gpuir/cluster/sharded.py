@@ -745,17 +745,12 @@ class ShardedMemory:
         -------
         int: the number of records imported.
         """
+        from ..memory.export import check_config as check_export_config
         from ..memory.export import read_export
 
         header, recs, labels, vecs, hists = read_export(path)
         if check_config:
-            have, got = self.config(), header.get("config") or {}
-            diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
-            if diff:
-                raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
-                                 f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
-                                 f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
-                                 "differently. Pass check_config=False to import it anyway")
+            check_export_config(path, header, self.config(), "Pass check_config=False to import it anyway")
         canon = canonical_records(recs, None, labels=labels)
         if replace:  # every record of the file is now as the file has it (as Memory.import_: unchanged ones count)
             self.upsert(canon, replace=True, time_unit="ms")

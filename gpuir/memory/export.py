@@ -35,7 +35,7 @@ import numpy as np
 
 from .records import RecordError
 
-__all__ = ["FORMAT", "read_export", "vector_of", "write_export"]
+__all__ = ["FORMAT", "check_config", "read_export", "vector_of", "write_export"]
 
 FORMAT = "gpuir-memory-export"
 VERSION = 1
@@ -78,6 +78,19 @@ def write_export(path: str | os.PathLike, header: dict[str, Any], records: list[
         tmp.unlink(missing_ok=True)
         raise
     return len(records)
+
+
+def check_config(path, header: dict, have: dict, fix: str) -> None:
+    """Refuse an export file from a memory with another analyzer or BM25 settings (its searches would score
+    differently): ``header`` is the file's, ``have`` the importing memory's ``config()``; ``fix`` says what
+    to do instead (the end of the message)."""
+    got = header.get("config") or {}
+    diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
+    if diff:
+        raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
+                         f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
+                         f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
+                         f"differently. {fix}")
 
 
 def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]], list[str],

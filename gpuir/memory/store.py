@@ -83,6 +83,7 @@ from .durable import (
 from .embeddings import Embedding, VectorError, parse_embeddings
 from .errors import UnknownIdError
 from .expiry import cutoff, expired_rows, has_expiry, now_ms
+from .export import check_config as check_export_config
 from .export import read_export, write_export
 from .history import History, canonical_entries
 from .hitorder import by_time, newest_ties, threshold
@@ -1189,13 +1190,7 @@ class Memory:
         """
         header, recs, labels, vecs, hists = read_export(path)
         if check_config:
-            have, got = self.config(), header.get("config") or {}
-            diff = [k for k in ("analyzer", "bm25") if got.get(k) != have.get(k)]
-            if diff:
-                raise ValueError(f"{path}: exported from a memory with another {' and '.join(diff)} "
-                                 f"({', '.join(f'{k}={got.get(k)!r}' for k in diff)}; this memory has "
-                                 f"{', '.join(f'{k}={have.get(k)!r}' for k in diff)}): its searches would score "
-                                 "differently. Import into Memory.from_export(path), or pass check_config=False")
+            check_export_config(path, header, self.config(), "Import into Memory.from_export(path), or pass check_config=False")
         canon = canonical_records(recs, None, labels=labels)
         with self._write_lock, scope.inside_scope():  # an import is of the whole memory, as export
             if replace:  # every record of the file is now as the file has it (unchanged ones included)

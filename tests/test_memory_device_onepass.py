@@ -89,6 +89,32 @@ def test_model_equals_numpy_and_a_fresh_index_while_growing(method, monkeypatch)
         assert set(cseg.UPLOADS.values()) == {1}, cseg.UPLOADS
 
 
+def test_a_segment_is_uploaded_when_it_appears_not_when_first_searched(monkeypatch):
+    """A memory served on the device uploads each new segment -- of an add, of a merge -- when it appears
+    (``SegmentEngine.prepare``), before any search meets it, and only once; results stay the reference's."""
+    rng = np.random.default_rng(43)
+    m = Memory(partition_days=None, merge_factor=4, merge_min=2, background_merges=False)
+    model = Model(analyzer="default")
+    with device("model", monkeypatch):
+        grow_both(m, model, rng, 0, 20, 5)
+        m.search("w0 w1", k=5, backend="cupy")  # the memory is now served on the device
+        cseg.UPLOADS.clear()
+        merged = False
+        for step in range(1, 8):
+            before = {v.seg.uid for v in m.snapshot().views}
+            grow_both(m, model, rng, step, 7, 8)
+            new = {v.seg.uid for v in m.snapshot().views} - before
+            assert new and all(cseg.UPLOADS[u] == 1 for u in new), (step, new, dict(cseg.UPLOADS))
+            merged = merged or any(m.snapshot().views[i].seg.n_docs > 7 for i in range(len(m.snapshot().views))
+                                   if m.snapshot().views[i].seg.uid in new)
+        assert merged, "a merge made a segment in the loop"
+        qs = [random_query(rng) for _ in range(5)]
+        got = m.search(qs, k=10, backend="cupy")
+        ids, scores = model.search(qs, 10)
+        assert_same(got, ids, scores, "after the uploads")
+        assert set(cseg.UPLOADS.values()) == {1}, cseg.UPLOADS
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_real_kernels_equal_numpy_and_a_fresh_index_while_growing(method, monkeypatch):
     rng = np.random.default_rng([37, len(method)])

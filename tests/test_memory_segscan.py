@@ -137,6 +137,34 @@ def test_all_segments_at_once_equals_segment_by_segment(method, monkeypatch):
             np.testing.assert_array_equal(getattr(batch, name), getattr(apart, name), err_msg=f"{method} {name}")
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_snapshot_searched_once_is_searched_all_at_once_without_a_cache(method, monkeypatch):
+    """An agent's loop: add a record, ask one question. Each question is the first search of its snapshot
+    (no weight cache: each weight computed from tf and length, bounds from the largest tf and smallest
+    length), and its dense rows still go all segments at once: the same ids, scores and ties as the
+    segment-by-segment path and the oracle, for every variant."""
+    m, model, rng = _grown(method, 5, batches=6, per=120, partition_days=None)
+    qs = [random_query(rng) for _ in range(12)] + ["w0 w1 w2", "w0 w0 w2 w5 w1", "the w0 w1 w2 w3"]
+    seen = _kernel_counts(monkeypatch)
+    union_rows = 0
+    for i, q in enumerate(qs):
+        rec = {"id": f"loop-{i}", "text": "w0 w3 w7"}
+        m.add([rec])
+        model.add([rec])
+        ids, scores = model.search([q], 7)
+        seen.clear()
+        got = m.search(q, k=7, backend="numba")  # the snapshot's first search: uncached
+        union_rows += int(sum((c[:, 1] == -2).sum() for c in seen))
+        assert_same(got, ids, scores, f"{method} question {i}")
+        with monkeypatch.context() as mp:
+            mp.setattr(segscan, "UNION", "never")
+            apart = m.search(q, k=7, backend="numba")
+        for name in ("seqs", "scores", "vidx", "rows"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(apart, name), err_msg=f"{method} {name} {i}")
+    if method in ("lucene", "atire", "bm25+"):  # (as above: robertson's and bm25l's rows may go one by one)
+        assert union_rows >= 3, f"{method}: the uncached dense rows went all segments at once ({union_rows})"
+
+
 def test_segments_of_several_partitions_go_one_by_one(monkeypatch):
     """Segments of several time partitions are searched segment by segment (one by one, those that cannot
     reach the k-th score are skipped); the same records in one partition, all at once."""

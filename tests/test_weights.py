@@ -122,3 +122,39 @@ def test_stats_check_allows_segments_with_deletions():
         CollectionStats(10, idx.df.astype(np.int64) + 10, 3.0).check(idx)
     with pytest.raises(ValueError, match="avgdl"):
         CollectionStats(100, np.minimum(idx.df, 100), float("nan")).check(idx)
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: f"{p.method}-{p.k1}-{p.b}-{p.delta}")
+def test_compiled_weights_looked_up_in_the_tf_table_are_the_reference_bits(params):
+    """The compiled engine's weight of a posting, computed (no table) and looked up in the tf-part table
+    (:func:`gpuir.backends.cpu_kernels.tfc_table`, with each posting's key, ``tf_keys``), equals the NumPy reference's :func:`weights_of` bit for
+    bit, inside the table (small tf and length) and outside it, for every variant and odd parameters."""
+    pytest.importorskip("numba")
+    from gpuir.backends import cpu_kernels as ck
+
+    rng = np.random.default_rng(7)
+    n = 20_000
+    tf = np.concatenate([rng.integers(1, ck.TABLE_TF + 1, n // 2), rng.integers(1, 300, n // 2)]).astype(np.int32)
+    dl = np.maximum(tf, np.concatenate([rng.integers(1, ck.TABLE_DL + 1, n // 2),
+                                        rng.integers(1, 5 * ck.TABLE_DL, n // 2)])).astype(np.int32)
+    inside = (tf < ck.TABLE_TF) & (dl < ck.TABLE_DL)
+    assert 0.3 < inside.mean() < 0.7, "both sides of the table's edge are tested"
+    for avgdl in (0.5, 3.7, 31.0, 1e4):
+        f = np.float32
+        fp6 = np.array([f(1) - f(params.b), f(params.b), f(params.k1), f(params.k1) + f(1), f(params.delta),
+                        f(avgdl)], np.float32)
+        table = ck.tfc_table(fp6, params.code)
+        assert table.size > 8 and np.array_equal(table[:6], fp6)
+        idf, w0 = term_weights(np.array([3, 900]), 1000, params)
+        for j in range(2):
+            want = weights_of(tf, dl, idf[j], w0[j], avgdl, params)
+            docs = np.arange(n, dtype=np.int32)
+            keys = ck.tf_keys(docs, tf, dl)
+            assert np.array_equal(keys < 0, ~inside)
+            for fp, tfs in ((fp6, tf), (table, keys)):  # (with the table, the postings' keys in it)
+                got = np.empty(n, np.float32)
+                ck.weights_into((np.array([0, n], np.int64), docs, tfs, dl),
+                                (np.empty(0, np.float32), fp, params.code, has_absent_weight(params)), 0,
+                                idf[j], w0[j], got)
+                np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32),
+                                              err_msg=f"{params} avgdl={avgdl} table={fp.size > 6}")

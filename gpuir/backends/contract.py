@@ -291,6 +291,24 @@ class SegmentEngine(ABC):
             (B, k) arrays on the host, -1 / -inf padded.
         """
 
+    def prepare(self, seg: SegmentSource, params: BM25Params) -> None:
+        """Make now what this engine derives from a new sealed segment (a layout, a device copy), so that
+        the first search meeting the segment pays nothing for it.
+
+        The memory calls it off the search path for the segments its merges make (in the merge's thread,
+        before the merged segment is published), with the engine that served its latest search. It must
+        not change any result: it only fills ``seg.cache`` earlier than the first search would. The default
+        makes nothing.
+
+        Parameters
+        ----------
+        seg : SegmentSource
+            A sealed segment not yet in any published segment set.
+        params : BM25Params
+            The BM25 parameters of the sets that will hold it.
+        """
+        return None
+
 
 _registry: dict[str, Callable[[], SegmentEngine]] = {}
 _instances: dict[str, SegmentEngine] = {}

@@ -29,8 +29,9 @@ combination of their types; every array is read-only and C-contiguous):
     the segment: offsets (V+1,) int64, doc_ids (P,) int32, tfs (P,) int32, dls (N,) int32.
 ``wt = (pre, fp, method, has_w0)``
     the weights: pre (P,) float32 or (0,) (compute them); fp (6,) float32 =
-    ``1 - b, b, k1, k1 + 1, delta, float32(avgdl)``; method (int, :data:`gpuir.bm25.METHODS`
-    code); has_w0 (bool).
+    ``1 - b, b, k1, k1 + 1, delta, float32(avgdl)``, or those 6 followed by a table of the
+    weights' tf part (:func:`tfc_table`: ``ix``'s tfs then hold each posting's key in it,
+    :func:`tf_keys`); method (int, :data:`gpuir.bm25.METHODS` code); has_w0 (bool).
 ``qs = (q_off, q_term, q_mult, q_idf, q_w0, consts)``
     the batch (:class:`~gpuir.backends.base.WeightedQueries`): row i's distinct terms are
     ``q_off[i]:q_off[i+1]`` of q_term (B+1 / T int64, ascending within a row), with
@@ -115,16 +116,85 @@ def sift_up(hs, hd, i):
         i = p
 
 
+#: The tf-part table of :func:`tfc_table`: tf below TABLE_TF, lengths below TABLE_DL (LongMemEval-S's turns:
+#: 98.5% of the postings have tf <= 8, 99.1% are in documents shorter than 512 tokens). 4,608 float32
+#: values (18 KB, in the first-level cache), made in some 10 us per snapshot. With each posting's key in
+#: it (:func:`tf_keys`, once per segment: read in posting order, where a document's length is a random
+#: read), a snapshot searched once (an agent's memory after each add) weighs nearly every posting it
+#: reads with one table read and one product, as a cached weight costs one read.
+TABLE_TF = 9
+TABLE_DL = 512
+
+
+@njit(**JIT)
+def tf_keys(doc_ids, tfs, dls):
+    """Each posting's key in the tf-part table: ``tf * TABLE_DL + dl`` when tf < TABLE_TF and its document's
+    length dl < TABLE_DL, else ``-tf`` (the weight then computes the tf part from tf and ``dls``).
+
+    Parameters
+    ----------
+    doc_ids (P,) int32, tfs (P,) int32, dls (N,) int32 -- a segment's postings and lengths (host)
+
+    Returns
+    -------
+    (P,) int32: an ``ix``'s tf slot for :func:`weight` with a table in ``fp``
+    """
+    out = np.empty(tfs.size, np.int32)
+    for p in range(tfs.size):
+        tf = tfs[p]
+        dl = dls[doc_ids[p]]
+        out[p] = tf * TABLE_DL + dl if tf < TABLE_TF and dl < TABLE_DL else -tf
+    return out
+
+
+@njit(error_model="numpy", **JIT)
+def tfc_table(fp6, method):
+    """``fp6`` (6,) float32 followed by ``TABLE_TF, TABLE_DL`` and the tf part of the weight of every tf
+    below TABLE_TF and length below TABLE_DL (row-major by tf): an ``fp`` for :func:`weight` that looks the
+    tf part up instead of computing it. Each entry is :func:`weight` itself with idf 1 (``1.0f * t == t``):
+    the same operations, so the same bits. (A division by zero gives inf or nan, as NumPy's, instead of
+    raising: the table holds entries no posting has, e.g. tf 0.)
+
+    Returns
+    -------
+    (8 + TABLE_TF * TABLE_DL,) float32
+    """
+    out = np.empty(8 + TABLE_TF * TABLE_DL, np.float32)
+    out[:6] = fp6
+    out[6] = TABLE_TF
+    out[7] = TABLE_DL
+    nopre = np.empty(0, np.float32)
+    tfs = np.empty(1, np.int32)
+    dls = np.arange(TABLE_DL).astype(np.int32)
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    for tf in range(TABLE_TF):
+        tfs[0] = tf
+        for dl in range(TABLE_DL):
+            out[8 + tf * TABLE_DL + dl] = weight(nopre, tfs, dls, fp6, method, False, 0, dl, one, zero)
+    return out
+
+
 @njit(**JIT)
 def weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0):
     """The float32 weight of posting p (document d) of a term with weights (idf, w0).
 
-    ``pre[p]`` when the weights are cached; otherwise the operations of
-    :func:`gpuir.backends.weights.weights_of`, in their order, in float32.
+    ``pre[p]`` when the weights are cached; otherwise ``idf`` times the tf part, minus
+    ``w0`` for bm25l / bm25+: the operations of :func:`gpuir.backends.weights.weights_of`, in their order,
+    in float32. When ``fp`` holds the tf-part table (:func:`tfc_table`), ``tfs`` holds each posting's key
+    in it (:func:`tf_keys`) and the tf part is read there (the same bits).
     """
     if pre.size != 0:
         return pre[p]
-    tf = np.float32(tfs[p])
+    c = tfs[p]
+    if fp.size > 8:
+        if c >= 0:
+            w = idf * fp[8 + c]
+            if has_w0:
+                w = w - w0
+            return w
+        c = -c
+    tf = np.float32(c)
     norm = fp[0] + fp[1] * (np.float32(dls[d]) / fp[5])
     k1 = fp[2]
     if method <= 1:  # lucene, robertson
@@ -132,8 +202,8 @@ def weight(pre, tfs, dls, fp, method, has_w0, p, d, idf, w0):
     elif method == 2:  # atire
         t = (tf * fp[3]) / (tf + k1 * norm)
     elif method == 3:  # bm25l
-        c = tf / norm
-        t = (fp[3] * (c + fp[4])) / (k1 + c + fp[4])
+        c2 = tf / norm
+        t = (fp[3] * (c2 + fp[4])) / (k1 + c2 + fp[4])
     else:  # bm25+
         t = (fp[3] * tf) / (k1 * norm + tf) + fp[4]
     w = idf * t

@@ -28,8 +28,8 @@ memory's tie rule. No Python runs between segments.
 
 **Or all segments as one** (:func:`union_row`). A row dense in every segment
 (its lists hold at least half as many postings as the segment has rows) with
-cached weights and no filter is searched over the concatenation of the segments, as over one
-merged segment: rows numbered segment after segment, each term's list the
+no filter is searched over the concatenation of the segments, as over one
+merged segment, with cached weights or without (a snapshot searched once): rows numbered segment after segment, each term's list the
 concatenation of its pieces, one accumulator, one heap of partial scores, the
 terms' bounds their largest weight in any segment. It reads and finishes what a
 merged segment would; the exact scores are the same float32 sums (a document's
@@ -53,6 +53,7 @@ from .cpu_maxscore import (
     SAMPLE_STRIDE,
     block_of,
     bound64,
+    floor64,
     heap_by_partial,
     probe_weight,
     query_row,
@@ -301,7 +302,9 @@ def _segment_at(bases, d):
 UNION_COLUMNS = (("offsets", np.int64), ("doc_ids", np.int32), ("pre", np.float32), ("live", np.bool_),
                  ("ub", np.float64), ("zero", np.bool_), ("neg", np.bool_), ("seqs", np.int64),
                  ("blk_off", np.int64), ("blk_last", np.int32), ("dir_off", np.int64), ("dir_shift", np.int64),
-                 ("blk_dir", np.int64))
+                 ("blk_dir", np.int64), ("tfs", np.int32), ("doc_lens", np.int32), ("maxtf", np.int32),
+                 ("mindl", np.int32), ("mintf", np.int32), ("maxdl", np.int32), ("blk_maxtf", np.int32),
+                 ("blk_mindl", np.int32))
 _NCOL = 2 * len(UNION_COLUMNS)
 
 
@@ -322,7 +325,7 @@ def pointer_rows(segs):
     """
     table = np.zeros((len(segs), _NCOL), np.int64)
     for i, s in enumerate(segs):
-        ix, bix, cache = s[4], s[5], s[8]
+        ix, bix, summ, cache = s[4], s[5], s[6], s[8]
         _put(table, i, 0, ix[0])
         _put(table, i, 1, ix[1])
         _put(table, i, 2, cache[0])
@@ -336,20 +339,28 @@ def pointer_rows(segs):
         _put(table, i, 10, bix[5])
         _put(table, i, 11, bix[6])
         _put(table, i, 12, bix[7])
+        _put(table, i, 13, ix[2])
+        _put(table, i, 14, ix[3])
+        _put(table, i, 15, summ[0])
+        _put(table, i, 16, summ[1])
+        _put(table, i, 17, summ[2])
+        _put(table, i, 18, summ[3])
+        _put(table, i, 19, bix[3])
+        _put(table, i, 20, bix[4])
     return table
 
 
 @njit(**JIT)
 def _lists(ptrs, s):
-    """Segment s's (offsets, doc_ids, doc_ids, doc_ids): an ``ix`` whose tf and length slots are never
-    read (cached weights), and its weights ``pre``."""
-    doc = rv.i32(ptrs[s, 2], ptrs[s, 3])
-    return (rv.i64(ptrs[s, 0], ptrs[s, 1]), doc, doc, doc), rv.f32(ptrs[s, 4], ptrs[s, 5])
+    """Segment s's ``ix`` (offsets, doc_ids, tfs, doc_lens) and its cached weights ``pre`` ((0,) when
+    uncached: the weights are then computed from tf and length, :func:`~gpuir.backends.cpu_kernels.weight`)."""
+    return ((rv.i64(ptrs[s, 0], ptrs[s, 1]), rv.i32(ptrs[s, 2], ptrs[s, 3]), rv.i32(ptrs[s, 26], ptrs[s, 27]),
+             rv.i32(ptrs[s, 28], ptrs[s, 29])), rv.f32(ptrs[s, 4], ptrs[s, 5]))
 
 
 @njit(**JIT)
-def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method, has_w0, theta, slack, order, bnd, suf,
-              mul, acc, touched, sdoc, part, mark, ph, pd, gs, gq, gv, gr, cnt):
+def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, bp, method, has_w0, cached, theta, slack, order,
+              bnd, suf, mul, acc, touched, sdoc, part, mark, ph, pd, gs, gq, gv, gr, cnt):
     """Top k of one row over every segment at once, as over one merged segment: the dense regime of
     :func:`gpuir.backends.cpu_maxscore.query_row` with the snapshot's rows numbered segment after
     segment (segment s's row d is ``bases[s] + d``), each term's list the concatenation of its pieces.
@@ -358,7 +369,13 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
     over all rows; the k-th best partial score over all rows bounds the lists left, as in one index,
     so a snapshot of many segments reads and finishes what one merged segment would (segment by
     segment, each segment's search starts from the k-th score of those before it: lower bounds,
-    more survivors). Cached weights only, no filter (the caller checks both).
+    more survivors). No filter (the caller checks).
+
+    ``cached``: the weights, the terms' largest weights and the blocks' are read from the segments'
+    caches (:func:`fill_weights`); otherwise each weight is computed from its posting's tf and length (the
+    same float32 operations: the same bits) and the bounds come from the terms' and blocks' largest tf and
+    smallest length (:func:`~gpuir.backends.cpu_maxscore.bound64`): a snapshot searched once -- an agent's
+    memory after each add -- is searched all at once too, without filling a cache.
 
     Parameters
     ----------
@@ -367,6 +384,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
     bases : (S + 1,) int64 -- their first rows
     tloc : (T, S) int64 -- each term's local id in each segment (-1: absent), terms ascending
     q_mult (T,) int64, q_idf (T,) float32, q_w0 (T,) float32; const : float32 -- the row's terms and constant
+    fp (6,) float32, bp (5,) float64, method, has_w0 -- the weights' and bounds' parameters (:func:`search_segments`)
     acc, touched, sdoc, part, mark : the workspace over ``bases[S]`` rows (zero on entry and on return)
     ph, pd : (k,) scratch; gs, gq, gv, gr : (k,) the row's empty top-k heap (score, sequence number,
         view, row), filled here
@@ -385,17 +403,28 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
         mul[r] = np.float32(q_mult[r])
     for s in range(S):
         offsets = rv.i64(ptrs[s, 0], ptrs[s, 1])
-        ub = rv.f64(ptrs[s, 8], ptrs[s, 9])
-        zero = rv.u8(ptrs[s, 10], ptrs[s, 11])
-        neg = rv.u8(ptrs[s, 12], ptrs[s, 13])
         here = 0
-        for r in range(T):
-            t = tloc[r, s]
-            if t >= 0:
-                if zero[t] or neg[t]:  # a weight <= 0: acc > 0 does not mark the touched rows
-                    return -1
-                bnd[r] = max(bnd[r], ub[t])
-                here += offsets[t + 1] - offsets[t]
+        if cached:
+            ub = rv.f64(ptrs[s, 8], ptrs[s, 9])
+            zero = rv.u8(ptrs[s, 10], ptrs[s, 11])
+            neg = rv.u8(ptrs[s, 12], ptrs[s, 13])
+            for r in range(T):
+                t = tloc[r, s]
+                if t >= 0:
+                    if zero[t] or neg[t]:  # a weight <= 0: acc > 0 does not mark the touched rows
+                        return -1
+                    bnd[r] = max(bnd[r], ub[t])
+                    here += offsets[t + 1] - offsets[t]
+        else:
+            maxtf, mindl = rv.i32(ptrs[s, 30], ptrs[s, 31]), rv.i32(ptrs[s, 32], ptrs[s, 33])
+            mintf, maxdl = rv.i32(ptrs[s, 34], ptrs[s, 35]), rv.i32(ptrs[s, 36], ptrs[s, 37])
+            for r in range(T):
+                t = tloc[r, s]
+                if t >= 0:
+                    if floor64(mintf[t], maxdl[t], bp, method, has_w0, q_idf[r], q_w0[r]) <= 0.0:
+                        return -1  # a weight may be <= 0 (as above)
+                    bnd[r] = max(bnd[r], bound64(maxtf[t], mindl[t], bp, method, has_w0, q_idf[r], q_w0[r]))
+                    here += offsets[t + 1] - offsets[t]
         if 2 * here < bases[s + 1] - bases[s]:
             # sparse in this segment: alone, it would track its few touched rows (and may be skipped
             # whole), where the accumulator's passes here would read every row
@@ -476,7 +505,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
                 dl = d - b0
                 p = advance(ix[1], p, e, dl)
                 if p < e and ix[1][p] == dl:
-                    v = v + pre[p] * m
+                    v = v + weight(pre, ix[2], ix[3], fp, method, has_w0, p, dl, q_idf[r], q_w0[r]) * m
             if ((np.float64(v) + rem) * hi1 + c0) * hi1 >= lb:
                 sdoc[keep] = d
                 part[keep] = v
@@ -501,8 +530,9 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
         s = _segment_at(bases, d)
         ix, pre = _lists(ptrs, s)
         blast = rv.i32(ptrs[s, 18], ptrs[s, 19])
-        bix = (rv.i64(ptrs[s, 16], ptrs[s, 17]), blast, pre, blast, blast, rv.i64(ptrs[s, 20], ptrs[s, 21]),
-               rv.i64(ptrs[s, 22], ptrs[s, 23]), rv.i64(ptrs[s, 24], ptrs[s, 25]))  # (slots 2-4 not read)
+        bix = (rv.i64(ptrs[s, 16], ptrs[s, 17]), blast, pre, rv.i32(ptrs[s, 38], ptrs[s, 39]),
+               rv.i32(ptrs[s, 40], ptrs[s, 41]), rv.i64(ptrs[s, 20], ptrs[s, 21]),
+               rv.i64(ptrs[s, 22], ptrs[s, 23]), rv.i64(ptrs[s, 24], ptrs[s, 25]))  # (block bounds not read)
         wt = (pre, fp, method, has_w0)
         dl = d - bases[s]
         sc = np.float32(0.0)
@@ -533,7 +563,7 @@ def union_row(ptrs, vis, bases, tloc, T, q_mult, q_idf, q_w0, const, fp, method,
 
 
 @njit(**JIT)
-def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k, B, qi, qf, filt, a_off, allow_flat, r0,
+def search_segments(segs, ptrs, vis, locs, par, fp, method, has_w0, cached, union, k, B, qi, qf, filt, a_off, allow_flat, r0,
                     r1, ws, out_i, out_f, counts):
     """Top-k of the batch rows ``r0:r1`` over every segment of ``segs`` (see the module docstring).
 
@@ -557,6 +587,8 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
         ``fp`` (6 float32 values: 1 - b, b, k1, k1 + 1, delta, float32(avgdl)), ``bp`` (5: k1, b, delta,
         float32(avgdl), bound slack; :func:`gpuir.backends.cpu_maxscore.bound64`), then each row's
         theta (a known lower bound of the k-th score worth keeping; -inf: none)
+    fp : float32 -- ``par``'s first 6 values as float32, or those followed by the tf-part table
+        (:func:`~gpuir.backends.cpu_kernels.tfc_table`): the weights' parameters
     method : int; has_w0 : bool -- the BM25 variant
     cached : bool -- read the weights from each segment's cache (filled for every row's terms)
     union : bool -- answer the rows :func:`union_row` can answer (cached, unfiltered, dense, several
@@ -578,7 +610,6 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
     counts : (B, 4) int64 -- postings read, documents touched (-1: dense; -2: dense, all segments at once),
         survivors, rescored (summed over segments)
     """
-    fp = par[:6].astype(np.float32)
     bp = par[6:11]
     thetas = par[11:]
     q_off = qi[:B + 1]
@@ -640,7 +671,7 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
     sizes = np.zeros(R, np.int64)
     S = len(segs)
     done = np.zeros(R, np.bool_)
-    union = union and cached and S > 1 and ptrs.shape[0] == S
+    union = union and S > 1 and ptrs.shape[0] == S
     bases = np.zeros(S + 1, np.int64)
     if union:
         for s2 in range(S):
@@ -658,9 +689,9 @@ def search_segments(segs, ptrs, vis, locs, par, method, has_w0, cached, union, k
                     tloc[r, s2] = locs[q_slot[a + r], s2]
             for c in range(4):
                 cnt[c] = 0
-            n = union_row(ptrs, vis, bases, tloc, nq, q_mult[a:b], q_idf[a:b], q_w0[a:b], consts[i], fp, method, has_w0,
-                          thetas[i], _slack(nq), order, bnd, suf, mul, acc[:bases[S]], touched, sdoc, part, mark, ph,
-                          pd, gS[j], gQ[j], gV[j], gR[j], cnt)
+            n = union_row(ptrs, vis, bases, tloc, nq, q_mult[a:b], q_idf[a:b], q_w0[a:b], consts[i], fp, bp, method,
+                          has_w0, cached, thetas[i], _slack(nq), order, bnd, suf, mul, acc[:bases[S]], touched, sdoc,
+                          part, mark, ph, pd, gS[j], gQ[j], gV[j], gR[j], cnt)
             if n >= 0:
                 sizes[j] = n
                 done[j] = True

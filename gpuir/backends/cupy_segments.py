@@ -236,6 +236,11 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
 
         return cupy
 
+    def prepare(self, seg: Any, params: Any) -> None:
+        """Upload ``seg`` now (:func:`device_segment`): a segment is copied to the device when it appears
+        (the memory calls this for the segments of its adds and merges), not by the first search to meet it."""
+        device_segment(self._cp(), seg)
+
     def search(self, segset: Any, view_ids: tuple[int, ...], batch: Any, k: int) -> SegmentHits:
         """Each query's top k over the views ``view_ids`` of ``segset`` (the contract's operation).
 

@@ -8,7 +8,7 @@ order (score descending, then sequence number ascending). The per-segment
 Python round trip of the generic path (a scorer call, its argument checks and
 result arrays, per segment) is gone; what remains per search is one call.
 
-**All segments as one.** Once a snapshot's weights are cached, a query without
+**All segments as one.** A query without
 a ``where`` whose lists are long in every segment (the dense regime:
 natural-language questions) over segments of one time partition (see
 :data:`UNION`) is searched over all the segments at once, as over one merged segment
@@ -37,6 +37,16 @@ its own rows only, so its unfilled terms are weighed on the way rather than
 filled for every tenant's postings. Sealed segments themselves are never re-laid
 out: the cache belongs to the snapshot and dies with it.
 
+**A snapshot searched once** (an agent adds a record, then asks) computes the weights of the postings it
+reads instead of reading a cache: with the tf-part table of the snapshot
+(:func:`gpuir.backends.cpu_kernels.tfc_table`, 18 KB, made once per snapshot) and each posting's key in it
+(:func:`gpuir.backends.cpu_kernels.tf_keys`, made once per segment), nearly every weight is one table read
+and one product, with no division and no random read of the document's length. What a segment needs
+(its scorer and block layout, its keys, its sorted term codes; a small segment's row) is made when it
+appears, off the search path (:meth:`NumbaSegmentsEngine.prepare`: the memory calls it in the merge's thread
+or the writer's call), and the layout of a snapshot's large segments is shared by every snapshot holding
+them, so a write that adds one small segment costs the next search no setup.
+
 Both paths return exactly the generic path's results (tested): the same
 kernels, the same float32 arithmetic, the same tie rule.
 """
@@ -49,6 +59,7 @@ import numpy as np
 
 from . import cpu_segments
 from .block_layout import read_only as _ro
+from .cpu_kernels import tf_keys, tfc_table
 from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
 from .numba_backend import default_threads, shared_pool
 from .raw_views import check_dtypes
@@ -111,12 +122,15 @@ class SnapshotLayout:
             bl = sc._blocks
             bix = (bl[0], bl[1], _ro(np.zeros(0, np.float32), np.float32), bl[2], bl[3], bl[4], bl[5], bl[6])
             seqs = _ro(seg.seqs, np.int64)
+            ix = keyed_ix(seg, sc)
             item = (np.int64(j), _ro(seg.g_sorted, np.int64), _ro(seg.g_order, np.int64),
-                    seqs, sc._ix, bix, sc._summ, live, cache, bl[7])
+                    seqs, ix, bix, sc._summ, live, cache, bl[7])
             if segs is None:  # the arrays the union reads by address must have the dtypes it reads them as
-                check_dtypes({"offsets": sc._ix[0], "doc_ids": sc._ix[1], "pre": cache[0], "live": live,
+                check_dtypes({"offsets": ix[0], "doc_ids": ix[1], "pre": cache[0], "live": live,
                               "ub": cache[2], "zero": cache[3], "neg": cache[4], "seqs": seqs, "blk_off": bl[0],
-                              "blk_last": bl[1], "dir_off": bl[4], "dir_shift": bl[5], "blk_dir": bl[6]},
+                              "blk_last": bl[1], "dir_off": bl[4], "dir_shift": bl[5], "blk_dir": bl[6],
+                              "tfs": ix[2], "doc_lens": ix[3], "maxtf": sc._summ[0], "mindl": sc._summ[1],
+                              "mintf": sc._summ[2], "maxdl": sc._summ[3], "blk_maxtf": bl[2], "blk_mindl": bl[3]},
                              cpu_segments.UNION_COLUMNS)
             if segs is None:  # (the list is made and filled in compiled code: see cpu_segments.segment_list)
                 segs = cpu_segments.segment_list(item)
@@ -151,6 +165,17 @@ class SnapshotLayout:
         return np.array(got, np.int64), self.locs
 
 
+def keyed_ix(seg, scorer) -> tuple[np.ndarray, ...]:
+    """The scorer's ``ix`` (offsets, doc_ids, tfs, doc_lens) with each posting's key in the tf-part table in
+    place of its tf (:func:`~gpuir.backends.cpu_kernels.tf_keys`), as every search of a snapshot layout
+    reads it (with the table in its ``fp``): made once per segment, kept in its cache."""
+    got = seg.cache.get(("numba", "tf_keys"))
+    if got is None:
+        ix = scorer._ix
+        got = seg.cache[("numba", "tf_keys")] = (ix[0], ix[1], _ro(tf_keys(ix[1], ix[2], ix[3]), np.int32), ix[3])
+    return got
+
+
 def new_cache(scorer) -> tuple[np.ndarray, ...]:
     """An empty weight cache for one segment (pages are touched only as terms are filled).
 
@@ -177,9 +202,10 @@ class SnapshotWeights:
         self._params: tuple[np.ndarray, np.ndarray, int, bool] | None = None
 
     def params(self, snap: SegmentSet) -> tuple[np.ndarray, np.ndarray, int, bool]:
-        """(head (11,) float64, fp (6,) float32, method, has_w0): the first 11 entries of
-        :func:`~gpuir.backends.cpu_segments.search_segments`'s ``par`` and the weight parameters of a fill,
-        under the snapshot's statistics (made once: they do not change while the snapshot lives)."""
+        """(head (11,) float64, fp float32, method, has_w0): the first 11 entries of
+        :func:`~gpuir.backends.cpu_segments.search_segments`'s ``par`` and its ``fp``, the weight parameters
+        with the tf-part table (:func:`~gpuir.backends.cpu_kernels.tfc_table`), under the snapshot's statistics
+        (made once: they do not change while the snapshot lives)."""
         got = self._params
         if got is None:
             params = snap.params
@@ -188,8 +214,8 @@ class SnapshotWeights:
             head = np.empty(11, np.float64)
             head[:6] = (f(1) - b, b, k1, k1 + f(1), delta, avgdl)
             head[6:11] = (params.k1, params.b, params.delta, float(avgdl), BOUND_SLACK)
-            got = self._params = (head, head[:6].astype(np.float32), int(params.code),
-                                  bool(has_absent_weight(params)))
+            fp = tfc_table(head[:6].astype(np.float32), int(params.code))  # (the layouts' ix hold tf keys)
+            got = self._params = (head, fp, int(params.code), bool(has_absent_weight(params)))
         return got
 
 
@@ -271,12 +297,10 @@ _NO_CACHE = (np.empty(0, np.float32), np.empty(0, np.float32), np.empty(0, np.fl
              np.empty(0, np.bool_), np.zeros(0, np.bool_))
 
 
-def _small_row(view) -> tuple[np.ndarray, tuple]:
-    """A small segment's view as a row of :func:`~gpuir.backends.cpu_segments.search_small`'s table (its
-    arrays by address), with the arrays it points to (kept in the segment's cache with the tombstones it was
-    made for: the arrays live as long as the segment)."""
-    seg = view.seg
-    live = view.live
+def _small_row(seg, live: np.ndarray | None) -> tuple[np.ndarray, tuple]:
+    """A small segment with tombstones ``live`` as a row of :func:`~gpuir.backends.cpu_segments.search_small`'s
+    table (its arrays by address), with the arrays it points to (kept in the segment's cache with the
+    tombstones it was made for: the arrays live as long as the segment)."""
     got = seg.cache.get(("numba", "small"))
     if got is not None and got[0] is live:
         return got[1], got[2]
@@ -312,10 +336,10 @@ def _small_table(views: list) -> tuple[np.ndarray, list]:
     if got is not None:
         return got[0], got[2]
     if prev is not None:
-        row, arrs = _small_row(views[-1])
+        row, arrs = _small_row(views[-1].seg, views[-1].live)
         table, held = np.vstack([prev[0], row]), [*prev[2], arrs]
     else:
-        rows = [_small_row(v) for v in views]
+        rows = [_small_row(v.seg, v.live) for v in views]
         table, held = np.stack([r for r, _ in rows]), [a for _, a in rows]
     with _small_lock:
         _small_tables[key] = (table, list(views), held)
@@ -353,6 +377,15 @@ class NumbaSegmentsEngine(SegmentEngine):
             return SegmentHits.empty(B, k)
         out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=default_threads())
         return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
+
+    def prepare(self, seg, params) -> None:
+        """A large segment's scorer and block layout (:func:`~gpuir.backends.segment_engines.segment_scorer`),
+        made before any search meets the segment; a small one (:data:`SMALL_ROWS`) needs none."""
+        if seg.n_docs > SMALL_ROWS:
+            seg.g_sorted  # (the sorted term codes every search of the segment looks terms up in)
+            keyed_ix(seg, segment_scorer(seg, "numba", params))
+        else:
+            _small_row(seg, None)
 
 
 def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int,
@@ -471,7 +504,7 @@ def _search_large(state: SnapshotWeights, layout: SnapshotLayout, big: tuple[int
                                            np.ascontiguousarray(u), np.ascontiguousarray(ui),
                                            np.ascontiguousarray(uw))
                 layout.filled.update(u.tolist())
-    union = cached and len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
+    union = len(layout.order) > 1 and (UNION == "always" or (UNION == "auto" and layout.one_partition))
     if union and layout.ptrs is None:
         layout.ptrs = cpu_segments.pointer_rows(layout.segs)
     ptrs = layout.ptrs if union else _NO_PTRS
@@ -479,7 +512,7 @@ def _search_large(state: SnapshotWeights, layout: SnapshotLayout, big: tuple[int
     def run(r0: int, r1: int) -> None:
         ws = _take_workspace(layout.total_docs if union else layout.max_docs)
         try:
-            cpu_segments.search_segments(layout.segs, ptrs, layout.vis, locs, par, method, has_w0, cached,
+            cpu_segments.search_segments(layout.segs, ptrs, layout.vis, locs, par, fp, method, has_w0, cached,
                                          union, k, B, qi, qf, filt, a_off, allow_flat, r0, r1, ws, out_i, out_f,
                                          counts)
         finally:

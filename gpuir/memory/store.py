@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis import Analyzer
-from ..backends import resolve_backend, resolve_memory_backend
+from ..backends import engine_for, resolve_backend, resolve_memory_backend
 from ..bm25 import BM25Params
 from ..storage.dirlock import WriterLock, check_path, claim_dir, is_claimed
 from ..wal import WALCorruptError, read_log
@@ -220,6 +220,9 @@ class Memory:
         self._commit_lock = threading.Lock()
         #: (records merged, seconds) of every merge, for benchmarks (background merges do not pause the writer).
         self.merge_log: list[tuple[int, float]] = []
+        #: The engine of the latest compiled or device search (None: none yet, or NumPy): merges prepare
+        #: their segments for it before publishing them (:meth:`gpuir.backends.contract.SegmentEngine.prepare`).
+        self._served_by: str | None = None
         self._merger = Merger(self._run_merge, small_limit=self.merge_min * self.merge_factor ** 2,
                               background=bool(background_merges))
         self._path: Path | None = None
@@ -737,6 +740,7 @@ class Memory:
             seg = self._builder.build(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
                                       self._dicts, part_vecs)
             self._next_uid += 1
+            self._prepare(seg)
             self._dflog.add(seg.l2g, seg.df, unique=True)
             self._n += seg.n_docs
             self._total_len += seg.length
@@ -868,6 +872,7 @@ class Memory:
         except MergeCancelled:
             self._merging.difference_update(task.uids)
             raise
+        self._prepare(seg)
         dt = time.perf_counter() - t0
         if hook is not None:
             hook("merged", task)
@@ -886,6 +891,20 @@ class Memory:
             finally:
                 self._write_lock.release()
         self._merging.difference_update(task.uids)  # abandoned: the inputs stay as they are
+
+    def _prepare(self, seg) -> None:
+        """Lay ``seg`` out for the engine of the latest search (its scorer, a device copy) before it is
+        published -- in the merge's thread for a merged segment, in the writer's call for an added one --
+        so that the first search meeting it pays nothing for it (an agent adds a record, then asks: every
+        add makes a segment, and every few adds a merge). Changes no result; a failure is logged and left
+        to the first search (which would meet and report it)."""
+        name = self._served_by
+        if name is None:
+            return
+        try:
+            engine_for(name).prepare(seg, self.params)
+        except Exception:  # (a search repeats the work and reports what fails)
+            log.debug("preparing merged segment %d for %s failed", seg.uid, name, exc_info=True)
 
     def _commit_merge(self, task: MergeTask, seg) -> None:
         """Replace the task's inputs by ``seg`` and publish (caller holds the write lock).
@@ -1289,6 +1308,8 @@ class Memory:
             arrays = scan_unfiltered(snap, engine, plans, k)
         if arrays is None:
             arrays = self._scan_hits(snap, engine, plans, scan_wheres, k, mode, budget, ties, min_score, order_by)
+        if name != "numpy":
+            self._served_by = name
         if name == "numba":
             warmup.mark_ready()
         elif tiered:  # answered: now load the compiled engine (and lay out this snapshot for it)

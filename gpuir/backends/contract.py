@@ -307,7 +307,7 @@ class SegmentEngine(ABC):
         params : BM25Params
             The BM25 parameters of the sets that will hold it.
         """
-        return None
+        return
 
 
 _registry: dict[str, Callable[[], SegmentEngine]] = {}

@@ -59,8 +59,8 @@ import numpy as np
 
 from . import cpu_segments
 from .block_layout import read_only as _ro
-from .cpu_kernels import tf_keys, tfc_table
 from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
+from .cpu_kernels import tf_keys, tfc_table
 from .numba_backend import default_threads, shared_pool
 from .raw_views import check_dtypes
 from .segment_engines import segment_scorer
@@ -379,10 +379,11 @@ class NumbaSegmentsEngine(SegmentEngine):
         return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
 
     def prepare(self, seg, params) -> None:
-        """A large segment's scorer and block layout (:func:`~gpuir.backends.segment_engines.segment_scorer`),
-        made before any search meets the segment; a small one (:data:`SMALL_ROWS`) needs none."""
+        """What searches read of a new segment, made before any of them meets it: a large segment's scorer
+        and block layout (:func:`~gpuir.backends.segment_engines.segment_scorer`), its postings' tf keys
+        (:func:`keyed_ix`) and its sorted term codes; a small one's (:data:`SMALL_ROWS`) table row."""
         if seg.n_docs > SMALL_ROWS:
-            seg.g_sorted  # (the sorted term codes every search of the segment looks terms up in)
+            _ = seg.g_sorted  # (the sorted term codes every search of the segment looks terms up in)
             keyed_ix(seg, segment_scorer(seg, "numba", params))
         else:
             _small_row(seg, None)

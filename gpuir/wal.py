@@ -485,7 +485,7 @@ class WriteAheadLog:
         self._set_aside: set[Path] = set()
 
     # ------------------------------------------------------------------ start
-    def recover(self, generation: int, salvage: bool = False) -> Recovery:
+    def recover(self, generation: int, salvage: bool = False, append: bool = True) -> Recovery:
         """The operations to replay over the memory saved at ``generation``, oldest first.
 
         Deletes the segments already folded into that save, truncates a torn
@@ -494,6 +494,10 @@ class WriteAheadLog:
         ``needs_checkpoint`` is set and the caller checkpoints (which starts a
         new segment) before any append. Nothing on disk changes before every
         segment was read, so a refusal leaves every file as it was.
+
+        ``append=False`` (an older log being folded into a memory that keeps its own: nothing will be
+        appended) only reads and drops: no segment is opened or started, and a torn tail is left as it is
+        (the caller deletes the segments once a save holds their operations).
 
         Raises
         ------
@@ -560,12 +564,17 @@ class WriteAheadLog:
         self.seq = max([r.last_seq for _, _, r in live + folded if r.last_seq is not None], default=0)
         self.ops = sum(_op_size(op) for op in rec.ops)
         if not live:
-            self._start((segs[-1][0] if segs else 0) + 1, generation)
+            if append:
+                self._start((segs[-1][0] if segs else 0) + 1, generation)
             fsync_dir(self.root)
             return rec
         num, path, r = live[-1]
         self.number = num
-        if r.torn_bytes:
+        if r.torn_bytes and not append:
+            rec.torn.append(Skipped(path, r.good_end, r.good_end + r.torn_bytes,
+                                    "a torn tail (an incomplete last frame, never acknowledged)"))
+            log.warning("ignored %s", rec.torn[-1].describe())
+        elif r.torn_bytes:
             s = Skipped(path, r.good_end, r.good_end + r.torn_bytes,
                         "a torn tail (an incomplete last frame, never acknowledged)")
             rec.torn.append(s)
@@ -574,7 +583,9 @@ class WriteAheadLog:
                 f.truncate(r.good_end)
                 f.flush()
                 io.fsync(f.fileno())
-        if rec.upgraded or self._set_aside:
+        if not append:
+            rec.needs_checkpoint = bool(rec.ops or rec.upgraded or self._set_aside or rec.torn)
+        elif rec.upgraded or self._set_aside:
             rec.needs_checkpoint = True  # never append to a version-1 or salvaged segment
         elif not r.header:  # only a torn header: the segment was never used
             log.warning("%s: deleted (it held only a torn header: never used)", path)
@@ -697,6 +708,19 @@ class WriteAheadLog:
             covered = (self.number, self.bytes)  # written completely before this fsync starts
             io.fsync(self._fd)
             self.synced = max(self.synced, covered)
+
+    def cut_to_synced(self) -> None:
+        """After a failed :meth:`sync`: remove every byte after the last successful sync (frames no writer was
+        told are durable), and sync that. Raises OSError when it cannot (then the file may hold them)."""
+        with self._sync_lock:
+            if self._fd is None or self.synced[0] != self.number:
+                raise OSError(_errno.EIO, "the log's last durable point is not in its open segment")
+            io.ftruncate(self._fd, self.synced[1])
+            io.fsync(self._fd)
+            self.bytes = self.synced[1]
+            self._dirty = False
+            log.warning("%s: cut back to %d bytes (its last durable frame) after a failed fsync",
+                        self.root / segment_name(self.number, self.kind), self.bytes)
 
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Append operations (dicts) and fsync them."""

@@ -187,8 +187,11 @@ def shard_at(tmp_path, **kw) -> ShardServer:
 
 def crash(s: ShardServer) -> None:
     """What a SIGKILL leaves: no checkpoint, the lock released by the OS."""
-    s.wal.close()
-    s.memory.close(discard_unsaved=True)
+    mem = s.memory
+    mem._stop_merges()
+    mem._log.close()
+    mem._log = None
+    mem._release_lock(discard_unsaved=True)
 
 
 def add_payload(recs, wid, start):
@@ -209,7 +212,7 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
     assert s.write(p2) == {"replayed": True}  # resent after a crash: counted once
     assert len(s.memory) == 88
     s.checkpoint()
-    crash(s)  # the log is folded: the last write id comes from the shard's state file
+    crash(s)  # the log is folded: the last write id comes from the memory's manifest
     s = ShardServer(tmp_path / "s0", 0)
     assert s.replayed == 0 and s.last_wid == 3 and s.write(p2) == {"replayed": True}
     one = Memory(method="bm25+")
@@ -224,14 +227,14 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
 def test_shard_refuses_without_logging(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(5), 1, 0))
-    size = s.wal.bytes
+    size = s.memory._log.wal.bytes
     ans = s.write(add_payload(corpus(2), 2, 5))  # ids r00000, r00001 exist
     assert ans["error"][0] == "exists"
     assert s.write(write_payload("delete", 3, ids=["nope"]))["error"][:2] == ("unknown", "delete")
     assert s.write(write_payload("delete", 4, ids=["nope"], missing_ok=True))["n"] == 0
     upd = normalize_records([{"id": "nope", "text": "x"}])
     assert s.write(write_payload("update", 5, batch=upd, seqs=np.array([9])))["error"][0] == "unknown"
-    assert s.wal.bytes == size and len(s.memory) == 5
+    assert s.memory._log.wal.bytes == size and len(s.memory) == 5
     s.close()
 
 
@@ -239,9 +242,10 @@ def test_shard_torn_tail_is_dropped(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(10), 1, 0))
     crash(s)
-    from gpuir.service.wal import segments
+    from gpuir.wal import segments
 
-    with open(segments(tmp_path / "s0")[-1][1], "ab") as f:
+    assert not segments(tmp_path / "s0", "service")  # the shard keeps no log of its own
+    with open(segments(tmp_path / "s0", "memory")[-1][1], "ab") as f:
         f.write(b"gWAL\x05\x00")  # an append cut short: never acknowledged
     s = ShardServer(tmp_path / "s0", 0)
     assert len(s.memory) == 10

@@ -44,7 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from ..storage.files import fsync_dir
 from ..wal import FORMATS, WALCorruptError, WriteAheadLog, encode_payload, read_segment
+from ..wal import segments as wal_segments
 from .records import RecordBatch
 
 log = logging.getLogger("gpuir.memory")
@@ -60,7 +62,8 @@ CHECKPOINT_EVERY = 100_000
 CHECKPOINT_BYTES = 128 << 20
 
 __all__ = ["CHECKPOINT_EVERY", "DURABILITY", "MemoryClosedError", "MemoryLog", "batch_from_log",
-           "batch_to_log", "check_durability", "log_holds_writes", "vectors_from_log", "vectors_to_log"]
+           "batch_to_log", "check_durability", "fold_service_log", "log_holds_writes", "vectors_from_log",
+           "vectors_to_log"]
 
 
 class MemoryClosedError(ValueError):
@@ -214,3 +217,57 @@ class MemoryLog:
             self.wal.close(sync=self.failed is None)
         except OSError as e:
             log.error("closing the memory's log: the final fsync failed (%s)", e)
+
+
+# ---------------------------------------------------------------------- an older gpuir's service log
+def fold_service_log(mem: Any, generation: int, apply: Any, salvage: bool = False) -> int:
+    """Fold the log an older gpuir's service or shard kept beside the memory (``service-wal-*.log``) into
+    ``mem``, once; returns the number of operations applied.
+
+    Before this version the service and each shard of a sharded memory ran their memory without a log
+    of their own and kept their own (:mod:`gpuir.wal`, kind "service"); now the memory's log is the one
+    home of durability. Steps, each crash-safe: read the old log over ``generation`` (the memory's
+    committed generation when it was opened; a torn tail is ignored, damage refused unless ``salvage``);
+    apply its operations with ``apply(ops, salvaged)`` without logging them again; save the memory (the
+    commit is the point where they become the memory's own); then delete the old segments (a salvaged,
+    damaged one is set aside as ``*.log.damaged``, never deleted). A crash before the commit replays
+    the old log again at the next start (nothing was logged twice); after it, the old segments are
+    older than the memory's generation and are deleted then.
+
+    Parameters
+    ----------
+    mem : Memory
+        Opened as the writer of its directory.
+    generation : int
+        The memory's committed generation read before it was opened.
+    apply : callable (ops: list of dict, salvaged: bool) -> Any
+        Applies the old log's operations (the service's or the shard's format) to ``mem``.
+
+    Raises
+    ------
+    WALCorruptError
+        Damage to acknowledged writes in the old log (unless ``salvage``), or a memory whose own log
+        was folded at open, leaving an old log behind it (never happens to a directory one gpuir wrote).
+    """
+    root = Path(mem._path)
+    if not wal_segments(root, "service"):
+        return 0
+    old = WriteAheadLog(root, kind="service")
+    rec = old.recover(generation, salvage=salvage, append=False)
+    if rec.ops and mem._gen != generation:
+        raise WALCorruptError(
+            f"{root}: an older gpuir's log (service-wal-*.log) continues generation {generation}, but opening "
+            f"the memory committed generation {mem._gen} (its own log was folded): the two logs cannot be "
+            "ordered. Nothing of the old log was applied or deleted; restore the directory from a backup")
+    if rec.ops:
+        with mem._unlogged():
+            apply(rec.ops, bool(rec.skipped))
+    if rec.needs_checkpoint:
+        mem.save()  # the old operations are the memory's own from this commit on
+    left = [p for _, p in wal_segments(root, "service")]
+    old.drop(left)
+    fsync_dir(root)
+    if rec.ops or left:
+        log.info("%s: folded an older gpuir's service log (%d operation(s)) into the memory's generation %d and "
+                 "deleted it: the memory's own log keeps every write from now on", root, len(rec.ops), mem._gen)
+    return len(rec.ops)

@@ -237,6 +237,10 @@ class Memory:
         self._closed = False
         self._replaying = False  # applying the log's operations (open): nothing is logged again
         self._replay_at: int | None = None  # the logged time of the delete being replayed
+        self._replayed = 0  # operations the directory's log replayed at open
+        self._write_tag: Any = None  # a caller's tag (JSON) logged with each write while set (a shard's write id)
+        self._last_tag: Any = None  # the tag of the last write (saved in the manifest, replayed from the log)
+        self._tag_before: Any = None  # (restored when a tagged write is taken back)
         self._save_lock = threading.Lock()  # one save (checkpoint) at a time
         self._attempt_gen = 0  # the highest generation a save tried to commit (each attempt a new number)
         self._ckpt_thread: threading.Thread | None = None
@@ -322,16 +326,47 @@ class Memory:
         """What a write has done when it returns (see :mod:`gpuir.memory.durable`)."""
         return self._durability
 
+    def _note_tag(self) -> None:
+        """A write is being made (writer's lock held): it carries the caller's tag, if one is set."""
+        if self._write_tag is not None and not self._replaying:
+            self._tag_before, self._last_tag = self._last_tag, self._write_tag
+
     def _log_write(self, op: dict[str, Any], n: int):
         """Log ``op`` (writer's lock held) before it is applied; None when nothing is logged."""
         if self._log is None or self._replaying:
             return None
+        if self._write_tag is not None:
+            op["tag"] = self._write_tag
         return self._log.write(op, n)
 
     def _unlog(self, token, n: int) -> None:
         """Take back a logged operation that could not be applied (writer's lock held)."""
+        if self._write_tag is not None and not self._replaying:
+            self._last_tag = self._tag_before
         if token is not None:
             self._log.rollback(token[0], n)
+
+    @contextlib.contextmanager
+    def _tagged(self, tag: Any):
+        """Log ``tag`` (a JSON value) with every write made inside (one writer: a shard's write id). The
+        tag of the last write is kept across saves (in the manifest) and replays (:attr:`_last_tag`), so a
+        caller can tell after a crash which of its writes the memory holds."""
+        self._write_tag = tag
+        try:
+            yield
+        finally:
+            self._write_tag = None
+
+    @contextlib.contextmanager
+    def _unlogged(self):
+        """Apply writes without logging them (an older log being folded in: a save must follow, and it is
+        the save that makes them durable)."""
+        self._replaying = True
+        try:
+            with scope.inside_scope():
+                yield
+        finally:
+            self._replaying = False
 
     def _durable(self, token) -> None:
         """After the writer's lock is released: wait for the log's fsync (group commit), then checkpoint in the
@@ -372,6 +407,8 @@ class Memory:
 
     def _replay_one(self, op: dict[str, Any]) -> None:
         kind = op.get("op")
+        if "tag" in op:
+            self._last_tag = op["tag"]
         if kind == "add":
             self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")), seqs=op["seqs"])
         elif kind == "put":
@@ -441,6 +478,7 @@ class Memory:
             n = len(batch)
             given = check_seqs(seqs, n, self._next_seq)
             token = None
+            self._note_tag()
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
@@ -537,6 +575,7 @@ class Memory:
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
             n = len(new)
             at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
+            self._note_tag()
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
@@ -696,6 +735,7 @@ class Memory:
             if not ids:
                 return 0
             at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
+            self._note_tag()
             token = self._log_write({"op": "delete", "ids": ids, "keep_history": bool(keep_history), "at": at},
                                     len(ids))
             try:
@@ -1606,7 +1646,8 @@ class Memory:
                 self._attempt_gen = gen
                 job = PendingSave(self, root, self._snap, gen, self._history.freeze(), cur_name, self._unsaved, {
                     "config": self.config(), "next_seq": self._next_seq, "next_uid": self._next_uid,
-                    "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()}})
+                    "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()},
+                    "log_tag": self._last_tag})
                 if self._durability != "none":
                     if self._log is None:
                         self._log = MemoryLog(root, self._durability)
@@ -1661,6 +1702,8 @@ class Memory:
                     "history": history.save(root, gen), "expiring": state["expiring"]}
         if state["embeddings"]:  # (absent: a memory without vectors, as before)
             manifest["embeddings"] = state["embeddings"]
+        if state.get("log_tag") is not None:  # (absent: no writer tags its writes)
+            manifest["log_tag"] = state["log_tag"]
         name = persist.commit(root, manifest)
         self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
         self._saved_views = saved_views
@@ -1872,6 +1915,7 @@ class Memory:
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])
+        mem._last_tag = manifest.get("log_tag")
         mem._dflog.reset(len(mem._terms))
         mem._publish()
         mem._order.build_in_background(mem._write_lock)  # keys of the loaded vocabulary, off the open's path
@@ -1895,6 +1939,7 @@ class Memory:
                      time.perf_counter() - t0)
         self._attempt_gen = self._gen
         self._log = mlog
+        self._replayed = len(rec.ops)
         self._unsaved = n
         mlog.wal.ops = n
         if rec.needs_checkpoint or (self._durability == "none" and (rec.ops or rec.torn)):

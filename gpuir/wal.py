@@ -22,7 +22,15 @@ Every frame (format version 2) is::
     4 bytes  frame checksum: CRC-32 of the 16 bytes above and the payload
     4 bytes  header checksum: CRC-32 of the 20 bytes above
     L bytes  payload: UTF-8 JSON, {"op": "add", "records": [...]}, {"op": "delete", "ids": [...]} or
-             {"op": "put", "records": [...]} (whole new versions of existing records: an update)
+             {"op": "put", "records": [...]} (whole new versions of existing records: an update);
+             or a binary payload (:func:`encode_binary`; a memory's adds and updates)
+
+A binary payload is ``b"\\x00gB1"`` (never the ``{`` a JSON payload starts with), the
+length H of a small JSON header (little-endian uint32), the header (its
+``"_blobs"`` lists the byte length of each raw section), the raw sections in
+order (a memory's columns as NumPy bytes and UTF-8 text), and the byte ``}``:
+like a JSON payload it never ends in a zero byte, so the torn-tail rule below
+holds for both.
 
 The header checksum makes the length trustworthy before it is used: a flipped
 bit in a length is damage to that frame's header, never a frame that seems to
@@ -53,7 +61,7 @@ Protocol (:class:`WriteAheadLog` with :class:`gpuir.service.store.ServiceStore`)
 segment: the file ends inside its header, or its (checksummed) header declares
 more bytes than the file holds, or it is zeros to the end of the file (the
 file's size grew before its data reached the disk), or a complete frame whose
-payload ends in a zero byte (a JSON payload always ends in ``}``). Such a frame
+payload ends in a zero byte (a payload always ends in ``}``). Such a frame
 was never acknowledged (acknowledgement follows the fsync); it is dropped, the
 file truncated to the last good frame, and a warning names the file and the
 byte range. Anything else -- a damaged header (a flipped length bit), a
@@ -151,6 +159,62 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
     return data
 
 
+#: First bytes of a binary payload (a JSON payload starts with "{").
+BINARY = b"\x00gB1"
+_BHEAD = struct.Struct("<4sI")  # magic, header length
+
+
+def encode_binary(meta: dict[str, Any], blobs: list[Any]) -> bytes:
+    """A binary payload: ``meta`` (JSON values) and raw byte sections ``blobs`` (bytes-like), in order.
+
+    Raises
+    ------
+    ValueError
+        ``meta`` is not strict JSON, or the payload is over :data:`MAX_FRAME`.
+    """
+    views = [memoryview(b).cast("B") for b in blobs]
+    head = json.dumps({**meta, "_blobs": [v.nbytes for v in views]}, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+    data = b"".join([_BHEAD.pack(BINARY, len(head)), head, *views, b"}"])
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"a log record of {len(data)} bytes is over the limit of {MAX_FRAME}")
+    return data
+
+
+def decode_binary(body: bytes) -> dict[str, Any]:
+    """The header of a binary payload, its raw sections (bytes) under ``"_blobs"``.
+
+    Raises
+    ------
+    ValueError
+        Not a well-formed binary payload.
+    """
+    magic, hl = _BHEAD.unpack_from(body, 0)
+    if magic != BINARY:
+        raise ValueError("not a binary payload")
+    meta = json.loads(body[_BHEAD.size:_BHEAD.size + hl].decode("utf-8"))
+    sizes = meta.pop("_blobs", None) if isinstance(meta, dict) else None
+    if not isinstance(sizes, list):
+        raise ValueError("a binary payload without its sections")  # noqa: TRY004 - damage, read as ValueError
+    pos, blobs = _BHEAD.size + hl, []
+    for n in sizes:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError("a bad section length")
+        blobs.append(body[pos:pos + n])
+        pos += n
+    if pos + 1 != len(body) or body[-1:] != b"}":
+        raise ValueError("a binary payload whose sections do not fill it")
+    meta["_blobs"] = blobs
+    return meta
+
+
+def _payload(body: bytes) -> Any:
+    """A frame's payload read: JSON, or a binary payload (:func:`decode_binary`)."""
+    if body[:4] == BINARY:
+        return decode_binary(body)
+    return json.loads(body.decode("utf-8"))
+
+
 def frame_bytes(seq: int, data: bytes) -> bytes:
     """One framed payload (format version 2: see the module docstring)."""
     head = _HEAD.pack(MAGIC, seq, len(data), 0)[:16]
@@ -236,8 +300,8 @@ def _parse_v2(data: bytes, pos: int, size: int) -> tuple[str, int, int, Any] | N
     if zlib.crc32(body, zlib.crc32(data[pos:pos + 16])) != fcrc:
         return ("zero-filled" if n and body[-1] == 0 else "bad-checksum"), seq, end, None
     try:
-        obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        obj = _payload(body)
+    except (UnicodeDecodeError, ValueError, RecursionError, struct.error, TypeError):
         return "not-json", seq, end, None
     return "ok", seq, end, obj
 
@@ -249,7 +313,7 @@ _WHAT = {
     "incomplete": "a frame running past the end of the file",
     "bad-checksum": "a complete frame whose checksum fails",
     "zero-filled": "a complete frame whose checksum fails",
-    "not-json": "a frame whose payload is not JSON",
+    "not-json": "a frame whose payload cannot be read (neither JSON nor a well-formed binary payload)",
 }
 
 
@@ -711,16 +775,23 @@ class WriteAheadLog:
 
     def cut_to_synced(self) -> None:
         """After a failed :meth:`sync`: remove every byte after the last successful sync (frames no writer was
-        told are durable), and sync that. Raises OSError when it cannot (then the file may hold them)."""
+        told are durable). The cut is synced when the disk allows; if not, the next successful sync of the
+        file (before any later frame is acknowledged) makes it durable. Raises OSError when the file cannot
+        be cut."""
         with self._sync_lock:
             if self._fd is None or self.synced[0] != self.number:
                 raise OSError(_errno.EIO, "the log's last durable point is not in its open segment")
             io.ftruncate(self._fd, self.synced[1])
-            io.fsync(self._fd)
             self.bytes = self.synced[1]
             self._dirty = False
-            log.warning("%s: cut back to %d bytes (its last durable frame) after a failed fsync",
-                        self.root / segment_name(self.number, self.kind), self.bytes)
+            path = self.root / segment_name(self.number, self.kind)
+            try:
+                io.fsync(self._fd)
+            except OSError as e:
+                log.warning("%s: cut back to %d bytes after a failed fsync; syncing the cut failed too (%s): the "
+                            "next successful sync makes it durable", path, self.bytes, e)
+                return
+            log.warning("%s: cut back to %d bytes (its last durable frame) after a failed fsync", path, self.bytes)
 
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Append operations (dicts) and fsync them."""
@@ -793,7 +864,9 @@ class WriteAheadLog:
 
 
 def _op_size(op: dict[str, Any]) -> int:
-    return len(op.get("records") or op.get("ids") or ())
+    if isinstance(op.get("n"), int):  # (a binary payload names its count)
+        return op["n"]
+    return len(op.get("records") or op.get("ids") or op.get("seqs") or ())
 
 
 def read_log(root: Path, generation: int, kind: str = "memory") -> list[dict[str, Any]]:

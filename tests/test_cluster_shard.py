@@ -375,3 +375,53 @@ def test_without_ray_the_extra_is_named_and_the_ray_tests_skip(tmp_path):
                 "'tests/test_cluster_ray.py']))")
     assert r.returncode in (0, 5), r.stdout[-2000:]  # 5: the module skipped whole, so no test was collected
     assert "1 skipped" in r.stdout and "the ray extra is not installed" in r.stdout, r.stdout[-2000:]
+
+
+def _old_shard(d, payloads, last_wid):
+    """A shard directory as an older gpuir left it: its memory saved without a log of its own, the shard's
+    own log (``service-wal-*.log``, the frames :func:`write_payload` makes) and ``cluster-shard.json``."""
+    from gpuir.wal import WriteAheadLog
+
+    m = Memory(method="bm25+", durability="none")
+    m.save(d)
+    m.close()
+    w = WriteAheadLog(d, kind="service")
+    w.recover(1)
+    w.append_payloads(payloads)
+    w.close()
+    (d / "cluster-shard.json").write_text(json.dumps({"last_wid": last_wid}))
+
+
+def test_an_older_shard_log_is_replayed_once_then_retired(tmp_path, monkeypatch):
+    from gpuir.memory.store import PendingSave
+    from gpuir.wal import segments
+
+    recs = corpus(30)
+    d = tmp_path / "s0"
+    p2, p3 = add_payload(recs[:20], 2, 0), add_payload(recs[20:], 3, 20)
+    _old_shard(d, [p2, p3, write_payload("delete", 4, ids=["r00001"])], last_wid=1)
+    real = PendingSave.finish
+
+    def boom(self, *a, **k):  # the fold's save fails (as a crash before its commit)
+        self.mem._save_lock.release()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PendingSave, "finish", boom)
+    with pytest.raises(OSError):
+        ShardServer(d, 0)
+    assert len(segments(d, "service")) == 1  # nothing of the old log was lost or deleted
+    monkeypatch.setattr(PendingSave, "finish", real)
+    s = ShardServer(d, 0)
+    assert s.replayed == 3 and s.last_wid == 4 and len(s.memory) == 29
+    assert not segments(d, "service") and segments(d, "memory")  # retired: the memory's log is the one log
+    assert s.write(p3) == {"replayed": True}  # a resent write of the old log is known
+    assert s.write(add_payload(corpus(31)[30:], 5, 30))["n"] == 1
+    crash(s)
+    s = ShardServer(d, 0)  # replays its memory's log only: the old log is applied once
+    assert s.last_wid == 5 and len(s.memory) == 30 and s.replayed == 1
+    one = Memory(method="bm25+")
+    one.add(corpus(31))
+    one.delete(["r00001"])
+    got, want = s.memory.search(QUERIES, k=10, backend="numpy"), one.search(QUERIES, k=10, backend="numpy")
+    assert np.array_equal(got.seqs, want.seqs) and np.array_equal(got.scores, want.scores)
+    s.close()

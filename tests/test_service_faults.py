@@ -534,6 +534,47 @@ def test_a_version_1_log_is_upgraded_and_folded(tmp_path):
     s2.close()
 
 
+def test_an_older_service_log_is_replayed_once_then_retired(tmp_path, monkeypatch):
+    """A directory an older gpuir's service wrote: the memory saved without a log, the service's own log
+    (format 2, a torn tail after its last acknowledged frame). The first start applies it, saves, deletes it;
+    a crash before that save applies it again (nothing was logged twice); an acknowledged write is never lost."""
+    from gpuir.memory.store import PendingSave
+
+    root = tmp_path / "mem"
+    ServiceStore(root, durability="none").close()  # generation 1, no log at all (as the service kept its memory)
+    assert _wal_files(root) == []
+    w = WriteAheadLog(root)
+    w.recover(1)
+    w.append(_ops(3) + [{"op": "delete", "ids": ["t/r1"]}] + [{"op": "put", "records": [
+        {"id": "t/r2", "text": "changed words", "tenant": "t", "time": 86_400_000}]}])
+    w.close()
+    (old,) = _old_files(root)
+    with open(old, "ab") as f:
+        f.write(b"gWAL\x07\x00\x00")  # an append cut short: never acknowledged
+    data = old.read_bytes()
+    real = PendingSave.finish
+
+    def boom(self, *a, **k):
+        self.mem._save_lock.release()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PendingSave, "finish", boom)
+    with pytest.raises(OSError):
+        ServiceStore(root)
+    assert old.read_bytes() == data  # untouched until a save holds its operations
+    monkeypatch.setattr(PendingSave, "finish", real)
+    s = ServiceStore(root)
+    assert s.replayed == 5 and sorted(s.memory._ids) == ["t/r0", "t/r2"]
+    assert s.get("t", "r2")["text"] == "changed words"
+    assert _old_files(root) == [] and len(_wal_files(root)) == 1
+    s.add("t", [{"id": "r9", "text": "after the upgrade"}]).result(30)
+    s.close(checkpoint=False)  # a crash: the new write is in the memory's log only
+    s2 = ServiceStore(root)
+    assert sorted(s2.memory._ids) == ["t/r0", "t/r2", "t/r9"] and s2.replayed == 1
+    assert s2.search(["changed"], k=5, wheres=[{"tenant": "t"}])[0][0]["id"] == "r2"
+    s2.close()
+
+
 def test_a_torn_version_1_log_is_refused_and_salvaged(tmp_path):
     root = tmp_path / "mem"
     ServiceStore(root).close()

@@ -73,12 +73,10 @@ from .docfreq import DfLog
 from .durable import (
     MemoryClosedError,
     MemoryLog,
-    batch_from_log,
-    batch_to_log,
     check_durability,
     log_holds_writes,
-    vectors_from_log,
-    vectors_to_log,
+    op_parts,
+    op_records,
 )
 from .embeddings import Embedding, VectorError, parse_embeddings
 from .errors import UnknownIdError
@@ -410,12 +408,13 @@ class Memory:
         if "tag" in op:
             self._last_tag = op["tag"]
         if kind == "add":
-            self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")), seqs=op["seqs"])
+            batch, seqs, vecs = op_parts(op)
+            self.add(batch, vectors=vecs, seqs=seqs)
         elif kind == "put":
             self._replay_at = op.get("at")
             try:
-                self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
-                            vectors=vectors_from_log(op.get("vectors")))
+                batch, seqs, vecs = op_parts(op)
+                self._write(batch, True, "ms", "upsert", seqs, vectors=vecs)
             finally:
                 self._replay_at = None
         elif kind == "delete":
@@ -482,8 +481,7 @@ class Memory:
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-                token = self._log_write({"op": "add", "cols": batch_to_log(batch), "seqs": given.tolist(),
-                                         "vectors": vectors_to_log(vecs)}, n)
+                token = self._log_write({"op": "add", "batch": batch, "seqs": given, "vectors": vecs}, n)
             try:
                 added, parts = self._append(batch, given, vecs)
                 self._publish(added=added)
@@ -579,8 +577,7 @@ class Memory:
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-                token = self._log_write({"op": "put", "cols": batch_to_log(batch), "seqs": given.tolist(),
-                                         "vectors": vectors_to_log(vecs), "at": at}, n)
+                token = self._log_write({"op": "put", "batch": batch, "seqs": given, "vectors": vecs, "at": at}, n)
             try:
                 touched = self._remove(rseqs) if replaced else set()
                 added, parts = self._append(batch, given, vecs)
@@ -1933,7 +1930,7 @@ class Memory:
         except BaseException:
             mlog.wal.close()
             raise
-        n = sum(len(op.get("ids") or op.get("seqs") or ()) for op in rec.ops)
+        n = sum(op_records(op) for op in rec.ops)
         if rec.ops:
             log.info("%s: replayed %d logged operation(s) (%d records) in %.3f s", root, len(rec.ops), n,
                      time.perf_counter() - t0)

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where the memories are written (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--note", default="", help="a label kept in the output (e.g. 'under load: ...')")
     args = ap.parse_args(argv)
     if min(args.singles, args.records, args.batch, args.rounds) < 1:
         ap.error("--singles, --records, --batch and --rounds must be positive")
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     singles = recs[args.records:]
     batches = [recs[i:i + args.batch] for i in range(0, args.records, args.batch)]
     base = Path(tempfile.mkdtemp(dir=args.dir, prefix="gpuir-durability-"))
+    load_before = os.getloadavg()
     rounds: dict[str, list[dict]] = {lv: [] for lv in LEVELS}
     try:
         for lv in LEVELS:  # an untimed round first: imports, numba's compiled functions, the page cache
@@ -126,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"bench": "durability", "levels": med, "rounds": rounds,
            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "machine": {"cpu_model": cpu_model(), "logical_cores": os.cpu_count(), "filesystem": _fs(base.parent),
-                       "python": platform.python_version(), "numpy": np.__version__},
+                       "python": platform.python_version(), "numpy": np.__version__,
+                       "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+           "note": args.note,
            "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     text = json.dumps(out, indent=2)
     if args.out:

@@ -307,6 +307,7 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path, options):
         th.join()
     n_acked = sum(map(len, acked.values()))
     assert n_acked >= 150
+    from gpuir.memory.durable import op_records
     from gpuir.wal import FORMATS, read_segment, segments
 
     assert not segments(root, "service")  # no second log
@@ -314,7 +315,7 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path, options):
         assert Memory.open(root, writer=False).info()["generation"] == 1
         logged = [op for _, p in segments(root, "memory")
                   for op in read_segment(p, True, fmt=FORMATS["memory"]).ops]
-        assert sum(len(op["seqs"]) for op in logged if op["op"] == "add") >= n_acked
+        assert sum(op_records(op) for op in logged if op["op"] == "add") >= n_acked
     srv2 = ServerProcess(root, log=srv.log).start()
     try:
         health = MemoryClient(srv2.url, KeyStore(root).add_operator()).health()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..memory import Memory, persist
+from ..memory.durable import op_records
 from ..wal import FORMATS, WALCorruptError, read_segment, segments
 from . import layout
 
@@ -35,7 +36,7 @@ def _pending(root: Path, generation: int) -> tuple[int, int]:
                 continue
             for op in r.ops:
                 ops += 1
-                recs += len(op.get("ids") or op.get("seqs") or (op.get("batch") or {}).get("ids") or ())
+                recs += op_records(op) if kind == "memory" else len(op.get("ids") or op["batch"]["ids"])
     return ops, recs
 
 

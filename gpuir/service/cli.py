@@ -8,7 +8,8 @@
                            [--keep-alive-seconds 75] [--header-timeout-seconds 10] [--body-timeout-seconds 30]
                            [--max-connections 2048] [--max-query-terms 8192] [--max-hits 20000]
                            [--max-response-bytes 8388608] [--rate-limit 100] [--rate-burst 200]
-                           [--backend auto] [--access-log] [--salvage] [--ray-address ADDRESS]
+                           [--backend auto] [--access-log] [--salvage] [--durability fsync|flush|none]
+                           [--ray-address ADDRESS]
     gpuir serve-keys MEMORY_DIR add TENANT        prints a new key (shown once; stored hashed)
     gpuir serve-keys MEMORY_DIR add --operator    prints a new operator key (/metrics, /healthz counts)
     gpuir serve-keys MEMORY_DIR revoke TENANT|KEY_ID

@@ -588,9 +588,10 @@ class ServiceStore:
 
     @property
     def pending_records(self) -> int:
-        """Records logged since the last checkpoint (the memory's log; what a crash would replay)."""
+        """Records logged since the last checkpoint (the memory's log: what a crash would replay); at
+        durability "none", records written since the last save (what a crash would lose)."""
         mlog = getattr(self.memory, "_log", None)
-        return 0 if mlog is None else int(mlog.ops)
+        return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
     def _apply_adds(self, batches: list[RecordBatch]) -> None:
         """One ``Memory.add`` for the group's consecutive adds (already validated: their columns are joined)."""
@@ -602,6 +603,9 @@ class ServiceStore:
             return
         if self._ckpt is not None and self._ckpt.is_alive():
             return  # one checkpoint at a time; the writer never waits for one
+        own = getattr(self.memory, "_ckpt_thread", None)
+        if own is not None and own.is_alive():
+            return  # the memory is checkpointing itself (its log grew past CHECKPOINT_EVERY): that one folds it
         self.last_checkpoint = time.monotonic()
         try:
             self.checkpoint(background=True)

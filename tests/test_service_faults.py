@@ -488,6 +488,46 @@ def test_a_bad_record_never_joins_a_group_commit(tmp_path):
     s2.close()
 
 
+def test_a_failed_append_in_a_group_fails_only_it_and_what_follows(tmp_path):
+    """In-process: a group of add, delete, add is three memory writes; the third one's log append fails (a
+    full disk): the first two are durable and acknowledged, the third answers 507 and is not stored."""
+    import errno
+
+    from gpuir.service.store import WriteFailedError
+
+    s = ServiceStore(tmp_path / "mem", checkpoint_seconds=3600)
+    hold, entered = threading.Event(), threading.Event()
+    real = s.memory._log.write
+    calls = []
+
+    def write(op, n):
+        calls.append(op["op"])
+        if len(calls) == 1:
+            entered.set()
+            assert hold.wait(60)
+        if len(calls) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(op, n)
+
+    s.memory._log.write = write
+    warm = s.add("t", [{"id": "warm", "text": "x"}])
+    assert entered.wait(60)
+    x = s.add("t", [{"id": "x", "text": "first"}])
+    d = s.delete("t", ["warm"])
+    y = s.add("t", [{"id": "y", "text": "third"}])
+    hold.set()
+    assert warm.result(60) == 1 and x.result(60) == 1 and d.result(60) == 1
+    with pytest.raises(WriteFailedError) as ei:
+        y.result(60)
+    assert ei.value.no_space
+    assert calls == ["add", "add", "delete", "add"]
+    assert s.get("t", "y") is None and s.get("t", "x") is not None
+    s.close(checkpoint=False)  # a crash: the memory's log only
+    s2 = ServiceStore(tmp_path / "mem")
+    assert sorted(s2.memory._ids) == ["t/x"]
+    s2.close()
+
+
 # ---------------------------------------------------------------------- log format: sequence numbers, salvage, version 1
 def test_a_repeated_frame_is_refused_although_every_checksum_holds(tmp_path):
     path = _wal(tmp_path, 4)

@@ -22,8 +22,8 @@ and gives the same records, numbers and scores; expired records are purged again
 
 **Frames.** An add or a put is one binary payload (:func:`encode_op`, :func:`gpuir.wal.encode_binary`):
 the sequence numbers, times, importances and vectors as NumPy bytes, each text column (ids, texts,
-every string field) as one UTF-8 string with the length of each value, and only the metadata as
-JSON -- encoding 1,000 records costs a join and a copy instead of a JSON text of every value. A
+every string field) as one UTF-8 string, its values joined by NUL (or, where a value holds a NUL or
+is None, with the length of each value), and only the metadata as JSON -- encoding 1,000 records costs a join and a copy instead of a JSON text of every value. A
 delete is JSON. The frame checksums, torn-tail and damage rules are :mod:`gpuir.wal`'s, unchanged;
 frames written as JSON by earlier versions (``"cols"``) replay as before.
 
@@ -139,34 +139,44 @@ def vectors_from_log(obj: dict[str, Any] | None) -> dict[str, np.ndarray] | None
 _BATCH_FIELDS = ("ids", "texts", "strings", "time", "importance", "metadata", "labels")
 
 
-def _text_column(vals: list[Any]) -> tuple[bytes, bytes]:
-    """A column of str (or None) as (lengths int32, -1 for None; the values joined, UTF-8).
+_SEP = "\x00"
 
+
+def _text_column(vals: list[Any]) -> tuple[str, list[bytes]]:
+    """A column of str (or None) as raw sections: (kind, sections).
+
+    Kind "s": the values joined by NUL, UTF-8 (no value holds a NUL, none is None: the usual case, one
+    C-speed join and split). Kind "l": the lengths (int32, -1 for None) and the values joined, UTF-8.
     Raises TypeError (a value that is not a str) or UnicodeEncodeError (a lone surrogate)."""
-    if None in vals:
-        lens = [-1 if v is None else len(v) for v in vals]
-        joined = "".join(v for v in vals if v is not None)
-    else:
-        lens = list(map(len, vals))
-        joined = "".join(vals)
-    return np.asarray(lens, dtype="<i4").tobytes(), joined.encode("utf-8")
+    if None not in vals:
+        joined = _SEP.join(vals)
+        if joined.count(_SEP) == len(vals) - 1 or not vals:
+            return "s", [joined.encode("utf-8")]
+    lens = np.fromiter((-1 if v is None else len(v) for v in vals), dtype="<i4", count=len(vals))
+    return "l", [lens.tobytes(), "".join(v for v in vals if v is not None).encode("utf-8")]
 
 
-def _text_values(lens_b: bytes, blob: bytes, n: int) -> list[Any]:
+def _text_values(kind: str, sections: list[bytes], n: int) -> list[Any]:
     """The column :func:`_text_column` wrote (ValueError when it does not hold ``n`` values)."""
-    lens = np.frombuffer(lens_b, dtype="<i4")
-    text = blob.decode("utf-8")
+    if kind == "s":
+        out = sections[0].decode("utf-8").split(_SEP) if n else []
+        if len(out) != n:
+            raise ValueError(f"a text column of {len(out)} values, expected {n}")
+        return out
+    if kind != "l":
+        raise ValueError(f"an unknown text column kind {kind!r}")
+    lens = np.frombuffer(sections[0], dtype="<i4")
+    text = sections[1].decode("utf-8")
     if lens.size != n:
         raise ValueError(f"a text column of {lens.size} values, expected {n}")
     ends = np.cumsum(np.maximum(lens, 0), dtype=np.int64)
     if (ends[-1] if n else 0) != len(text):
         raise ValueError("a text column whose lengths do not match its text")
     starts = (ends - np.maximum(lens, 0)).tolist()
-    out: list[Any] = [text[a:b] for a, b in zip(starts, ends.tolist())]
-    if (lens < 0).any():
-        for i in np.flatnonzero(lens < 0).tolist():
-            out[i] = None
-    return out
+    vals: list[Any] = [text[a:b] for a, b in zip(starts, ends.tolist())]
+    for i in np.flatnonzero(lens < 0).tolist():
+        vals[i] = None
+    return vals
 
 
 def _encode_binary_op(op: dict[str, Any]) -> bytes:
@@ -179,16 +189,19 @@ def _encode_binary_op(op: dict[str, Any]) -> bytes:
     imp = np.ascontiguousarray(batch.importance)
     if seqs.shape != (n,) or tm.shape != (n,) or imp.shape != (n,) or len(batch.texts) != n:
         raise ValueError("columns of different lengths")
-    blobs: list[Any] = [seqs, tm, imp, *_text_column(batch.ids), *_text_column(batch.texts)]
+    blobs: list[Any] = [seqs, tm, imp]
     fields = list(batch.strings)
-    for f in fields:
-        blobs.extend(_text_column(batch.strings[f]))
+    kinds = []
+    for col in (batch.ids, batch.texts, *(batch.strings[f] for f in fields)):
+        kind, sections = _text_column(col)
+        kinds.append(kind)
+        blobs.extend(sections)
     vecs = []
     for name, a in (op.get("vectors") or {}).items():
         a = np.ascontiguousarray(a)
         vecs.append([name, a.dtype.str, list(a.shape)])
         blobs.append(a)
-    meta = {"op": op["op"], "n": n, "dtypes": [tm.dtype.str, imp.dtype.str], "strings": fields,
+    meta = {"op": op["op"], "n": n, "dtypes": [tm.dtype.str, imp.dtype.str], "strings": fields, "text": kinds,
             "metadata": batch.metadata, "vectors": vecs}
     for k in ("at", "tag"):
         if k in op:
@@ -239,10 +252,15 @@ def op_parts(op: dict[str, Any]) -> tuple[RecordBatch, np.ndarray, dict[str, np.
     imp = np.frombuffer(b[2], dtype=idt).copy()
     if seqs.size != n or tm.size != n or imp.size != n:
         raise ValueError(f"a logged {op['op']} of {n} records with columns of other lengths")
-    ids = _text_values(b[3], b[4], n)
-    texts = _text_values(b[5], b[6], n)
-    strings = {f: _text_values(b[7 + 2 * i], b[8 + 2 * i], n) for i, f in enumerate(op["strings"])}
-    at = 7 + 2 * len(op["strings"])
+    cols, at = [], 3
+    for kind in op["text"]:
+        k = 1 if kind == "s" else 2
+        cols.append(_text_values(kind, b[at:at + k], n))
+        at += k
+    if len(cols) != 2 + len(op["strings"]):
+        raise ValueError(f"a logged {op['op']} whose text columns do not match its fields")
+    ids, texts = cols[0], cols[1]
+    strings = dict(zip(op["strings"], cols[2:]))
     vecs = {}
     for j, (name, dt, shape) in enumerate(op["vectors"]):
         vecs[name] = np.frombuffer(b[at + j], dtype=np.dtype(dt)).reshape(shape).copy()

@@ -491,9 +491,9 @@ class ServiceStore:
                 for op in (o for r in runs[i:] for o in r):
                     if not op.future.done():
                         op.future.set_exception(err)
-                for op, _ in ok:  # (nothing to write: no log frame, answered at once)
-                    if not op.future.done() and not any(op is o for r in runs for o in r):
-                        op.future.set_result(0)
+                for op, n in ok:  # the earlier runs are durable; an operation with nothing to write has no frame
+                    if not op.future.done():
+                        op.future.set_result(n)
                 return
             if self.on_group is not None:
                 self.on_group(len(run), time.perf_counter() - t0)
@@ -504,9 +504,8 @@ class ServiceStore:
         """Apply consecutive operations of one kind to the memory (logged by it), then to the tenants'
         search memories; returns the error to give their callers (None: durable and applied)."""
         mem = self.memory
-        ids_of = {op.kind for op in run}
         try:
-            if "add" in ids_of:
+            if run[0].kind == "add":
                 self._apply_adds([op.batch for op in run])
             else:
                 mem.delete([rid for op in run for rid in op.ids], missing_ok=True)

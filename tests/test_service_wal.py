@@ -244,7 +244,7 @@ def test_group_commit_keeps_the_order_of_deletes_and_adds(tmp_path):
     assert m.get(["t/a"])[0]["text"] == "new version" and len(m) == 4
 
 
-def test_replay_keeps_deletes_in_place(tmp_path):
+def test_replay_joins_consecutive_adds_and_keeps_deletes_in_place(tmp_path, monkeypatch):
     root = tmp_path / "mem"
     s = ServiceStore(root, checkpoint_every=10_000, checkpoint_seconds=3600)
     for i in range(30):
@@ -254,8 +254,17 @@ def test_replay_keeps_deletes_in_place(tmp_path):
     for i in range(30, 40):
         s.add("t", [{"id": f"r{i}", "text": f"word{i}"}]).result(60)
     s.close(checkpoint=False)  # as after a crash: everything is in the memory's log only
+    calls = []
+    real = Memory.add
+
+    def add(self, records, *a, **k):
+        calls.append(len(records))
+        return real(self, records, *a, **k)
+
+    monkeypatch.setattr(Memory, "add", add)
     s2 = ServiceStore(root)
     assert s2.replayed == 42  # one logged operation per acknowledged request, replayed by the memory
+    assert calls[:2] == [30, 11]  # two runs of adds around the delete (then the tenants' and warm-up's adds)
     assert len(s2.memory) == 40 and s2.get("t", "r3")["text"] == "replaced"
     s2.close()
 

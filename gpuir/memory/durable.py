@@ -35,7 +35,9 @@ lock, and once the commit is durable the older segments are deleted. A crash any
 the old commit with every segment since it (replayed in order) or the new commit with the segments
 after it: the acknowledged state either way.
 
-**Readers** (``Memory.open(path, writer=False)``) replay the log too, without changing it, so they
+**Replay** applies the operations in order, consecutive adds joined into one ``Memory.add`` (an
+agent's one-record adds make one segment, not thousands; an id added again, or other vectors, start a
+new one). **Readers** (``Memory.open(path, writer=False)``) replay the log too, without changing it, so they
 see every write acknowledged before they opened.
 """
 
@@ -69,7 +71,7 @@ CHECKPOINT_EVERY = 100_000
 CHECKPOINT_BYTES = 128 << 20
 
 __all__ = ["CHECKPOINT_EVERY", "DURABILITY", "MemoryClosedError", "MemoryLog", "batch_from_log",
-           "batch_to_log", "check_durability", "encode_op", "fold_service_log", "log_holds_writes", "op_parts",
+           "batch_to_log", "check_durability", "concat_batches", "encode_op", "fold_service_log", "log_holds_writes", "op_parts",
            "op_records", "vectors_from_log", "vectors_to_log"]
 
 
@@ -269,6 +271,17 @@ def op_parts(op: dict[str, Any]) -> tuple[RecordBatch, np.ndarray, dict[str, np.
         raise ValueError(f"a logged {op['op']} of {n} records with {len(meta)} metadata")
     return (RecordBatch(ids=ids, texts=texts, strings=strings, time=tm, importance=imp, metadata=meta), seqs,
             vecs or None)
+
+
+def concat_batches(batches: list[RecordBatch]) -> RecordBatch:
+    """Record batches joined in order (each already validated)."""
+    if len(batches) == 1:
+        return batches[0]
+    return RecordBatch(
+        ids=[x for b in batches for x in b.ids], texts=[x for b in batches for x in b.texts],
+        strings={f: [x for b in batches for x in b.strings[f]] for f in batches[0].strings},
+        time=np.concatenate([b.time for b in batches]), importance=np.concatenate([b.importance for b in batches]),
+        metadata=[x for b in batches for x in b.metadata])
 
 
 def op_records(op: dict[str, Any]) -> int:

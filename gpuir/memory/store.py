@@ -74,6 +74,7 @@ from .durable import (
     MemoryClosedError,
     MemoryLog,
     check_durability,
+    concat_batches,
     log_holds_writes,
     op_parts,
     op_records,
@@ -395,10 +396,36 @@ class Memory:
     def _replay(self, ops: list[dict[str, Any]]) -> int:
         """Apply the log's operations (open): the writes acknowledged after the last save. Returns their count."""
         self._replaying = True
+        run: list[tuple[RecordBatch, np.ndarray, Any]] = []  # consecutive logged adds, replayed as one add
+        in_run: set[str] = set()
+
+        def flush() -> None:
+            if run:
+                vecs = run[0][2]
+                self.add(concat_batches([b for b, _, _ in run]), seqs=np.concatenate([q for _, q, _ in run]),
+                         vectors=None if vecs is None else {n: np.concatenate([v[n] for _, _, v in run])
+                                                            for n in vecs})
+                run.clear()
+                in_run.clear()
+
         try:
             with scope.inside_scope():  # (the log replays the memory's own writes, scoped or not)
                 for op in ops:
-                    self._replay_one(op)
+                    if op.get("op") != "add":
+                        flush()
+                        self._replay_one(op)
+                        continue
+                    if "tag" in op:
+                        self._last_tag = op["tag"]
+                    batch, seqs, vecs = op_parts(op)
+                    # an agent's one-record adds replay as one add (one segment): the same records, numbers
+                    # and scores; an id added again (expired meanwhile) or other vectors start a new one
+                    if run and (in_run.intersection(batch.ids) or (vecs is None) != (run[0][2] is None)
+                                or (vecs is not None and set(vecs) != set(run[0][2]))):
+                        flush()
+                    run.append((batch, seqs, vecs))
+                    in_run.update(batch.ids)
+                flush()
         finally:
             self._replaying = False
         return len(ops)

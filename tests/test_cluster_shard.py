@@ -425,3 +425,21 @@ def test_an_older_shard_log_is_replayed_once_then_retired(tmp_path, monkeypatch)
     got, want = s.memory.search(QUERIES, k=10, backend="numpy"), one.search(QUERIES, k=10, backend="numpy")
     assert np.array_equal(got.seqs, want.seqs) and np.array_equal(got.scores, want.scores)
     s.close()
+
+
+@pytest.mark.parametrize("level", ["fsync", "flush", "none"])
+def test_a_shards_durability_is_its_memorys(tmp_path, level):
+    from gpuir.wal import segments
+
+    s = shard_at(tmp_path, durability=level)
+    assert s.memory.durability == level
+    s.write(add_payload(corpus(6), 1, 0))
+    logged = bool(segments(tmp_path / "s0", "memory"))
+    assert logged == (level != "none") and not segments(tmp_path / "s0", "service")
+    assert s.pending_records == 6  # in the log, or (at "none") written since the last save
+    s.close()
+    s = ShardServer(tmp_path / "s0", 0, durability=level)
+    assert len(s.memory) == 6 and s.last_wid == 1  # the close saved; the write id is in the manifest
+    s.close()
+    with pytest.raises(ValueError, match="durability"):
+        ShardServer(tmp_path / "s0", 0, durability="sometimes")

@@ -339,3 +339,19 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path, options):
             assert [h[0]["id"] for h in hits] == ids
     finally:
         srv2.stop()
+
+
+@pytest.mark.parametrize("level", ["fsync", "flush", "none"])
+def test_the_services_durability_is_its_memorys(tmp_path, level):
+    root = tmp_path / "mem"
+    s = ServiceStore(root, durability=level, checkpoint_seconds=3600)
+    assert s.memory.durability == level
+    _add(s, ["a", "b"])
+    assert bool(segments(root, "memory")) == (level != "none") and not segments(root, "service")
+    assert s.pending_records == 2
+    s.close()
+    s = ServiceStore(root, durability=level)
+    assert sorted(s.memory._ids) == ["t/a", "t/b"]
+    s.close()
+    with pytest.raises(ValueError, match="durability"):
+        ServiceStore(root, durability="sometimes")

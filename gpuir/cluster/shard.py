@@ -307,8 +307,6 @@ class ShardServer:
                 if not n:  # nothing to do: nothing logged
                     return {"n": 0, "dn": 0, "dlen": 0, "terms": [], "ddf": np.zeros(0, np.int64),
                             "partitions": partition_keys(mem.snapshot()), "next_seq": mem.next_seq}
-                if len(ids) < len(op["ids"]):
-                    payload = write_payload("delete", wid, ids=ids, keep_history=bool(op.get("keep_history")))
             else:
                 return {"error": ("invalid", f"unknown operation {kind!r}", None)}
             before = mem.snapshot()
@@ -350,9 +348,9 @@ class ShardServer:
 
     @property
     def pending_records(self) -> int:
-        """Records in the memory's log not yet folded by a save."""
+        """Records in the memory's log not yet folded by a save (durability "none": records not yet saved)."""
         mlog = self.memory._log
-        return 0 if mlog is None else int(mlog.ops)
+        return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
     def checkpoint(self, force: bool = False) -> int:
         """Fold the memory's log into its files (a save); returns the generation.

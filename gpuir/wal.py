@@ -1,18 +1,20 @@
-"""Write-ahead log of the memory service and of each shard of a sharded memory: nothing acknowledged is
-lost, and no damage is hidden.
+"""Write-ahead log frames, segments and recovery: nothing acknowledged is lost, and no damage is hidden.
 
-It sits below both users (it imports only :mod:`gpuir.storage.files`): the
-service (:mod:`gpuir.service.store`) and a shard (:mod:`gpuir.cluster.shard`)
-each append to it; :mod:`gpuir.service.wal` is the same module under its
-former name.
+One log is written: a :class:`~gpuir.memory.Memory`'s own (:mod:`gpuir.memory.durable`, kind
+"memory"), through which the memory service (:mod:`gpuir.service.store`) and each shard of a sharded
+memory (:mod:`gpuir.cluster.shard`) write too. The logs they kept of their own before (kind
+"service") are only read, to be folded into the memory once
+(:func:`gpuir.memory.durable.fold_service_log`). It imports only :mod:`gpuir.storage.files`;
+:mod:`gpuir.service.wal` is the same module under its former name.
 
 Layout (inside the memory directory, beside the memory's own files; the
 memory's garbage collection never touches these names)::
 
-    service-wal-00000007.log   the log segments, numbered; replayed in order (mode 0600)
+    memory-wal-00000007.log    the log segments, numbered; replayed in order (mode 0600)
+    service-wal-00000007.log   (an older service's or shard's own log, until it is folded)
 
-A log segment starts with a header frame ``{"format": "gpuir-service-wal",
-"version": 2, "base_generation": G}``: its operations apply on top of the
+A log segment starts with a header frame ``{"format": "gpuir-memory-wal"`` (or
+``"gpuir-service-wal"``) ``, "version": 2, "base_generation": G}``: its operations apply on top of the
 memory saved at generation ``G`` (``Memory.save`` numbers its commits 1, 2, ...).
 Every frame (format version 2) is::
 
@@ -21,9 +23,10 @@ Every frame (format version 2) is::
     4 bytes  payload length L (little-endian uint32)
     4 bytes  frame checksum: CRC-32 of the 16 bytes above and the payload
     4 bytes  header checksum: CRC-32 of the 20 bytes above
-    L bytes  payload: UTF-8 JSON, {"op": "add", "records": [...]}, {"op": "delete", "ids": [...]} or
-             {"op": "put", "records": [...]} (whole new versions of existing records: an update);
-             or a binary payload (:func:`encode_binary`; a memory's adds and updates)
+    L bytes  payload: a binary payload (:func:`encode_binary`: a memory's adds and updates), or UTF-8
+             JSON (a memory's deletes, ``{"op": "delete", "ids": [...]}``; a memory's adds and
+             updates before binary frames, ``{"op": "add" | "put", "cols": ...}``; an older
+             service's ``{"op": "add" | "put", "records": [...]}``)
 
 A binary payload is ``b"\\x00gB1"`` (never the ``{`` a JSON payload starts with), the
 length H of a small JSON header (little-endian uint32), the header (its
@@ -36,26 +39,25 @@ The header checksum makes the length trustworthy before it is used: a flipped
 bit in a length is damage to that frame's header, never a frame that seems to
 run past the end of the file.
 
-Protocol (:class:`WriteAheadLog` with :class:`gpuir.service.store.ServiceStore`):
+Protocol (:class:`WriteAheadLog` under :class:`gpuir.memory.durable.MemoryLog`; the memory's
+module docstring has the full argument):
 
-1. **Write**: the operation is validated (and encoded) at the door, appended
-   with ``os.write`` (no user-space buffer), ``fsync``-ed, then applied to the
-   in-memory :class:`~gpuir.memory.Memory`, then acknowledged. An append that
-   fails (``ENOSPC``, ``EIO``, a short write, a failed ``fsync``) is rolled
-   back: the file is truncated to the end of the last good frame, the sequence
-   number restored, and nothing of the group is acknowledged.
-2. **Checkpoint**: with writes paused, ``Memory.save`` commits generation
-   ``G+1`` (which holds every logged operation); then a new segment is started
-   whose header names ``G+1`` (fsynced, directory fsynced); then the older
-   segments are deleted. A save that fails changes nothing (appends continue
-   in the old segment); a new segment that cannot be created after a committed
-   save blocks appends until it can (an operation appended to the old segment
-   would be dropped as "already saved" at the next start).
+1. **Write**: the operation is encoded and appended with ``pwrite`` (no
+   user-space buffer) under the memory's writer lock, applied, then ``fsync``-ed
+   (group commit: writers waiting at once share one) before the call returns.
+   An append that fails (``ENOSPC``, ``EIO``, a short write) is rolled back:
+   the file is truncated to the end of the last good frame and the sequence
+   number restored. A failed ``fsync`` refuses every later write
+   (:meth:`WriteAheadLog.cut_to_synced` removes what no writer was told is durable).
+2. **Checkpoint**: under the writer's lock a new segment is started whose header
+   names the generation ``G'`` the save will commit (:meth:`WriteAheadLog.rotate`);
+   the save writes and commits outside the lock; then the older segments are
+   deleted. A save that fails leaves them, and the next one commits another number.
 3. **Start**: open the memory (generation ``g``); delete the segments whose base
    generation is below ``g`` (they are folded into the save); replay the others
-   in order. Every crash point leaves either ``g = G`` with the old segment
-   (replayed) or ``g = G+1`` (the old segment is dropped, the new one, if any,
-   replayed): either way the state is the acknowledged state.
+   in order. Every crash point leaves either ``g = G`` with the old segments and
+   the new one (replayed in order) or ``g = G'`` (the old ones are dropped, the
+   new one replayed): either way the state is the acknowledged state.
 
 **What replay accepts.** A *torn tail* is an incomplete last frame of the newest
 segment: the file ends inside its header, or its (checksummed) header declares
@@ -68,7 +70,7 @@ byte range. Anything else -- a damaged header (a flipped length bit), a
 complete frame whose checksum fails (also the last one), a sequence number out
 of order, damage in an older segment, a log whose base generation does not
 meet the memory's -- is damage to acknowledged writes: :class:`WALCorruptError`
-names the file and byte offset and the service refuses to start.
+names the file and byte offset and the open (or ``gpuir serve``) refuses.
 ``gpuir serve --salvage`` (``recover(..., salvage=True)``) instead keeps every
 intact frame (resynchronising on the magic after damage), logs each skipped
 byte range and the sequence numbers lost, and sets the damaged segment aside

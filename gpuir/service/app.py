@@ -285,9 +285,9 @@ class Service:
                                                              5, 10))
         self.m_batch = prom.Histogram("gpuir_search_batch_queries", "queries per scorer call (micro-batches)",
                                       registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-        self.m_group = prom.Histogram("gpuir_wal_group_ops", "write operations per fsync (group commit)",
+        self.m_group = prom.Histogram("gpuir_wal_group_ops", "write operations per memory write: one log append + fsync",
                                       registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-        self.m_fsync = prom.Histogram("gpuir_wal_append_seconds", "write-ahead log append + fsync time", registry=r,
+        self.m_fsync = prom.Histogram("gpuir_wal_append_seconds", "memory write time: log append + apply + fsync", registry=r,
                                       buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1))
         self.m_records = prom.Gauge("gpuir_records", "live records in the memory", registry=r)
         self.m_records.set_function(lambda: len(self.store.memory) if self.store else 0)

@@ -5,9 +5,13 @@ For each level ("fsync", the default; "flush"; "none") on a fresh memory directo
 * **single adds**: ``--singles`` calls of ``Memory.add`` with one record each (an agent's loop adds one
   turn at a time): writes per second and the p50 / p99 latency of one call;
 * **batched adds**: the synthetic records in batches of ``--batch`` (an import, a backfill): records
-  per second, and the ratio to "none" (the issue-36 budget: the default loses at most 10%); then the
+  per second, and the ratio to "none" (the issue-36 budget: the default loses at most 10%) -- by the
+  wall clock and by the process's CPU time (which a busy machine does not distort); then the
   same through a final ``save()`` (``batched_then_saved``): "none" keeps nothing before it, while the
   logged levels' background checkpoints (every ``CHECKPOINT_EVERY`` records) already wrote part of it.
+
+* **frame encoding**: CPU milliseconds per 1,000 records to encode the log frame of a batched add, the
+  binary frame written now and the JSON frame of the version before.
 
 The levels run interleaved round by round (``--rounds``; each round starts with another level, after
 one untimed warm-up round), each on a new directory, and the median round is reported, so neither a
@@ -78,19 +82,47 @@ def one_round(level: str, base: Path, singles: list[dict], batches: list[list[di
     m = Memory(durability=level)
     m.save(d)
     n = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for b in batches:
         n += m.add(b)
-    batch_s = time.perf_counter() - t0
+    batch_s, batch_cpu = time.perf_counter() - t0, time.process_time() - c0
     m.wait_merges()
     m.save()  # on disk in segments at every level: what "none" must do to keep anything
-    saved_s = time.perf_counter() - t0
+    saved_s, saved_cpu = time.perf_counter() - t0, time.process_time() - c0
     m.close()
     shutil.rmtree(d)
     lat_ms = np.asarray(lat) * 1e3
     return {"single_adds_per_s": len(lat) / float(np.sum(lat)), "single_p50_ms": float(np.percentile(lat_ms, 50)),
             "single_p99_ms": float(np.percentile(lat_ms, 99)), "batched_records_per_s": n / batch_s,
-            "batched_then_saved_records_per_s": n / saved_s}
+            "batched_then_saved_records_per_s": n / saved_s,
+            # CPU time of the process (every thread: merges, checkpoints): what the log costs whatever waits
+            "batched_cpu_records_per_s": n / batch_cpu, "batched_then_saved_cpu_records_per_s": n / saved_cpu}
+
+
+def frame_encoding(batches: list[list[dict]], repeats: int = 3) -> dict:
+    """CPU milliseconds per 1,000 records to encode the memory log's frame of a batched add: the binary frame
+    written now (``gpuir.memory.durable.encode_op``) and the JSON frame of the version before (``_json_form``)."""
+    from gpuir.memory import durable
+    from gpuir.memory.intake import to_batch
+    from gpuir.wal import encode_payload
+
+    ops = []
+    seq = 0
+    for b in batches:
+        rb = to_batch(b, None)
+        ops.append({"op": "add", "batch": rb, "seqs": np.arange(seq, seq + len(b)), "vectors": None})
+        seq += len(b)
+    n = sum(len(b) for b in batches)
+    out = {}
+    for name, enc in (("binary", durable.encode_op), ("json", lambda op: encode_payload(durable._json_form(op)))):
+        best = float("inf")
+        for _ in range(repeats):
+            c0 = time.process_time()
+            size = sum(len(enc(op)) for op in ops)
+            best = min(best, time.process_time() - c0)
+        out[name] = {"cpu_ms_per_1000_records": best / n * 1e6, "bytes_per_record": size / n}
+    out["json_over_binary"] = out["json"]["cpu_ms_per_1000_records"] / out["binary"]["cpu_ms_per_1000_records"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -101,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where the memories are written (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--note", default="", help="a label kept in the output (e.g. 'under load: ...')")
     args = ap.parse_args(argv)
     if min(args.singles, args.records, args.batch, args.rounds) < 1:
         ap.error("--singles, --records, --batch and --rounds must be positive")
@@ -108,8 +141,11 @@ def main(argv: list[str] | None = None) -> dict:
     singles = recs[args.records:]
     batches = [recs[i:i + args.batch] for i in range(0, args.records, args.batch)]
     base = Path(tempfile.mkdtemp(dir=args.dir, prefix="gpuir-durability-"))
+    load_before = os.getloadavg()
     rounds: dict[str, list[dict]] = {lv: [] for lv in LEVELS}
     try:
+        encoding = frame_encoding(batches)
+        print(f"frame encoding: {encoding}", file=sys.stderr, flush=True)
         for lv in LEVELS:  # an untimed round first: imports, numba's compiled functions, the page cache
             one_round(lv, base, singles[:20], batches[:2])
         for r in range(args.rounds):
@@ -123,10 +159,14 @@ def main(argv: list[str] | None = None) -> dict:
         med[lv]["batched_vs_none"] = med[lv]["batched_records_per_s"] / med["none"]["batched_records_per_s"]
         med[lv]["batched_then_saved_vs_none"] = (med[lv]["batched_then_saved_records_per_s"]
                                                  / med["none"]["batched_then_saved_records_per_s"])
-    out = {"bench": "durability", "levels": med, "rounds": rounds,
+        for key in ("batched_cpu", "batched_then_saved_cpu"):
+            med[lv][f"{key}_vs_none"] = med[lv][f"{key}_records_per_s"] / med["none"][f"{key}_records_per_s"]
+    out = {"bench": "durability", "levels": med, "frame_encoding": encoding, "rounds": rounds,
            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "machine": {"cpu_model": cpu_model(), "logical_cores": os.cpu_count(), "filesystem": _fs(base.parent),
-                       "python": platform.python_version(), "numpy": np.__version__},
+                       "python": platform.python_version(), "numpy": np.__version__,
+                       "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+           "note": args.note,
            "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     text = json.dumps(out, indent=2)
     if args.out:

@@ -1,18 +1,20 @@
-"""Write-ahead log of the memory service and of each shard of a sharded memory: nothing acknowledged is
-lost, and no damage is hidden.
+"""Write-ahead log frames, segments and recovery: nothing acknowledged is lost, and no damage is hidden.
 
-It sits below both users (it imports only :mod:`gpuir.storage.files`): the
-service (:mod:`gpuir.service.store`) and a shard (:mod:`gpuir.cluster.shard`)
-each append to it; :mod:`gpuir.service.wal` is the same module under its
-former name.
+One log is written: a :class:`~gpuir.memory.Memory`'s own (:mod:`gpuir.memory.durable`, kind
+"memory"), through which the memory service (:mod:`gpuir.service.store`) and each shard of a sharded
+memory (:mod:`gpuir.cluster.shard`) write too. The logs they kept of their own before (kind
+"service") are only read, to be folded into the memory once
+(:func:`gpuir.memory.durable.fold_service_log`). It imports only :mod:`gpuir.storage.files`;
+:mod:`gpuir.service.wal` is the same module under its former name.
 
 Layout (inside the memory directory, beside the memory's own files; the
 memory's garbage collection never touches these names)::
 
-    service-wal-00000007.log   the log segments, numbered; replayed in order (mode 0600)
+    memory-wal-00000007.log    the log segments, numbered; replayed in order (mode 0600)
+    service-wal-00000007.log   (an older service's or shard's own log, until it is folded)
 
-A log segment starts with a header frame ``{"format": "gpuir-service-wal",
-"version": 2, "base_generation": G}``: its operations apply on top of the
+A log segment starts with a header frame ``{"format": "gpuir-memory-wal"`` (or
+``"gpuir-service-wal"``) ``, "version": 2, "base_generation": G}``: its operations apply on top of the
 memory saved at generation ``G`` (``Memory.save`` numbers its commits 1, 2, ...).
 Every frame (format version 2) is::
 
@@ -21,46 +23,54 @@ Every frame (format version 2) is::
     4 bytes  payload length L (little-endian uint32)
     4 bytes  frame checksum: CRC-32 of the 16 bytes above and the payload
     4 bytes  header checksum: CRC-32 of the 20 bytes above
-    L bytes  payload: UTF-8 JSON, {"op": "add", "records": [...]}, {"op": "delete", "ids": [...]} or
-             {"op": "put", "records": [...]} (whole new versions of existing records: an update)
+    L bytes  payload: a binary payload (:func:`encode_binary`: a memory's adds and updates), or UTF-8
+             JSON (a memory's deletes, ``{"op": "delete", "ids": [...]}``; a memory's adds and
+             updates before binary frames, ``{"op": "add" | "put", "cols": ...}``; an older
+             service's ``{"op": "add" | "put", "records": [...]}``)
+
+A binary payload is ``b"\\x00gB1"`` (never the ``{`` a JSON payload starts with), the
+length H of a small JSON header (little-endian uint32), the header (its
+``"_blobs"`` lists the byte length of each raw section), the raw sections in
+order (a memory's columns as NumPy bytes and UTF-8 text), and the byte ``}``:
+like a JSON payload it never ends in a zero byte, so the torn-tail rule below
+holds for both.
 
 The header checksum makes the length trustworthy before it is used: a flipped
 bit in a length is damage to that frame's header, never a frame that seems to
 run past the end of the file.
 
-Protocol (:class:`WriteAheadLog` with :class:`gpuir.service.store.ServiceStore`):
+Protocol (:class:`WriteAheadLog` under :class:`gpuir.memory.durable.MemoryLog`; the memory's
+module docstring has the full argument):
 
-1. **Write**: the operation is validated (and encoded) at the door, appended
-   with ``os.write`` (no user-space buffer), ``fsync``-ed, then applied to the
-   in-memory :class:`~gpuir.memory.Memory`, then acknowledged. An append that
-   fails (``ENOSPC``, ``EIO``, a short write, a failed ``fsync``) is rolled
-   back: the file is truncated to the end of the last good frame, the sequence
-   number restored, and nothing of the group is acknowledged.
-2. **Checkpoint**: with writes paused, ``Memory.save`` commits generation
-   ``G+1`` (which holds every logged operation); then a new segment is started
-   whose header names ``G+1`` (fsynced, directory fsynced); then the older
-   segments are deleted. A save that fails changes nothing (appends continue
-   in the old segment); a new segment that cannot be created after a committed
-   save blocks appends until it can (an operation appended to the old segment
-   would be dropped as "already saved" at the next start).
+1. **Write**: the operation is encoded and appended with ``pwrite`` (no
+   user-space buffer) under the memory's writer lock, applied, then ``fsync``-ed
+   (group commit: writers waiting at once share one) before the call returns.
+   An append that fails (``ENOSPC``, ``EIO``, a short write) is rolled back:
+   the file is truncated to the end of the last good frame and the sequence
+   number restored. A failed ``fsync`` refuses every later write
+   (:meth:`WriteAheadLog.cut_to_synced` removes what no writer was told is durable).
+2. **Checkpoint**: under the writer's lock a new segment is started whose header
+   names the generation ``G'`` the save will commit (:meth:`WriteAheadLog.rotate`);
+   the save writes and commits outside the lock; then the older segments are
+   deleted. A save that fails leaves them, and the next one commits another number.
 3. **Start**: open the memory (generation ``g``); delete the segments whose base
    generation is below ``g`` (they are folded into the save); replay the others
-   in order. Every crash point leaves either ``g = G`` with the old segment
-   (replayed) or ``g = G+1`` (the old segment is dropped, the new one, if any,
-   replayed): either way the state is the acknowledged state.
+   in order. Every crash point leaves either ``g = G`` with the old segments and
+   the new one (replayed in order) or ``g = G'`` (the old ones are dropped, the
+   new one replayed): either way the state is the acknowledged state.
 
 **What replay accepts.** A *torn tail* is an incomplete last frame of the newest
 segment: the file ends inside its header, or its (checksummed) header declares
 more bytes than the file holds, or it is zeros to the end of the file (the
 file's size grew before its data reached the disk), or a complete frame whose
-payload ends in a zero byte (a JSON payload always ends in ``}``). Such a frame
+payload ends in a zero byte (a payload always ends in ``}``). Such a frame
 was never acknowledged (acknowledgement follows the fsync); it is dropped, the
 file truncated to the last good frame, and a warning names the file and the
 byte range. Anything else -- a damaged header (a flipped length bit), a
 complete frame whose checksum fails (also the last one), a sequence number out
 of order, damage in an older segment, a log whose base generation does not
 meet the memory's -- is damage to acknowledged writes: :class:`WALCorruptError`
-names the file and byte offset and the service refuses to start.
+names the file and byte offset and the open (or ``gpuir serve``) refuses.
 ``gpuir serve --salvage`` (``recover(..., salvage=True)``) instead keeps every
 intact frame (resynchronising on the magic after damage), logs each skipped
 byte range and the sequence numbers lost, and sets the damaged segment aside
@@ -151,6 +161,62 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
     return data
 
 
+#: First bytes of a binary payload (a JSON payload starts with "{").
+BINARY = b"\x00gB1"
+_BHEAD = struct.Struct("<4sI")  # magic, header length
+
+
+def encode_binary(meta: dict[str, Any], blobs: list[Any]) -> bytes:
+    """A binary payload: ``meta`` (JSON values) and raw byte sections ``blobs`` (bytes-like), in order.
+
+    Raises
+    ------
+    ValueError
+        ``meta`` is not strict JSON, or the payload is over :data:`MAX_FRAME`.
+    """
+    views = [memoryview(b).cast("B") for b in blobs]
+    head = json.dumps({**meta, "_blobs": [v.nbytes for v in views]}, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+    data = b"".join([_BHEAD.pack(BINARY, len(head)), head, *views, b"}"])
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"a log record of {len(data)} bytes is over the limit of {MAX_FRAME}")
+    return data
+
+
+def decode_binary(body: bytes) -> dict[str, Any]:
+    """The header of a binary payload, its raw sections (bytes) under ``"_blobs"``.
+
+    Raises
+    ------
+    ValueError
+        Not a well-formed binary payload.
+    """
+    magic, hl = _BHEAD.unpack_from(body, 0)
+    if magic != BINARY:
+        raise ValueError("not a binary payload")
+    meta = json.loads(body[_BHEAD.size:_BHEAD.size + hl].decode("utf-8"))
+    sizes = meta.pop("_blobs", None) if isinstance(meta, dict) else None
+    if not isinstance(sizes, list):
+        raise ValueError("a binary payload without its sections")  # noqa: TRY004 - damage, read as ValueError
+    pos, blobs = _BHEAD.size + hl, []
+    for n in sizes:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError("a bad section length")
+        blobs.append(body[pos:pos + n])
+        pos += n
+    if pos + 1 != len(body) or body[-1:] != b"}":
+        raise ValueError("a binary payload whose sections do not fill it")
+    meta["_blobs"] = blobs
+    return meta
+
+
+def _payload(body: bytes) -> Any:
+    """A frame's payload read: JSON, or a binary payload (:func:`decode_binary`)."""
+    if body[:4] == BINARY:
+        return decode_binary(body)
+    return json.loads(body.decode("utf-8"))
+
+
 def frame_bytes(seq: int, data: bytes) -> bytes:
     """One framed payload (format version 2: see the module docstring)."""
     head = _HEAD.pack(MAGIC, seq, len(data), 0)[:16]
@@ -236,8 +302,8 @@ def _parse_v2(data: bytes, pos: int, size: int) -> tuple[str, int, int, Any] | N
     if zlib.crc32(body, zlib.crc32(data[pos:pos + 16])) != fcrc:
         return ("zero-filled" if n and body[-1] == 0 else "bad-checksum"), seq, end, None
     try:
-        obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        obj = _payload(body)
+    except (UnicodeDecodeError, ValueError, RecursionError, struct.error, TypeError):
         return "not-json", seq, end, None
     return "ok", seq, end, obj
 
@@ -249,7 +315,7 @@ _WHAT = {
     "incomplete": "a frame running past the end of the file",
     "bad-checksum": "a complete frame whose checksum fails",
     "zero-filled": "a complete frame whose checksum fails",
-    "not-json": "a frame whose payload is not JSON",
+    "not-json": "a frame whose payload cannot be read (neither JSON nor a well-formed binary payload)",
 }
 
 
@@ -485,7 +551,7 @@ class WriteAheadLog:
         self._set_aside: set[Path] = set()
 
     # ------------------------------------------------------------------ start
-    def recover(self, generation: int, salvage: bool = False) -> Recovery:
+    def recover(self, generation: int, salvage: bool = False, append: bool = True) -> Recovery:
         """The operations to replay over the memory saved at ``generation``, oldest first.
 
         Deletes the segments already folded into that save, truncates a torn
@@ -494,6 +560,10 @@ class WriteAheadLog:
         ``needs_checkpoint`` is set and the caller checkpoints (which starts a
         new segment) before any append. Nothing on disk changes before every
         segment was read, so a refusal leaves every file as it was.
+
+        ``append=False`` (an older log being folded into a memory that keeps its own: nothing will be
+        appended) only reads and drops: no segment is opened or started, and a torn tail is left as it is
+        (the caller deletes the segments once a save holds their operations).
 
         Raises
         ------
@@ -560,12 +630,17 @@ class WriteAheadLog:
         self.seq = max([r.last_seq for _, _, r in live + folded if r.last_seq is not None], default=0)
         self.ops = sum(_op_size(op) for op in rec.ops)
         if not live:
-            self._start((segs[-1][0] if segs else 0) + 1, generation)
+            if append:
+                self._start((segs[-1][0] if segs else 0) + 1, generation)
             fsync_dir(self.root)
             return rec
         num, path, r = live[-1]
         self.number = num
-        if r.torn_bytes:
+        if r.torn_bytes and not append:
+            rec.torn.append(Skipped(path, r.good_end, r.good_end + r.torn_bytes,
+                                    "a torn tail (an incomplete last frame, never acknowledged)"))
+            log.warning("ignored %s", rec.torn[-1].describe())
+        elif r.torn_bytes:
             s = Skipped(path, r.good_end, r.good_end + r.torn_bytes,
                         "a torn tail (an incomplete last frame, never acknowledged)")
             rec.torn.append(s)
@@ -574,7 +649,9 @@ class WriteAheadLog:
                 f.truncate(r.good_end)
                 f.flush()
                 io.fsync(f.fileno())
-        if rec.upgraded or self._set_aside:
+        if not append:
+            rec.needs_checkpoint = bool(rec.ops or rec.upgraded or self._set_aside or rec.torn)
+        elif rec.upgraded or self._set_aside:
             rec.needs_checkpoint = True  # never append to a version-1 or salvaged segment
         elif not r.header:  # only a torn header: the segment was never used
             log.warning("%s: deleted (it held only a torn header: never used)", path)
@@ -698,6 +775,26 @@ class WriteAheadLog:
             io.fsync(self._fd)
             self.synced = max(self.synced, covered)
 
+    def cut_to_synced(self) -> None:
+        """After a failed :meth:`sync`: remove every byte after the last successful sync (frames no writer was
+        told are durable). The cut is synced when the disk allows; if not, the next successful sync of the
+        file (before any later frame is acknowledged) makes it durable. Raises OSError when the file cannot
+        be cut."""
+        with self._sync_lock:
+            if self._fd is None or self.synced[0] != self.number:
+                raise OSError(_errno.EIO, "the log's last durable point is not in its open segment")
+            io.ftruncate(self._fd, self.synced[1])
+            self.bytes = self.synced[1]
+            self._dirty = False
+            path = self.root / segment_name(self.number, self.kind)
+            try:
+                io.fsync(self._fd)
+            except OSError as e:
+                log.warning("%s: cut back to %d bytes after a failed fsync; syncing the cut failed too (%s): the "
+                            "next successful sync makes it durable", path, self.bytes, e)
+                return
+            log.warning("%s: cut back to %d bytes (its last durable frame) after a failed fsync", path, self.bytes)
+
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Append operations (dicts) and fsync them."""
         self.append_payloads([encode_payload(op) for op in ops], sum(_op_size(op) for op in ops))
@@ -769,7 +866,9 @@ class WriteAheadLog:
 
 
 def _op_size(op: dict[str, Any]) -> int:
-    return len(op.get("records") or op.get("ids") or ())
+    if isinstance(op.get("n"), int):  # (a binary payload names its count)
+        return op["n"]
+    return len(op.get("records") or op.get("ids") or op.get("seqs") or ())
 
 
 def read_log(root: Path, generation: int, kind: str = "memory") -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""``gpuir serve`` with a full disk injected into its write-ahead log (for tests/test_service_faults.py).
+"""``gpuir serve`` with a full disk injected into its memory's write-ahead log (for tests/test_service_faults.py).
 
 Run as ``python tests/_fault_server.py serve MEMORY_DIR ...`` (the arguments of
 ``python -m gpuir.service``). While the file named by ``GPUIR_TEST_ENOSPC_FLAG``
@@ -10,8 +10,8 @@ exists, operations on the log's files fail as on a full file system:
   write half of what they are given and return the short count; given one byte,
   they raise ENOSPC (as a file system filling up mid-append).
 
-Only descriptors whose path holds ``service-wal-`` are affected (the memory's
-own files, sockets and the terminal are not). No real small file system is
+Only descriptors whose path holds ``memory-wal-`` are affected (the memory's
+segment files, sockets and the terminal are not). No real small file system is
 needed; the production code is not changed for the test.
 """
 
@@ -29,7 +29,7 @@ def _full(fd: int) -> bool:
     if not os.path.exists(FLAG):
         return False
     try:
-        return "service-wal-" in os.readlink(f"/proc/self/fd/{fd}")
+        return "memory-wal-" in os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return False
 

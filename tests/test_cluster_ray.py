@@ -238,6 +238,41 @@ def test_sigkill_during_a_write_stream_loses_no_acknowledged_record(rt, tmp_path
         sm.close()
 
 
+def test_a_sigkilled_shard_replays_its_memory_log(rt, tmp_path, records):
+    """No checkpoint after the create: every acknowledged write of a shard is in its memory's own log
+    (``memory-wal-*.log``; no shard keeps a log of its own), and a SIGKILLed shard actor comes back with
+    every one of them."""
+    from gpuir.cluster import layout
+    from gpuir.wal import FORMATS, read_segment, segments
+
+    sm = ShardedMemory.create(tmp_path / "sm", shards=2, route="id", checkpoint_every=10 ** 9)
+    try:
+        acked = []
+        for i in range(0, 300, 30):
+            assert sm.add(records[i:i + 30]) == 30  # acknowledged
+            acked.extend(records[i:i + 30])
+        assert sm.delete([r["id"] for r in acked[:5]]) == 5
+        for s in range(2):
+            d = layout.shard_dir(tmp_path / "sm", s)
+            assert not segments(d, "service")
+            logged = [op for _, p in segments(d, "memory") for op in read_segment(p, True, fmt=FORMATS["memory"]).ops]
+            assert [op["tag"]["wid"] for op in logged] == sorted(op["tag"]["wid"] for op in logged)  # write ids
+        pids = [sm.kill_shard(s) for s in (0, 1)]
+        got = sm.get([r["id"] for r in acked[5:]])  # waits for the restarts
+        assert [g["text"] for g in got] == [r["text"] for r in acked[5:]]
+        assert sm.get([r["id"] for r in acked[:5]], missing_ok=True) == [None] * 5
+        info = sm.info()["shard_list"]
+        assert not {s["pid"] for s in info} & set(pids)
+        assert sum(s["replayed_operations"] for s in info) >= 11  # replayed from the memories' logs
+        one = Memory()
+        one.add(acked)
+        one.delete([r["id"] for r in acked[:5]])
+        assert len(sm) == len(one)
+        assert_same(one, sm, [r["text"] for r in acked[::30]], k=10)
+    finally:
+        sm.close()
+
+
 @pytest.mark.parametrize("fault", ["kill_after_log", "kill_after_apply"])
 def test_a_shard_killed_inside_a_write_counts_it_once(rt, tmp_path, records, fault):
     sm = ShardedMemory.create(tmp_path / "sm", shards=2, route="tenant")

@@ -187,8 +187,11 @@ def shard_at(tmp_path, **kw) -> ShardServer:
 
 def crash(s: ShardServer) -> None:
     """What a SIGKILL leaves: no checkpoint, the lock released by the OS."""
-    s.wal.close()
-    s.memory.close(discard_unsaved=True)
+    mem = s.memory
+    mem._stop_merges()
+    mem._log.close()
+    mem._log = None
+    mem._release_lock(discard_unsaved=True)
 
 
 def add_payload(recs, wid, start):
@@ -209,7 +212,7 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
     assert s.write(p2) == {"replayed": True}  # resent after a crash: counted once
     assert len(s.memory) == 88
     s.checkpoint()
-    crash(s)  # the log is folded: the last write id comes from the shard's state file
+    crash(s)  # the log is folded: the last write id comes from the memory's manifest
     s = ShardServer(tmp_path / "s0", 0)
     assert s.replayed == 0 and s.last_wid == 3 and s.write(p2) == {"replayed": True}
     one = Memory(method="bm25+")
@@ -224,14 +227,14 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
 def test_shard_refuses_without_logging(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(5), 1, 0))
-    size = s.wal.bytes
+    size = s.memory._log.wal.bytes
     ans = s.write(add_payload(corpus(2), 2, 5))  # ids r00000, r00001 exist
     assert ans["error"][0] == "exists"
     assert s.write(write_payload("delete", 3, ids=["nope"]))["error"][:2] == ("unknown", "delete")
     assert s.write(write_payload("delete", 4, ids=["nope"], missing_ok=True))["n"] == 0
     upd = normalize_records([{"id": "nope", "text": "x"}])
     assert s.write(write_payload("update", 5, batch=upd, seqs=np.array([9])))["error"][0] == "unknown"
-    assert s.wal.bytes == size and len(s.memory) == 5
+    assert s.memory._log.wal.bytes == size and len(s.memory) == 5
     s.close()
 
 
@@ -239,9 +242,10 @@ def test_shard_torn_tail_is_dropped(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(10), 1, 0))
     crash(s)
-    from gpuir.service.wal import segments
+    from gpuir.wal import segments
 
-    with open(segments(tmp_path / "s0")[-1][1], "ab") as f:
+    assert not segments(tmp_path / "s0", "service")  # the shard keeps no log of its own
+    with open(segments(tmp_path / "s0", "memory")[-1][1], "ab") as f:
         f.write(b"gWAL\x05\x00")  # an append cut short: never acknowledged
     s = ShardServer(tmp_path / "s0", 0)
     assert len(s.memory) == 10
@@ -371,3 +375,71 @@ def test_without_ray_the_extra_is_named_and_the_ray_tests_skip(tmp_path):
                 "'tests/test_cluster_ray.py']))")
     assert r.returncode in (0, 5), r.stdout[-2000:]  # 5: the module skipped whole, so no test was collected
     assert "1 skipped" in r.stdout and "the ray extra is not installed" in r.stdout, r.stdout[-2000:]
+
+
+def _old_shard(d, payloads, last_wid):
+    """A shard directory as an older gpuir left it: its memory saved without a log of its own, the shard's
+    own log (``service-wal-*.log``, the frames :func:`write_payload` makes) and ``cluster-shard.json``."""
+    from gpuir.wal import WriteAheadLog
+
+    m = Memory(method="bm25+", durability="none")
+    m.save(d)
+    m.close()
+    w = WriteAheadLog(d, kind="service")
+    w.recover(1)
+    w.append_payloads(payloads)
+    w.close()
+    (d / "cluster-shard.json").write_text(json.dumps({"last_wid": last_wid}))
+
+
+def test_an_older_shard_log_is_replayed_once_then_retired(tmp_path, monkeypatch):
+    from gpuir.memory.store import PendingSave
+    from gpuir.wal import segments
+
+    recs = corpus(30)
+    d = tmp_path / "s0"
+    p2, p3 = add_payload(recs[:20], 2, 0), add_payload(recs[20:], 3, 20)
+    _old_shard(d, [p2, p3, write_payload("delete", 4, ids=["r00001"])], last_wid=1)
+    real = PendingSave.finish
+
+    def boom(self, *a, **k):  # the fold's save fails (as a crash before its commit)
+        self.mem._save_lock.release()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PendingSave, "finish", boom)
+    with pytest.raises(OSError):
+        ShardServer(d, 0)
+    assert len(segments(d, "service")) == 1  # nothing of the old log was lost or deleted
+    monkeypatch.setattr(PendingSave, "finish", real)
+    s = ShardServer(d, 0)
+    assert s.replayed == 3 and s.last_wid == 4 and len(s.memory) == 29
+    assert not segments(d, "service") and segments(d, "memory")  # retired: the memory's log is the one log
+    assert s.write(p3) == {"replayed": True}  # a resent write of the old log is known
+    assert s.write(add_payload(corpus(31)[30:], 5, 30))["n"] == 1
+    crash(s)
+    s = ShardServer(d, 0)  # replays its memory's log only: the old log is applied once
+    assert s.last_wid == 5 and len(s.memory) == 30 and s.replayed == 1
+    one = Memory(method="bm25+")
+    one.add(corpus(31))
+    one.delete(["r00001"])
+    got, want = s.memory.search(QUERIES, k=10, backend="numpy"), one.search(QUERIES, k=10, backend="numpy")
+    assert np.array_equal(got.seqs, want.seqs) and np.array_equal(got.scores, want.scores)
+    s.close()
+
+
+@pytest.mark.parametrize("level", ["fsync", "flush", "none"])
+def test_a_shards_durability_is_its_memorys(tmp_path, level):
+    from gpuir.wal import segments
+
+    s = shard_at(tmp_path, durability=level)
+    assert s.memory.durability == level
+    s.write(add_payload(corpus(6), 1, 0))
+    logged = bool(segments(tmp_path / "s0", "memory"))
+    assert logged == (level != "none") and not segments(tmp_path / "s0", "service")
+    assert s.pending_records == 6  # in the log, or (at "none") written since the last save
+    s.close()
+    s = ShardServer(tmp_path / "s0", 0, durability=level)
+    assert len(s.memory) == 6 and s.last_wid == 1  # the close saved; the write id is in the manifest
+    s.close()
+    with pytest.raises(ValueError, match="durability"):
+        ShardServer(tmp_path / "s0", 0, durability="sometimes")

@@ -136,3 +136,18 @@ def test_topk_order_gathers_alike():
     sc = np.array([1.0, 3.0, 3.0, 3.0, 0.5], np.float32)
     assert topk_order(ids, sc, 3).tolist() == [3, 1, 2]
     assert topk_order(ids, sc, 9).tolist() == [3, 1, 2, 0, 4]
+
+
+def test_durability_has_one_home():
+    """The service and the shards write through their memory's own log: neither appends to a log of its own."""
+    root = Path(gpuir.__file__).parent
+    own = []
+    for pkg in ("service", "cluster"):
+        for f in sorted((root / pkg).glob("*.py")):
+            names = {n.id for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Name)}
+            names |= {n.attr for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Attribute)}
+            if names & {"WriteAheadLog", "append_payloads", "write_payloads"}:
+                own.append(f.name)
+    assert own == []
+    src = (root / "memory" / "durable.py").read_text()
+    assert "WriteAheadLog(" in src and "write_payloads" in src

@@ -31,10 +31,11 @@ def server(tmp_path_factory):
     yield srv, keys, root
     n = httpx.get(srv.url + "/healthz", headers={"Authorization": f"Bearer {keys['operator']}"}).json()["records"]
     assert srv.stop() == 0, srv.output()  # a graceful stop by SIGTERM exits 0 (uvicorn alone would re-raise it)
-    # the graceful shutdown folded the log into the memory's own segments
-    from gpuir.service.wal import read_segment, segments
+    # the graceful shutdown folded the memory's log into its segments; the service keeps no log of its own
+    from gpuir.wal import FORMATS, read_segment, segments
 
-    assert all(not read_segment(p, True).ops for _, p in segments(root))
+    assert all(not read_segment(p, True, fmt=FORMATS["memory"]).ops for _, p in segments(root, "memory"))
+    assert segments(root, "memory") and not segments(root, "service")
     assert len(Memory.open(root, writer=False)) == n
 
 

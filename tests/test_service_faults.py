@@ -3,8 +3,10 @@ one tenant's bad records, and file modes.
 
 Each case was reproduced on the code before this change first (the test
 failed there), then fixed. Most run a real ``gpuir serve`` on loopback
-(:class:`gpuir.service.testing.ServerProcess`); the log-format cases also run
-in-process against :class:`gpuir.service.wal.WriteAheadLog`. Frames are located
+(:class:`gpuir.service.testing.ServerProcess`); the service's writes are logged
+by its memory (``memory-wal-*.log``); the log-format cases also run in-process
+against :class:`gpuir.wal.WriteAheadLog`, and an older gpuir's own service log
+(``service-wal-*.log``) is folded once at start. Frames are located
 by parsing the file with the layout it was written in (format version 2:
 magic, sequence number, length at byte 12, two checksums; version 1: length at
 byte 0), so the same test reads a log of either version.
@@ -52,6 +54,12 @@ def _frames(data: bytes) -> list[tuple[int, int, int]]:
 
 
 def _wal_files(root: Path) -> list[Path]:
+    """The memory's log segments (where the service's writes are logged)."""
+    return sorted(root.glob("memory-wal-*.log"))
+
+
+def _old_files(root: Path) -> list[Path]:
+    """An older gpuir's own service log (``tests`` write them by hand; folded at start)."""
     return sorted(root.glob("service-wal-*.log"))
 
 
@@ -66,7 +74,7 @@ def _wal(tmp_path: Path, n: int) -> Path:
     for op in _ops(n):
         w.append([op])  # one frame per operation
     w.close()
-    (path,) = _wal_files(tmp_path)
+    (path,) = _old_files(tmp_path)
     return path
 
 
@@ -228,7 +236,7 @@ def test_a_missing_current_with_only_a_log_is_refused(tmp_path):
     for p in root.glob("manifest-*"):
         p.unlink()
     (root / "CURRENT").unlink()
-    with pytest.raises(MemoryFormatError, match="service-wal-"):
+    with pytest.raises(MemoryFormatError, match="memory-wal-"):
         ServiceStore(root)
     assert len(_wal_files(root)) == 1
 
@@ -350,7 +358,7 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
         return real(self, *a, **k)
 
     monkeypatch.setattr(PendingSave, "finish", finish)
-    monkeypatch.setattr(s.wal, "drop", lambda paths: None)  # the crash comes before the old log is deleted
+    monkeypatch.setattr(s.memory._log, "drop", lambda paths: None)  # the crash comes before the old log is deleted
     s.add("t", [{"id": "a", "text": "x"}]).result(30)  # acknowledged; the checkpoint after it fails
     s.add("t", [{"id": "b", "text": "y"}]).result(30)  # its checkpoint succeeds
     t0 = time.monotonic()
@@ -367,7 +375,7 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
 def test_sigterm_checkpoints_and_exits_0(served):
     """Before: the checkpoint was made but the process ended by the signal (status -15)."""
     from gpuir.service.client import MemoryClient
-    from gpuir.service.wal import read_segment
+    from gpuir.wal import FORMATS, read_segment
 
     root, keys = served
     srv = _server(root).start()
@@ -376,7 +384,7 @@ def test_sigterm_checkpoints_and_exits_0(served):
         c.add([{"id": f"a{i}", "text": f"t{i}"}])
     assert srv.stop() == 0, srv.output()
     assert "Traceback" not in srv.output()
-    assert [read_segment(p, True).ops for p in _wal_files(root)] == [[]]  # folded into the memory
+    assert [read_segment(p, True, fmt=FORMATS["memory"]).ops for p in _wal_files(root)] == [[]]  # folded
     assert len(Memory.open(root, writer=False)) == 5
 
 
@@ -451,14 +459,14 @@ def test_a_bad_record_never_joins_a_group_commit(tmp_path):
     """Deterministic: the writer is held while a bad add and good adds of another tenant queue."""
     s = ServiceStore(tmp_path / "mem", checkpoint_seconds=3600)
     hold, entered = threading.Event(), threading.Event()
-    real = s.wal.append_payloads
+    real = s.memory._log.write
 
-    def held(payloads, n):
+    def held(op, n):  # the memory's log append, in the service's writer thread
         entered.set()
         assert hold.wait(60)
-        return real(payloads, n)
+        return real(op, n)
 
-    s.wal.append_payloads = held
+    s.memory._log.write = held
     first = s.add("bob", [{"id": "warm", "text": "x"}])
     assert entered.wait(60)
     good = [s.add("bob", [{"id": f"b{i}", "text": f"ok {i}"}]) for i in range(5)]
@@ -477,6 +485,46 @@ def test_a_bad_record_never_joins_a_group_commit(tmp_path):
     s.close(checkpoint=False)
     s2 = ServiceStore(tmp_path / "mem")
     assert len(s2.memory) == 11
+    s2.close()
+
+
+def test_a_failed_append_in_a_group_fails_only_it_and_what_follows(tmp_path):
+    """In-process: a group of add, delete, add is three memory writes; the third one's log append fails (a
+    full disk): the first two are durable and acknowledged, the third answers 507 and is not stored."""
+    import errno
+
+    from gpuir.service.store import WriteFailedError
+
+    s = ServiceStore(tmp_path / "mem", checkpoint_seconds=3600)
+    hold, entered = threading.Event(), threading.Event()
+    real = s.memory._log.write
+    calls = []
+
+    def write(op, n):
+        calls.append(op["op"])
+        if len(calls) == 1:
+            entered.set()
+            assert hold.wait(60)
+        if len(calls) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(op, n)
+
+    s.memory._log.write = write
+    warm = s.add("t", [{"id": "warm", "text": "x"}])
+    assert entered.wait(60)
+    x = s.add("t", [{"id": "x", "text": "first"}])
+    d = s.delete("t", ["warm"])
+    y = s.add("t", [{"id": "y", "text": "third"}])
+    hold.set()
+    assert warm.result(60) == 1 and x.result(60) == 1 and d.result(60) == 1
+    with pytest.raises(WriteFailedError) as ei:
+        y.result(60)
+    assert ei.value.no_space
+    assert calls == ["add", "add", "delete", "add"]
+    assert s.get("t", "y") is None and s.get("t", "x") is not None
+    s.close(checkpoint=False)  # a crash: the memory's log only
+    s2 = ServiceStore(tmp_path / "mem")
+    assert sorted(s2.memory._ids) == ["t/x"]
     s2.close()
 
 
@@ -512,15 +560,13 @@ def test_salvage_keeps_every_intact_frame_and_reports_the_gap(tmp_path, caplog):
 
 def test_a_version_1_log_is_upgraded_and_folded(tmp_path):
     root = tmp_path / "mem"
-    ServiceStore(root).close()  # generation 1, an empty log
-    for p in _wal_files(root):
-        p.unlink()
+    ServiceStore(root).close()  # generation 1, the memory's log empty
     ops = [{"op": "add", "records": [{"id": f"t/r{i}", "text": f"w{i}", "tenant": "t"}]} for i in range(3)]
     _v1_segment(root / "service-wal-00000005.log", 1, ops + [{"op": "delete", "ids": ["t/r1"]}])
     s = ServiceStore(root)
     assert sorted(s.memory._ids) == ["t/r0", "t/r2"] and s.replayed == 4
-    assert [p.name for p in _wal_files(root)] == ["service-wal-00000006.log"]
-    assert _wal_files(root)[0].read_bytes()[:4] == b"gWAL"
+    assert _old_files(root) == []  # folded into a save, then deleted: the memory's log is the one log now
+    assert [p.read_bytes()[:4] for p in _wal_files(root)] == [b"gWAL"]
     s.add("t", [{"id": "x", "text": "new"}]).result(30)
     s.close(checkpoint=False)
     s2 = ServiceStore(root)
@@ -528,11 +574,50 @@ def test_a_version_1_log_is_upgraded_and_folded(tmp_path):
     s2.close()
 
 
+def test_an_older_service_log_is_replayed_once_then_retired(tmp_path, monkeypatch):
+    """A directory an older gpuir's service wrote: the memory saved without a log, the service's own log
+    (format 2, a torn tail after its last acknowledged frame). The first start applies it, saves, deletes it;
+    a crash before that save applies it again (nothing was logged twice); an acknowledged write is never lost."""
+    from gpuir.memory.store import PendingSave
+
+    root = tmp_path / "mem"
+    ServiceStore(root, durability="none").close()  # generation 1, no log at all (as the service kept its memory)
+    assert _wal_files(root) == []
+    w = WriteAheadLog(root)
+    w.recover(1)
+    w.append(_ops(3) + [{"op": "delete", "ids": ["t/r1"]}] + [{"op": "put", "records": [
+        {"id": "t/r2", "text": "changed words", "tenant": "t", "time": 86_400_000}]}])
+    w.close()
+    (old,) = _old_files(root)
+    with open(old, "ab") as f:
+        f.write(b"gWAL\x07\x00\x00")  # an append cut short: never acknowledged
+    data = old.read_bytes()
+    real = PendingSave.finish
+
+    def boom(self, *a, **k):
+        self.mem._save_lock.release()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PendingSave, "finish", boom)
+    with pytest.raises(OSError):
+        ServiceStore(root)
+    assert old.read_bytes() == data  # untouched until a save holds its operations
+    monkeypatch.setattr(PendingSave, "finish", real)
+    s = ServiceStore(root)
+    assert s.replayed == 5 and sorted(s.memory._ids) == ["t/r0", "t/r2"]
+    assert s.get("t", "r2")["text"] == "changed words"
+    assert _old_files(root) == [] and len(_wal_files(root)) == 1
+    s.add("t", [{"id": "r9", "text": "after the upgrade"}]).result(30)
+    s.close(checkpoint=False)  # a crash: the new write is in the memory's log only
+    s2 = ServiceStore(root)
+    assert sorted(s2.memory._ids) == ["t/r0", "t/r2", "t/r9"] and s2.replayed == 1
+    assert s2.search(["changed"], k=5, wheres=[{"tenant": "t"}])[0][0]["id"] == "r2"
+    s2.close()
+
+
 def test_a_torn_version_1_log_is_refused_and_salvaged(tmp_path):
     root = tmp_path / "mem"
     ServiceStore(root).close()
-    for p in _wal_files(root):
-        p.unlink()
     seg = root / "service-wal-00000002.log"
     ops = [{"op": "add", "records": [{"id": f"t/r{i}", "text": f"w{i}", "tenant": "t"}]} for i in range(3)]
     _v1_segment(seg, 1, ops)
@@ -565,8 +650,8 @@ def test_log_segments_and_keys_are_0600_and_the_directory_0700_whatever_the_umas
     finally:
         os.umask(old)
     mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()}
-    private = [n for n in mode if n.startswith(("service-wal-", "seg-", "del-", "manifest-", "CURRENT",
+    private = [n for n in mode if n.startswith(("memory-wal-", "seg-", "del-", "manifest-", "CURRENT",
                                                  "service-keys.json"))]
-    assert {n.split("-")[0] for n in private} >= {"service", "seg", "del", "manifest", "CURRENT"}
+    assert {n.split("-")[0] for n in private} >= {"memory", "seg", "del", "manifest", "CURRENT"}
     assert {n: mode[n] for n in private} == {n: 0o600 for n in private}
     assert stat.S_IMODE(root.stat().st_mode) == 0o700

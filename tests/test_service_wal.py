@@ -1,4 +1,5 @@
-"""The service's write-ahead log: framing, torn tails, checkpoints at every crash point, kill -9.
+"""The write-ahead log (:mod:`gpuir.wal`: framing, torn tails) and the service's durability through its
+memory's log (checkpoints at every crash point, group commit, kill -9).
 
 Damage that must not pass for a torn tail, salvage, ENOSPC, SIGTERM and the
 door's validation are in ``tests/test_service_faults.py``.
@@ -123,8 +124,16 @@ def _state(root):
     return sorted(m._ids)
 
 
-@pytest.mark.parametrize("crash", ["rotated_before_save", "after_save_before_new_segment",
-                                   "after_save_before_drop", "none"])
+def _crash(store):
+    """What a kill leaves of a store whose writer is stopped: no close, no save, the lock released."""
+    mem = store.memory
+    mem._stop_merges()
+    mem._log.close()
+    mem._log = None
+    mem._release_lock(discard_unsaved=True)
+
+
+@pytest.mark.parametrize("crash", ["rotated_before_save", "after_save_before_drop", "none"])
 def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, crash, monkeypatch):
     root = tmp_path / "mem"
     s = ServiceStore(root, checkpoint_every=10_000)
@@ -133,17 +142,15 @@ def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, cras
     _add(s, ["a"])  # re-added after its delete
     s._q.put(None)
     s._thread.join()  # stop the writer; run the checkpoint here, crashing where asked
-    if crash == "rotated_before_save":  # the order of checkpoints before log format 2: still replayed right
-        s.wal.rotate(s.memory.info()["generation"] + 1)
-    elif crash == "after_save_before_new_segment":
-        s.memory.save()
+    assert not list(root.glob("service-wal-*")) and list(root.glob("memory-wal-*"))  # the memory's log only
+    if crash == "rotated_before_save":  # the memory's log rotated for the save, the save never committed
+        s.memory.begin_save()
     elif crash == "after_save_before_drop":
-        monkeypatch.setattr(s.wal, "drop", lambda paths: None)
+        monkeypatch.setattr(s.memory._log, "drop", lambda paths: None)
         s.checkpoint()
     else:
         s.checkpoint()
-    s.wal.close()
-    s.memory.close(discard_unsaved=True)  # the process is gone: no further save
+    _crash(s)  # the process is gone: no further save
     s2 = ServiceStore(root)
     assert sorted(s2.memory._ids) == ["t/a", "t/b"]
     assert s2.get("t", "a")["text"] == "a shared"
@@ -181,14 +188,14 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     entered, release = threading.Event(), threading.Event()
     appends, fsyncs, mem_adds = [], [], []
-    real_append, real_fsync, real_add = s.wal.append_payloads, os.fsync, s.memory.add
+    real_append, real_fsync, real_add = s.memory._log.write, os.fsync, s.memory.add
 
-    def append(payloads, n_ops):
-        appends.append(len(payloads))
+    def append(op, n_records):  # the memory's log append (one frame per Memory.add)
+        appends.append(n_records)
         if len(appends) == 1:
             entered.set()
             assert release.wait(60)
-        return real_append(payloads, n_ops)
+        return real_append(op, n_records)
 
     def fsync(fd):
         fsyncs.append(fd)
@@ -198,7 +205,7 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
         mem_adds.append(len(records))
         return real_add(records)
 
-    monkeypatch.setattr(s.wal, "append_payloads", append)
+    monkeypatch.setattr(s.memory._log, "write", append)
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(s.memory, "add", mem_add)
     first = s.add("t0", [{"id": "r0", "text": "first"}])
@@ -208,7 +215,7 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
             for i in range(1, n + 1)]
     release.set()
     assert first.result(60) == 1 and [f.result(60) for f in futs] == [2] * n
-    assert appends == [1, n]  # operations per append: the first alone, then every waiting one together
+    assert appends == [1, 2 * n]  # records per append: the first alone, then every waiting one together
     assert len(fsyncs) == 2  # one fsync per group, not per request
     assert mem_adds == [1, 2 * n]  # one Memory.add per group, with every record of the group
     hits = s.memory.search([f"word{i}" for i in range(1, n + 1)], k=1,
@@ -221,8 +228,8 @@ def test_group_commit_keeps_the_order_of_deletes_and_adds(tmp_path):
     """A group holding add, delete, re-add of one id applies them in order (runs of adds are joined)."""
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     hold = threading.Event()
-    real_append = s.wal.append_payloads
-    s.wal.append_payloads = lambda payloads, n: (hold.wait(60), real_append(payloads, n))[1]
+    real_append = s.memory._log.write
+    s.memory._log.write = lambda op, n: (hold.wait(60), real_append(op, n))[1]
     f0 = s.add("t", [{"id": "warm", "text": "x"}])
     f1 = s.add("t", [{"id": "a", "text": "old version"}])
     f2 = s.delete("t", ["a"])
@@ -246,25 +253,31 @@ def test_replay_joins_consecutive_adds_and_keeps_deletes_in_place(tmp_path, monk
     s.add("t", [{"id": "r3", "text": "replaced"}]).result(60)
     for i in range(30, 40):
         s.add("t", [{"id": f"r{i}", "text": f"word{i}"}]).result(60)
-    s.close(checkpoint=False)  # as after a crash: everything is in the log only
+    s.close(checkpoint=False)  # as after a crash: everything is in the memory's log only
     calls = []
     real = Memory.add
 
-    def add(self, records, time_unit=None):
+    def add(self, records, *a, **k):
         calls.append(len(records))
-        return real(self, records, time_unit=time_unit)
+        return real(self, records, *a, **k)
 
     monkeypatch.setattr(Memory, "add", add)
     s2 = ServiceStore(root)
-    assert s2.replayed == 42
-    assert calls[:2] == [30, 11]  # two runs of adds around the delete (then the warm-up's own add)
+    assert s2.replayed == 42  # one logged operation per acknowledged request, replayed by the memory
+    assert calls[:2] == [30, 11]  # two runs of adds around the delete (then the tenants' and warm-up's adds)
     assert len(s2.memory) == 40 and s2.get("t", "r3")["text"] == "replaced"
     s2.close()
 
 
 # ---------------------------------------------------------------------- kill -9 on a real server
 @pytest.mark.slow
-def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
+@pytest.mark.parametrize("options", [["--checkpoint-every", "40"],
+                                     ["--checkpoint-every", "1000000", "--checkpoint-seconds", "3600"]],
+                         ids=["checkpoints", "log-only"])
+def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path, options):
+    """Every add answered 2xx before SIGKILL of the server is there after the restart. With no checkpoint
+    ("log-only") every one of them was in the memory's own log only (``memory-wal-*.log``): the service
+    keeps no log of its own."""
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
     from gpuir.service.client import MemoryClient, ServiceError
@@ -275,7 +288,7 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
     root = tmp_path / "mem"
     claim_dir(root, "memory")
     keys = {t: KeyStore(root).add(t) for t in ("w0", "w1", "w2", "w3")}
-    srv = ServerProcess(root, ["--checkpoint-every", "40"]).start()
+    srv = ServerProcess(root, options).start()
     acked: dict[str, list[str]] = {t: [] for t in keys}
     stop = threading.Event()
 
@@ -303,6 +316,15 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
         th.join()
     n_acked = sum(map(len, acked.values()))
     assert n_acked >= 150
+    from gpuir.memory.durable import op_records
+    from gpuir.wal import FORMATS, read_segment, segments
+
+    assert not segments(root, "service")  # no second log
+    if "3600" in options:  # nothing was saved after the first commit: the memory's log holds every add
+        assert Memory.open(root, writer=False).info()["generation"] == 1
+        logged = [op for _, p in segments(root, "memory")
+                  for op in read_segment(p, True, fmt=FORMATS["memory"]).ops]
+        assert sum(op_records(op) for op in logged if op["op"] == "add") >= n_acked
     srv2 = ServerProcess(root, log=srv.log).start()
     try:
         health = MemoryClient(srv2.url, KeyStore(root).add_operator()).health()
@@ -317,3 +339,19 @@ def test_kill9_during_acknowledged_writes_loses_nothing(tmp_path):
             assert [h[0]["id"] for h in hits] == ids
     finally:
         srv2.stop()
+
+
+@pytest.mark.parametrize("level", ["fsync", "flush", "none"])
+def test_the_services_durability_is_its_memorys(tmp_path, level):
+    root = tmp_path / "mem"
+    s = ServiceStore(root, durability=level, checkpoint_seconds=3600)
+    assert s.memory.durability == level
+    _add(s, ["a", "b"])
+    assert bool(segments(root, "memory")) == (level != "none") and not segments(root, "service")
+    assert s.pending_records == 2
+    s.close()
+    s = ServiceStore(root, durability=level)
+    assert sorted(s.memory._ids) == ["t/a", "t/b"]
+    s.close()
+    with pytest.raises(ValueError, match="durability"):
+        ServiceStore(root, durability="sometimes")

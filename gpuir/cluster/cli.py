@@ -15,25 +15,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..memory import Memory
-from ..wal import WALCorruptError, read_segment, segments
+from ..memory import Memory, persist
+from ..memory.durable import op_records
+from ..wal import FORMATS, WALCorruptError, read_segment, segments
 from . import layout
 
 
 def _pending(root: Path, generation: int) -> tuple[int, int]:
-    """Operations and records in the shard's log not yet folded into its memory's ``generation``."""
-    segs = segments(root)
+    """Operations and records in the shard's memory's log (and in an older gpuir's own shard log, folded at the
+    shard's next start) not yet folded into its memory's ``generation``."""
     ops = recs = 0
-    for i, (_, p) in enumerate(segs):
-        try:
-            r = read_segment(p, allow_torn_tail=i == len(segs) - 1)
-        except (WALCorruptError, OSError):
-            continue  # the shard's own start reports damage, naming the byte
-        if r.header and int(r.header.get("base_generation", 0)) < generation:
-            continue
-        for op in r.ops:
-            ops += 1
-            recs += len(op.get("ids") or (op.get("batch") or {}).get("ids") or ())
+    for kind in ("memory", "service"):
+        segs = segments(root, kind)
+        for i, (_, p) in enumerate(segs):
+            try:
+                r = read_segment(p, allow_torn_tail=i == len(segs) - 1, fmt=FORMATS[kind])
+            except (WALCorruptError, OSError):
+                continue  # the shard's own start reports damage, naming the byte
+            if r.header and int(r.header.get("base_generation", 0)) < generation:
+                continue
+            for op in r.ops:
+                ops += 1
+                recs += op_records(op) if kind == "memory" else len(op.get("ids") or op["batch"]["ids"])
     return ops, recs
 
 
@@ -44,9 +47,10 @@ def describe(path: str | Path) -> dict[str, Any]:
     shards = []
     for i in range(int(m["shards"])):
         d = layout.shard_dir(root, i)
-        info = Memory.open(d, writer=False).info()
-        ops, recs = _pending(d, int(info["generation"]))
-        shards.append({"shard": i, "path": str(d), "records_saved": info["records"], "segments": info["segments"],
+        info = Memory.open(d, writer=False).info()  # (a reader replays the log too: its counts include it)
+        saved = persist.read_manifest(d)[1]
+        ops, recs = _pending(d, int(saved["generation"]))
+        shards.append({"shard": i, "path": str(d), "records_saved": int(saved["n_records"]), "segments": info["segments"],
                        "partitions": info["partitions"], "tenants": info["tenants"], "terms": info["terms"],
                        "generation": info["generation"], "log_operations": ops, "log_records": recs})
     return {"path": str(root), "sharded": True, "shards": int(m["shards"]), "route": m["route"],

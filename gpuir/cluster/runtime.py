@@ -79,7 +79,7 @@ def cluster_cpus() -> float:
 
 
 def start_shard(root: Path, index: int, checkpoint_every: int, gpu: bool, num_cpus: float, max_restarts: int,
-                lock_timeout: float) -> Any:
+                lock_timeout: float, durability: str = "fsync") -> Any:
     """A shard actor (:class:`~gpuir.cluster.shard.ShardServer`) on its memory directory.
 
     Ray restarts it (``max_restarts``; -1: always) after its process dies; the
@@ -91,14 +91,15 @@ def start_shard(root: Path, index: int, checkpoint_every: int, gpu: bool, num_cp
 
     With ``gpu``, the actor asks Ray for one GPU (``num_gpus=1``: Ray gives it
     its own device through ``CUDA_VISIBLE_DEVICES``) and serves with the CuPy
-    engine (:class:`ShardServer`'s ``backend="cupy"``).
+    engine (:class:`ShardServer`'s ``backend="cupy"``). ``durability``: the level of the shard's memory's
+    log (:mod:`gpuir.memory.durable`).
     """
     ray = require_ray()
     from .shard import ShardServer
 
     cls = ray.remote(ShardServer)
     return cls.options(**shard_options(gpu, num_cpus, max_restarts)).remote(
-        str(root), index, None, checkpoint_every, lock_timeout, "cupy" if gpu else "auto")
+        str(root), index, None, checkpoint_every, lock_timeout, "cupy" if gpu else "auto", durability)
 
 
 def shard_options(gpu: bool, num_cpus: float, max_restarts: int) -> dict[str, Any]:

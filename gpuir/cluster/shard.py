@@ -1,37 +1,41 @@
-"""One shard: a :class:`~gpuir.memory.Memory` directory behind a write-ahead log (what each Ray actor runs).
+"""One shard: a :class:`~gpuir.memory.Memory` directory with the memory's own write-ahead log (what each Ray
+actor runs).
 
 :class:`ShardServer` is plain Python (no Ray import): the coordinator
 (:class:`~gpuir.cluster.ShardedMemory`) runs one per shard as a Ray actor, and
 tests drive it directly too.
 
-**Writes** arrive as encoded log payloads (JSON bytes, made and checked by the
+**Writes** arrive as encoded payloads (JSON bytes, made and checked by the
 coordinator): ``{"op": "add" | "update" | "upsert", "wid", "batch": columns,
 "seqs"}`` (an update's or upsert's batch holds whole new versions, merged by
 the coordinator) or ``{"op": "delete", "wid", "ids"}``. A write is validated
 against the memory (an added id that exists, an updated or deleted id that
-does not: an error value, nothing logged), appended to the shard's log with ``fsync``
-(:class:`gpuir.wal.WriteAheadLog`, the service's log, unchanged),
-applied to the memory, and only then answered: the answer is the
-acknowledgement, so every acknowledged write is on disk. The answer carries the
-write's change to the shard's statistics (N, total length, df of the terms
-that changed) for the coordinator's global statistics.
+does not: an error value, nothing logged), then applied to the memory, which
+logs it before the call returns (:mod:`gpuir.memory.durable`: ``memory-wal-*.log``,
+at the shard's ``durability``, default ``"fsync"``) -- the shard keeps no log of
+its own -- and only then answered: the answer is the acknowledgement, so every
+acknowledged write is on disk. The answer carries the write's change to the
+shard's statistics (N, total length, df of the terms that changed) for the
+coordinator's global statistics.
 
 **Write ids.** Every write carries the coordinator's write id (``wid``,
-increasing). The shard keeps the last one it logged (in the log, and in
-``cluster-shard.json`` across checkpoints, written before the checkpoint that
-folds the log), so a write resent after the shard died mid-call is recognised:
-``wid <= last_wid`` means "logged, hence applied after the restart", and the
-answer says ``replayed`` instead of applying it twice.
+increasing). The memory logs it with the write (its log frames carry the
+caller's tag) and keeps the last one in each save's manifest, so a write resent
+after the shard died mid-call is recognised: ``wid <= last_wid`` means "logged,
+hence applied after the restart", and the answer says ``replayed`` instead of
+applying it twice.
 
-**Restart.** The constructor opens the memory (the directory's committed
-state), replays the log over it (the service's recovery: a torn tail that was
-never acknowledged is dropped, damage to acknowledged frames refuses to start,
-naming the file and byte), and serves. A shard killed at any moment (SIGKILL
-included) comes back with every acknowledged write.
+**Restart.** The constructor opens the memory, which replays its log over the
+committed state (a torn tail that was never acknowledged is dropped, damage to
+acknowledged frames refuses to start, naming the file and byte), and serves. A
+shard killed at any moment (SIGKILL included) comes back with every
+acknowledged write. A shard directory written by an older gpuir, whose shards
+kept their own log (``service-wal-*.log``) and ``cluster-shard.json``, is
+folded once: the old log is applied and saved, then deleted
+(:func:`gpuir.memory.durable.fold_service_log`).
 
 **Checkpoints** (every ``checkpoint_every`` logged records, on :meth:`save`, on
-:meth:`close`): the memory is saved and the log folded, exactly as the service
-does it (:mod:`gpuir.wal`).
+:meth:`close`): a save of the memory, which folds its log.
 
 **Searches** take the global statistics (:class:`~gpuir.memory.termstats.TermStats`)
 and run on the memory's current snapshot, any number at once
@@ -58,16 +62,16 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, persist
+from ..memory.durable import check_durability, fold_service_log
 from ..memory.hitorder import hit_times
 from ..memory.records import MISSING_TIME, STRING_FIELDS, RecordBatch
 from ..memory.snapshot import Snapshot
 from ..memory.termstats import TermStats
-from ..storage.files import fsync_dir
-from ..wal import WriteAheadLog, encode_payload
+from ..wal import encode_payload
 
 log = logging.getLogger("gpuir.cluster.shard")
 
-#: The shard's own small state file (the last write id folded into a checkpoint).
+#: The small state file of an older gpuir's shard (its last write id; read, no longer written).
 STATE_FILE = "cluster-shard.json"
 
 
@@ -174,32 +178,37 @@ class ShardServer:
     backend : {"auto", "numpy", "numba", "cupy"}
         The engine of a search that asks for "auto": a shard given a GPU of its
         own (:func:`gpuir.cluster.runtime.start_shard`) serves with "cupy".
+    durability : {"fsync", "flush", "none"}
+        The memory's durability (:mod:`gpuir.memory.durable`): what a write has done when the
+        shard answers it. Default ``"fsync"``.
     """
 
     def __init__(self, root: str | os.PathLike, index: int = 0, create: dict[str, Any] | None = None,
-                 checkpoint_every: int = 10_000, lock_timeout: float = 60.0, backend: str = "auto"):
+                 checkpoint_every: int = 10_000, lock_timeout: float = 60.0, backend: str = "auto",
+                 durability: str = "fsync"):
         t0 = time.perf_counter()
         self.backend = str(backend)
         self.root = Path(root)
         self.index = int(index)
         self.checkpoint_every = int(checkpoint_every)
+        self.durability = check_durability(durability)
         self._lock = threading.RLock()
         self.failed: str | None = None
         self.checkpoints = 0
         if create is not None and not (self.root / persist.CURRENT).exists():
-            mem = Memory(**{**create, "durability": "none"})  # the shard's own log keeps every write
+            mem = Memory(**{**create, "durability": self.durability})
             mem.save(self.root, lock_timeout=lock_timeout)  # claims the directory; refuses an orphaned memory
+            gen = None
         else:
-            mem = Memory.open(self.root, writer=True, lock_timeout=lock_timeout, durability="none")
+            gen = int(persist.read_manifest(self.root)[1]["generation"])
+            # the memory replays its own log (every acknowledged write) as it opens
+            mem = Memory.open(self.root, writer=True, lock_timeout=lock_timeout, durability=self.durability)
         self.memory = mem
         try:
-            self.last_wid = self._read_state()
-            self.wal = WriteAheadLog(self.root)
-            gen = int(persist.read_manifest(self.root)[1]["generation"])
-            rec = self.wal.recover(gen)
-            self.replayed = self._replay(rec.ops)
-            if rec.needs_checkpoint:
-                self.checkpoint(force=True)
+            self.last_wid = max(self._read_state(), self._memory_wid())
+            self.replayed = mem._replayed
+            if gen is not None:  # an older gpuir's own shard log: applied once, saved, then deleted
+                self.replayed += fold_service_log(mem, gen, lambda ops, _salvaged: self._replay(ops))
         except BaseException:
             mem.close(discard_unsaved=True)
             raise
@@ -208,7 +217,13 @@ class ShardServer:
                  self.root, len(mem), self.replayed, self.started_s)
 
     # ------------------------------------------------------------------ state
+    def _memory_wid(self) -> int:
+        """The last write id the memory holds (logged with its write, kept in each save's manifest)."""
+        tag = self.memory._last_tag
+        return int(tag.get("wid", 0)) if isinstance(tag, dict) else 0
+
     def _read_state(self) -> int:
+        """The last write id of an older gpuir's shard, from its state file (0: none)."""
         p = self.root / STATE_FILE
         if not p.exists():
             return 0
@@ -218,19 +233,9 @@ class ShardServer:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise persist.MemoryFormatError(f"{p}: damaged shard state ({e}); restore it from a backup") from None
 
-    def _write_state(self) -> None:
-        p = self.root / STATE_FILE
-        tmp = self.root / f".tmp-{STATE_FILE}-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps({"last_wid": self.last_wid}).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        fsync_dir(self.root)
-
     def _replay(self, ops: list[dict[str, Any]]) -> int:
-        """Apply logged operations in order (consecutive adds as one ``Memory.add``)."""
+        """Apply an older gpuir's shard log in order (consecutive adds as one ``Memory.add``), each write
+        under its write id."""
         mem = self.memory
         run: list[tuple[RecordBatch, list[int]]] = []
 
@@ -240,7 +245,8 @@ class ShardServer:
                 run.clear()
 
         for op in ops:
-            self.last_wid = max(self.last_wid, int(op.get("wid", 0)))
+            wid = int(op.get("wid", 0))
+            self.last_wid = max(self.last_wid, wid)
             kind = op.get("op")
             if kind == "add":
                 run.append((batch_from_columns(op["batch"]), np.asarray(op["seqs"], dtype=np.int64)))
@@ -255,11 +261,13 @@ class ShardServer:
             else:
                 raise persist.MemoryFormatError(f"{self.root}: unknown operation in the shard's log: {kind!r}")
         flush()
+        mem._last_tag = {"wid": self.last_wid}  # saved by the fold's commit, with the operations
         return len(ops)
 
     # ------------------------------------------------------------------ writes
     def write(self, payload: bytes, fault: str | None = None) -> dict[str, Any]:
-        """Validate, log (fsync), apply and answer one write (see the module docstring).
+        """Validate, apply (the memory logs it, with its write id, before it returns) and answer one write
+        (see the module docstring).
 
         Returns
         -------
@@ -299,34 +307,37 @@ class ShardServer:
                 if not n:  # nothing to do: nothing logged
                     return {"n": 0, "dn": 0, "dlen": 0, "terms": [], "ddf": np.zeros(0, np.int64),
                             "partitions": partition_keys(mem.snapshot()), "next_seq": mem.next_seq}
-                if len(ids) < len(op["ids"]):
-                    payload = write_payload("delete", wid, ids=ids, keep_history=bool(op.get("keep_history")))
             else:
                 return {"error": ("invalid", f"unknown operation {kind!r}", None)}
             before = mem.snapshot()
-            mark = self.wal.append_payloads([payload], n)  # durable from here on
-            self.last_wid = wid
-            if fault == "kill_after_log":  # tests: die after the log, before applying and answering
-                os.kill(os.getpid(), signal.SIGKILL)
             try:
-                if kind == "add":
-                    mem.add(batch, seqs=seqs)
-                elif kind == "update":
-                    mem.update(batch, seqs=seqs)
-                elif kind == "upsert":
-                    mem.upsert(batch, seqs=seqs)
-                elif ids:
-                    mem.delete(ids, keep_history=bool(op.get("keep_history", False)))
-            except BaseException as e:  # validated above, so an internal failure: stop writing
-                self.wal.rollback(mark, n)
+                with mem._tagged({"wid": wid}):  # logged with the write: a resent wid is known after a restart
+                    if kind == "add":
+                        mem.add(batch, seqs=seqs)
+                    elif kind == "update":
+                        mem.update(batch, seqs=seqs)
+                    elif kind == "upsert":
+                        mem.upsert(batch, seqs=seqs)
+                    else:
+                        mem.delete(ids, keep_history=bool(op.get("keep_history", False)))
+            except BaseException as e:  # validated above, so an internal failure (or a failed log): stop writing
+                why = mem._log.failed if mem._log is not None else None
+                if why is None and isinstance(e, OSError):
+                    # the log's append failed and was rolled back: nothing of this write is stored
+                    return {"error": ("failed", (f"shard {self.index} could not log the write ({e}): nothing of "
+                                                "it was stored"), None)}
                 self.failed = (f"shard {self.index} stopped accepting writes after an internal error "
-                               f"({type(e).__name__}: {e}); restart it (its log holds every acknowledged write)")
+                               f"({type(e).__name__}: {e}); restart it (its memory's log holds every acknowledged "
+                               "write)")
                 log.error("%s", self.failed)
                 raise
+            self.last_wid = wid
+            if fault == "kill_after_log":  # tests: die once the write is durable, before answering
+                os.kill(os.getpid(), signal.SIGKILL)
             after = mem.snapshot()
             reply = {"n": n, **stats_delta(before, after), "partitions": partition_keys(after),
                      "next_seq": mem.next_seq}
-            if self.wal.ops >= self.checkpoint_every:
+            if self.pending_records >= self.checkpoint_every:
                 try:
                     self.checkpoint()
                 except Exception as e:  # noqa: BLE001 - the log still holds everything; try again later
@@ -335,24 +346,27 @@ class ShardServer:
                 os.kill(os.getpid(), signal.SIGKILL)
             return reply
 
-    def checkpoint(self, force: bool = False) -> int:
-        """Fold the log into the memory's files (a save); returns the generation.
+    @property
+    def pending_records(self) -> int:
+        """Records in the memory's log not yet folded by a save (durability "none": records not yet saved)."""
+        mlog = self.memory._log
+        return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
-        Writes wait only for the snapshot: under the shard's lock the memory's snapshot is taken
-        (:meth:`Memory.begin_save`) and the log rotated to a segment whose header names the generation
-        this save will commit; the files are written and committed outside the lock, then the older
-        segments are deleted. A crash before the commit replays the old segments and the new one, in
-        order; a failed save leaves them for the next (which commits another generation number).
+    def checkpoint(self, force: bool = False) -> int:
+        """Fold the memory's log into its files (a save); returns the generation.
+
+        Writes wait only for the snapshot: under the shard's lock the memory takes its snapshot and
+        starts a log segment whose header names the generation this save will commit
+        (:meth:`Memory.begin_save`); the files are written and committed outside the lock, then the
+        memory deletes the older segments. A crash before the commit replays the old segments and the
+        new one, in order; a failed save leaves them for the next (:mod:`gpuir.memory.durable`).
         """
-        older: list[Path] = []
         with self._lock:
             gen = int(persist.read_manifest(self.root)[1]["generation"])
-            if not force and not self.wal.ops and not self.memory.unsaved:
+            if not force and not self.pending_records and not self.memory.unsaved:
                 return gen
-            self._write_state()  # the last logged write id, before the log that holds it is folded
-            job = self.memory.begin_save(on_snapshot=lambda g: older.extend(self.wal.rotate(g)))
-        job.finish()  # writes go on meanwhile (into the rotated segment)
-        self.wal.drop(older)
+            job = self.memory.begin_save()
+        job.finish()  # writes go on meanwhile (into the new segment)
         self.checkpoints += 1
         return job.generation
 
@@ -365,8 +379,7 @@ class ShardServer:
                 if self.failed is None:
                     self.checkpoint()
             finally:
-                self.wal.close()
-                self.memory.close(discard_unsaved=True)  # what was not saved is in the log
+                self.memory.close(discard_unsaved=True)  # what was not saved is in the memory's log
 
     # ------------------------------------------------------------------ reads
     def ping(self) -> int:
@@ -430,7 +443,7 @@ class ShardServer:
 
     def restore_history(self, hists: list[tuple[str, list[dict[str, Any]]]]) -> int:
         """Give records their histories (an import's; canonical versions), then checkpoint: the histories are
-        durable in the memory's files when this returns (the log holds records, not histories)."""
+        durable in the memory's files when this returns (the memory's log holds records, not histories)."""
         with self._lock:
             with self.memory._write_lock:
                 for rid, versions in hists:
@@ -560,6 +573,6 @@ class ShardServer:
         return {"shard": self.index, "path": str(self.root), "records": snap.n_docs, "segments": len(snap.views),
                 "partitions": len(snap.partitions), "terms": int(np.count_nonzero(snap.df)),
                 "node": node, "pid": os.getpid(), "device": f"cuda:{','.join(gpus)}" if gpus else "cpu",
-                "backend": backend, "backend_reason": reason, "wal_pending_records": self.wal.ops,
+                "backend": backend, "backend_reason": reason, "wal_pending_records": self.pending_records,
                 "replayed_operations": self.replayed, "checkpoints": self.checkpoints,
                 "open_s": round(self.started_s, 3), "failed": self.failed}

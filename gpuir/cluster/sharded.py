@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory.durable import check_durability
 from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
@@ -296,7 +297,7 @@ class ShardedMemory:
     def create(cls, path: str | os.PathLike, shards: int = 2, route: str = "tenant", address: str | None = None, *,
                device: str = "auto", checkpoint_every: int = 10_000, max_restarts: int = -1,
                restart_timeout: float = 120.0, call_timeout: float = 600.0, lock_timeout: float = 10.0,
-               **memory_options: Any) -> ShardedMemory:
+               durability: str = "fsync", **memory_options: Any) -> ShardedMemory:
         """Create a sharded memory in a new (or empty) directory and start its shards.
 
         Parameters
@@ -313,7 +314,10 @@ class ShardedMemory:
             "gpu": one GPU per shard (``num_gpus=1``; the engine's "auto" then
             picks CuPy); "auto": GPUs when the runtime has one per shard, else CPU workers.
         checkpoint_every : int
-            Logged records after which a shard folds its log into its memory.
+            Logged records after which a shard folds its memory's log (a save).
+        durability : {"fsync", "flush", "none"}
+            What a write has done on each owning shard when it returns: the level of
+            the shard's memory's log (:mod:`gpuir.memory.durable`; kept for the memory's life).
         max_restarts : int
             Restarts Ray makes of a dead shard (-1: without limit).
         restart_timeout : float
@@ -335,6 +339,7 @@ class ShardedMemory:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
         config = Memory(**memory_options).config()  # checks the settings
+        check_durability(durability)
         runtime.require_ray()
         root = claim_dir(check_path(path), layout.KIND, mode=0o700)
         lock = WriterLock(root, timeout=lock_timeout)
@@ -352,7 +357,8 @@ class ShardedMemory:
                 m = Memory(**memory_kwargs(config))
                 m.save(layout.shard_dir(root, i), lock_timeout=lock_timeout)
                 m.close()
-            options = {"device": device, "checkpoint_every": checkpoint_every, "max_restarts": max_restarts}
+            options = {"device": device, "checkpoint_every": checkpoint_every, "max_restarts": max_restarts,
+                       "durability": durability}
             manifest = layout.write_manifest(root, shards, route, config, options)
         except BaseException:
             lock.__exit__(None, None, None)
@@ -397,7 +403,8 @@ class ShardedMemory:
             cpus = min(1.0, runtime.cluster_cpus() / S)
             self.device = "gpu" if gpu else "cpu"
             self._attach([runtime.start_shard(layout.shard_dir(root, i), i, int(opts.get("checkpoint_every", 10_000)),
-                                              gpu, cpus, int(opts.get("max_restarts", -1)), lock_timeout)
+                                              gpu, cpus, int(opts.get("max_restarts", -1)), lock_timeout,
+                                              opts.get("durability", "fsync"))
                           for i in range(S)])
             log.info("sharded memory %s: %d shards (%s, route %s), %d records", root, S, self.device, self.route,
                      len(self))

@@ -20,6 +20,13 @@ texts, fields, times as epoch ms) with their sequence numbers and vectors; an up
 versions (``put``) with theirs; a delete's live ids. Replaying a frame therefore needs no encoder
 and gives the same records, numbers and scores; expired records are purged again by the replay.
 
+**Frames.** An add or a put is one binary payload (:func:`encode_op`, :func:`gpuir.wal.encode_binary`):
+the sequence numbers, times, importances and vectors as NumPy bytes, each text column (ids, texts,
+every string field) as one UTF-8 string, its values joined by NUL (or, where a value holds a NUL or
+is None, with the length of each value), and only the metadata as JSON -- encoding 1,000 records costs a join and a copy instead of a JSON text of every value. A
+delete is JSON. The frame checksums, torn-tail and damage rules are :mod:`gpuir.wal`'s, unchanged;
+frames written as JSON by earlier versions (``"cols"``) replay as before.
+
 **Checkpoints** (:meth:`~gpuir.memory.Memory.save`, called by the user, by ``close`` and by the
 memory itself once the log holds :data:`CHECKPOINT_EVERY` records or :data:`CHECKPOINT_BYTES`) never hold the writer: under the
 writer's lock they only take the snapshot to write and start a new log segment whose header names
@@ -28,7 +35,9 @@ lock, and once the commit is durable the older segments are deleted. A crash any
 the old commit with every segment since it (replayed in order) or the new commit with the segments
 after it: the acknowledged state either way.
 
-**Readers** (``Memory.open(path, writer=False)``) replay the log too, without changing it, so they
+**Replay** applies the operations in order, consecutive adds joined into one ``Memory.add`` (an
+agent's one-record adds make one segment, not thousands; an id added again, or other vectors, start a
+new one). **Readers** (``Memory.open(path, writer=False)``) replay the log too, without changing it, so they
 see every write acknowledged before they opened.
 """
 
@@ -44,7 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from ..wal import FORMATS, WALCorruptError, WriteAheadLog, encode_payload, read_segment
+from ..storage.files import fsync_dir
+from ..wal import FORMATS, WALCorruptError, WriteAheadLog, encode_binary, encode_payload, read_segment
+from ..wal import segments as wal_segments
 from .records import RecordBatch
 
 log = logging.getLogger("gpuir.memory")
@@ -60,7 +71,8 @@ CHECKPOINT_EVERY = 100_000
 CHECKPOINT_BYTES = 128 << 20
 
 __all__ = ["CHECKPOINT_EVERY", "DURABILITY", "MemoryClosedError", "MemoryLog", "batch_from_log",
-           "batch_to_log", "check_durability", "log_holds_writes", "vectors_from_log", "vectors_to_log"]
+           "batch_to_log", "check_durability", "concat_batches", "encode_op", "fold_service_log", "log_holds_writes", "op_parts",
+           "op_records", "vectors_from_log", "vectors_to_log"]
 
 
 class MemoryClosedError(ValueError):
@@ -126,6 +138,159 @@ def vectors_from_log(obj: dict[str, Any] | None) -> dict[str, np.ndarray] | None
             for n, d in obj.items()}
 
 
+_BATCH_FIELDS = ("ids", "texts", "strings", "time", "importance", "metadata", "labels")
+
+
+_SEP = "\x00"
+
+
+def _text_column(vals: list[Any]) -> tuple[str, list[bytes]]:
+    """A column of str (or None) as raw sections: (kind, sections).
+
+    Kind "s": the values joined by NUL, UTF-8 (no value holds a NUL, none is None: the usual case, one
+    C-speed join and split). Kind "l": the lengths (int32, -1 for None) and the values joined, UTF-8.
+    Raises TypeError (a value that is not a str) or UnicodeEncodeError (a lone surrogate)."""
+    if None not in vals:
+        joined = _SEP.join(vals)
+        if joined.count(_SEP) == len(vals) - 1 or not vals:
+            return "s", [joined.encode("utf-8")]
+    lens = np.fromiter((-1 if v is None else len(v) for v in vals), dtype="<i4", count=len(vals))
+    return "l", [lens.tobytes(), "".join(v for v in vals if v is not None).encode("utf-8")]
+
+
+def _text_values(kind: str, sections: list[bytes], n: int) -> list[Any]:
+    """The column :func:`_text_column` wrote (ValueError when it does not hold ``n`` values)."""
+    if kind == "s":
+        out = sections[0].decode("utf-8").split(_SEP) if n else []
+        if len(out) != n:
+            raise ValueError(f"a text column of {len(out)} values, expected {n}")
+        return out
+    if kind != "l":
+        raise ValueError(f"an unknown text column kind {kind!r}")
+    lens = np.frombuffer(sections[0], dtype="<i4")
+    text = sections[1].decode("utf-8")
+    if lens.size != n:
+        raise ValueError(f"a text column of {lens.size} values, expected {n}")
+    ends = np.cumsum(np.maximum(lens, 0), dtype=np.int64)
+    if (ends[-1] if n else 0) != len(text):
+        raise ValueError("a text column whose lengths do not match its text")
+    starts = (ends - np.maximum(lens, 0)).tolist()
+    vals: list[Any] = [text[a:b] for a, b in zip(starts, ends.tolist())]
+    for i in np.flatnonzero(lens < 0).tolist():
+        vals[i] = None
+    return vals
+
+
+def _encode_binary_op(op: dict[str, Any]) -> bytes:
+    batch: RecordBatch = op["batch"]
+    if tuple(f.name for f in dataclasses.fields(batch)) != _BATCH_FIELDS:
+        raise TypeError("a record batch of other columns")  # (a later version's: its JSON form is written)
+    n = len(batch.ids)
+    seqs = np.ascontiguousarray(op["seqs"], dtype="<i8")
+    tm = np.ascontiguousarray(batch.time)
+    imp = np.ascontiguousarray(batch.importance)
+    if seqs.shape != (n,) or tm.shape != (n,) or imp.shape != (n,) or len(batch.texts) != n:
+        raise ValueError("columns of different lengths")
+    blobs: list[Any] = [seqs, tm, imp]
+    fields = list(batch.strings)
+    kinds = []
+    for col in (batch.ids, batch.texts, *(batch.strings[f] for f in fields)):
+        kind, sections = _text_column(col)
+        kinds.append(kind)
+        blobs.extend(sections)
+    vecs = []
+    for name, a in (op.get("vectors") or {}).items():
+        a = np.ascontiguousarray(a)
+        vecs.append([name, a.dtype.str, list(a.shape)])
+        blobs.append(a)
+    meta = {"op": op["op"], "n": n, "dtypes": [tm.dtype.str, imp.dtype.str], "strings": fields, "text": kinds,
+            "metadata": batch.metadata, "vectors": vecs}
+    for k in ("at", "tag"):
+        if k in op:
+            meta[k] = op[k]
+    return encode_binary(meta, blobs)
+
+
+def _json_form(op: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in op.items() if k not in ("batch", "seqs", "vectors")}
+    out["cols"] = batch_to_log(op["batch"])
+    out["seqs"] = np.asarray(op["seqs"]).tolist()
+    out["vectors"] = vectors_to_log(op.get("vectors"))
+    return out
+
+
+def encode_op(op: dict[str, Any]) -> bytes:
+    """The payload of one memory log operation: an add or put (``"batch"``: a :class:`RecordBatch`, ``"seqs"``,
+    ``"vectors"``) as a binary payload, anything else as JSON (:func:`gpuir.wal.encode_payload`).
+
+    Raises
+    ------
+    ValueError
+        Not encodable (a lone surrogate, NaN in metadata, a value that is not JSON).
+    """
+    if "batch" not in op:
+        return encode_payload(op)
+    try:
+        return _encode_binary_op(op)
+    except (TypeError, ValueError, OverflowError):
+        return encode_payload(_json_form(op))  # (raises the error a value that cannot be logged deserves)
+
+
+def op_parts(op: dict[str, Any]) -> tuple[RecordBatch, np.ndarray, dict[str, np.ndarray] | None]:
+    """(batch, sequence numbers (n,) int64, vectors) of a logged add or put, binary or JSON (earlier versions).
+
+    Raises
+    ------
+    ValueError
+        A binary payload whose sections do not make the columns it names.
+    """
+    if "_blobs" not in op:
+        return batch_from_log(op["cols"]), np.asarray(op["seqs"], dtype=np.int64), vectors_from_log(op.get("vectors"))
+    b = op["_blobs"]
+    n = int(op["n"])
+    tdt, idt = (np.dtype(d) for d in op["dtypes"])
+    seqs = np.frombuffer(b[0], dtype="<i8").astype(np.int64)
+    tm = np.frombuffer(b[1], dtype=tdt).copy()
+    imp = np.frombuffer(b[2], dtype=idt).copy()
+    if seqs.size != n or tm.size != n or imp.size != n:
+        raise ValueError(f"a logged {op['op']} of {n} records with columns of other lengths")
+    cols, at = [], 3
+    for kind in op["text"]:
+        k = 1 if kind == "s" else 2
+        cols.append(_text_values(kind, b[at:at + k], n))
+        at += k
+    if len(cols) != 2 + len(op["strings"]):
+        raise ValueError(f"a logged {op['op']} whose text columns do not match its fields")
+    ids, texts = cols[0], cols[1]
+    strings = dict(zip(op["strings"], cols[2:]))
+    vecs = {}
+    for j, (name, dt, shape) in enumerate(op["vectors"]):
+        vecs[name] = np.frombuffer(b[at + j], dtype=np.dtype(dt)).reshape(shape).copy()
+    meta = op["metadata"]
+    if len(meta) != n:
+        raise ValueError(f"a logged {op['op']} of {n} records with {len(meta)} metadata")
+    return (RecordBatch(ids=ids, texts=texts, strings=strings, time=tm, importance=imp, metadata=meta), seqs,
+            vecs or None)
+
+
+def concat_batches(batches: list[RecordBatch]) -> RecordBatch:
+    """Record batches joined in order (each already validated)."""
+    if len(batches) == 1:
+        return batches[0]
+    return RecordBatch(
+        ids=[x for b in batches for x in b.ids], texts=[x for b in batches for x in b.texts],
+        strings={f: [x for b in batches for x in b.strings[f]] for f in batches[0].strings},
+        time=np.concatenate([b.time for b in batches]), importance=np.concatenate([b.importance for b in batches]),
+        metadata=[x for b in batches for x in b.metadata])
+
+
+def op_records(op: dict[str, Any]) -> int:
+    """Records of one logged memory operation (add, put or delete; binary or JSON)."""
+    if isinstance(op.get("n"), int):
+        return op["n"]
+    return len(op.get("ids") or op.get("seqs") or ())
+
+
 def log_holds_writes(path: Path) -> bool:
     """Whether a memory log segment holds any operation (a damaged one counts as holding some)."""
     try:
@@ -173,7 +338,7 @@ class MemoryLog:
         """
         if self.failed is not None:
             raise OSError(self.failed)
-        mark = self.wal.write_payloads([encode_payload(op)], n)
+        mark = self.wal.write_payloads([encode_op(op)], n)
         return mark, self.wal.end
 
     def rollback(self, mark: tuple[int, int], n: int) -> None:
@@ -214,3 +379,57 @@ class MemoryLog:
             self.wal.close(sync=self.failed is None)
         except OSError as e:
             log.error("closing the memory's log: the final fsync failed (%s)", e)
+
+
+# ---------------------------------------------------------------------- an older gpuir's service log
+def fold_service_log(mem: Any, generation: int, apply: Any, salvage: bool = False) -> int:
+    """Fold the log an older gpuir's service or shard kept beside the memory (``service-wal-*.log``) into
+    ``mem``, once; returns the number of operations applied.
+
+    Before this version the service and each shard of a sharded memory ran their memory without a log
+    of their own and kept their own (:mod:`gpuir.wal`, kind "service"); now the memory's log is the one
+    home of durability. Steps, each crash-safe: read the old log over ``generation`` (the memory's
+    committed generation when it was opened; a torn tail is ignored, damage refused unless ``salvage``);
+    apply its operations with ``apply(ops, salvaged)`` without logging them again; save the memory (the
+    commit is the point where they become the memory's own); then delete the old segments (a salvaged,
+    damaged one is set aside as ``*.log.damaged``, never deleted). A crash before the commit replays
+    the old log again at the next start (nothing was logged twice); after it, the old segments are
+    older than the memory's generation and are deleted then.
+
+    Parameters
+    ----------
+    mem : Memory
+        Opened as the writer of its directory.
+    generation : int
+        The memory's committed generation read before it was opened.
+    apply : callable (ops: list of dict, salvaged: bool) -> Any
+        Applies the old log's operations (the service's or the shard's format) to ``mem``.
+
+    Raises
+    ------
+    WALCorruptError
+        Damage to acknowledged writes in the old log (unless ``salvage``), or a memory whose own log
+        was folded at open, leaving an old log behind it (never happens to a directory one gpuir wrote).
+    """
+    root = Path(mem._path)
+    if not wal_segments(root, "service"):
+        return 0
+    old = WriteAheadLog(root, kind="service")
+    rec = old.recover(generation, salvage=salvage, append=False)
+    if rec.ops and mem._gen != generation:
+        raise WALCorruptError(
+            f"{root}: an older gpuir's log (service-wal-*.log) continues generation {generation}, but opening "
+            f"the memory committed generation {mem._gen} (its own log was folded): the two logs cannot be "
+            "ordered. Nothing of the old log was applied or deleted; restore the directory from a backup")
+    if rec.ops:
+        with mem._unlogged():
+            apply(rec.ops, bool(rec.skipped))
+    if rec.needs_checkpoint:
+        mem.save()  # the old operations are the memory's own from this commit on
+    left = [p for _, p in wal_segments(root, "service")]
+    old.drop(left)
+    fsync_dir(root)
+    if rec.ops or left:
+        log.info("%s: folded an older gpuir's service log (%d operation(s)) into the memory's generation %d and "
+                 "deleted it: the memory's own log keeps every write from now on", root, len(rec.ops), mem._gen)
+    return len(rec.ops)

@@ -73,12 +73,11 @@ from .docfreq import DfLog
 from .durable import (
     MemoryClosedError,
     MemoryLog,
-    batch_from_log,
-    batch_to_log,
     check_durability,
+    concat_batches,
     log_holds_writes,
-    vectors_from_log,
-    vectors_to_log,
+    op_parts,
+    op_records,
 )
 from .embeddings import Embedding, VectorError, parse_embeddings
 from .errors import UnknownIdError
@@ -240,6 +239,10 @@ class Memory:
         self._closed = False
         self._replaying = False  # applying the log's operations (open): nothing is logged again
         self._replay_at: int | None = None  # the logged time of the delete being replayed
+        self._replayed = 0  # operations the directory's log replayed at open
+        self._write_tag: Any = None  # a caller's tag (JSON) logged with each write while set (a shard's write id)
+        self._last_tag: Any = None  # the tag of the last write (saved in the manifest, replayed from the log)
+        self._tag_before: Any = None  # (restored when a tagged write is taken back)
         self._save_lock = threading.Lock()  # one save (checkpoint) at a time
         self._attempt_gen = 0  # the highest generation a save tried to commit (each attempt a new number)
         self._ckpt_thread: threading.Thread | None = None
@@ -325,16 +328,47 @@ class Memory:
         """What a write has done when it returns (see :mod:`gpuir.memory.durable`)."""
         return self._durability
 
+    def _note_tag(self) -> None:
+        """A write is being made (writer's lock held): it carries the caller's tag, if one is set."""
+        if self._write_tag is not None and not self._replaying:
+            self._tag_before, self._last_tag = self._last_tag, self._write_tag
+
     def _log_write(self, op: dict[str, Any], n: int):
         """Log ``op`` (writer's lock held) before it is applied; None when nothing is logged."""
         if self._log is None or self._replaying:
             return None
+        if self._write_tag is not None:
+            op["tag"] = self._write_tag
         return self._log.write(op, n)
 
     def _unlog(self, token, n: int) -> None:
         """Take back a logged operation that could not be applied (writer's lock held)."""
+        if self._write_tag is not None and not self._replaying:
+            self._last_tag = self._tag_before
         if token is not None:
             self._log.rollback(token[0], n)
+
+    @contextlib.contextmanager
+    def _tagged(self, tag: Any):
+        """Log ``tag`` (a JSON value) with every write made inside (one writer: a shard's write id). The
+        tag of the last write is kept across saves (in the manifest) and replays (:attr:`_last_tag`), so a
+        caller can tell after a crash which of its writes the memory holds."""
+        self._write_tag = tag
+        try:
+            yield
+        finally:
+            self._write_tag = None
+
+    @contextlib.contextmanager
+    def _unlogged(self):
+        """Apply writes without logging them (an older log being folded in: a save must follow, and it is
+        the save that makes them durable)."""
+        self._replaying = True
+        try:
+            with scope.inside_scope():
+                yield
+        finally:
+            self._replaying = False
 
     def _durable(self, token) -> None:
         """After the writer's lock is released: wait for the log's fsync (group commit), then checkpoint in the
@@ -365,23 +399,52 @@ class Memory:
     def _replay(self, ops: list[dict[str, Any]]) -> int:
         """Apply the log's operations (open): the writes acknowledged after the last save. Returns their count."""
         self._replaying = True
+        run: list[tuple[RecordBatch, np.ndarray, Any]] = []  # consecutive logged adds, replayed as one add
+        in_run: set[str] = set()
+
+        def flush() -> None:
+            if run:
+                vecs = run[0][2]
+                self.add(concat_batches([b for b, _, _ in run]), seqs=np.concatenate([q for _, q, _ in run]),
+                         vectors=None if vecs is None else {n: np.concatenate([v[n] for _, _, v in run])
+                                                            for n in vecs})
+                run.clear()
+                in_run.clear()
+
         try:
             with scope.inside_scope():  # (the log replays the memory's own writes, scoped or not)
                 for op in ops:
-                    self._replay_one(op)
+                    if op.get("op") != "add":
+                        flush()
+                        self._replay_one(op)
+                        continue
+                    if "tag" in op:
+                        self._last_tag = op["tag"]
+                    batch, seqs, vecs = op_parts(op)
+                    # an agent's one-record adds replay as one add (one segment): the same records, numbers
+                    # and scores; an id added again (expired meanwhile) or other vectors start a new one
+                    if run and (in_run.intersection(batch.ids) or (vecs is None) != (run[0][2] is None)
+                                or (vecs is not None and set(vecs) != set(run[0][2]))):
+                        flush()
+                    run.append((batch, seqs, vecs))
+                    in_run.update(batch.ids)
+                flush()
         finally:
             self._replaying = False
         return len(ops)
 
     def _replay_one(self, op: dict[str, Any]) -> None:
         kind = op.get("op")
+        if "tag" in op:
+            self._last_tag = op["tag"]
         if kind == "add":
-            self.add(batch_from_log(op["cols"]), vectors=vectors_from_log(op.get("vectors")), seqs=op["seqs"])
+            batch, seqs, vecs = op_parts(op)
+            self.add(batch, vectors=vecs, seqs=seqs)
         elif kind == "put":
             self._replay_at = op.get("at")
             try:
-                self._write(batch_from_log(op["cols"]), True, "ms", "upsert", op["seqs"],
-                            vectors=vectors_from_log(op.get("vectors")))
+                batch, seqs, vecs = op_parts(op)
+                self._write(batch, True, "ms", "upsert", seqs, vectors=vecs)
             finally:
                 self._replay_at = None
         elif kind == "delete":
@@ -444,11 +507,11 @@ class Memory:
             n = len(batch)
             given = check_seqs(seqs, n, self._next_seq)
             token = None
+            self._note_tag()
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-                token = self._log_write({"op": "add", "cols": batch_to_log(batch), "seqs": given.tolist(),
-                                         "vectors": vectors_to_log(vecs)}, n)
+                token = self._log_write({"op": "add", "batch": batch, "seqs": given, "vectors": vecs}, n)
             try:
                 added, parts = self._append(batch, given, vecs)
                 self._publish(added=added)
@@ -540,11 +603,11 @@ class Memory:
                 given = np.asarray([given_of[r["id"]] for r in new], dtype=np.int64)
             n = len(new)
             at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
+            self._note_tag()
             if self._log is not None and not self._replaying:
                 if given is None:
                     given = np.arange(self._next_seq, self._next_seq + n, dtype=np.int64)
-                token = self._log_write({"op": "put", "cols": batch_to_log(batch), "seqs": given.tolist(),
-                                         "vectors": vectors_to_log(vecs), "at": at}, n)
+                token = self._log_write({"op": "put", "batch": batch, "seqs": given, "vectors": vecs, "at": at}, n)
             try:
                 touched = self._remove(rseqs) if replaced else set()
                 added, parts = self._append(batch, given, vecs)
@@ -699,6 +762,7 @@ class Memory:
             if not ids:
                 return 0
             at = now_ms() if self._replay_at is None else self._replay_at  # the history's time, logged with it
+            self._note_tag()
             token = self._log_write({"op": "delete", "ids": ids, "keep_history": bool(keep_history), "at": at},
                                     len(ids))
             try:
@@ -1627,7 +1691,8 @@ class Memory:
                 self._attempt_gen = gen
                 job = PendingSave(self, root, self._snap, gen, self._history.freeze(), cur_name, self._unsaved, {
                     "config": self.config(), "next_seq": self._next_seq, "next_uid": self._next_uid,
-                    "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()}})
+                    "expiring": self._expiring, "embeddings": {n: e.to_dict() for n, e in self._emb.items()},
+                    "log_tag": self._last_tag})
                 if self._durability != "none":
                     if self._log is None:
                         self._log = MemoryLog(root, self._durability)
@@ -1682,6 +1747,8 @@ class Memory:
                     "history": history.save(root, gen), "expiring": state["expiring"]}
         if state["embeddings"]:  # (absent: a memory without vectors, as before)
             manifest["embeddings"] = state["embeddings"]
+        if state.get("log_tag") is not None:  # (absent: no writer tags its writes)
+            manifest["log_tag"] = state["log_tag"]
         name = persist.commit(root, manifest)
         self._saved = {e["uid"]: {k: x for k, x in e.items()} for e in entries}
         self._saved_views = saved_views
@@ -1893,6 +1960,7 @@ class Memory:
         mem._next_seq = int(manifest.get("next_seq", 0))
         mem._next_uid = int(manifest.get("next_uid", 0))
         mem._gen = int(manifest["generation"])
+        mem._last_tag = manifest.get("log_tag")
         mem._dflog.reset(len(mem._terms))
         mem._publish()
         mem._order.build_in_background(mem._write_lock)  # keys of the loaded vocabulary, off the open's path
@@ -1910,12 +1978,13 @@ class Memory:
         except BaseException:
             mlog.wal.close()
             raise
-        n = sum(len(op.get("ids") or op.get("seqs") or ()) for op in rec.ops)
+        n = sum(op_records(op) for op in rec.ops)
         if rec.ops:
             log.info("%s: replayed %d logged operation(s) (%d records) in %.3f s", root, len(rec.ops), n,
                      time.perf_counter() - t0)
         self._attempt_gen = self._gen
         self._log = mlog
+        self._replayed = len(rec.ops)
         self._unsaved = n
         mlog.wal.ops = n
         if rec.needs_checkpoint or (self._durability == "none" and (rec.ops or rec.torn)):

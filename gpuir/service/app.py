@@ -265,12 +265,12 @@ class Service:
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                  checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
                  salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None,
-                 operator_reads: bool = False):
+                 operator_reads: bool = False, durability: str | None = None):
         self.root = Path(memory_dir)
         #: whether an operator key may read (never write) every tenant's records (search, list, history, overview)
         self.operator_reads = bool(operator_reads)
         self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
-                        "salvage": salvage, "statistics": statistics}
+                        "salvage": salvage, "statistics": statistics, "durability": durability}
         self.backend = backend
         self.limits = limits or Limits()
         self.max_batch = max_batch
@@ -285,9 +285,9 @@ class Service:
                                                              5, 10))
         self.m_batch = prom.Histogram("gpuir_search_batch_queries", "queries per scorer call (micro-batches)",
                                       registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-        self.m_group = prom.Histogram("gpuir_wal_group_ops", "write operations per fsync (group commit)",
+        self.m_group = prom.Histogram("gpuir_wal_group_ops", "write operations per memory write: one log append + fsync",
                                       registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-        self.m_fsync = prom.Histogram("gpuir_wal_append_seconds", "write-ahead log append + fsync time", registry=r,
+        self.m_fsync = prom.Histogram("gpuir_wal_append_seconds", "memory write time: log append + apply + fsync", registry=r,
                                       buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1))
         self.m_records = prom.Gauge("gpuir_records", "live records in the memory", registry=r)
         self.m_records.set_function(lambda: len(self.store.memory) if self.store else 0)
@@ -295,7 +295,7 @@ class Service:
         self.m_checkpoints.set_function(lambda: self.store.checkpoints if self.store else 0)
         self.m_wal_ops = prom.Gauge("gpuir_wal_pending_records", "records in the log not yet folded by a save",
                                     registry=r)
-        self.m_wal_ops.set_function(lambda: self.store.wal.ops if self.store else 0)
+        self.m_wal_ops.set_function(lambda: self.store.pending_records if self.store else 0)
         self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch, max_terms=self.limits.batch_terms,
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}
@@ -391,17 +391,19 @@ class Service:
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
                backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
-               limits: Limits | None = None, operator_reads: bool = False):
+               limits: Limits | None = None, operator_reads: bool = False, durability: str | None = None):
     """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
 
     ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
+    ``durability``: the memory's durability level, "fsync" (default), "flush" or "none" (:mod:`gpuir.memory.durable`;
+    a sharded memory's is chosen by ``ShardedMemory.create``).
     ``statistics``: "tenant" (default: each tenant's BM25 statistics are its own records') or "pooled".
     ``limits``: bounds on each request's work and the per-key rate (:class:`Limits`).
     ``operator_reads``: an operator key may read every tenant's records (search, list, count, get, history,
     overview; never a write), as the memory inspector page at ``/ui`` does for operators; default: it may not.
     """
     svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage,
-                  statistics, limits, operator_reads)
+                  statistics, limits, operator_reads, durability)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -596,7 +598,7 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             return {"status": "ok"}
         st = svc.store
         out = {"status": "ok", "records": len(st.memory), "tenants": st.tenant_count(),
-               "statistics": st.statistics, "wal_pending_records": st.wal.ops, "checkpoints": st.checkpoints,
+               "statistics": st.statistics, "wal_pending_records": st.pending_records, "checkpoints": st.checkpoints,
                "replayed_operations": st.replayed}
         if st.memory.sharded:  # each shard's records, node, process and device (gpuir.memory.protocol)
             shards = await asyncio.to_thread(shard_list, st.memory)

@@ -8,7 +8,8 @@
                            [--keep-alive-seconds 75] [--header-timeout-seconds 10] [--body-timeout-seconds 30]
                            [--max-connections 2048] [--max-query-terms 8192] [--max-hits 20000]
                            [--max-response-bytes 8388608] [--rate-limit 100] [--rate-burst 200]
-                           [--backend auto] [--access-log] [--salvage] [--ray-address ADDRESS]
+                           [--backend auto] [--access-log] [--salvage] [--durability fsync|flush|none]
+                           [--ray-address ADDRESS]
     gpuir serve-keys MEMORY_DIR add TENANT        prints a new key (shown once; stored hashed)
     gpuir serve-keys MEMORY_DIR add --operator    prints a new operator key (/metrics, /healthz counts)
     gpuir serve-keys MEMORY_DIR revoke TENANT|KEY_ID
@@ -87,7 +88,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,
-                     statistics=args.statistics, limits=limits, operator_reads=args.operator_reads)
+                     statistics=args.statistics, limits=limits, operator_reads=args.operator_reads,
+                     durability=args.durability)
     print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops, after a "
           f"checkpoint); the memory inspector: http://{args.host}:{args.port}/ui", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -182,7 +184,7 @@ def add_parsers(subparsers) -> None:
     """Add ``serve`` and ``serve-keys`` to the ``gpuir`` command's sub-parsers."""
     ps = subparsers.add_parser("serve", help="serve a memory directory over HTTP (needs gpuir[service])",
                                description="Serve MEMORY_DIR over HTTP: add, search, get and delete records per "
-                                           "tenant, durably (write-ahead log). Routes and keys: docs/service.md.")
+                                           "tenant, durably (the memory's write-ahead log). Routes and keys: docs/service.md.")
     ps.add_argument("memory_dir", metavar="MEMORY_DIR", help="the memory directory (created when missing or empty)")
     ps.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
     ps.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s)")
@@ -200,6 +202,11 @@ def add_parsers(subparsers) -> None:
                          "(default: %(default)s)")
     ps.add_argument("--checkpoint-seconds", type=float, default=60.0, metavar="S",
                     help="... or after this many seconds with a non-empty log (default: %(default)s)")
+    ps.add_argument("--durability", default=None, choices=("fsync", "flush", "none"),
+                    help="what a write has done when it is acknowledged: logged and fsynced by the memory (fsync: "
+                         "survives a crash and a power cut), written to the operating system (flush: survives a "
+                         "crash of the server, not a power cut), or nothing until a checkpoint (none) "
+                         "(default: fsync; a sharded memory keeps the level it was created with)")
     ps.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="BYTES",
                     help="larger request bodies get 413 (default: %(default)s)")
     ps.add_argument("--backend", default="auto", choices=BACKENDS,

@@ -4,8 +4,9 @@
 memory is a :class:`~gpuir.cluster.ShardedMemory`: requests are validated at
 the door as before (the same rules, the same errors), the writer thread groups
 waiting operations as before, and a group is acknowledged once every owning
-shard has logged it (each shard's own write-ahead log, ``fsync``) and applied
-it. Ids are namespaced ``TENANT/ID`` as in the pooled store; create the memory
+shard has applied it and its memory has logged it (each shard's memory's own
+write-ahead log, :mod:`gpuir.memory.durable`, at the level the sharded memory
+was created with: ``ShardedMemory.create(durability=...)``, default ``"fsync"``). Ids are namespaced ``TENANT/ID`` as in the pooled store; create the memory
 with ``route="tenant"`` so that every tenant lives on one shard and its searches
 ask that shard only.
 
@@ -53,16 +54,6 @@ log = logging.getLogger("gpuir.service.sharded")
 RAY_ADDRESS_ENV = "GPUIR_RAY_ADDRESS"
 
 
-class _Pending:
-    """What the metrics read as ``store.wal.ops``: records written since the last checkpoint of the shards."""
-
-    def __init__(self):
-        self.ops = 0
-
-    def close(self) -> None:
-        pass
-
-
 class ShardedStore(ServiceStore):
     """A sharded memory served durably (see the module docstring); the interface of :class:`ServiceStore`.
 
@@ -72,13 +63,14 @@ class ShardedStore(ServiceStore):
     Raises
     ------
     ValueError
-        ``statistics`` other than "pooled", or ``salvage`` (each shard checks its own log at start).
+        ``statistics`` other than "pooled", ``salvage`` (each shard checks its own log at start), or
+        ``durability`` (a sharded memory's is chosen when it is created).
     """
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
                  max_group: int = 1024, salvage: bool = False, statistics: str = "pooled",
-                 address: str | None = None):
+                 address: str | None = None, durability: str | None = None):
         if statistics != "pooled":
             raise ValueError(
                 f"{root} is a sharded memory: its BM25 statistics are global over every tenant (the scores of one "
@@ -87,6 +79,9 @@ class ShardedStore(ServiceStore):
         if salvage:
             raise ValueError("--salvage applies to one memory's log; each shard of a sharded memory checks its own "
                              "log when it starts and names any damage")
+        if durability is not None:
+            raise ValueError("--durability applies to one memory; a sharded memory's shards keep the level chosen "
+                             "by ShardedMemory.create(durability=...) (default fsync)")
         self.statistics = "pooled"
         self.tenants: dict[str, Any] = {}
         self.root = check_path(root)
@@ -100,7 +95,7 @@ class ShardedStore(ServiceStore):
         self.replayed = sum(s["replayed_operations"] for s in info["shard_list"])
         self.replay_seconds = max(s["open_s"] for s in info["shard_list"])
         self.recovery = None
-        self.wal = _Pending()
+        self._pending = 0  # records written since the last checkpoint of the shards
         self.checkpoints = 0
         warm_up()
         self.last_checkpoint = time.monotonic()
@@ -145,7 +140,7 @@ class ShardedStore(ServiceStore):
                     op.future.set_exception(err)
         except BaseException as e:  # an internal failure: stop writing (every acknowledged write is in a shard's log)
             self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: {e}); "
-                           "restart it (the shards' logs hold every acknowledged write)")
+                           "restart it (the shards' memories' logs hold every acknowledged write)")
             log.error("%s", self.failed)
             for op, _ in ok:
                 if not op.future.done():
@@ -154,7 +149,7 @@ class ShardedStore(ServiceStore):
                 raise
         if self.on_group is not None and done:
             self.on_group(len(done), time.perf_counter() - t0)
-        self.wal.ops += sum(n for _, n in done)
+        self._pending += sum(n for _, n in done)
         for op, n in done:
             if not op.future.done():
                 op.future.set_result(n)
@@ -185,7 +180,7 @@ class ShardedStore(ServiceStore):
             op.future.set_exception(WriteFailedError(f"the sharded memory could not store this request "
                                                      f"({type(e).__name__}: {e})"))
             return
-        self.wal.ops += n
+        self._pending += n
         op.future.set_result((n - created, created))
 
     def reader(self, tenant: str, where: dict[str, Any] | None) -> tuple[Any, Any, bool]:
@@ -200,9 +195,14 @@ class ShardedStore(ServiceStore):
         """Fold every shard's log into its memory (each shard writes its files outside its own lock, so the
         shards' writers never wait for the files; ``background`` is the single store's option, unused)."""
         self.memory.save()
-        self.wal.ops = 0
+        self._pending = 0
         self.checkpoints += 1
         self.last_checkpoint = time.monotonic()
+
+    @property
+    def pending_records(self) -> int:
+        """Records written since the last checkpoint of the shards (each in its shard's memory's log)."""
+        return self._pending
 
     def get(self, tenant: str, rid: str) -> dict[str, Any] | None:
         from .store import check_tenant

@@ -1,12 +1,22 @@
-"""The service's durable memory: a :class:`~gpuir.memory.Memory` behind a write-ahead log.
+"""The service's durable memory: a :class:`~gpuir.memory.Memory` on its directory, with the memory's own log.
 
 :class:`ServiceStore` owns the memory directory while the server runs (it holds
-the memory's writer lock). Writes go through one writer thread that groups the
-operations waiting for it (group commit): validate each, append them all to the
-log, one ``fsync``, apply them to the memory, then resolve each caller's
-future -- so a write is acknowledged only once it is durable, and a search
-started after the acknowledgement sees it (read-your-writes). See
-:mod:`gpuir.service.wal` for the log and the crash argument.
+the memory's writer lock). Durability is the memory's: every write is logged by
+the memory itself (:mod:`gpuir.memory.durable`, ``memory-wal-*.log``) before
+its call returns, at the level ``durability`` (default ``"fsync"``); the
+service keeps no log of its own. Writes go through one writer thread that groups
+the operations waiting for it: validate each, then apply them in order --
+consecutive adds as one ``Memory.add``, consecutive deletes as one
+``Memory.delete``, so a group of adds costs one log append and one ``fsync`` --
+then resolve each caller's future. A write is therefore acknowledged only once
+it is durable, and a search started after the acknowledgement sees it
+(read-your-writes).
+
+**Older directories.** A directory written by a gpuir whose service kept its own
+log (``service-wal-*.log``, :mod:`gpuir.wal`) is folded once at start: the old
+log is read (a torn tail dropped, damage refused unless ``salvage``), its
+operations applied to the memory, the memory saved, and only then the old log
+deleted (:func:`gpuir.memory.durable.fold_service_log`).
 
 Record ids are namespaced by tenant inside the memory (``TENANT/ID``; tenant
 names cannot contain ``/``), so tenants may use the same ids, and an id of one
@@ -44,12 +54,13 @@ from typing import Any
 import numpy as np
 
 from ..memory import Memory, RecordError
+from ..memory.durable import check_durability, fold_service_log, log_holds_writes
 from ..memory.intake import canonical_records, fold_expiry
-from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned
+from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned, read_manifest
 from ..memory.records import RecordBatch, normalize_records
 from ..memory.scope import tenant_where
 from ..storage.dirlock import check_path, is_claimed
-from ..wal import WriteAheadLog, encode_payload, segments
+from ..wal import encode_payload, segments
 from .errors import (
     SEP,
     TENANT_RE,
@@ -108,13 +119,12 @@ pooled_where = tenant_where
 
 
 class StoreOp:
-    __slots__ = ("batch", "future", "ids", "kind", "options", "payload", "records", "tenant")
+    __slots__ = ("batch", "future", "ids", "kind", "options", "records", "tenant")
 
     def __init__(self, kind: str, tenant: str, records=None, ids=None, options=None):
         self.kind, self.tenant, self.records, self.ids = kind, tenant, records, ids
         self.options = options or {}
         self.batch = None
-        self.payload: bytes | None = None  # the log frame's JSON, encoded at the door
         self.future: cf.Future = cf.Future()
 
 
@@ -159,7 +169,7 @@ class ServiceStore:
     ----------
     root : the memory directory (created when missing or empty)
     checkpoint_every : int
-        Fold the log into the memory's segments (``Memory.save``) once it holds
+        Fold the memory's log into its segments (``Memory.save``) once it holds
         this many records (adds plus deletes).
     checkpoint_seconds : float
         ... or when the log is non-empty and this many seconds passed since the last checkpoint.
@@ -170,11 +180,15 @@ class ServiceStore:
     salvage : bool
         Start although the log is damaged: keep every intact frame, log what is
         skipped, fold the result into the memory at once and set the damaged
-        segments aside (see :mod:`gpuir.service.wal`). Without it, damage is a
-        :class:`~gpuir.service.wal.WALCorruptError` and nothing is changed.
+        segments aside (see :mod:`gpuir.wal`). Without it, damage is a
+        :class:`~gpuir.wal.WALCorruptError` and nothing is changed.
     statistics : {"tenant", "pooled"}
         BM25 statistics per tenant (default: a search memory per tenant, see the
         module docstring) or over all tenants (searches run on the shared memory).
+    durability : {"fsync", "flush", "none"}, optional
+        The memory's durability (:mod:`gpuir.memory.durable`): what a write has
+        done when it is acknowledged. Default ``"fsync"``: a write acknowledged
+        survives a crash of the process and a power cut.
 
     Raises
     ------
@@ -187,7 +201,9 @@ class ServiceStore:
 
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
-                 max_group: int = 1024, salvage: bool = False, statistics: str = "tenant"):
+                 max_group: int = 1024, salvage: bool = False, statistics: str = "tenant",
+                 durability: str | None = None):
+        self.durability = check_durability("fsync" if durability is None else durability)
         if statistics not in STATISTICS:
             raise ValueError(f"statistics must be one of {', '.join(STATISTICS)}, got {statistics!r}")
         self.statistics = statistics
@@ -201,35 +217,36 @@ class ServiceStore:
         self.max_group = max_group
         self.failed: str | None = None  # why writes are refused (an internal failure), else None
         self._ckpt: threading.Thread | None = None  # a checkpoint finishing in the background
+        self.checkpoints = 0
+        t0 = time.perf_counter()
         if (self.root / CURRENT).exists():
-            # the service logs every operation itself (with the tenant's walls), so the memory keeps no second log
+            gen = int(read_manifest(self.root)[1]["generation"])
+            # the memory replays its own log (every write acknowledged before a crash) as it opens
             self.memory = Memory.open(self.root, writer=True, verify=True, lock_timeout=lock_timeout,
-                                      durability="none")
+                                      durability=self.durability, salvage=salvage)
         else:
             if self.root.exists() and any(self.root.iterdir()) and not is_claimed(self.root):
                 raise ValueError(f"{self.root} is not empty and not a gpuir memory: choose a new or empty directory")
             if self.root.is_dir():
                 # segments, manifests or a log without CURRENT: a damaged memory, never a new empty one
-                check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root)])
-            self.memory = Memory(**{**(memory_options or {}), "durability": "none"})
+                check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root, "service")]
+                                   + [p.name for _, p in segments(self.root, "memory") if log_holds_writes(p)])
+            gen = None
+            self.memory = Memory(**{**(memory_options or {}), "durability": self.durability})
             self.memory.save(self.root, lock_timeout=lock_timeout)
         self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
         try:
-            self.wal = WriteAheadLog(self.root)
-            t0 = time.perf_counter()
-            self.recovery = self.wal.recover(self.memory.info()["generation"], salvage=salvage)
-            self.replayed = self._replay_all(self.recovery.ops, salvage and bool(self.recovery.skipped))
+            self.replayed = self.memory._replayed  # operations the memory's log replayed
+            if gen is not None:  # an older gpuir's own service log: applied once, saved, then deleted
+                self.replayed += fold_service_log(self.memory, gen, lambda ops, salv: self._replay_all(ops, salv),
+                                                  salvage=salvage)
             self.replay_seconds = time.perf_counter() - t0
-            self.checkpoints = 0
             self.last_checkpoint = time.monotonic()
-            if self.recovery.needs_checkpoint:  # a salvaged or version-1 log: fold it now, set damage aside
-                self.checkpoint()
             if statistics == "tenant":
                 self._empty = self._new_tenant_memory()  # searched for a tenant without records
                 self._build_tenant_memories()
         except BaseException:
-            self.wal.close()
-            self.memory.close(discard_unsaved=True)  # everything is still in the log
+            self.memory.close(discard_unsaved=True)  # everything acknowledged is in a log still
             raise
         warm_up()
         self.last_checkpoint = time.monotonic()
@@ -361,8 +378,8 @@ class ServiceStore:
             raise tenants_own(e, tenant) from None
         op = StoreOp("add", tenant, records=recs)
         op.batch = batch
-        try:
-            op.payload = encode_payload({"op": "add", "records": recs})
+        try:  # what the memory's log cannot hold fails here, alone, never inside a group
+            encode_payload({"op": "add", "records": recs})
         except (ValueError, TypeError) as e:  # check_record lets nothing through that fails here
             raise RecordError(f"a record cannot be written to the log: {e}") from None
         return self._submit(op)
@@ -399,7 +416,7 @@ class ServiceStore:
             try:
                 first = self._q.get(timeout=timeout)
             except queue.Empty:
-                if self.wal.ops:
+                if self.pending_records:
                     self._checkpoint_safely()
                 continue
             if first is None:
@@ -416,8 +433,9 @@ class ServiceStore:
                     break
                 group.append(nxt)
             self._commit_in_order(group)
-            if self.wal.ops >= self.checkpoint_every or (
-                    self.wal.ops and time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds):
+            pending = self.pending_records
+            if pending >= self.checkpoint_every or (
+                    pending and time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds):
                 self._checkpoint_safely()
             if stop:
                 return
@@ -445,66 +463,134 @@ class ServiceStore:
         commit_update(self, op)
 
     def _commit(self, group: list[StoreOp]) -> None:
-        """Validate, log (one fsync), apply, acknowledge a group of operations."""
-        mem = self.memory
-        ok = check_group(group, mem)
+        """Validate, apply (the memory logs each call before it returns: durable), acknowledge a group.
+
+        The group's operations are applied in order, consecutive adds as one ``Memory.add`` and
+        consecutive deletes as one ``Memory.delete`` (one log append and one ``fsync`` each). A call
+        whose log append fails stores nothing: its operations and every later one of the group fail
+        with :class:`WriteFailedError` (nothing of them is stored); the earlier ones are durable and
+        acknowledged.
+        """
+        ok = check_group(group, self.memory)
         logged = [(op, n) for op, n in ok if n]
         if logged and self.failed is not None:
             err: BaseException = StoreFailedError(self.failed)
             for op, _ in ok:
                 op.future.set_exception(err)
             return
-        if logged:
-            for op, _ in logged:
-                if op.kind == "delete":
-                    op.payload = encode_payload({"op": "delete", "ids": op.ids})
+        runs: list[list[StoreOp]] = []  # consecutive operations of one kind
+        for op, _ in logged:
+            if runs and runs[-1][0].kind == op.kind:
+                runs[-1].append(op)
+            else:
+                runs.append([op])
+        for i, run in enumerate(runs):
             t0 = time.perf_counter()
-            n_ops = sum(n for _, n in logged)
-            try:
-                mark = self.wal.append_payloads([op.payload for op, _ in logged], n_ops)
-            except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing of the group is stored
-                err = WriteFailedError(
-                    f"the write-ahead log could not be written ({os_reason(e)}): nothing of this request was "
-                    "stored; retry once the server has disk space again", getattr(e, "errno", None))
-                for op, _ in ok:
-                    op.future.set_exception(err)
+            err = self._apply_run(run)
+            if err is not None:
+                for op in (o for r in runs[i:] for o in r):
+                    if not op.future.done():
+                        op.future.set_exception(err)
+                for op, n in ok:  # the earlier runs are durable; an operation with nothing to write has no frame
+                    if not op.future.done():
+                        op.future.set_result(n)
                 return
             if self.on_group is not None:
-                self.on_group(len(logged), time.perf_counter() - t0)
-            try:
-                # apply in order, consecutive adds as one Memory.add (fewer, larger segments)
-                run: list = []
-                for op, _ in logged:
-                    if op.kind == "add":
-                        run.append(op.batch)
-                        continue
-                    if run:
-                        self._apply_adds(run)
-                        run = []
-                    mem.delete(op.ids, missing_ok=True)
-                if run:
-                    self._apply_adds(run)
-                if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
-                    cut = {op.tenant: len(op.tenant) + len(SEP) for op, _ in logged}
-                    for op, _ in logged:
-                        tm = self._tenant_memory(op.tenant)
-                        if op.kind == "add":
-                            tm.add(tenant_batch(op.batch, op.tenant))
-                        else:
-                            tm.delete([rid[cut[op.tenant]:] for rid in op.ids], missing_ok=True)
-            except BaseException as e:  # validated at the door, so an internal failure: stop writing
-                self.wal.rollback(mark, n_ops)  # the log must not replay what was not acknowledged
-                self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: "
-                               f"{e}); restart it (the log holds every acknowledged write)")
-                log.error("%s", self.failed)
-                for op, _ in ok:
-                    if not op.future.done():
-                        op.future.set_exception(StoreFailedError(self.failed))
-                if not isinstance(e, Exception):
-                    raise
-                return
+                self.on_group(len(run), time.perf_counter() - t0)
         for op, n in ok:
             op.future.set_result(n)
+
+    def _apply_run(self, run: list[StoreOp]) -> BaseException | None:
+        """Apply consecutive operations of one kind to the memory (logged by it), then to the tenants'
+        search memories; returns the error to give their callers (None: durable and applied)."""
+        mem = self.memory
+        try:
+            if run[0].kind == "add":
+                self._apply_adds([op.batch for op in run])
+            else:
+                mem.delete([rid for op in run for rid in op.ids], missing_ok=True)
+        except BaseException as e:  # noqa: BLE001 - the memory's log says whether anything was stored
+            return self.write_error(e)
+        try:
+            if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
+                for op in run:
+                    tm = self._tenant_memory(op.tenant)
+                    if op.kind == "add":
+                        tm.add(tenant_batch(op.batch, op.tenant))
+                    else:
+                        cut = len(op.tenant) + len(SEP)
+                        tm.delete([rid[cut:] for rid in op.ids], missing_ok=True)
+        except BaseException as e:  # noqa: BLE001 - validated at the door, so an internal failure
+            return self._fail(e)
+        return None
+
+    def write_error(self, e: BaseException) -> BaseException:
+        """The error for the callers of a memory write that raised ``e`` (called by the writer thread).
+
+        A log append that failed (``ENOSPC``, ``EIO``, a short write) was rolled back by the memory:
+        nothing is stored, :class:`WriteFailedError` (507 when the disk is full). A failed ``fsync``
+        leaves the memory refusing writes with the write applied in RAM: the log is cut back to its
+        last durable frame (every acknowledged write) and the memory opened again from its directory
+        -- then nothing of the request is stored either, and the server goes on. Anything else (or a
+        reopen that fails) stops the server's writes (:class:`StoreFailedError`).
+        """
+        if isinstance(e, OSError):
+            why = self.memory_log_failed()
+            if why is None or self._reopen(why):
+                return WriteFailedError(
+                    f"the write-ahead log could not be written ({os_reason(e)}): nothing of this request was "
+                    "stored; retry once the server has disk space again", getattr(e, "errno", None))
+        return self._fail(e)
+
+    def _reopen(self, why: str) -> bool:
+        """After a failed fsync: cut the memory's log back to what was durable, open the memory again (it
+        replays its log), rebuild the tenants' search memories. True when done."""
+        mem = self.memory
+        try:
+            mem._log.wal.cut_to_synced()
+        except OSError as e:
+            log.error("the memory's log could not be cut back after a failed fsync (%s): %s", e, why)
+            return False
+        mem._log.close()
+        mem._log = None  # (nothing after the cut is durable: no final save of the RAM state either)
+        mem.close(discard_unsaved=True)
+        try:
+            self.memory = Memory.open(self.root, writer=True, verify=False, durability=self.durability)
+            self.memory.allow_unscoped()
+            if self.statistics == "tenant":
+                self.tenants = {}
+                self._build_tenant_memories()
+        except Exception as e:  # noqa: BLE001 - reported as the store's failure by the caller
+            log.error("reopening the memory after a failed fsync failed: %s: %s", type(e).__name__, e)
+            return False
+        log.warning("the memory's log failed to sync; cut back to its last durable frame and reopened (%s)", why)
+        return True
+
+    def memory_log_failed(self) -> str | None:
+        """Why the memory's log refuses writes (a failed ``fsync``: what it held may be lost), else None."""
+        mlog = getattr(self.memory, "_log", None)
+        return None if mlog is None else mlog.failed
+
+    def _fail(self, e: BaseException) -> StoreFailedError:
+        """Stop accepting writes after an internal failure (or a failed fsync); the error for the callers."""
+        why = self.memory_log_failed()
+        if why is not None:
+            self.failed = (f"the server stopped accepting writes: {why}. Restart it (the memory's log holds every "
+                           "write acknowledged before)")
+        else:
+            self.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: "
+                           f"{e}); restart it (the memory's log holds every acknowledged write)")
+        log.error("%s", self.failed)
+        if not isinstance(e, Exception):
+            raise e
+        return StoreFailedError(self.failed)
+
+    @property
+    def pending_records(self) -> int:
+        """Records logged since the last checkpoint (the memory's log: what a crash would replay); at
+        durability "none", records written since the last save (what a crash would lose)."""
+        mlog = getattr(self.memory, "_log", None)
+        return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
     def _apply_adds(self, batches: list[RecordBatch]) -> None:
         """One ``Memory.add`` for the group's consecutive adds (already validated: their columns are joined)."""
@@ -516,6 +602,9 @@ class ServiceStore:
             return
         if self._ckpt is not None and self._ckpt.is_alive():
             return  # one checkpoint at a time; the writer never waits for one
+        own = getattr(self.memory, "_ckpt_thread", None)
+        if own is not None and own.is_alive():
+            return  # the memory is checkpointing itself (its log grew past CHECKPOINT_EVERY): that one folds it
         self.last_checkpoint = time.monotonic()
         try:
             self.checkpoint(background=True)
@@ -523,17 +612,16 @@ class ServiceStore:
             log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
 
     def checkpoint(self, background: bool = False) -> None:
-        """Fold the log into the memory's segments (call from the writer thread, or when it is stopped).
+        """Fold the memory's log into its segments: a save (call from the writer thread, or when it is stopped).
 
-        Steps, in the writer thread: the memory's snapshot is taken (``Memory.begin_save``) and the
-        log rotated to a new segment whose header names the generation G' this save will commit (each
-        attempt a new number); then, in a background thread with ``background`` (the writer goes on
-        acknowledging writes into the new segment), the save writes its files and commits G', and
-        the older segments are deleted. A crash before the commit replays the old segments and the
-        new one in order; a failed save leaves them for the next.
+        In the writer thread the memory takes its snapshot and starts a new log segment whose header
+        names the generation this save will commit (``Memory.begin_save``); then, in a background
+        thread with ``background`` (the writer goes on acknowledging writes into the new segment),
+        the save writes its files and commits, and the memory deletes the older segments. A crash
+        before the commit replays the old segments and the new one in order; a failed save leaves
+        them for the next (:mod:`gpuir.memory.durable`).
         """
-        older: list[Path] = []
-        job = self.memory.begin_save(on_snapshot=lambda g: older.extend(self.wal.rotate(g)))
+        job = self.memory.begin_save()
 
         def finish() -> None:
             try:
@@ -543,7 +631,6 @@ class ServiceStore:
                     raise
                 log.warning("checkpoint failed, will retry: %s: %s", type(e).__name__, e)
                 return
-            self.wal.drop(older)
             self.checkpoints += 1
             self.last_checkpoint = time.monotonic()
 
@@ -613,7 +700,8 @@ class ServiceStore:
         return out
 
     def close(self, checkpoint: bool = True) -> None:
-        """Stop the writer (after the queued writes), checkpoint, release the directory."""
+        """Stop the writer (after the queued writes), checkpoint, release the directory (``checkpoint=False``:
+        no final save, as after a crash: the next start replays the memory's log)."""
         if self._closed:
             return
         self._closed = True
@@ -622,8 +710,12 @@ class ServiceStore:
         if self._ckpt is not None:
             self._ckpt.join()
         try:
-            if checkpoint and self.wal.ops and self.failed is None:
+            if checkpoint and self.pending_records and self.failed is None:
                 self.checkpoint()
         finally:
-            self.wal.close()
-            self.memory.close(discard_unsaved=True)  # what was not saved is in the log
+            mem = self.memory
+            if not checkpoint and getattr(mem, "_log", None) is not None:
+                # as after a crash: no final save; the memory's log keeps every write (replayed at the next open)
+                mem._log.close()
+                mem._log = None
+            mem.close(discard_unsaved=True)  # what was not saved is in the memory's log

@@ -3,10 +3,10 @@
 An update (``PATCH`` merges, ``PUT`` replaces; :mod:`gpuir.memory.updates`)
 reads the stored record, so the writer thread commits it alone, in its place in
 the queue (after the writes queued before it): it merges each patch into the
-stored version, checks the result, logs the **whole new versions** as one
-``{"op": "put", "records": [...]}`` frame (one fsync), applies them with
-:meth:`Memory.upsert(..., replace=True) <gpuir.Memory.upsert>`, and only then
-acknowledges. Replay applies the logged versions as they are, so a replayed
+stored version, checks the result, applies the **whole new versions** with
+:meth:`Memory.upsert(..., replace=True) <gpuir.Memory.upsert>` -- which logs them
+as one ``put`` frame of the memory's log (durable before it returns) -- and only
+then acknowledges. Replay applies the logged versions as they are, so a replayed
 update gives the same records (and the same history) whatever the merge rules.
 A patch that changes nothing is acknowledged without a log frame.
 """
@@ -23,15 +23,12 @@ from ..memory.expiry import now_ms
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.records import RecordError, normalize_records
 from ..memory.stamps import stamp_records
-from ..wal import encode_payload
 from .errors import (
     SEP,
     NotFoundError,
     StoreFailedError,
     TenantError,
-    WriteFailedError,
     internal_id,
-    os_reason,
     tenants_own,
 )
 from .validate import check_record
@@ -72,7 +69,8 @@ def check_patches(tenant: str, patches: Sequence[dict[str, Any]], time_unit: str
 
 
 def commit_update(store: Any, op: Any) -> None:
-    """Merge, check, log (one fsync), apply and acknowledge one update (called by the writer thread).
+    """Merge, check, apply (logged by the memory: durable) and acknowledge one update (called by the writer
+    thread).
 
     The future gives ``(updated, created)``: records that existed and changed (one left as it was counts 0,
     as in ``Memory.update``), and records an upsert created."""
@@ -106,28 +104,19 @@ def commit_update(store: Any, op: Any) -> None:
         op.future.set_result((0, 0))
         return
     t0 = time.perf_counter()
-    try:
-        mark = store.wal.append_payloads([encode_payload({"op": "put", "records": new})], len(new))
-    except Exception as e:  # noqa: BLE001 - rolled back by the log: nothing stored
-        op.future.set_exception(WriteFailedError(
-            f"the write-ahead log could not be written ({os_reason(e)}): nothing of this request was stored; "
-            "retry once the server has disk space again", getattr(e, "errno", None)))
+    try:  # the memory logs the new versions (one frame, durable) before the call returns
+        mem.upsert(new, replace=True, time_unit="ms")
+    except BaseException as e:  # noqa: BLE001 - the memory's log says whether anything was stored
+        op.future.set_exception(store.write_error(e))
         return
     if store.on_group is not None:
         store.on_group(1, time.perf_counter() - t0)
     try:
-        mem.upsert(new, replace=True, time_unit="ms")
         if store.statistics == "tenant":  # then the tenant's search memory (its own ids), as adds do
             cut = len(op.tenant) + len(SEP)
             store._tenant_memory(op.tenant).upsert([{**r, "id": r["id"][cut:]} for r in new], replace=True,
                                                    time_unit="ms")
-    except BaseException as e:  # checked above, so an internal failure: stop writing
-        store.wal.rollback(mark, len(new))
-        store.failed = (f"the server stopped accepting writes after an internal error ({type(e).__name__}: {e}); "
-                        "restart it (the log holds every acknowledged write)")
-        log.error("%s", store.failed)
-        op.future.set_exception(StoreFailedError(store.failed))
-        if not isinstance(e, Exception):
-            raise
+    except BaseException as e:  # noqa: BLE001 - checked above, so an internal failure: stop writing
+        op.future.set_exception(store._fail(e))
         return
     op.future.set_result((len(new) - created, created))  # (a created record is always new)

@@ -1,8 +1,8 @@
-"""The service's write-ahead log: :mod:`gpuir.wal` under its former name (the very same module object).
+""":mod:`gpuir.wal` under its former name (the very same module object).
 
-The log moved below the service so that :mod:`gpuir.cluster` (each shard keeps
-one) never imports the service; code that imports ``gpuir.service.wal`` keeps
-working, monkeypatches included.
+The service once kept a write-ahead log of its own here; it now writes through its memory's own log
+(:mod:`gpuir.memory.durable`), and :mod:`gpuir.wal` only reads the old ``service-wal-*.log`` files to
+fold them in once. Code that imports ``gpuir.service.wal`` keeps working, monkeypatches included.
 """
 
 import sys

@@ -393,6 +393,27 @@ class ShardServer:
         mem = self.memory
         return [rid in mem for rid in ids]
 
+    def seqs_of(self, ids: list[str]) -> list[int | None]:
+        """``Memory.seqs_of``: each id's sequence number here (None: no live record)."""
+        return self.memory.seqs_of(ids)
+
+    def match(self, where: Any, time_unit: str | None) -> tuple[list[str], np.ndarray]:
+        """The ids of the live records here passing ``where`` (``Memory.match_ids``: a delete by ``where``
+        deletes them), in add order, and their sequence numbers: ndarray (n,), int64."""
+        ids = self.memory.match_ids(where, time_unit)
+        return ids, np.asarray(self.memory.seqs_of(ids) if ids else [], dtype=np.int64)
+
+    def forget_histories(self) -> int:
+        """Drop every history kept here (a reset's last step), then checkpoint: durable when this returns
+        (the log holds records, not histories). Returns how many records' histories were dropped."""
+        with self._lock:
+            with self.memory._write_lock:
+                ids = self.memory._history.ids()
+                self.memory._history.drop(ids)
+                self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+            self.checkpoint(force=True)
+            return len(ids)
+
     def tenants(self) -> list[str]:
         """The tenants holding live records here."""
         snap = self.memory.snapshot()

@@ -57,7 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory import Memory, RecordError, UnknownIdError, bulk, updates
+from ..memory import scope as _scope
 from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
@@ -285,6 +286,11 @@ class ShardedMemory:
         self._next_seq = 0
         self._next_wid = 1
         self._rw = _RWLock()
+        #: Every write takes it (re-entrant) before the exclusive side of ``_rw``: a scope's check-then-write
+        #: (gpuir.memory.scope.Scope) holds it across its reads, as with one Memory's writer lock.
+        self._write_lock = threading.RLock()
+        self._require_scope = bool(self._config.get("require_scope", False))
+        self._guard_scope = self._require_scope
         self._closed = False
         #: Test hook: the fault the next write asks of its first shard ("kill_after_log", "kill_after_apply").
         self._fault: str | None = None
@@ -296,7 +302,7 @@ class ShardedMemory:
     def create(cls, path: str | os.PathLike, shards: int = 2, route: str = "tenant", address: str | None = None, *,
                device: str = "auto", checkpoint_every: int = 10_000, max_restarts: int = -1,
                restart_timeout: float = 120.0, call_timeout: float = 600.0, lock_timeout: float = 10.0,
-               **memory_options: Any) -> ShardedMemory:
+               require_scope: bool = False, **memory_options: Any) -> ShardedMemory:
         """Create a sharded memory in a new (or empty) directory and start its shards.
 
         Parameters
@@ -322,6 +328,10 @@ class ShardedMemory:
             Seconds any one shard call may take.
         lock_timeout : float
             Seconds to wait for the directory's (or a shard's) writer lock.
+        require_scope : bool
+            Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`), as
+            ``Memory(require_scope=True)``: the memory is then used through :meth:`scope`. Saved in the
+            manifest (the coordinator enforces it; the shards' memories do not hold it).
         **memory_options
             ``Memory`` settings: analyzer, method, k1, b, delta, partition_days, merge_factor, merge_min.
         """
@@ -334,7 +344,7 @@ class ShardedMemory:
             raise TypeError(f"unknown option {bad[0]!r}: the memory options are {', '.join(MEMORY_OPTIONS)}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
-        config = Memory(**memory_options).config()  # checks the settings
+        config = Memory(**memory_options, require_scope=require_scope).config()  # checks the settings
         runtime.require_ray()
         root = claim_dir(check_path(path), layout.KIND, mode=0o700)
         lock = WriterLock(root, timeout=lock_timeout)
@@ -588,7 +598,8 @@ class ShardedMemory:
         return {rid: s for s, g in groups.items() for rid, ok in zip(g, got[s]) if ok}
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None,
+            vectors: Mapping[str, Any] | None = None) -> int:
         """Add new records (see :meth:`Memory.add <gpuir.memory.Memory.add>`); atomic for the batch.
 
         Returns once every owning shard has logged (``fsync``) and applied them.
@@ -597,14 +608,19 @@ class ShardedMemory:
         ------
         RecordError
             A malformed record, or an id that already exists (nothing is added).
+        ScopeError
+            A memory made with ``require_scope=True``, used without a scope.
         ShardUnavailableError
             An owning shard did not come back (the message says where the write is durable).
         """
+        self._guard("add")
+        if vectors:
+            raise ValueError("a sharded memory keeps no embeddings: add records without vectors")
         batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
         n = len(batch)
         if not n:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             own = self._owners_of_batch(batch)
             groups: dict[int, list[int]] = {}
@@ -671,6 +687,7 @@ class ShardedMemory:
         return self._put(records, replace, time_unit, "upsert")
 
     def _put(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+        self._guard(what)
         if isinstance(records, RecordBatch):  # validated columns: whole records
             records = [records.record(i) for i in range(len(records))]
             replace, time_unit = True, "ms"
@@ -678,7 +695,7 @@ class ShardedMemory:
         ids = updates.check_ids(patches, what)
         if not ids:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             groups_old: dict[int, list[str]] = {}  # where each id can live: its owner (tenant map or id hash)
             for rid in ids:
@@ -752,6 +769,11 @@ class ShardedMemory:
         if check_config:
             check_export_config(path, header, self.config(), "Pass check_config=False to import it anyway")
         canon = canonical_records(recs, None, labels=labels)
+        with self._write_lock, _scope.inside_scope():  # an import is of the whole memory (as Memory.import_)
+            return self._import(canon, labels, vecs, hists, vectors, replace)
+
+    def _import(self, canon: list[dict[str, Any]], labels: list[str], vecs: dict, hists: list, vectors: dict | None,
+                replace: bool) -> int:
         if replace:  # every record of the file is now as the file has it (as Memory.import_: unchanged ones count)
             self.upsert(canon, replace=True, time_unit="ms")
             n = len(canon)
@@ -787,23 +809,36 @@ class ShardedMemory:
             ids = self._gather({s: (lambda s=s: self._actors[s].expired.remote()) for s in range(self.n_shards)},
                                "purge")
         dead = [rid for g in ids.values() for rid in g]
-        return self.delete(dead, missing_ok=True) if dead else 0
+        with _scope.inside_scope():  # upkeep of the whole memory (as Memory.purge_expired)
+            return self.delete(dead, missing_ok=True) if dead else 0
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = True) -> int:
-        """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
+               where: Any = None, time_unit: str | None = None) -> int:
+        """Delete records by id, or every record passing ``where`` (see :meth:`Memory.delete
+        <gpuir.memory.Memory.delete>` and :mod:`gpuir.memory.bulk`).
 
         ``keep_history`` (the default, as in ``Memory.delete``) keeps each record's history on its shard,
-        the deleted version last; False drops it.
+        the deleted version last; False drops it. ``where`` is resolved to the ids of the live records
+        passing it on the shards that can hold them (:meth:`match_ids`, under the writer's lock), which
+        are then deleted as ids are: one write.
 
         Raises
         ------
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
+        TypeError, WhereError
+            Both ids and ``where``, or neither; an empty or malformed ``where`` (``reset`` deletes everything).
         """
+        self._guard("delete")
+        if where is not None or ids is None:
+            bulk.check_delete_where(ids, where)
+            with self._write_lock:  # no write between the match and the delete
+                found = self._match(where, time_unit)
+                return self.delete(found, missing_ok=True, keep_history=keep_history) if found else 0
         ids = id_list(ids, "delete")
         if not ids:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             uniq = list(dict.fromkeys(ids))
             if self._owner is not None:  # route "tenant": the coordinator knows every id's shard
@@ -837,22 +872,128 @@ class ShardedMemory:
             return sum(len(groups[s]) if a.get("replayed") or a.get("resynced") else int(a["n"])
                        for s, a in answers.items())
 
+    # ------------------------------------------------------------------ scopes, bulk deletes
+    def _guard(self, what: str) -> None:
+        if self._guard_scope:
+            _scope.require(what)
+
+    def scope(self, tenant: str | None = None, agent: str | None = None,
+              session: str | None = None) -> _scope.Scope:
+        """A view confined to a tenant (and/or an agent, a session): every read and write stays inside it,
+        and ids are the tenant's own, exactly as :meth:`Memory.scope <gpuir.memory.Memory.scope>`'s
+        (:mod:`gpuir.memory.scope`; the same class, over this memory's protocol).
+
+        With ``route="tenant"`` a tenant's scope reads and writes its tenant's shard only.
+        """
+        return _scope.Scope(self, tenant=tenant, agent=agent, session=session)
+
+    @property
+    def require_scope(self) -> bool:
+        """Whether unscoped reads and writes of records are refused (``create(require_scope=True)``)."""
+        return self._require_scope
+
+    def allow_unscoped(self, allow: bool = True) -> None:
+        """Let unscoped reads and writes through in this process (see :meth:`Memory.allow_unscoped
+        <gpuir.memory.Memory.allow_unscoped>`); the setting saved stays."""
+        self._guard_scope = self._require_scope and not allow
+
+    def _match(self, where: Any, time_unit: str | None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in the global add order."""
+        w = compile_wheres(where, 1, {}, time_unit)[0]  # a malformed where fails before any shard is asked
+        targets = search_targets(w, self.route, self.n_shards)
+        with self._rw.reading():
+            self._check_open()
+            got = self._gather({s: (lambda s=s: self._actors[s].match.remote(where, time_unit)) for s in targets},
+                               "match")
+        if len(got) == 1:
+            return list(next(iter(got.values()))[0])
+        ids = [rid for s in got for rid in got[s][0]]
+        seqs = np.concatenate([np.asarray(got[s][1], dtype=np.int64) for s in got]) if got else np.zeros(0, np.int64)
+        return [ids[i] for i in np.argsort(seqs, kind="stable").tolist()]
+
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in add order: what
+        ``delete(where=where)`` would delete now (see :meth:`Memory.match_ids <gpuir.memory.Memory.match_ids>`)."""
+        self._guard("match_ids")
+        return self._match(where, time_unit)
+
+    def reset(self, confirm: bool = False) -> int:
+        """Delete every record, and every history kept after a delete; the settings stay (see
+        :meth:`Memory.reset <gpuir.memory.Memory.reset>`).
+
+        Every live id is deleted as :meth:`delete` deletes ids (one write, logged by
+        each shard), then each shard forgets its kept histories and checkpoints.
+
+        Parameters
+        ----------
+        confirm : bool
+            Must be True.
+
+        Returns
+        -------
+        int: the number of records deleted.
+        """
+        bulk.check_reset(confirm)
+        with self._write_lock, _scope.inside_scope():  # a reset is of the whole memory (require_scope allows it)
+            self._check_open()
+            found = self._match(None, None)
+            n = self.delete(found, missing_ok=True, keep_history=False) if found else 0
+            with self._rw.writing():
+                self._gather({s: (lambda s=s: self._actors[s].forget_histories.remote())
+                              for s in range(self.n_shards)}, "reset")
+            return n
+
+    def _by_owner(self, ids: Iterable[str]) -> dict[int, list[str]]:
+        """The distinct ids grouped by the shard that can hold each (ids no shard holds are left out)."""
+        groups: dict[int, list[str]] = {}
+        for rid in dict.fromkeys(ids):
+            s = self._owner_of_id(rid)
+            if s is not None:
+                groups.setdefault(s, []).append(rid)
+        return groups
+
+    def seqs_of(self, ids: Iterable[str]) -> list[int | None]:
+        """The global sequence number of each id, in the order given (None: no live record has it); see
+        :meth:`Memory.seqs_of <gpuir.memory.Memory.seqs_of>`."""
+        ids = id_list(ids, "seqs_of")
+        with self._rw.reading():
+            self._check_open()
+            groups = self._by_owner(ids)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].seqs_of.remote(g)) for s, g in groups.items()},
+                               "lookup")
+        seq = {rid: q for s, g in groups.items() for rid, q in zip(g, got[s]) if q is not None}
+        return [seq.get(rid) for rid in ids]
+
+    def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """(ids, their records as stored: canonical, times in epoch ms) of live ids; KeyError for an id that
+        is not live (see :meth:`Memory.stored <gpuir.memory.Memory.stored>`)."""
+        ids = list(ids)
+        if not ids:
+            return [], []
+        with self._rw.reading():
+            self._check_open()
+            groups = self._by_owner(ids)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups.items()},
+                               "read")
+        found = {rid: rec for s in got for rid, rec in got[s].items()}
+        missing = [rid for rid in ids if rid not in found]
+        if missing:
+            raise KeyError(missing[0])
+        return ids, [found[rid] for rid in ids]
+
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (see :meth:`Memory.get <gpuir.memory.Memory.get>`)."""
+        self._guard("get")
         ids = id_list(ids, "get")
         with self._rw.reading():
             self._check_open()
-            groups: dict[int, list[str]] = {}
-            for rid in dict.fromkeys(ids):
-                s = self._owner_of_id(rid)
-                if s is not None:
-                    groups.setdefault(s, []).append(rid)
+            groups = self._by_owner(ids)
             got = self._gather({s: (lambda s=s, g=g: self._actors[s].get.remote(g)) for s, g in groups.items()}, "get")
         found = {rid: rec for s, g in groups.items() for rid, rec in zip(g, got[s]) if rec is not None}
         unknown = [rid for rid in ids if rid not in found]
-        if unknown and not missing_ok:
-            raise UnknownIdError(list(dict.fromkeys(unknown)), "get")
+        if unknown and not missing_ok:  # as Memory.get: an id given twice is named twice
+            raise UnknownIdError(unknown, "get")
         return [dict(found[rid]) if rid in found else None for rid in ids]
 
     def contains(self, ids: Iterable[str]) -> list[bool]:
@@ -873,6 +1014,7 @@ class ShardedMemory:
 
     def history(self, id: str) -> list[dict[str, Any]]:
         """A record's earlier versions, oldest first (see :meth:`Memory.history <gpuir.memory.Memory.history>`)."""
+        self._guard("history")
         with self._rw.reading():
             self._check_open()
             s = self._owner_of_id(id)
@@ -895,6 +1037,7 @@ class ShardedMemory:
              cursor: str | None = None, time_unit: str | None = None) -> Any:
         """A page of records (see :meth:`Memory.list <gpuir.memory.Memory.list>`) from the one shard that
         ``where`` confines them to (a tenant with ``route="tenant"``); else ValueError."""
+        self._guard("list")
         with self._rw.reading():
             self._check_open()
             s = self._one_shard(where, time_unit, "listing")
@@ -922,6 +1065,7 @@ class ShardedMemory:
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """How many live records pass ``where`` (summed over the shards that can hold them)."""
+        self._guard("count")
         with self._rw.reading():
             self._check_open()
             w = compile_wheres(where, 1, {}, time_unit)[0]
@@ -989,6 +1133,7 @@ class ShardedMemory:
         ShardUnavailableError
             A shard that must be asked did not answer (nothing partial is returned).
         """
+        self._guard("search")
         t0 = time.perf_counter()
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
@@ -1113,7 +1258,7 @@ class ShardedMemory:
         Not needed for durability (every acknowledged write is in a shard's
         log); it makes the next start replay less.
         """
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             self._gather({s: (lambda s=s: self._actors[s].checkpoint.remote()) for s in range(self.n_shards)}, "save")
         return self._path
@@ -1122,7 +1267,7 @@ class ShardedMemory:
         """Checkpoint every shard, stop the actors, release the directory (and stop a runtime started here)."""
         if self._closed:
             return
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._closed = True
             try:
                 refs = {s: self._actors[s].close.remote() for s in range(self.n_shards)}

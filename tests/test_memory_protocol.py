@@ -479,3 +479,36 @@ def test_scoped_and_bulk_answers_equal_one_memory(rt, tmp_path, route):
     assert len(got) == len(one)
     for i, (a, b) in enumerate(zip(one, got)):
         assert a == b, f"call {i}: {a!r} != {b!r}"
+
+
+def test_reads_take_the_direct_channel_and_survive_a_killed_shard(rt, tmp_path):
+    """Searches and fetches go over each shard's direct channel (gpuir.cluster.fastpath) and answer exactly as
+    over Ray; a shard SIGKILLed between two searches breaks its channel, the search asks over Ray (which
+    restarts the shard) and answers the same, and the next search opens the new shard's channel."""
+    from gpuir.cluster.fastpath import FastClient
+
+    one = Memory()
+    one.add(RECS)
+    with ShardedMemory.create(tmp_path / "sm", shards=2, route="id", device="cpu") as sm:
+        sm.add(RECS)
+        qs = ["support group", "lake walk dog", "camping stars"]
+
+        def same(**kw):
+            a, b = one.search(qs, k=4, **kw), sm.search(qs, k=4, **kw)
+            assert np.array_equal(a.seqs, b.seqs) and np.array_equal(a.scores, b.scores), kw
+            assert [a.hits(i) for i in range(3)] == [b.hits(i) for i in range(3)], kw
+            return b
+
+        assert same().meta["fetch_calls"] >= 1  # several shards asked: the final k fetched
+        chans = dict(sm._fast)
+        assert sorted(chans) == [0, 1] and all(isinstance(c, FastClient) for c in chans.values())
+        sm.fast_path = False
+        same(order_by="time")
+        same(ties="newest")
+        sm.fast_path = True
+        old = chans[1]
+        sm.kill_shard(1)
+        same(order_by="time")  # the channel breaks; asked over Ray, which waits for the restart
+        assert old.broken
+        same()
+        assert isinstance(sm._fast[1], FastClient) and sm._fast[1] is not old and not sm._fast[1].broken

@@ -365,6 +365,9 @@ class ShardServer:
                 if self.failed is None:
                     self.checkpoint()
             finally:
+                fast = getattr(self, "_fast", None)
+                if fast is not None:
+                    fast.close()
                 self.wal.close()
                 self.memory.close(discard_unsaved=True)  # what was not saved is in the log
 
@@ -372,6 +375,24 @@ class ShardServer:
     def ping(self) -> int:
         """The shard's process id (answers once the shard serves)."""
         return os.getpid()
+
+    def fast_address(self) -> tuple[str | None, str, bytes]:
+        """(Ray node id, socket path, token) of this shard's direct channel for ``search`` and ``fetch``
+        (:mod:`gpuir.cluster.fastpath`), opened on the first ask."""
+        from .fastpath import FastServer
+
+        with self._lock:
+            if getattr(self, "_fast", None) is None:
+                self._fast = FastServer(lambda name, args: getattr(self, name)(*args))
+        node = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:  # pragma: no cover - a shard run without Ray (tests)
+            pass
+        return node, self._fast.path, self._fast.token
 
     def sync(self, with_ids: bool = False) -> dict[str, Any]:
         """Everything the coordinator derives from this shard: full statistics, partitions, counters, ids."""
@@ -501,9 +522,12 @@ class ShardServer:
         -------
         dict
             ``seqs`` (b, k') int64 (-1 pads), ``scores`` (b, k') float32 (-inf pads),
-            ``times`` (b, k') int64 epoch ms (MISSING_TIME when untimed or padding), host
-            arrays, each row best first (k' = min(k, this shard's records), at least 1);
-            ``records``: {query position: its hits (``MemoryResults.hits``)} for the final queries.
+            ``times`` (b, k') int64 epoch ms (MISSING_TIME when untimed or padding, and on the rows of
+            the final queries, whose records carry their times), host arrays, each row best first
+            (k' = min(k, this shard's records), at least 1);
+            ``records``: {query position: its hits' records as stored (``Snapshot.record``: canonical,
+            times in epoch ms, no score; the coordinator formats them when they are read)} for the
+            final queries.
         """
         B = len(queries)
         backend = self.backend if backend == "auto" else backend
@@ -526,15 +550,17 @@ class ShardServer:
             at = np.asarray(idx, dtype=np.int64)
             w = res.seqs.shape[1]
             seqs[at, :w], scores[at, :w] = res.seqs, res.scores
-            ok = res.seqs >= 0
+            fin = np.asarray([final is not None and bool(final[i]) for i in idx], dtype=bool)
+            ok = (res.seqs >= 0) & ~fin[:, None]
             if ok.any():
                 tw = np.full(res.seqs.shape, MISSING_TIME, dtype=np.int64)
                 tw[ok] = hit_times(res.snapshot, res.vidx[ok], res.rows[ok])
                 times[at, :w] = tw
-            if final is not None:
-                for j, i in enumerate(idx):
-                    if final[i]:
-                        records[i] = res.hits(j)
+            snap = res.snapshot
+            for j in np.flatnonzero(fin).tolist():
+                okj = res.seqs[j] >= 0
+                records[idx[j]] = [snap.record(v, r) for v, r in zip(res.vidx[j][okj].tolist(),
+                                                                     res.rows[j][okj].tolist())]
         return {"seqs": seqs, "scores": scores, "times": times, "records": records}
 
     def fetch(self, seqs: Any) -> list[dict[str, Any] | None]:
@@ -546,14 +572,13 @@ class ShardServer:
 
         Returns
         -------
-        list of m dicts (``id``, ``text`` and the record's fields, times in ISO 8601), None where
-        ``seqs[i]`` is no live record here.
+        list of m dicts, the records as stored (``id``, ``text`` and the record's fields: canonical, times
+        in epoch ms; the coordinator formats them when they are read), None where ``seqs[i]`` is no live
+        record here.
         """
-        from ..memory.timeutil import public_record
-
         snap = self.memory.snapshot()
         vi, rows = snap.locate(np.asarray(seqs, dtype=np.int64))
-        return [None if v < 0 else public_record(snap.record(v, r)) for v, r in zip(vi.tolist(), rows.tolist())]
+        return [None if v < 0 else snap.record(v, r) for v, r in zip(vi.tolist(), rows.tolist())]
 
     def term_stats(self, queries: list[str]) -> TermStats:
         """This shard's live N, total length and the df of the queries' terms (a DFS phase's report)."""

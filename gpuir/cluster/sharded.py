@@ -30,6 +30,11 @@ with ``route="id"`` a ``where`` naming ids asks their owners only; and a shard
 holding none of the query's terms is never asked. Each asked shard gets the
 batch's queries for it in one call.
 
+**Transport.** Searches and fetches of a shard on this process's node go over the shard's direct
+channel (:mod:`gpuir.cluster.fastpath`: a Unix socket, a fraction of a Ray actor call's round trip);
+when it breaks (the shard died) the call is asked over Ray, which waits for the restart. Everything
+else is a Ray actor call.
+
 **Durable.** A write returns once every owning shard has logged it (``fsync``)
 and applied it. A shard that dies during a write is restarted by Ray
 (``max_restarts``) from its directory and log; the coordinator waits for it
@@ -62,7 +67,7 @@ from ..memory import scope as _scope
 from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
-from ..memory.records import RecordBatch, id_list, normalize_records
+from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
@@ -227,7 +232,7 @@ class ShardedResults:
 
     seqs: np.ndarray
     scores: np.ndarray
-    _hits: list[list[dict[str, Any]]]
+    _hits: list[list[dict[str, Any]]]  # each question's records as stored (canonical), best first
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -242,8 +247,16 @@ class ShardedResults:
         return [h["id"] for h in self._hits[i]]
 
     def hits(self, i: int) -> list[dict[str, Any]]:
-        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields."""
-        return [dict(h) for h in self._hits[i]]
+        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields
+        (``time`` and ``expires_at`` as ISO 8601 strings), formatted when asked for, as
+        :meth:`MemoryResults.hits <gpuir.memory.MemoryResults.hits>` does."""
+        from ..memory.timeutil import public_record
+
+        out = []
+        for rec, s in zip(self._hits[i], self.scores[i].tolist()):
+            r = public_record(dict(rec))
+            out.append({"id": r.pop("id"), "score": float(s), **r})
+        return out
 
 
 class ShardedMemory:
@@ -294,6 +307,11 @@ class ShardedMemory:
         self._closed = False
         #: Test hook: the fault the next write asks of its first shard ("kill_after_log", "kill_after_apply").
         self._fault: str | None = None
+        #: Reads (search, fetch) of a shard on this node go over its direct channel (gpuir.cluster.fastpath);
+        #: False: every call over Ray (benchmarks compare the two).
+        self.fast_path = os.environ.get("GPUIR_SHARD_FASTPATH", "1") != "0"
+        self._fast: dict[int, Any] = {}  # shard -> FastClient (or None: not on this node)
+        self._fast_lock = threading.Lock()
         #: Bytes sent for statistics: writes' deltas received, searches' statistics sent (for benchmarks).
         self.exchange = {"write_delta_bytes": 0, "writes": 0, "search_stats_bytes": 0, "search_calls": 0}
 
@@ -512,6 +530,64 @@ class ShardedMemory:
                     ref = calls[s]()
                 except ray.exceptions.GetTimeoutError as e:
                     raise self._shard_error(s, e, what) from None
+        return out
+
+    def _fast_client(self, s: int) -> Any:
+        """Shard ``s``'s direct channel (:mod:`gpuir.cluster.fastpath`), None when it runs on another node
+        (or the channel is off); asked for over Ray once per life of the shard's process."""
+        if not self.fast_path:
+            return None
+        c = self._fast.get(s, False)
+        if c is None or (c is not False and not c.broken):
+            return c
+        from .fastpath import FastClient
+
+        with self._fast_lock:
+            c = self._fast.get(s, False)
+            if c is None or (c is not False and not c.broken):
+                return c
+            ray = self._ray
+            try:
+                node, path, token = ray.get(self._actors[s].fast_address.remote(), timeout=self.call_timeout)
+                here = ray.get_runtime_context().get_node_id()
+            except Exception as e:  # noqa: BLE001 - (a shard restarting, a runtime without it): asked over Ray
+                log.debug("shard %d: no direct channel (%s: %s)", s, type(e).__name__, e)
+                return None  # asked again next time
+            c = FastClient(path, token, self.call_timeout) if node is not None and node == here and os.path.exists(
+                path) else None
+            self._fast[s] = c
+            return c
+
+    def _read(self, method: str, args_of: dict[int, tuple], what: str | None = None) -> dict[int, Any]:
+        """``method(*args)`` on each shard at once (reads: ``search``, ``fetch``): over a shard's direct
+        channel when it has one, else (or when the channel fails: the shard died) over Ray, which waits for
+        the shard's restart and asks again (:meth:`_gather`)."""
+        what = what or method
+        slow: dict[int, tuple] = {}
+        sent: dict[int, tuple[Any, Any]] = {}
+        from .fastpath import ChannelBroken
+
+        for s, args in args_of.items():
+            try:
+                c = self._fast_client(s)
+                if c is not None:
+                    sent[s] = (c, c.start(method, args))
+                    continue
+            except ChannelBroken:  # asked again over Ray below
+                pass
+            slow[s] = args
+        refs = {s: (lambda s=s, a=a: getattr(self._actors[s], method).remote(*a)) for s, a in slow.items()}
+        out: dict[int, Any] = {}
+        for s, (c, sock) in sent.items():
+            try:
+                out[s] = c.finish(sock)
+            except ChannelBroken:
+                log.warning("shard %d's direct channel closed during %s; asking over Ray", s, what)
+                refs[s] = (lambda s=s, a=args_of[s]: getattr(self._actors[s], method).remote(*a))
+            except TimeoutError as e:
+                raise self._shard_error(s, e, what) from None
+        if refs:
+            out.update(self._gather(refs, what))
         return out
 
     def _write(self, parts: dict[int, bytes]) -> dict[int, dict[str, Any]]:
@@ -1181,11 +1257,10 @@ class ShardedMemory:
                 self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
                 self.exchange["search_calls"] += 1
                 final = [len(targets_of[qi]) == 1 for qi in qis]  # asked alone: its top k is the answer
-                calls[s] = (lambda s=s, qis=qis, ts=ts, final=final: self._actors[s].search.remote(
-                    [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
-                    min_score, time_unit, final))
+                calls[s] = ([queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
+                            min_score, time_unit, final)
             t2 = time.perf_counter()
-            got = self._gather(calls, "search")
+            got = self._read("search", calls)
             t3 = time.perf_counter()
             seqs, scores, hits, fetched = self._merge_fetch(B, k, asked, got, ties, order_by)
         return ShardedResults(seqs, scores, hits, {
@@ -1211,6 +1286,12 @@ class ShardedMemory:
                 for j, q in enumerate(qis):
                     hits[q] = a["records"][j]
             return seqs, scores, hits, 0
+        for s in asked:  # the final questions' times travel in their records (the shard skips the array)
+            recs_of = got[s].get("records") or {}
+            if recs_of:
+                t = got[s]["times"] = np.array(got[s]["times"], dtype=np.int64)  # (a copy: it may be read-only)
+                for j, rs in recs_of.items():
+                    t[j, :len(rs)] = [r.get("time", MISSING_TIME) for r in rs]
         m = merge_answers(B, k, asked, got, ties, order_by)
         need: dict[int, list[int]] = {}
         for j in np.flatnonzero(m.record_of < 0).tolist():
@@ -1220,14 +1301,12 @@ class ShardedMemory:
             s, row = int(m.shard[j]), int(m.row[j])
             recs[j] = got[s]["records"][row][int(m.record_of[j])]
         if need:
-            out = self._gather({s: (lambda s=s, js=js: self._actors[s].fetch.remote(m.seq[js]))
-                                for s, js in need.items()}, "fetch")
+            out = self._read("fetch", {s: (m.seq[js],) for s, js in need.items()})
             for s, js in need.items():
                 for j, rec in zip(js, out[s]):
                     if rec is None:  # pragma: no cover - the read lock keeps every shard at one state
                         raise RuntimeError(f"shard {s} no longer holds record {int(m.seq[j])} found by the search")
-                    rid = rec.pop("id")
-                    recs[j] = {"id": rid, "score": float(m.score[j]), **rec}
+                    recs[j] = rec
         hits = [[] for _ in range(B)]
         for j, q in enumerate(m.group.tolist()):
             hits[q].append(recs[j])
@@ -1284,6 +1363,10 @@ class ShardedMemory:
                     self._ray.shutdown()
 
     def _stop_actors(self) -> None:
+        for c in list(self._fast.values()):
+            if c:
+                c.close()
+        self._fast = {}
         for a in self._actors:
             with contextlib.suppress(Exception):  # already gone
                 self._ray.kill(a, no_restart=True)

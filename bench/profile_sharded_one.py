@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO / "bench"))
     from bench_sharded import machine, synthetic
 
+    mach = machine()  # (its load average: at the start)
     corpus = synthetic(args.records, args.queries)
     work = Path(tempfile.mkdtemp(prefix="gpuir-prof-"))
     mem = Memory()
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
             same &= bool(np.array_equal(a.seqs, b.seqs) and np.array_equal(a.scores, b.scores)
                          and a.hits(0) == b.hits(0))
         res = {"benchmark": "profile_sharded_one", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "machine": machine(), "label": args.label, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+               "machine": mach, "label": args.label, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "records": args.records, "questions": len(pick), "k": k, "identical_to_memory": same,
                "p50_ms": {key: pct(v, 50) for key, v in t.items()},
                "p99_ms": {key: pct(v, 99) for key, v in t.items()}}

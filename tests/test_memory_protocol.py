@@ -422,6 +422,17 @@ def test_unknown_ids_are_named_the_same(make):
     assert m.delete(["nope"], missing_ok=True) == 0 and m.upsert([{"id": "nope", "text": "now", "tenant": "t1"}]) == 1
 
 
+def _pages(m, **kw):
+    """Every page of a listing, as (records, cursor) pairs."""
+    out, cursor = [], None
+    while True:
+        page = m.list(limit=9, cursor=cursor, **kw)
+        out.append((page.records, page.cursor))
+        if page.cursor is None:
+            return out
+        cursor = page.cursor
+
+
 @pytest.mark.parametrize("route", ["id", "tenant"])
 def test_scoped_and_bulk_answers_equal_one_memory(rt, tmp_path, route):
     """The same calls on one Memory and on a 3-shard memory: every answer (ids, float32 scores, counts,
@@ -456,6 +467,8 @@ def test_scoped_and_bulk_answers_equal_one_memory(rt, tmp_path, route):
         do(lambda: ann.search(qs, k=5, where={"session": "s1"}, ties="newest"))
         do(lambda: m.search(qs, k=9))
         do(lambda: ann.count(where={"session": "s2"}))
+        do(lambda: _pages(ann, order_by="time", descending=True))  # every page and cursor (route "id": 3 shards)
+        do(lambda: _pages(m, where={"session": "s1"}))
         do(lambda: ann.match_ids({"session": "s0"}))
         do(lambda: ann.delete(where={"session": "s0"}))
         do(lambda: bob.delete(["r40", "r1", "r41"]))

@@ -490,6 +490,19 @@ class ShardServer:
         """``Memory.list`` of this shard's memory."""
         return self.memory.list(*args)
 
+    def list_keyed(self, where: Any, order_by: str, descending: bool, limit: int, cursor: str | None,
+                   time_unit: str | None) -> Any:
+        """``Memory.list`` of this shard's memory with each record's sort key (``Page.keys``): a part of a
+        listing over several shards (:func:`gpuir.memory.listing.merge_pages`)."""
+        from ..memory import listing
+        from ..memory.expiry import cutoff
+        from ..memory.where import compile_wheres
+
+        snap = self.memory.snapshot()
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        fp = listing.fingerprint(where, order_by, descending, time_unit)
+        return listing.list_page(snap, w, fp, order_by, descending, limit, cursor, with_keys=True)
+
     def export(self, where: Any, history: bool, time_unit: str | None) -> tuple[int, bytes]:
         """``Memory.export`` of this shard's memory: (records written, the file's bytes)."""
         import tempfile

@@ -1111,14 +1111,29 @@ class ShardedMemory:
 
     def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
              cursor: str | None = None, time_unit: str | None = None) -> Any:
-        """A page of records (see :meth:`Memory.list <gpuir.memory.Memory.list>`) from the one shard that
-        ``where`` confines them to (a tenant with ``route="tenant"``); else ValueError."""
+        """A page of records, with the cursor for the next (see :meth:`Memory.list <gpuir.memory.Memory.list>`):
+        the page and the cursor one ``Memory`` holding the same records gives.
+
+        From the one shard ``where`` confines them to (a tenant with ``route="tenant"``), else from every
+        shard that can hold them: each answers its first ``limit`` records after the cursor with their
+        sort keys (global: sequence numbers are the add order), merged by
+        :func:`gpuir.memory.listing.merge_pages`.
+        """
+        from ..memory import listing
+
         self._guard("list")
+        w = compile_wheres(where, 1, {}, time_unit)[0]  # refusals as Memory.list's, before any shard is asked
+        fp = listing.fingerprint(where, order_by, descending, time_unit)
+        listing.check_list_args(fp, order_by, limit, cursor)
+        targets = search_targets(w, self.route, self.n_shards)
+        args = (where, order_by, descending, limit, cursor, time_unit)
         with self._rw.reading():
             self._check_open()
-            s = self._one_shard(where, time_unit, "listing")
-            return self._gather({s: lambda: self._actors[s].list.remote(where, order_by, descending, limit, cursor,
-                                                                        time_unit)}, "list")[s]
+            if len(targets) == 1:
+                s = targets[0]
+                return self._gather({s: lambda: self._actors[s].list.remote(*args)}, "list")[s]
+            got = self._gather({s: (lambda s=s: self._actors[s].list_keyed.remote(*args)) for s in targets}, "list")
+        return listing.merge_pages([got[s] for s in targets], fp, limit)
 
     def export(self, path: str | os.PathLike, where: Any = None, history: bool = True,
                time_unit: str | None = None) -> int:

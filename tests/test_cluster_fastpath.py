@@ -10,6 +10,7 @@ import os
 import pickle
 import socket
 import stat
+import struct
 
 import numpy as np
 import pytest
@@ -64,6 +65,13 @@ def test_a_connection_without_the_token_is_closed():
         with pytest.raises(ConnectionError):  # closed (end of file: ChannelBroken), reset or a broken pipe
             _send(s, b"\0" * 32)  # a wrong token: nothing after it is unpickled
             _send(s, pickle.dumps(("fetch", ([1],))))
+            _recv(s)
+        s.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a first frame longer than a token: not read
+        s.settimeout(10)
+        s.connect(srv.path)
+        with pytest.raises(ConnectionError):
+            s.sendall(struct.pack(">I", 2**31))
             _recv(s)
         s.close()
         bad = FastClient(srv.path, b"x" * 32, timeout=10)

@@ -61,8 +61,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> bytes:
+def _recv(sock: socket.socket, most: int | None = None) -> bytes:
     (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if most is not None and n > most:
+        raise ChannelBroken(f"a frame of {n} bytes where at most {most} were expected")
     return _recv_exact(sock, n)
 
 
@@ -104,7 +106,7 @@ class FastServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                if not secrets.compare_digest(_recv(conn), self.token):
+                if not secrets.compare_digest(_recv(conn, most=len(self.token)), self.token):
                     return
                 while True:
                     name, args = pickle.loads(_recv(conn))

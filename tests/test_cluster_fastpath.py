@@ -92,3 +92,28 @@ def test_a_closed_shard_breaks_the_channel():
         c.call("fetch", ([3],))
         c.call("fetch", ([3],))
     assert c.broken
+
+
+def test_concurrent_callers_each_get_their_own_answer():
+    """The service's threads search at once: each call takes a connection of its own from the pool."""
+    import threading
+
+    srv = _server()
+    try:
+        c = FastClient(srv.path, srv.token, timeout=10)
+        wrong: list = []
+
+        def work(t):
+            for i in range(50):
+                seqs = [t, i]
+                if c.call("fetch", (seqs,)) != [2 * t, 2 * i]:
+                    wrong.append((t, i))
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert wrong == [] and not c.broken and 1 <= len(c._idle) <= 8
+    finally:
+        srv.close()

@@ -159,7 +159,10 @@ def run(corpus: dict, shards: int | None, args, workdir: Path, want=None) -> dic
         shutil.rmtree(path, ignore_errors=True)
         mem = ShardedMemory.create(path, shards=shards, route=corpus["route"], checkpoint_every=args.checkpoint_every,
                                    **opts)
+        mem.fast_path = not args.ray_only
     out: dict[str, Any] = {"config": name, "shards": shards, "loadavg_at_start": [round(x, 1) for x in os.getloadavg()]}
+    if shards is not None:  # how the shards' reads travel (gpuir.cluster.fastpath)
+        out["transport"] = "ray actor calls" if args.ray_only else "direct channel (Unix socket), Ray for the rest"
     try:
         t_add = 0.0
         n = 0
@@ -258,6 +261,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None, help="where the sharded memories are written (default: a temp dir)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 20k synthetic records, 5k turns")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--ray-only", action="store_true",
+                   help="every shard call over Ray (no direct channel for reads: gpuir.cluster.fastpath)")
+    p.add_argument("--label", default="", help="a note saved with the results (e.g. \"under load\")")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:

@@ -275,3 +275,46 @@ def test_a_write_that_keeps_n_and_length_still_changes_the_scores(tmp_path, monk
         same(one, sm, qs, k=3)
     finally:
         sm.close()
+
+
+@pytest.mark.parametrize("route", ["id", "tenant"])
+def test_a_listing_over_several_shards_equals_one_memory(tmp_path, monkeypatch, route):
+    """list() with a where that several shards can match: the same pages and the same cursors as one Memory
+    (cursors interchangeable), in every order and direction; bad arguments refused as one Memory refuses them."""
+    rng = np.random.default_rng(11)
+    recs = records(300, rng)
+    one = Memory()
+    sm, calls = in_process(tmp_path, monkeypatch, 3, route)
+    try:
+        sm.add(recs)
+        one.add(recs)
+        sm.delete([r["id"] for r in recs[::13]])
+        one.delete([r["id"] for r in recs[::13]])
+        sm.update([{"id": "r0005", "text": "moved to the end of the add order"}])
+        one.update([{"id": "r0005", "text": "moved to the end of the add order"}])
+        for where in (None, {"tenant": "a"}, {"time": {"gte": format_time(1_700_000_000_000 + 9 * 86_400_000)}}):
+            for order_by in ("seq", "time"):
+                for descending in (False, True):
+                    a_cur = b_cur = None
+                    pages = 0
+                    while True:
+                        a = one.list(where, order_by=order_by, descending=descending, limit=37, cursor=a_cur)
+                        b = sm.list(where, order_by=order_by, descending=descending, limit=37, cursor=b_cur)
+                        assert b.records == a.records and b.cursor == a.cursor, (where, order_by, descending, pages)
+                        pages += 1
+                        if a.cursor is None:
+                            break
+                        a_cur = b_cur = a.cursor
+                    assert pages >= 2 or where is not None
+        calls.clear()
+        sm.list(None, limit=5)
+        assert sorted(s for s, c in calls if c == "list_keyed") == [0, 1, 2], "every shard asked once"
+        for kw in ({"order_by": "nope"}, {"limit": 0}, {"cursor": "garbage"},
+                   {"cursor": one.list(None, limit=2).cursor, "descending": True}):
+            with pytest.raises(ValueError) as ea:
+                one.list(None, **kw)
+            with pytest.raises(ValueError) as eb:
+                sm.list(None, **kw)
+            assert str(ea.value) == str(eb.value), kw
+    finally:
+        sm.close()

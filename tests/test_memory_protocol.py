@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 
 from gpuir import Memory
 from gpuir.cluster import ShardedMemory, runtime
-from gpuir.memory import RecordError, UnknownIdError
+from gpuir.memory import RecordError, ScopeError, UnknownIdError, WhereError
 from gpuir.memory.protocol import MemoryAPI, shard_list
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,21 @@ def make(request, tmp_path, rt):
         made.append(m)
         return m
 
+    def reopen(m):
+        """``m`` closed, then opened again from its directory (a Memory is saved to one first)."""
+        if request.param == "memory":
+            path = tmp_path / f"saved{len(made)}"
+            m.save(path)
+            m.close()
+            again = Memory.open(path)
+        else:
+            m.close()
+            again = ShardedMemory.open(m.path)
+        made.append(again)
+        return again
+
     new.kind = request.param
+    new.reopen = reopen
     yield new
     for m in made:
         m.close()
@@ -230,3 +244,284 @@ def test_a_gpu_shard_asks_ray_for_a_gpu_of_its_own(rt, tmp_path):
     while ray.available_resources().get("GPU", 0) != 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ray.available_resources().get("GPU", 0) == 1
+
+
+# --------------------------------------------------------------------------- scopes, bulk deletes (issue 36 §2, §4)
+
+
+def _two_tenants(m):
+    ann, bob = m.scope(tenant="ann"), m.scope(tenant="bob")
+    assert ann.add([{"id": "n1", "text": "Rex likes the park", "time": "2024-01-01"},
+                    {"id": "n2", "text": "Ann bought a red bike", "time": "2024-01-02"}]) == 2
+    assert bob.add([{"id": "n1", "text": "Bob walks in the park", "time": "2024-01-03"}]) == 1
+    return ann, bob
+
+
+def test_scopes_are_walls(make):
+    m = make()
+    ann, bob = _two_tenants(m)
+    assert len(m) == 3 and "ann/n1" in m and "n1" not in m, "stored under tenant/id, as the service stores them"
+    assert ann.search("park", k=5).ids(0) == ["n1"] and ann.search("park").hits(0)[0]["text"] == "Rex likes the park"
+    assert bob.search("park").hits(0)[0]["tenant"] == "bob" and bob.search("bike", k=5).ids(0) == []
+    assert ann.get(["n1"])[0] == {"id": "n1", "text": "Rex likes the park", "tenant": "ann",
+                                  "time": "2024-01-01T00:00:00+00:00"}
+    with pytest.raises(UnknownIdError):
+        bob.get(["n2"])
+    assert bob.get(["n2"], missing_ok=True) == [None] and "n2" in ann and "n2" not in bob
+    assert [r["id"] for r in ann.list().records] == ["n1", "n2"] and ann.count() == 2 and len(bob) == 1
+    assert [r["id"] for r in ann.list(where={"id": "n2"}).records] == ["n2"], "id conditions name the scope's ids"
+    for w in ({"tenant": "bob"}, {"tenant": {"eq": "bob"}}, {"$and": [{"tenant": "bob"}]}):
+        for call in (ann.search, ann.count, ann.list, ann.delete):
+            with pytest.raises(ScopeError, match="another tenant"):
+                call("park", where=w) if call == ann.search else call(where=w)
+    assert ann.count(where={"tenant": {"eq": "ann"}, "time": {"gte": "2024-01-02"}}) == 1
+    # writes: filled in or checked, reaching only the scope's records
+    with pytest.raises(ScopeError, match="tenant is 'bob'"):
+        ann.add([{"id": "n3", "text": "ok"}, {"id": "n4", "text": "sneaky", "tenant": "bob"}])
+    with pytest.raises(RecordError, match="already exists in tenant 'ann'"):
+        ann.add([{"id": "n1", "text": "again"}])
+    assert len(m) == 3, "nothing of a refused batch is added"
+    with pytest.raises(UnknownIdError):
+        bob.update([{"id": "n2", "text": "mine now"}])
+    with pytest.raises(UnknownIdError):
+        bob.delete(["n2"])
+    assert bob.delete(["n2"], missing_ok=True) == 0 and ann.get(["n2"])[0]["text"] == "Ann bought a red bike"
+    with pytest.raises(ScopeError):
+        ann.update([{"id": "n1", "tenant": "bob"}])
+    assert ann.update([{"id": "n1", "text": "Rex loves the park"}]) == 1
+    assert bob.get(["n1"])[0]["text"] == "Bob walks in the park", "bob's n1 is another record"
+    assert [v["text"] for v in ann.history("n1")] == ["Rex likes the park"] and bob.history("n1") == []
+    assert ann.upsert([{"id": "n5", "text": "made by upsert"}]) == 1 and m.get(["ann/n5"])[0]["tenant"] == "ann"
+    assert ann.replace([{"id": "n5", "text": "replaced"}]) == 1
+    assert ann.get(["n5"])[0] == {"id": "n5", "text": "replaced", "tenant": "ann"}, "replace keeps the scope"
+    assert bob.delete(["n1"]) == 1 and ann.get(["n1"])[0]["text"] == "Rex loves the park"
+    auto = ann.add([{"text": "no id given"}])  # a generated id, stored as ann/<uuid7>
+    assert auto == 1 and len([r for r in ann.list().records if r["text"] == "no id given"]) == 1
+
+
+def test_agent_and_session_scopes(make):
+    m = make()
+    t = m.scope(tenant="acme")
+    a1, a2 = t.scope(agent="a1"), m.scope(tenant="acme", agent="a2", session="s9")
+    a1.add([{"id": "x", "text": "the deploy failed on friday"}])
+    a2.add([{"id": "y", "text": "the deploy worked on monday"}])
+    assert m.get(["acme/y"])[0] == {"id": "acme/y", "text": "the deploy worked on monday", "session": "s9",
+                                    "agent": "a2", "tenant": "acme"}, "every scope field is filled in"
+    assert a1.search("deploy").ids(0) == ["x"] and a2.search("deploy").ids(0) == ["y"]
+    assert sorted(t.search("deploy").ids(0)) == ["x", "y"] and a1.search("deploy", where={"agent": "a2"}).ids(0) == []
+    assert a1.get(["y"], missing_ok=True) == [None]
+    with pytest.raises(UnknownIdError):
+        a1.update([{"id": "y", "text": "nope"}])
+    with pytest.raises(ScopeError):
+        a2.update([{"id": "y", "agent": None}])  # would move the record out of the scope
+    assert m.scope(agent="a2").get(["acme/y"])[0]["agent"] == "a2", "without a tenant, ids are the memory's own"
+
+
+def test_require_scope_refuses_unscoped_use_and_is_saved(make, tmp_path):
+    m = make(require_scope=True)
+    assert m.require_scope and m.config()["require_scope"] is True
+    m.scope(tenant="ann").add([{"id": "n1", "text": "Rex likes the park"}])
+    calls = {
+        "search": lambda: m.search("park"), "get": lambda: m.get(["ann/n1"]), "list": lambda: m.list(),
+        "count": lambda: m.count(), "history": lambda: m.history("ann/n1"), "match_ids": lambda: m.match_ids(),
+        "add": lambda: m.add([{"id": "x", "text": "y", "tenant": "ann"}]),
+        "update": lambda: m.update([{"id": "ann/n1", "text": "z"}]),
+        "upsert": lambda: m.upsert([{"id": "ann/n1", "text": "z"}]), "delete": lambda: m.delete(["ann/n1"]),
+        "delete where": lambda: m.delete(where={"tenant": "ann"}),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ScopeError, match="require_scope"):
+            call()
+            pytest.fail(f"unscoped {name} was allowed")
+    assert len(m) == 1
+    assert m.export(tmp_path / "ann.jsonl", where={"tenant": "ann"}) == 1, "export stays on the memory itself"
+    again = make.reopen(m)
+    assert again.require_scope and again.config()["require_scope"] is True
+    with pytest.raises(ScopeError):
+        again.search("park")
+    assert again.scope(tenant="ann").search("park").ids(0) == ["n1"]
+    again.allow_unscoped()
+    assert again.search("park").ids(0) == ["ann/n1"], "a server confining each request itself lifts the guard"
+    assert again.reset(confirm=True) == 1 and len(again) == 0
+
+
+def _bulk(m):
+    m.add([{"id": f"a{i}", "text": f"note {i}", "tenant": "ann", "session": "s1" if i < 3 else "s2"}
+           for i in range(5)])
+    m.add([{"id": f"b{i}", "text": f"note {i}", "tenant": "bob", "session": "s1"} for i in range(3)])
+
+
+def test_delete_where_and_reset(make):
+    m = make()
+    _bulk(m)
+    assert m.match_ids({"session": "s1"}) == ["a0", "a1", "a2", "b0", "b1", "b2"], "add order, across shards"
+    assert m.delete(where={"session": "s1", "tenant": "ann"}) == 3
+    assert m.match_ids() == ["a3", "a4", "b0", "b1", "b2"] and len(m) == 5
+    assert [h["event"] for h in m.history("a1")] == ["delete"], "a bulk delete keeps histories as delete(ids) does"
+    assert m.delete(where={"session": "nobody"}) == 0
+    assert m.delete(where={"tenant": "bob"}, keep_history=False) == 3 and m.history("b1") == []
+    assert m.search("note", k=10).ids(0) == ["a3", "a4"]
+    with pytest.raises(ValueError, match="confirm=True"):
+        m.reset()
+    assert len(m) == 2
+    assert m.reset(confirm=True) == 2 and len(m) == 0 and m.count() == 0 and m.search("note").ids(0) == []
+    assert m.history("a1") == [] and m.history("a3") == [], "a reset forgets the kept histories too"
+    assert m.add([{"id": "a1", "text": "after the reset", "tenant": "ann"}]) == 1 and m.get(["a1"])[0]["text"]
+
+
+def test_bad_bulk_deletes_are_refused_and_change_nothing(make):
+    m = make()
+    _bulk(m)
+    with pytest.raises(WhereError, match="reset"):
+        m.delete(where={})
+    with pytest.raises(TypeError, match="give the ids to delete, or where="):
+        m.delete()
+    with pytest.raises(TypeError, match="not both"):
+        m.delete(["a0"], where={"session": "s1"})
+    with pytest.raises(WhereError):
+        m.delete(where={"nosuchfield": 1})
+    with pytest.raises(WhereError, match="must be a dict"):
+        m.delete(where=[{"session": "s1"}])
+    with pytest.raises(ValueError, match="confirm=True"):
+        m.reset(confirm="yes")
+    assert len(m) == 8, "nothing was deleted"
+
+
+def test_scoped_bulk_deletes_stay_in_the_scope(make):
+    m = make()
+    ann, bob = m.scope(tenant="ann"), m.scope(tenant="bob")
+    ann.add([{"id": "x", "text": "one", "session": "s1"}, {"id": "y", "text": "two", "session": "s2"}])
+    bob.add([{"id": "x", "text": "one", "session": "s1"}])
+    assert ann.delete(where={"session": "s1"}) == 1 and bob.get(["x"])[0]["text"] == "one"
+    assert ann.match_ids() == ["y"] and bob.match_ids() == ["x"]
+    assert ann.delete_all() == 1 and len(ann) == 0 and len(bob) == 1 and len(m) == 1
+    assert [h["event"] for h in ann.history("y")] == ["delete"], "delete_all keeps histories by default"
+    with pytest.raises(UnknownIdError):
+        bob.delete(["y"])
+    assert bob.delete_all(keep_history=False) == 1 and bob.history("x") == [] and len(m) == 0
+
+
+def test_unknown_ids_are_named_the_same(make):
+    m = make()
+    m.add(RECS)
+    cases = [
+        (lambda: m.get(["nope", "a1", "nope", "zz"]), ["nope", "nope", "zz"], "get: 3 unknown id(s)"),
+        (lambda: m.delete(["zz", "a1", "nope", "zz"]), ["zz", "nope"], "delete: 2 unknown id(s)"),
+        (lambda: m.update([{"id": "a1", "text": "x"}, {"id": "nope", "text": "y"}]), ["nope"], "update: 1 unknown"),
+        (lambda: m.replace([{"id": "nope", "text": "y", "tenant": "t1"}]), ["nope"], "replace: 1 unknown"),
+        (lambda: m.scope(tenant="t1").get(["a1", "b1"]), ["b1"], "get: 1 unknown"),
+        (lambda: m.scope(tenant="t2").delete(["b1", "a1"]), ["a1"], "delete: 1 unknown"),
+    ]
+    for call, ids, msg in cases:
+        with pytest.raises(UnknownIdError) as e:
+            call()
+        assert e.value.ids == ids and str(e.value).startswith(msg), str(e.value)
+        assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+    assert len(m) == len(RECS) and m.get(["a1"])[0]["text"] == RECS[0]["text"], "nothing changed"
+    assert m.get(["nope", "a1"], missing_ok=True)[0] is None and m.history("nope") == []
+    assert m.delete(["nope"], missing_ok=True) == 0 and m.upsert([{"id": "nope", "text": "now", "tenant": "t1"}]) == 1
+
+
+def _pages(m, **kw):
+    """Every page of a listing, as (records, cursor) pairs."""
+    out, cursor = [], None
+    while True:
+        page = m.list(limit=9, cursor=cursor, **kw)
+        out.append((page.records, page.cursor))
+        if page.cursor is None:
+            return out
+        cursor = page.cursor
+
+
+@pytest.mark.parametrize("route", ["id", "tenant"])
+def test_scoped_and_bulk_answers_equal_one_memory(rt, tmp_path, route):
+    """The same calls on one Memory and on a 3-shard memory: every answer (ids, float32 scores, counts,
+    records) and every error (type, message, ids) equal."""
+    rng = np.random.default_rng(36)
+    words = ["lake", "walk", "dog", "support", "group", "paint", "trip", "stars", "kids", "music"]
+
+    def recs(lo, hi):
+        return [{"id": f"r{i}", "text": " ".join(rng.choice(words, size=int(rng.integers(1, 5)))),
+                 "session": f"s{i % 3}", **({"time": f"2023-0{1 + i % 9}-01T00:00:00Z"} if i % 4 else {})}
+                for i in range(lo, hi)]
+
+    batches = [(t, recs(i, i + 40)) for i, t in zip(range(0, 160, 40), ["ann", "bob", "ann", "cy"])]
+    qs = ["lake walk", "support group paint", "dog", "trip stars kids music"]
+
+    def script(m):
+        out = []
+
+        def do(f):
+            try:
+                r = f()
+            except Exception as e:  # noqa: BLE001 - compared below
+                r = ("error", type(e).__name__, str(e), getattr(e, "ids", None))
+            if hasattr(r, "seqs"):
+                r = (r.seqs.tolist(), r.scores.tobytes(), [r.hits(i) for i in range(len(r))])
+            out.append(r)
+
+        for t, b in batches:
+            do(lambda t=t, b=b: m.scope(tenant=t).add(b))
+        ann, bob = m.scope(tenant="ann"), m.scope(tenant="bob")
+        do(lambda: ann.search(qs, k=7))
+        do(lambda: ann.search(qs, k=5, where={"session": "s1"}, ties="newest"))
+        do(lambda: m.search(qs, k=9))
+        do(lambda: ann.count(where={"session": "s2"}))
+        do(lambda: _pages(ann, order_by="time", descending=True))  # every page and cursor (route "id": 3 shards)
+        do(lambda: _pages(m, where={"session": "s1"}))
+        do(lambda: ann.match_ids({"session": "s0"}))
+        do(lambda: ann.delete(where={"session": "s0"}))
+        do(lambda: bob.delete(["r40", "r1", "r41"]))
+        do(lambda: bob.delete(["r40", "r1", "r41"], missing_ok=True))
+        do(lambda: ann.update([{"id": "r2", "text": "lake lake dog"}, {"id": "r5", "importance": 0.5}]))
+        do(lambda: ann.get(["r2", "r5", "r0", "r40"], missing_ok=True))
+        do(lambda: [{k: v for k, v in h.items() if k != "event_time"} for h in ann.history("r0")])  # (a clock)
+        do(lambda: m.search(qs, k=9))
+        do(lambda: m.match_ids({"session": "s1"}))
+        do(lambda: bob.delete_all())
+        do(lambda: m.delete(where={"time": {"lt": "2023-04-01T00:00:00Z"}}))
+        do(lambda: m.count())
+        do(lambda: m.search(qs, k=12, order_by="time"))
+        do(lambda: m.reset(confirm=True))
+        do(lambda: (len(m), m.history("ann/r2"), m.search(qs).seqs.tolist()))
+        return out
+
+    one = script(Memory())
+    with ShardedMemory.create(tmp_path / "sm", shards=3, route=route, device="cpu") as sm:
+        got = script(sm)
+    assert len(got) == len(one)
+    for i, (a, b) in enumerate(zip(one, got)):
+        assert a == b, f"call {i}: {a!r} != {b!r}"
+
+
+def test_reads_take_the_direct_channel_and_survive_a_killed_shard(rt, tmp_path):
+    """Searches and fetches go over each shard's direct channel (gpuir.cluster.fastpath) and answer exactly as
+    over Ray; a shard SIGKILLed between two searches breaks its channel, the search asks over Ray (which
+    restarts the shard) and answers the same, and the next search opens the new shard's channel."""
+    from gpuir.cluster.fastpath import FastClient
+
+    one = Memory()
+    one.add(RECS)
+    with ShardedMemory.create(tmp_path / "sm", shards=2, route="id", device="cpu") as sm:
+        sm.add(RECS)
+        qs = ["support group", "lake walk dog", "camping stars"]
+
+        def same(**kw):
+            a, b = one.search(qs, k=4, **kw), sm.search(qs, k=4, **kw)
+            assert np.array_equal(a.seqs, b.seqs) and np.array_equal(a.scores, b.scores), kw
+            assert [a.hits(i) for i in range(3)] == [b.hits(i) for i in range(3)], kw
+            return b
+
+        assert same().meta["fetch_calls"] >= 1  # several shards asked: the final k fetched
+        chans = dict(sm._fast)
+        assert sorted(chans) == [0, 1] and all(isinstance(c, FastClient) for c in chans.values())
+        sm.fast_path = False
+        same(order_by="time")
+        same(ties="newest")
+        sm.fast_path = True
+        old = chans[1]
+        sm.kill_shard(1)
+        same(order_by="time")  # the channel breaks; asked over Ray, which waits for the restart
+        assert old.broken
+        same()
+        assert isinstance(sm._fast[1], FastClient) and sm._fast[1] is not old and not sm._fast[1].broken

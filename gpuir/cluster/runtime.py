@@ -87,7 +87,9 @@ def start_shard(root: Path, index: int, checkpoint_every: int, gpu: bool, num_cp
     on up to 8 threads (searches never wait for the writer; writes are
     serialised inside the shard). Calls are plain actor calls: a compiled graph
     answered 3x faster here but does not survive the death of an actor
-    (``bench/results/ray_transport_vm.json``, ``docs/scaling.md``).
+    (``bench/results/ray_transport_vm.json``, ``docs/scaling.md``); the reads of a
+    shard on the coordinator's node take its direct channel instead
+    (:mod:`gpuir.cluster.fastpath`), with these calls as the fallback.
 
     With ``gpu``, the actor asks Ray for one GPU (``num_gpus=1``: Ray gives it
     its own device through ``CUDA_VISIBLE_DEVICES``) and serves with the CuPy

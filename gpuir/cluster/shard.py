@@ -379,12 +379,33 @@ class ShardServer:
                 if self.failed is None:
                     self.checkpoint()
             finally:
+                fast = getattr(self, "_fast", None)
+                if fast is not None:
+                    fast.close()
                 self.memory.close(discard_unsaved=True)  # what was not saved is in the memory's log
 
     # ------------------------------------------------------------------ reads
     def ping(self) -> int:
         """The shard's process id (answers once the shard serves)."""
         return os.getpid()
+
+    def fast_address(self) -> tuple[str | None, str, bytes]:
+        """(Ray node id, socket path, token) of this shard's direct channel for ``search`` and ``fetch``
+        (:mod:`gpuir.cluster.fastpath`), opened on the first ask."""
+        from .fastpath import FastServer
+
+        with self._lock:
+            if getattr(self, "_fast", None) is None:
+                self._fast = FastServer(lambda name, args: getattr(self, name)(*args))
+        node = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:  # pragma: no cover - a shard run without Ray (tests)
+            pass
+        return node, self._fast.path, self._fast.token
 
     def sync(self, with_ids: bool = False) -> dict[str, Any]:
         """Everything the coordinator derives from this shard: full statistics, partitions, counters, ids."""
@@ -405,6 +426,27 @@ class ShardServer:
         """Whether each id names a live record here."""
         mem = self.memory
         return [rid in mem for rid in ids]
+
+    def seqs_of(self, ids: list[str]) -> list[int | None]:
+        """``Memory.seqs_of``: each id's sequence number here (None: no live record)."""
+        return self.memory.seqs_of(ids)
+
+    def match(self, where: Any, time_unit: str | None) -> tuple[list[str], np.ndarray]:
+        """The ids of the live records here passing ``where`` (``Memory.match_ids``: a delete by ``where``
+        deletes them), in add order, and their sequence numbers: ndarray (n,), int64."""
+        ids = self.memory.match_ids(where, time_unit)
+        return ids, np.asarray(self.memory.seqs_of(ids) if ids else [], dtype=np.int64)
+
+    def forget_histories(self) -> int:
+        """Drop every history kept here (a reset's last step), then checkpoint: durable when this returns
+        (the log holds records, not histories). Returns how many records' histories were dropped."""
+        with self._lock:
+            with self.memory._write_lock:
+                ids = self.memory._history.ids()
+                self.memory._history.drop(ids)
+                self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+            self.checkpoint(force=True)
+            return len(ids)
 
     def tenants(self) -> list[str]:
         """The tenants holding live records here."""
@@ -461,6 +503,19 @@ class ShardServer:
         """``Memory.list`` of this shard's memory."""
         return self.memory.list(*args)
 
+    def list_keyed(self, where: Any, order_by: str, descending: bool, limit: int, cursor: str | None,
+                   time_unit: str | None) -> Any:
+        """``Memory.list`` of this shard's memory with each record's sort key (``Page.keys``): a part of a
+        listing over several shards (:func:`gpuir.memory.listing.merge_pages`)."""
+        from ..memory import listing
+        from ..memory.expiry import cutoff
+        from ..memory.where import compile_wheres
+
+        snap = self.memory.snapshot()
+        w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
+        fp = listing.fingerprint(where, order_by, descending, time_unit)
+        return listing.list_page(snap, w, fp, order_by, descending, limit, cursor, with_keys=True)
+
     def export(self, where: Any, history: bool, time_unit: str | None) -> tuple[int, bytes]:
         """``Memory.export`` of this shard's memory: (records written, the file's bytes)."""
         import tempfile
@@ -493,9 +548,12 @@ class ShardServer:
         -------
         dict
             ``seqs`` (b, k') int64 (-1 pads), ``scores`` (b, k') float32 (-inf pads),
-            ``times`` (b, k') int64 epoch ms (MISSING_TIME when untimed or padding), host
-            arrays, each row best first (k' = min(k, this shard's records), at least 1);
-            ``records``: {query position: its hits (``MemoryResults.hits``)} for the final queries.
+            ``times`` (b, k') int64 epoch ms (MISSING_TIME when untimed or padding, and on the rows of
+            the final queries, whose records carry their times), host arrays, each row best first
+            (k' = min(k, this shard's records), at least 1);
+            ``records``: {query position: its hits' records as stored (``Snapshot.record``: canonical,
+            times in epoch ms, no score; the coordinator formats them when they are read)} for the
+            final queries.
         """
         B = len(queries)
         backend = self.backend if backend == "auto" else backend
@@ -518,15 +576,17 @@ class ShardServer:
             at = np.asarray(idx, dtype=np.int64)
             w = res.seqs.shape[1]
             seqs[at, :w], scores[at, :w] = res.seqs, res.scores
-            ok = res.seqs >= 0
+            fin = np.asarray([final is not None and bool(final[i]) for i in idx], dtype=bool)
+            ok = (res.seqs >= 0) & ~fin[:, None]
             if ok.any():
                 tw = np.full(res.seqs.shape, MISSING_TIME, dtype=np.int64)
                 tw[ok] = hit_times(res.snapshot, res.vidx[ok], res.rows[ok])
                 times[at, :w] = tw
-            if final is not None:
-                for j, i in enumerate(idx):
-                    if final[i]:
-                        records[i] = res.hits(j)
+            snap = res.snapshot
+            for j in np.flatnonzero(fin).tolist():
+                okj = res.seqs[j] >= 0
+                records[idx[j]] = [snap.record(v, r) for v, r in zip(res.vidx[j][okj].tolist(),
+                                                                     res.rows[j][okj].tolist())]
         return {"seqs": seqs, "scores": scores, "times": times, "records": records}
 
     def fetch(self, seqs: Any) -> list[dict[str, Any] | None]:
@@ -538,14 +598,13 @@ class ShardServer:
 
         Returns
         -------
-        list of m dicts (``id``, ``text`` and the record's fields, times in ISO 8601), None where
-        ``seqs[i]`` is no live record here.
+        list of m dicts, the records as stored (``id``, ``text`` and the record's fields: canonical, times
+        in epoch ms; the coordinator formats them when they are read), None where ``seqs[i]`` is no live
+        record here.
         """
-        from ..memory.timeutil import public_record
-
         snap = self.memory.snapshot()
         vi, rows = snap.locate(np.asarray(seqs, dtype=np.int64))
-        return [None if v < 0 else public_record(snap.record(v, r)) for v, r in zip(vi.tolist(), rows.tolist())]
+        return [None if v < 0 else snap.record(v, r) for v, r in zip(vi.tolist(), rows.tolist())]
 
     def term_stats(self, queries: list[str]) -> TermStats:
         """This shard's live N, total length and the df of the queries' terms (a DFS phase's report)."""

@@ -30,6 +30,11 @@ with ``route="id"`` a ``where`` naming ids asks their owners only; and a shard
 holding none of the query's terms is never asked. Each asked shard gets the
 batch's queries for it in one call.
 
+**Transport.** Searches and fetches of a shard on this process's node go over the shard's direct
+channel (:mod:`gpuir.cluster.fastpath`: a Unix socket, a fraction of a Ray actor call's round trip);
+when it breaks (the shard died) the call is asked over Ray, which waits for the restart. Everything
+else is a Ray actor call.
+
 **Durable.** A write returns once every owning shard has logged it (``fsync``)
 and applied it. A shard that dies during a write is restarted by Ray
 (``max_restarts``) from its directory and log; the coordinator waits for it
@@ -57,12 +62,13 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import Memory, RecordError, UnknownIdError, updates
+from ..memory import Memory, RecordError, UnknownIdError, bulk, updates
+from ..memory import scope as _scope
 from ..memory.durable import check_durability
 from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
 from ..memory.intake import canonical_records, fold_expiry, to_batch
-from ..memory.records import RecordBatch, id_list, normalize_records
+from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args
 from ..memory.snapshot import thread_analyzer
 from ..memory.termstats import TermStats
@@ -227,7 +233,7 @@ class ShardedResults:
 
     seqs: np.ndarray
     scores: np.ndarray
-    _hits: list[list[dict[str, Any]]]
+    _hits: list[list[dict[str, Any]]]  # each question's records as stored (canonical), best first
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -242,8 +248,16 @@ class ShardedResults:
         return [h["id"] for h in self._hits[i]]
 
     def hits(self, i: int) -> list[dict[str, Any]]:
-        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields."""
-        return [dict(h) for h in self._hits[i]]
+        """Query ``i``'s hits, best first: dicts with ``id``, ``score``, ``text`` and the record's fields
+        (``time`` and ``expires_at`` as ISO 8601 strings), formatted when asked for, as
+        :meth:`MemoryResults.hits <gpuir.memory.MemoryResults.hits>` does."""
+        from ..memory.timeutil import public_record
+
+        out = []
+        for rec, s in zip(self._hits[i], self.scores[i].tolist()):
+            r = public_record(dict(rec))
+            out.append({"id": r.pop("id"), "score": float(s), **r})
+        return out
 
 
 class ShardedMemory:
@@ -286,9 +300,19 @@ class ShardedMemory:
         self._next_seq = 0
         self._next_wid = 1
         self._rw = _RWLock()
+        #: Every write takes it (re-entrant) before the exclusive side of ``_rw``: a scope's check-then-write
+        #: (gpuir.memory.scope.Scope) holds it across its reads, as with one Memory's writer lock.
+        self._write_lock = threading.RLock()
+        self._require_scope = bool(self._config.get("require_scope", False))
+        self._guard_scope = self._require_scope
         self._closed = False
         #: Test hook: the fault the next write asks of its first shard ("kill_after_log", "kill_after_apply").
         self._fault: str | None = None
+        #: Reads (search, fetch) of a shard on this node go over its direct channel (gpuir.cluster.fastpath);
+        #: False: every call over Ray (benchmarks compare the two).
+        self.fast_path = os.environ.get("GPUIR_SHARD_FASTPATH", "1") != "0"
+        self._fast: dict[int, Any] = {}  # shard -> FastClient (or None: not on this node)
+        self._fast_lock = threading.Lock()
         #: Bytes sent for statistics: writes' deltas received, searches' statistics sent (for benchmarks).
         self.exchange = {"write_delta_bytes": 0, "writes": 0, "search_stats_bytes": 0, "search_calls": 0}
 
@@ -297,7 +321,7 @@ class ShardedMemory:
     def create(cls, path: str | os.PathLike, shards: int = 2, route: str = "tenant", address: str | None = None, *,
                device: str = "auto", checkpoint_every: int = 10_000, max_restarts: int = -1,
                restart_timeout: float = 120.0, call_timeout: float = 600.0, lock_timeout: float = 10.0,
-               durability: str = "fsync", **memory_options: Any) -> ShardedMemory:
+               durability: str = "fsync", require_scope: bool = False, **memory_options: Any) -> ShardedMemory:
         """Create a sharded memory in a new (or empty) directory and start its shards.
 
         Parameters
@@ -326,6 +350,10 @@ class ShardedMemory:
             Seconds any one shard call may take.
         lock_timeout : float
             Seconds to wait for the directory's (or a shard's) writer lock.
+        require_scope : bool
+            Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`), as
+            ``Memory(require_scope=True)``: the memory is then used through :meth:`scope`. Saved in the
+            manifest (the coordinator enforces it; the shards' memories do not hold it).
         **memory_options
             ``Memory`` settings: analyzer, method, k1, b, delta, partition_days, merge_factor, merge_min.
         """
@@ -338,7 +366,7 @@ class ShardedMemory:
             raise TypeError(f"unknown option {bad[0]!r}: the memory options are {', '.join(MEMORY_OPTIONS)}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
-        config = Memory(**memory_options).config()  # checks the settings
+        config = Memory(**memory_options, require_scope=require_scope).config()  # checks the settings
         check_durability(durability)
         runtime.require_ray()
         root = claim_dir(check_path(path), layout.KIND, mode=0o700)
@@ -511,6 +539,64 @@ class ShardedMemory:
                     raise self._shard_error(s, e, what) from None
         return out
 
+    def _fast_client(self, s: int) -> Any:
+        """Shard ``s``'s direct channel (:mod:`gpuir.cluster.fastpath`), None when it runs on another node
+        (or the channel is off); asked for over Ray once per life of the shard's process."""
+        if not self.fast_path:
+            return None
+        c = self._fast.get(s, False)
+        if c is None or (c is not False and not c.broken):
+            return c
+        from .fastpath import FastClient
+
+        with self._fast_lock:
+            c = self._fast.get(s, False)
+            if c is None or (c is not False and not c.broken):
+                return c
+            ray = self._ray
+            try:
+                node, path, token = ray.get(self._actors[s].fast_address.remote(), timeout=self.call_timeout)
+                here = ray.get_runtime_context().get_node_id()
+            except Exception as e:  # noqa: BLE001 - (a shard restarting, a runtime without it): asked over Ray
+                log.debug("shard %d: no direct channel (%s: %s)", s, type(e).__name__, e)
+                return None  # asked again next time
+            c = FastClient(path, token, self.call_timeout) if node is not None and node == here and os.path.exists(
+                path) else None
+            self._fast[s] = c
+            return c
+
+    def _read(self, method: str, args_of: dict[int, tuple], what: str | None = None) -> dict[int, Any]:
+        """``method(*args)`` on each shard at once (reads: ``search``, ``fetch``): over a shard's direct
+        channel when it has one, else (or when the channel fails: the shard died) over Ray, which waits for
+        the shard's restart and asks again (:meth:`_gather`)."""
+        what = what or method
+        slow: dict[int, tuple] = {}
+        sent: dict[int, tuple[Any, Any]] = {}
+        from .fastpath import ChannelBroken
+
+        for s, args in args_of.items():
+            try:
+                c = self._fast_client(s)
+                if c is not None:
+                    sent[s] = (c, c.start(method, args))
+                    continue
+            except ChannelBroken:  # asked again over Ray below
+                pass
+            slow[s] = args
+        refs = {s: (lambda s=s, a=a: getattr(self._actors[s], method).remote(*a)) for s, a in slow.items()}
+        out: dict[int, Any] = {}
+        for s, (c, sock) in sent.items():
+            try:
+                out[s] = c.finish(sock)
+            except ChannelBroken:
+                log.warning("shard %d's direct channel closed during %s; asking over Ray", s, what)
+                refs[s] = (lambda s=s, a=args_of[s]: getattr(self._actors[s], method).remote(*a))
+            except TimeoutError as e:
+                raise self._shard_error(s, e, what) from None
+        if refs:
+            out.update(self._gather(refs, what))
+        return out
+
     def _write(self, parts: dict[int, bytes]) -> dict[int, dict[str, Any]]:
         """Send one write's payload to each owning shard; returns their answers (errors raised).
 
@@ -595,7 +681,8 @@ class ShardedMemory:
         return {rid: s for s, g in groups.items() for rid, ok in zip(g, got[s]) if ok}
 
     # ------------------------------------------------------------------ writes
-    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None) -> int:
+    def add(self, records: Iterable[Mapping[str, Any]] | RecordBatch, time_unit: str | None = None,
+            vectors: Mapping[str, Any] | None = None) -> int:
         """Add new records (see :meth:`Memory.add <gpuir.memory.Memory.add>`); atomic for the batch.
 
         Returns once every owning shard has logged (``fsync``) and applied them.
@@ -604,14 +691,19 @@ class ShardedMemory:
         ------
         RecordError
             A malformed record, or an id that already exists (nothing is added).
+        ScopeError
+            A memory made with ``require_scope=True``, used without a scope.
         ShardUnavailableError
             An owning shard did not come back (the message says where the write is durable).
         """
+        self._guard("add")
+        if vectors:
+            raise ValueError("a sharded memory keeps no embeddings: add records without vectors")
         batch = records if isinstance(records, RecordBatch) else to_batch(records, time_unit)
         n = len(batch)
         if not n:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             own = self._owners_of_batch(batch)
             groups: dict[int, list[int]] = {}
@@ -678,6 +770,7 @@ class ShardedMemory:
         return self._put(records, replace, time_unit, "upsert")
 
     def _put(self, records: Any, replace: bool, time_unit: str | None, what: str) -> int:
+        self._guard(what)
         if isinstance(records, RecordBatch):  # validated columns: whole records
             records = [records.record(i) for i in range(len(records))]
             replace, time_unit = True, "ms"
@@ -685,7 +778,7 @@ class ShardedMemory:
         ids = updates.check_ids(patches, what)
         if not ids:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             groups_old: dict[int, list[str]] = {}  # where each id can live: its owner (tenant map or id hash)
             for rid in ids:
@@ -759,6 +852,11 @@ class ShardedMemory:
         if check_config:
             check_export_config(path, header, self.config(), "Pass check_config=False to import it anyway")
         canon = canonical_records(recs, None, labels=labels)
+        with self._write_lock, _scope.inside_scope():  # an import is of the whole memory (as Memory.import_)
+            return self._import(canon, labels, vecs, hists, vectors, replace)
+
+    def _import(self, canon: list[dict[str, Any]], labels: list[str], vecs: dict, hists: list, vectors: dict | None,
+                replace: bool) -> int:
         if replace:  # every record of the file is now as the file has it (as Memory.import_: unchanged ones count)
             self.upsert(canon, replace=True, time_unit="ms")
             n = len(canon)
@@ -794,23 +892,36 @@ class ShardedMemory:
             ids = self._gather({s: (lambda s=s: self._actors[s].expired.remote()) for s in range(self.n_shards)},
                                "purge")
         dead = [rid for g in ids.values() for rid in g]
-        return self.delete(dead, missing_ok=True) if dead else 0
+        with _scope.inside_scope():  # upkeep of the whole memory (as Memory.purge_expired)
+            return self.delete(dead, missing_ok=True) if dead else 0
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = True) -> int:
-        """Delete records by id (see :meth:`Memory.delete <gpuir.memory.Memory.delete>`).
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
+               where: Any = None, time_unit: str | None = None) -> int:
+        """Delete records by id, or every record passing ``where`` (see :meth:`Memory.delete
+        <gpuir.memory.Memory.delete>` and :mod:`gpuir.memory.bulk`).
 
         ``keep_history`` (the default, as in ``Memory.delete``) keeps each record's history on its shard,
-        the deleted version last; False drops it.
+        the deleted version last; False drops it. ``where`` is resolved to the ids of the live records
+        passing it on the shards that can hold them (:meth:`match_ids`, under the writer's lock), which
+        are then deleted as ids are: one write.
 
         Raises
         ------
         UnknownIdError
             Unless ``missing_ok``: ids naming no live record (nothing is deleted).
+        TypeError, WhereError
+            Both ids and ``where``, or neither; an empty or malformed ``where`` (``reset`` deletes everything).
         """
+        self._guard("delete")
+        if where is not None or ids is None:
+            bulk.check_delete_where(ids, where)
+            with self._write_lock:  # no write between the match and the delete
+                found = self._match(where, time_unit)
+                return self.delete(found, missing_ok=True, keep_history=keep_history) if found else 0
         ids = id_list(ids, "delete")
         if not ids:
             return 0
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             uniq = list(dict.fromkeys(ids))
             if self._owner is not None:  # route "tenant": the coordinator knows every id's shard
@@ -844,22 +955,128 @@ class ShardedMemory:
             return sum(len(groups[s]) if a.get("replayed") or a.get("resynced") else int(a["n"])
                        for s, a in answers.items())
 
+    # ------------------------------------------------------------------ scopes, bulk deletes
+    def _guard(self, what: str) -> None:
+        if self._guard_scope:
+            _scope.require(what)
+
+    def scope(self, tenant: str | None = None, agent: str | None = None,
+              session: str | None = None) -> _scope.Scope:
+        """A view confined to a tenant (and/or an agent, a session): every read and write stays inside it,
+        and ids are the tenant's own, exactly as :meth:`Memory.scope <gpuir.memory.Memory.scope>`'s
+        (:mod:`gpuir.memory.scope`; the same class, over this memory's protocol).
+
+        With ``route="tenant"`` a tenant's scope reads and writes its tenant's shard only.
+        """
+        return _scope.Scope(self, tenant=tenant, agent=agent, session=session)
+
+    @property
+    def require_scope(self) -> bool:
+        """Whether unscoped reads and writes of records are refused (``create(require_scope=True)``)."""
+        return self._require_scope
+
+    def allow_unscoped(self, allow: bool = True) -> None:
+        """Let unscoped reads and writes through in this process (see :meth:`Memory.allow_unscoped
+        <gpuir.memory.Memory.allow_unscoped>`); the setting saved stays."""
+        self._guard_scope = self._require_scope and not allow
+
+    def _match(self, where: Any, time_unit: str | None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in the global add order."""
+        w = compile_wheres(where, 1, {}, time_unit)[0]  # a malformed where fails before any shard is asked
+        targets = search_targets(w, self.route, self.n_shards)
+        with self._rw.reading():
+            self._check_open()
+            got = self._gather({s: (lambda s=s: self._actors[s].match.remote(where, time_unit)) for s in targets},
+                               "match")
+        if len(got) == 1:
+            return list(next(iter(got.values()))[0])
+        ids = [rid for s in got for rid in got[s][0]]
+        seqs = np.concatenate([np.asarray(got[s][1], dtype=np.int64) for s in got]) if got else np.zeros(0, np.int64)
+        return [ids[i] for i in np.argsort(seqs, kind="stable").tolist()]
+
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]:
+        """The ids of the live records passing ``where`` (all without one), in add order: what
+        ``delete(where=where)`` would delete now (see :meth:`Memory.match_ids <gpuir.memory.Memory.match_ids>`)."""
+        self._guard("match_ids")
+        return self._match(where, time_unit)
+
+    def reset(self, confirm: bool = False) -> int:
+        """Delete every record, and every history kept after a delete; the settings stay (see
+        :meth:`Memory.reset <gpuir.memory.Memory.reset>`).
+
+        Every live id is deleted as :meth:`delete` deletes ids (one write, logged by
+        each shard), then each shard forgets its kept histories and checkpoints.
+
+        Parameters
+        ----------
+        confirm : bool
+            Must be True.
+
+        Returns
+        -------
+        int: the number of records deleted.
+        """
+        bulk.check_reset(confirm)
+        with self._write_lock, _scope.inside_scope():  # a reset is of the whole memory (require_scope allows it)
+            self._check_open()
+            found = self._match(None, None)
+            n = self.delete(found, missing_ok=True, keep_history=False) if found else 0
+            with self._rw.writing():
+                self._gather({s: (lambda s=s: self._actors[s].forget_histories.remote())
+                              for s in range(self.n_shards)}, "reset")
+            return n
+
+    def _by_owner(self, ids: Iterable[str]) -> dict[int, list[str]]:
+        """The distinct ids grouped by the shard that can hold each (ids no shard holds are left out)."""
+        groups: dict[int, list[str]] = {}
+        for rid in dict.fromkeys(ids):
+            s = self._owner_of_id(rid)
+            if s is not None:
+                groups.setdefault(s, []).append(rid)
+        return groups
+
+    def seqs_of(self, ids: Iterable[str]) -> list[int | None]:
+        """The global sequence number of each id, in the order given (None: no live record has it); see
+        :meth:`Memory.seqs_of <gpuir.memory.Memory.seqs_of>`."""
+        ids = id_list(ids, "seqs_of")
+        with self._rw.reading():
+            self._check_open()
+            groups = self._by_owner(ids)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].seqs_of.remote(g)) for s, g in groups.items()},
+                               "lookup")
+        seq = {rid: q for s, g in groups.items() for rid, q in zip(g, got[s]) if q is not None}
+        return [seq.get(rid) for rid in ids]
+
+    def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """(ids, their records as stored: canonical, times in epoch ms) of live ids; KeyError for an id that
+        is not live (see :meth:`Memory.stored <gpuir.memory.Memory.stored>`)."""
+        ids = list(ids)
+        if not ids:
+            return [], []
+        with self._rw.reading():
+            self._check_open()
+            groups = self._by_owner(ids)
+            got = self._gather({s: (lambda s=s, g=g: self._actors[s].stored.remote(g)) for s, g in groups.items()},
+                               "read")
+        found = {rid: rec for s in got for rid, rec in got[s].items()}
+        missing = [rid for rid in ids if rid not in found]
+        if missing:
+            raise KeyError(missing[0])
+        return ids, [found[rid] for rid in ids]
+
     # ------------------------------------------------------------------ reads
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]:
         """The records with these ids, in the order given (see :meth:`Memory.get <gpuir.memory.Memory.get>`)."""
+        self._guard("get")
         ids = id_list(ids, "get")
         with self._rw.reading():
             self._check_open()
-            groups: dict[int, list[str]] = {}
-            for rid in dict.fromkeys(ids):
-                s = self._owner_of_id(rid)
-                if s is not None:
-                    groups.setdefault(s, []).append(rid)
+            groups = self._by_owner(ids)
             got = self._gather({s: (lambda s=s, g=g: self._actors[s].get.remote(g)) for s, g in groups.items()}, "get")
         found = {rid: rec for s, g in groups.items() for rid, rec in zip(g, got[s]) if rec is not None}
         unknown = [rid for rid in ids if rid not in found]
-        if unknown and not missing_ok:
-            raise UnknownIdError(list(dict.fromkeys(unknown)), "get")
+        if unknown and not missing_ok:  # as Memory.get: an id given twice is named twice
+            raise UnknownIdError(unknown, "get")
         return [dict(found[rid]) if rid in found else None for rid in ids]
 
     def contains(self, ids: Iterable[str]) -> list[bool]:
@@ -880,6 +1097,7 @@ class ShardedMemory:
 
     def history(self, id: str) -> list[dict[str, Any]]:
         """A record's earlier versions, oldest first (see :meth:`Memory.history <gpuir.memory.Memory.history>`)."""
+        self._guard("history")
         with self._rw.reading():
             self._check_open()
             s = self._owner_of_id(id)
@@ -900,13 +1118,29 @@ class ShardedMemory:
 
     def list(self, where: Any = None, order_by: str = "seq", descending: bool = False, limit: int = 100,
              cursor: str | None = None, time_unit: str | None = None) -> Any:
-        """A page of records (see :meth:`Memory.list <gpuir.memory.Memory.list>`) from the one shard that
-        ``where`` confines them to (a tenant with ``route="tenant"``); else ValueError."""
+        """A page of records, with the cursor for the next (see :meth:`Memory.list <gpuir.memory.Memory.list>`):
+        the page and the cursor one ``Memory`` holding the same records gives.
+
+        From the one shard ``where`` confines them to (a tenant with ``route="tenant"``), else from every
+        shard that can hold them: each answers its first ``limit`` records after the cursor with their
+        sort keys (global: sequence numbers are the add order), merged by
+        :func:`gpuir.memory.listing.merge_pages`.
+        """
+        from ..memory import listing
+
+        self._guard("list")
+        w = compile_wheres(where, 1, {}, time_unit)[0]  # refusals as Memory.list's, before any shard is asked
+        fp = listing.fingerprint(where, order_by, descending, time_unit)
+        listing.check_list_args(fp, order_by, limit, cursor)
+        targets = search_targets(w, self.route, self.n_shards)
+        args = (where, order_by, descending, limit, cursor, time_unit)
         with self._rw.reading():
             self._check_open()
-            s = self._one_shard(where, time_unit, "listing")
-            return self._gather({s: lambda: self._actors[s].list.remote(where, order_by, descending, limit, cursor,
-                                                                        time_unit)}, "list")[s]
+            if len(targets) == 1:
+                s = targets[0]
+                return self._gather({s: lambda: self._actors[s].list.remote(*args)}, "list")[s]
+            got = self._gather({s: (lambda s=s: self._actors[s].list_keyed.remote(*args)) for s in targets}, "list")
+        return listing.merge_pages([got[s] for s in targets], fp, limit)
 
     def export(self, path: str | os.PathLike, where: Any = None, history: bool = True,
                time_unit: str | None = None) -> int:
@@ -929,6 +1163,7 @@ class ShardedMemory:
 
     def count(self, where: Any = None, time_unit: str | None = None) -> int:
         """How many live records pass ``where`` (summed over the shards that can hold them)."""
+        self._guard("count")
         with self._rw.reading():
             self._check_open()
             w = compile_wheres(where, 1, {}, time_unit)[0]
@@ -996,6 +1231,7 @@ class ShardedMemory:
         ShardUnavailableError
             A shard that must be asked did not answer (nothing partial is returned).
         """
+        self._guard("search")
         t0 = time.perf_counter()
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
@@ -1043,11 +1279,10 @@ class ShardedMemory:
                 self.exchange["search_stats_bytes"] += 16 + sum(len(t.encode()) + 8 for t in terms)
                 self.exchange["search_calls"] += 1
                 final = [len(targets_of[qi]) == 1 for qi in qis]  # asked alone: its top k is the answer
-                calls[s] = (lambda s=s, qis=qis, ts=ts, final=final: self._actors[s].search.remote(
-                    [queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
-                    min_score, time_unit, final))
+                calls[s] = ([queries[i] for i in qis], k, [raw[i] for i in qis], mode, budgets[s], ts, backend, ties,
+                            min_score, time_unit, final)
             t2 = time.perf_counter()
-            got = self._gather(calls, "search")
+            got = self._read("search", calls)
             t3 = time.perf_counter()
             seqs, scores, hits, fetched = self._merge_fetch(B, k, asked, got, ties, order_by)
         return ShardedResults(seqs, scores, hits, {
@@ -1073,6 +1308,12 @@ class ShardedMemory:
                 for j, q in enumerate(qis):
                     hits[q] = a["records"][j]
             return seqs, scores, hits, 0
+        for s in asked:  # the final questions' times travel in their records (the shard skips the array)
+            recs_of = got[s].get("records") or {}
+            if recs_of:
+                t = got[s]["times"] = np.array(got[s]["times"], dtype=np.int64)  # (a copy: it may be read-only)
+                for j, rs in recs_of.items():
+                    t[j, :len(rs)] = [r.get("time", MISSING_TIME) for r in rs]
         m = merge_answers(B, k, asked, got, ties, order_by)
         need: dict[int, list[int]] = {}
         for j in np.flatnonzero(m.record_of < 0).tolist():
@@ -1082,14 +1323,12 @@ class ShardedMemory:
             s, row = int(m.shard[j]), int(m.row[j])
             recs[j] = got[s]["records"][row][int(m.record_of[j])]
         if need:
-            out = self._gather({s: (lambda s=s, js=js: self._actors[s].fetch.remote(m.seq[js]))
-                                for s, js in need.items()}, "fetch")
+            out = self._read("fetch", {s: (m.seq[js],) for s, js in need.items()})
             for s, js in need.items():
                 for j, rec in zip(js, out[s]):
                     if rec is None:  # pragma: no cover - the read lock keeps every shard at one state
                         raise RuntimeError(f"shard {s} no longer holds record {int(m.seq[j])} found by the search")
-                    rid = rec.pop("id")
-                    recs[j] = {"id": rid, "score": float(m.score[j]), **rec}
+                    recs[j] = rec
         hits = [[] for _ in range(B)]
         for j, q in enumerate(m.group.tolist()):
             hits[q].append(recs[j])
@@ -1120,7 +1359,7 @@ class ShardedMemory:
         Not needed for durability (every acknowledged write is in a shard's
         log); it makes the next start replay less.
         """
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._check_open()
             self._gather({s: (lambda s=s: self._actors[s].checkpoint.remote()) for s in range(self.n_shards)}, "save")
         return self._path
@@ -1129,7 +1368,7 @@ class ShardedMemory:
         """Checkpoint every shard, stop the actors, release the directory (and stop a runtime started here)."""
         if self._closed:
             return
-        with self._rw.writing():
+        with self._write_lock, self._rw.writing():
             self._closed = True
             try:
                 refs = {s: self._actors[s].close.remote() for s in range(self.n_shards)}
@@ -1146,6 +1385,10 @@ class ShardedMemory:
                     self._ray.shutdown()
 
     def _stop_actors(self) -> None:
+        for c in list(self._fast.values()):
+            if c:
+                c.close()
+        self._fast = {}
         for a in self._actors:
             with contextlib.suppress(Exception):  # already gone
                 self._ray.kill(a, no_restart=True)

@@ -33,12 +33,20 @@ from .where import WhereError, compile_wheres
 
 Memory = Any  # gpuir.memory.Memory (not imported: the store imports this module)
 
-__all__ = ["delete_where", "reset"]
+__all__ = ["check_delete_where", "check_reset", "delete_where", "reset"]
 
 
-def delete_where(mem: Memory, ids: Iterable[str] | None, where: Any, keep_history: bool,
-                 time_unit: str | None) -> int:
-    """:meth:`Memory.delete` given ``where`` (``ids`` must be None): the ids passing it, deleted as ids."""
+def check_delete_where(ids: Iterable[str] | None, where: Any) -> dict[str, Any]:
+    """The refusals of a delete by ``where`` (``ids`` must be None), the same for every memory class
+    (:class:`~gpuir.cluster.ShardedMemory` calls it too); returns ``where``.
+
+    Raises
+    ------
+    TypeError
+        Both ids and ``where``, or neither.
+    WhereError
+        ``where`` is not a dict, or is empty (that is :meth:`Memory.reset <gpuir.memory.Memory.reset>`'s job).
+    """
     if ids is not None:
         raise TypeError("delete: give ids or where=, not both")
     if where is None:
@@ -48,6 +56,19 @@ def delete_where(mem: Memory, ids: Iterable[str] | None, where: Any, keep_histor
         raise WhereError(f"delete: where must be a dict of conditions (a JSON object), got {type(where).__name__}")
     if not where:
         raise WhereError("delete: where={} would delete every record; call reset(confirm=True) for that")
+    return where
+
+
+def check_reset(confirm: Any) -> None:
+    """A reset's guard: ValueError unless ``confirm`` is True (the same for every memory class)."""
+    if confirm is not True:
+        raise ValueError("reset deletes every record of the memory: call reset(confirm=True) to do it")
+
+
+def delete_where(mem: Memory, ids: Iterable[str] | None, where: Any, keep_history: bool,
+                 time_unit: str | None) -> int:
+    """:meth:`Memory.delete` given ``where`` (``ids`` must be None): the ids passing it, deleted as ids."""
+    check_delete_where(ids, where)
     with mem._write_lock:
         mem._check_writable()
         snap = mem.snapshot()
@@ -60,8 +81,7 @@ def delete_where(mem: Memory, ids: Iterable[str] | None, where: Any, keep_histor
 
 def reset(mem: Memory, confirm: bool) -> int:
     """:meth:`Memory.reset`: delete every live id (one delete call), then forget every kept history."""
-    if confirm is not True:
-        raise ValueError("reset deletes every record of the memory: call reset(confirm=True) to do it")
+    check_reset(confirm)
     from .scope import inside_scope
 
     with mem._write_lock, inside_scope():  # a reset is of the whole memory (require_scope lets it through)

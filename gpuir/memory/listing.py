@@ -41,7 +41,7 @@ from .stamps import STAMP_FIELDS, stamp_column
 from .timeutil import public_record
 from .where import Where
 
-__all__ = ["ORDERS", "Page", "count", "fingerprint", "ids_matching", "list_page"]
+__all__ = ["ORDERS", "Page", "check_list_args", "count", "fingerprint", "ids_matching", "list_page", "merge_pages"]
 
 #: Orders of :meth:`Memory.list`.
 ORDERS = ("seq", "time", "created_at", "updated_at")
@@ -61,6 +61,8 @@ class Page:
 
     records: list[dict[str, Any]] = field(default_factory=list)
     cursor: str | None = None
+    #: The sort key of each record (``list_page(with_keys=True)``, for :func:`merge_pages`); None otherwise.
+    keys: list[list[int]] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -147,8 +149,39 @@ def count(snap: Snapshot, where: Where | None) -> int:
     return int(sum(int(where.rows(v, snap.dicts).size) for v in snap.views))
 
 
+def check_list_args(fp: str, order_by: str, limit: Any, cursor: Any) -> list[int] | None:
+    """The refusals of a listing's arguments (the same for every memory class); returns the cursor's key.
+
+    Raises
+    ------
+    ValueError
+        An unknown order, a limit that is not a positive integer, a foreign or damaged cursor.
+    """
+    if order_by not in ORDERS:
+        raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in ORDERS)}, got {order_by!r}")
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    width = 1 if order_by == "seq" else 3
+    return None if cursor is None else _decode(cursor, fp, width)
+
+
+def merge_pages(pages: list[Page], fp: str, limit: int) -> Page:
+    """One page of a listing from the pages of its parts (each ``list_page(..., with_keys=True)`` of the
+    same arguments over disjoint records, as a sharded memory's shards hold them): the first ``limit``
+    records by sort key, and the cursor one memory holding every part would give.
+
+    Sort keys are global (sequence numbers are the memory's add order; times are the records' own), so
+    each part's page holds every record of the merged page that is in that part.
+    """
+    items = [(tuple(k), r) for p in pages for k, r in zip(p.keys or [], p.records)]
+    items.sort(key=lambda x: x[0])
+    take = items[: int(limit)]
+    more = len(items) > len(take) or any(p.cursor is not None for p in pages)
+    return Page([r for _, r in take], _encode(fp, list(take[-1][0])) if more and take else None)
+
+
 def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq", descending: bool = False,
-              limit: int = 100, cursor: str | None = None) -> Page:
+              limit: int = 100, cursor: str | None = None, with_keys: bool = False) -> Page:
     """One page of the records passing ``where`` (see the module docstring).
 
     Raises
@@ -158,12 +191,7 @@ def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq
     RuntimeError
         Defence in depth: a listing confined to a tenant met another tenant's record.
     """
-    if order_by not in ORDERS:
-        raise ValueError(f"order_by must be one of {', '.join(repr(o) for o in ORDERS)}, got {order_by!r}")
-    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-        raise ValueError(f"limit must be a positive integer, got {limit!r}")
-    width = 1 if order_by == "seq" else 3
-    after = None if cursor is None else _decode(cursor, fp, width)
+    after = check_list_args(fp, order_by, limit, cursor)
     seqs, times, vis, rows = _matches(snap, where, order_by)
     keys = _keys(seqs, times, order_by, descending)
     if after is not None and seqs.size:
@@ -188,4 +216,7 @@ def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq
     if order.size > take.size:
         last = int(take[-1])
         nxt = _encode(fp, [int(c[last]) for c in keys])
-    return Page(recs, nxt)
+    page = Page(recs, nxt)
+    if with_keys:
+        page.keys = [[int(c[i]) for c in keys] for i in take.tolist()]
+    return page

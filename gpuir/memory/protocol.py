@@ -48,11 +48,22 @@ class MemoryAPI(Protocol):
 
     Writes
         ``add`` (new ids; RecordError for an id that exists), ``update`` (merge into existing records;
-        UnknownIdError for an unknown id), ``replace``, ``upsert``, ``delete`` (``missing_ok``,
-        ``keep_history``), ``purge_expired``, ``import_`` (an export file, all or none).
+        UnknownIdError for an unknown id), ``replace``, ``upsert``, ``delete`` (by ids: ``missing_ok``,
+        ``keep_history``; or by ``where=``), ``reset`` (``confirm=True``: every record and kept history),
+        ``purge_expired``, ``import_`` (an export file, all or none).
     Reads
-        ``search``, ``get``, ``list``, ``count``, ``history``, ``export``, ``len()``, ``in``, ``config()``,
-        ``info()``.
+        ``search``, ``get``, ``list``, ``count``, ``history``, ``match_ids`` (what ``delete(where=)``
+        would delete), ``seqs_of``, ``stored``, ``export``, ``len()``, ``in``, ``config()``, ``info()``.
+    Scopes
+        ``scope(tenant=, agent=, session=)``: a :class:`~gpuir.memory.scope.Scope` (the same class for
+        both) confining every read and write, with ``delete_all``; ``require_scope`` (made with
+        ``require_scope=True``: unscoped reads and writes of records raise ScopeError) and
+        ``allow_unscoped``. A scope also takes the memory's ``_write_lock`` (re-entrant; every write
+        takes it) to check then write in one step.
+    Unknown ids
+        ``get``, ``update``, ``replace`` and ``delete`` raise :class:`~gpuir.memory.UnknownIdError`
+        naming every unknown id (``.ids``, in the order given; ``delete`` names each once), and change
+        nothing, unless ``missing_ok=True`` where offered; ``history`` of an unknown id is ``[]``.
     Upkeep
         ``merge`` (segments merged on demand), ``save``, ``close`` (and ``with``).
     Kind
@@ -73,7 +84,10 @@ class MemoryAPI(Protocol):
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
                time_unit: str | None = None) -> int: ...
 
-    def delete(self, ids: Iterable[str], missing_ok: bool = False, keep_history: bool = False) -> int: ...
+    def delete(self, ids: Iterable[str] | None = None, missing_ok: bool = False, keep_history: bool = True,
+               where: Any = None, time_unit: str | None = None) -> int: ...
+
+    def reset(self, confirm: bool = False) -> int: ...
 
     def purge_expired(self) -> int: ...
 
@@ -93,6 +107,19 @@ class MemoryAPI(Protocol):
     def count(self, where: Any = None, time_unit: str | None = None) -> int: ...
 
     def history(self, id: str) -> list[dict[str, Any]]: ...
+
+    def match_ids(self, where: Any = None, time_unit: str | None = None) -> list[str]: ...
+
+    def seqs_of(self, ids: Iterable[str]) -> list[int | None]: ...
+
+    def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]: ...
+
+    def scope(self, tenant: str | None = None, agent: str | None = None, session: str | None = None) -> Any: ...
+
+    @property
+    def require_scope(self) -> bool: ...
+
+    def allow_unscoped(self, allow: bool = True) -> None: ...
 
     def export(self, path: str | os.PathLike, where: Any = None, *, history: bool = True,
                time_unit: str | None = None) -> int: ...

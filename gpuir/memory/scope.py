@@ -63,8 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Memory = Any  # gpuir.memory.Memory (not imported: the store imports this module)
 
-__all__ = ["SCOPE_FIELDS", "SEP", "TENANT_RE", "Scope", "ScopeError", "ScopedResults", "check_tenant",
-           "confine_where", "external_hit", "internal_id", "tenant_where"]
+__all__ = ["SCOPE_FIELDS", "SEP", "TENANT_RE", "PrefixedResults", "Scope", "ScopeError", "ScopedResults",
+           "check_tenant", "confine_where", "external_hit", "internal_id", "tenant_where"]
 
 #: Tenant names: letters, digits, ``_`` and ``-``, 1 to 64 characters, starting with a letter or digit
 #: (``\\Z``, not ``$``: ``$`` also matches before a trailing newline). Use with ``fullmatch``.
@@ -220,12 +220,47 @@ class ScopedResults(MemoryResults):
         return [_strip(h, self.prefix) for h in super().hits(i)]
 
 
-def _scoped_results(res: MemoryResults, prefix: str) -> ScopedResults:
-    return ScopedResults(res.seqs, res.scores, res.snapshot, res.vidx, res.rows, res.meta, prefix)
+class PrefixedResults:
+    """Any memory's search results (:class:`~gpuir.memory.protocol.SearchResults`, e.g. a
+    :class:`~gpuir.cluster.ShardedMemory`'s) seen through a scope: ids without the tenant prefix.
+
+    ``seqs`` (B, k) int64, ``scores`` (B, k) float32 and ``meta`` are the wrapped results' own.
+    """
+
+    def __init__(self, res: Any, prefix: str):
+        self._res = res
+        self.prefix = prefix
+        self.seqs, self.scores, self.meta = res.seqs, res.scores, res.meta
+
+    def __len__(self) -> int:
+        return len(self._res)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.seqs.shape
+
+    def ids(self, i: int) -> list[str]:
+        n = len(self.prefix)
+        return [r[n:] if n and r.startswith(self.prefix) else r for r in self._res.ids(i)]
+
+    def hits(self, i: int) -> list[dict[str, Any]]:
+        return [_strip(h, self.prefix) for h in self._res.hits(i)]
+
+
+def _scoped_results(res: Any, prefix: str) -> ScopedResults | PrefixedResults:
+    if isinstance(res, MemoryResults):
+        return ScopedResults(res.seqs, res.scores, res.snapshot, res.vidx, res.rows, res.meta, prefix)
+    return PrefixedResults(res, prefix)
 
 
 class Scope:
-    """A view of a :class:`~gpuir.memory.Memory` confined to a tenant, agent and/or session.
+    """A view of a :class:`~gpuir.memory.Memory` (or a :class:`~gpuir.cluster.ShardedMemory`) confined to a
+    tenant, agent and/or session.
+
+    The memory it wraps provides the protocol (:class:`~gpuir.memory.protocol.MemoryAPI`: ``seqs_of``,
+    ``stored``, ``match_ids``, ``delete(where=)`` among the rest) and ``_write_lock``, a re-entrant lock
+    every one of its writes takes, so that a scope's check-then-write (an add's id clash, an update's
+    id lookup) is one step for the other writers.
 
     Made by :meth:`Memory.scope <gpuir.memory.Memory.scope>`; see the module
     docstring for what it confines and how ids are kept. Its methods take the
@@ -356,7 +391,8 @@ class Scope:
             return [self.where(w) for w in where]
         return self.where(where)
 
-    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, **kwargs: Any) -> ScopedResults:
+    def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None,
+               **kwargs: Any) -> ScopedResults | PrefixedResults:
         """:meth:`Memory.search <gpuir.memory.Memory.search>` of the scope's records."""
         with inside_scope():
             res = self.memory.search(queries, k=k, where=self._wheres(where), **kwargs)
@@ -443,7 +479,7 @@ class Scope:
                                       f"{self.tenant!r} ({len(clash)} such record(s)); use update() to change it")
                 recs = [{**r, "id": self._internal(r["id"])} if isinstance(r.get("id"), str) and r["id"] else r
                         for r in recs]
-            return mem.add(recs, time_unit=time_unit, vectors=vectors)
+            return mem.add(recs, time_unit=time_unit, **({} if vectors is None else {"vectors": vectors}))
 
     def _put(self, records: Iterable[Mapping[str, Any]], replace: bool, time_unit: str | None, what: str) -> int:
         if isinstance(records, (Mapping, str, bytes)):

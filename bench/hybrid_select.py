@@ -23,10 +23,12 @@ conversation, every question confined to its conversation by ``where``):
    the same rule picks on all ten conversations (what the library ships) is
    reported in-sample, labelled so;
 4. a calibrated relevance for the shipped setting: a logistic map from
-   (cosine, fused score) of each hit in the top 10 to P(hit is an evidence turn),
-   fitted leave-one-conversation-out; precision, recall and counts at the
-   documented thresholds on the held-out conversations; the coefficients fitted
-   on all ten are what :mod:`gpuir.memory.hybrid` ships.
+   (cosine, fused score, log of the records the question may see) of each hit in
+   the top 10 to P(hit is an evidence turn), fitted leave-one-conversation-out on
+   memories of several sizes (each question's conversation, and random subsets of
+   3 to 100 of its turns holding one evidence turn); precision, recall and counts
+   at the documented thresholds on the held-out conversations, per memory size;
+   the coefficients fitted on all ten are what :mod:`gpuir.memory.hybrid` ships.
 
 Run::
 
@@ -65,6 +67,7 @@ RRF_WEIGHTS = (0.3, 0.5, 0.7)
 DEPTHS = (20, 50, 100)
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7)
 OUT_K = 50  # fused list length scored (sessions are read from it)
+CAL_SIZES = (3, 10, 30, 100, None)  # memory sizes of the calibration (None: the whole conversation)
 
 
 def session_of(turn_id: str) -> str:
@@ -150,12 +153,14 @@ def logistic(X: np.ndarray, w: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(w[0] + X @ w[1:])))
 
 
-def ranked_relevance(X: np.ndarray, qidx: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """:func:`gpuir.memory.hybrid.relevance` of hits (rows of X in rank order per question), float32 as returned."""
+def ranked_relevance(X: np.ndarray, lists: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """:func:`gpuir.memory.hybrid.relevance` of hits (rows of X = cosine, fused, log n; in rank order per list),
+    float32 as returned."""
     out = np.empty(X.shape[0])
-    for q in np.unique(qidx):
-        at = np.flatnonzero(qidx == q)
-        out[at] = relevance(X[at, 0][None, :], X[at, 1][None, :], tuple(w))[0].astype(np.float32)
+    for q in np.unique(lists):
+        at = np.flatnonzero(lists == q)
+        out[at] = relevance(X[at, 0][None, :], X[at, 1][None, :], np.exp(X[at[:1], 2]), tuple(w))[0].astype(
+            np.float32)
     return out
 
 
@@ -307,41 +312,76 @@ def main(argv: list[str] | None = None) -> int:
                                     for sub, mk in subsets.items()} for s in settings}
 
     # ---------------------------------------------------------------- calibration of the shipped setting
+    # Each question asked of memories of several sizes: its conversation's turns (a memory of 300-700
+    # records), and random subsets of them holding one of its evidence turns (3, 10, 30 and 100 records),
+    # each a memory of its own (its own BM25 statistics), searched with the shipped setting. Features of
+    # each of the top 10 hits: cosine, fused score, log(records the question may see).
     kind, w, d = shipped if len(shipped) == 3 else ("z", 0.5, 50)
-    ids, fsc = fused_store[(kind, w, d)]
     K = 10
-    feats, labels, qidx = [], [], []
-    for i in range(B):
-        for j in range(K):
-            s = int(ids[i, j])
-            if s < 0:
-                continue
-            r = seq_to_row[s]
-            cos = float(np.float32(P[r] @ Qn[i]))
-            feats.append((cos, float(fsc[i, j])))
-            labels.append(float(r in gold_rows[i]))
-            qidx.append(i)
-    X, y, qidx = np.array(feats), np.array(labels), np.array(qidx)
+    rng = np.random.default_rng(0)
+    conv_rows: dict[str, list[int]] = {}
+    for i, r in enumerate(recs):
+        conv_rows.setdefault(r["tenant"], []).append(i)
+    feats, labels, qidx, sizes = [], [], [], []
+    t_cal = time.time()
+    for size in CAL_SIZES:
+        for i, q in enumerate(qs):
+            pool = conv_rows[q.group]
+            if size is None or size >= len(pool):
+                sub = pool
+            else:
+                first = min(gold_rows[i])
+                others = [r for r in pool if r not in gold_rows[i]]
+                sub = sorted({first, *rng.choice(others, size - 1, replace=False).tolist()})
+            mq = Memory(embeddings={"minilm": None})
+            mq.add([recs[r] for r in sub], vectors={"minilm": P[sub]})
+            lq = mq.search(q.text, k=d, ranking="bm25")
+            dq = mq.search_vectors(Q[i], k=d)
+            fq = fuse([channel(lq, d), channel(dq, d)], K, method=kind,
+                      **({"alpha": w} if kind == "z" else {"weights": [w, 1.0 - w]}))
+            row_of_seq = dict(zip(mq.seqs_of([recs[r]["id"] for r in sub]), sub))
+            for j in range(K):
+                s_ = int(fq.ids[0, j])
+                if s_ < 0:
+                    continue
+                r = row_of_seq[s_]
+                feats.append((float(np.float32(P[r] @ Qn[i])), float(fq.scores[0, j]), float(np.log(len(sub)))))
+                labels.append(float(r in gold_rows[i]))
+                qidx.append(i)
+                sizes.append(len(sub) if size is not None else 0)
+        print(f"calibration: memories of {size or 'a whole conversation'}: {time.time() - t_cal:.0f} s",
+              file=sys.stderr, flush=True)
+    X, y, qidx, sizes = np.array(feats), np.array(labels), np.array(qidx), np.array(sizes)
+    lists = qidx * 10 + np.searchsorted(np.array(CAL_SIZES[:-1] + (10**9,)), np.where(sizes == 0, 10**9, sizes))
     pred = np.zeros(y.size)
     for c in convs:
         te = groups[qidx] == c
         wc = logistic_fit(X[~te], y[~te])
-        pred[te] = ranked_relevance(X[te], qidx[te], wc)  # what the library returns: non-increasing per list
+        pred[te] = ranked_relevance(X[te], lists[te], wc)  # what the library returns: non-increasing per list
     w_all = logistic_fit(X, y)
-    pred_in = ranked_relevance(X, qidx, w_all)
-    cal = {}
-    for t in THRESHOLDS:
-        sel = pred >= t
-        hits_q = np.zeros(B, bool)
-        np.logical_or.at(hits_q, qidx[sel & (y == 1)], True)
-        cal[str(t)] = {"hits_kept": int(sel.sum()), "precision": round(float(y[sel].mean()), 4) if sel.any() else None,
-                       "recall_of_evidence_in_top10": round(float(y[sel].sum() / max(y.sum(), 1)), 4),
-                       "questions_with_a_kept_hit": int(np.unique(qidx[sel]).size)}
+    pred_in = ranked_relevance(X, lists, w_all)
+
+    def at_thresholds(mask: np.ndarray) -> dict:
+        out_ = {}
+        for t in THRESHOLDS:
+            sel = mask & (pred >= t)
+            out_[str(t)] = {"hits_kept": int(sel.sum()),
+                            "precision": round(float(y[sel].mean()), 4) if sel.any() else None,
+                            "recall_of_evidence_in_top10": round(float(y[sel].sum() / max(y[mask].sum(), 1)), 4),
+                            "lists_with_a_kept_hit": int(np.unique(lists[sel]).size)}
+        return out_
+
+    everything = np.ones(y.size, bool)
+    cal = {"all_sizes": at_thresholds(everything)}
+    for size in CAL_SIZES:
+        key = "whole_conversation" if size is None else f"{size}_records"
+        cal[key] = at_thresholds(sizes == (0 if size is None else size))
     cal_in = {str(t): round(float(y[pred_in >= t].mean()), 4) if (pred_in >= t).any() else None
               for t in THRESHOLDS}
     # the library's own search on the shipped setting (its constants as they are now) against the grid's
     lib = None
     if (hybrid.FUSION, hybrid.ALPHA, hybrid.DEPTH) == (kind, w, d):
+        ids, _ = fused_store[(kind, w, d)]
         got = m.search([q.text for q in qs], k=K, where=wheres, ranking="hybrid")
         same = [got.seqs[i][got.seqs[i] >= 0].tolist() == [s_ for s_ in ids[i, :K].tolist() if s_ >= 0]
                 for i in range(B)]
@@ -377,9 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         "shipped_setting_in_sample": list(shipped),
         "grid_in_sample": grid,
         "calibration": {
-            "setting": [kind, w, d], "features": ["cosine (MiniLM)", "fused score"],
+            "setting": [kind, w, d], "features": ["cosine (MiniLM)", "fused score", "log(records the question may see)"],
             "label": "the hit is one of the question's evidence turns",
-            "population": "each question's top 10 hybrid hits", "fit": "logistic regression (Newton, l2 1e-3)",
+            "population": "each question's top 10 hybrid hits in memories of its conversation's turns (all of them, "
+                          "and random subsets of 3, 10, 30 and 100 holding one evidence turn, each its own memory)",
+            "fit": "logistic regression (Newton, l2 1e-3); relevance = running minimum down each list",
             "heldout_leave_one_conversation_out": {"thresholds": cal, "brier": round(brier, 5),
                                                    "base_rate": round(float(y.mean()), 4), "reliability": rel},
             "coefficients_all_ten_conversations": [float(x) for x in w_all],

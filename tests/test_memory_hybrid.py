@@ -116,14 +116,38 @@ def test_scores_are_relevance_in_0_1_non_increasing_and_min_score_cuts_a_suffix(
 
 
 def test_relevance_map_by_hand():
-    cos = np.array([[0.9, 0.2, 0.5, np.nan]])
-    fused = np.array([[1.5, 1.0, 0.2, np.nan]])
-    b0, b1, b2 = hybrid.RELEVANCE
-    p = [1 / (1 + np.exp(-(b0 + b1 * c + b2 * f))) for c, f in zip(cos[0, :3], fused[0, :3])]
-    want = [p[0], min(p[0], p[1]), min(p[0], p[1], p[2])]
-    got = hybrid.relevance(cos, fused)
-    np.testing.assert_allclose(got[0, :3], want, rtol=1e-12)
-    assert np.isnan(got[0, 3])
+    cos = np.array([[0.9, 0.2, 0.5, np.nan], [0.9, 0.2, 0.5, np.nan]])
+    fused = np.array([[1.5, 1.0, 0.2, np.nan], [1.5, 1.0, 0.2, np.nan]])
+    n = np.array([5, 5000])
+    b0, b1, b2, b3 = hybrid.RELEVANCE
+    got = hybrid.relevance(cos, fused, n)
+    for row, size in enumerate(n):
+        p = [1 / (1 + np.exp(-(b0 + b1 * c + b2 * f + b3 * np.log(size)))) for c, f in zip(cos[row, :3], fused[row, :3])]
+        want = [p[0], min(p[0], p[1]), min(p[0], p[1], p[2])]
+        np.testing.assert_allclose(got[row, :3], want, rtol=1e-12)
+        assert np.isnan(got[row, 3])
+    assert b1 > 0 and b2 > 0 and b3 < 0  # likelier with a closer cosine and a higher fused score, in a smaller memory
+    assert (got[0, :3] > got[1, :3]).all()
+
+
+def test_relevance_counts_what_the_question_may_see():
+    """n is what the question's where allows: a tenant of two records inside a large memory scores its hits as a
+    memory of those two records does (same lists, same cosines), not as one of 302."""
+    two = [{"id": "x", "text": "zebra quokka", "tenant": "t"}, {"id": "y", "text": "tea music", "tenant": "t"}]
+    small = gpuir.Memory(embeddings={"bag": BagEncoder()}, ranking="hybrid")
+    small.add(two)
+    big = gpuir.Memory(embeddings={"bag": BagEncoder()}, ranking="hybrid")
+    big.add(two)
+    big.add([{**r, "tenant": "u"} for r in _records(300)])
+    a = small.search("zebra quokka", k=2).hits(0)
+    b = big.search("zebra quokka", k=2, where={"tenant": "t"}).hits(0)
+    assert [h["id"] for h in a] == [h["id"] for h in b] == ["x", "y"]
+    np.testing.assert_allclose([h["score"] for h in a], [h["score"] for h in b], rtol=0, atol=1e-6)
+    b0, b1, b2, b3 = hybrid.RELEVANCE
+    cos_x = float(BagEncoder()._enc(["zebra quokka"])[0] @ BagEncoder()._enc(["zebra quokka"])[0])
+    # x: alone in the BM25 list (z 0), first of two in the cosine list (z +1); n = 2
+    want = 1 / (1 + np.exp(-(b0 + b1 * cos_x + b2 * (1 - hybrid.ALPHA) + b3 * np.log(2))))
+    assert a[0]["score"] == pytest.approx(want, abs=1e-6)
 
 
 def test_hybrid_refuses_what_it_does_not_do():
@@ -167,6 +191,7 @@ def test_shipped_settings_are_the_selected_ones():
     assert (hybrid.FUSION, hybrid.ALPHA, hybrid.DEPTH) == (kind, w, d)
     np.testing.assert_allclose(hybrid.RELEVANCE, res["calibration"]["coefficients_all_ten_conversations"],
                                rtol=0, atol=5e-4)
+    assert res["calibration"]["library_search_vs_grid"]["questions_with_identical_top10"] == res["data"]["questions"]
 
 
 def test_minilm_answers_the_paraphrase():

@@ -13,9 +13,11 @@ cannot. What :meth:`gpuir.Memory.search` then does for each question:
    method :data:`FUSION`, BM25 weight :data:`ALPHA`), top k;
 3. each hit's **score is its relevance**: a calibrated probability, between 0
    and 1, that the hit is a record the question needs -- a logistic map
-   (:data:`RELEVANCE`) of the hit's cosine and its fused score, made
-   non-increasing down the list (a hit never scores above one ranked before
-   it). ``min_score`` is on this scale: ``min_score=0.5`` keeps the hits at
+   (:data:`RELEVANCE`) of the hit's cosine, its fused score and the log of the
+   number of records the question may see (the memory's live records, or those
+   its ``where`` allows: in a memory of five records the best hit is likelier
+   the one needed than in one of five thousand), made non-increasing down the
+   list (a hit never scores above one ranked before it). ``min_score`` is on this scale: ``min_score=0.5`` keeps the hits at
    least as likely relevant as not.
 
 How the numbers were chosen (``bench/hybrid_select.py``, results in
@@ -26,7 +28,10 @@ fusion, the BM25 weight, the candidate depth): among the settings that lose
 no more than 0.01 of BM25's overall record and session Hit@1 on the training
 conversations, the best on the training questions that share no content word
 with their evidence turns. The relevance map was fitted on the top 10 hits
-of that setting, label "the hit is one of the question's evidence turns";
+of that setting in memories of several sizes (each question's whole
+conversation, 300 to 700 turns, and random subsets of 3, 10, 30 and 100 of
+them holding one of its evidence turns, each a memory of its own), label "the
+hit is one of the question's evidence turns";
 its precision at the documented thresholds, measured on held-out
 conversations, is in ``docs/memory.md``. It is calibrated for the shipped
 all-MiniLM-L6-v2 (:class:`gpuir.dense.encoder.Encoder`) on conversational
@@ -59,8 +64,9 @@ FUSION = "z"
 ALPHA = 0.6
 #: Candidates taken from each list (at least k).
 DEPTH = 20
-#: Logistic map to relevance: ``1 / (1 + exp(-(b0 + b1 * cosine + b2 * fused)))``, fitted on LoCoMo.
-RELEVANCE = (-2.6951, -1.4393, 1.1757)
+#: Logistic map to relevance: ``1 / (1 + exp(-(b0 + b1 * cosine + b2 * fused + b3 * log(n))))``, ``n`` the
+#: records the question may see (its ``where``), fitted on LoCoMo (module docstring).
+RELEVANCE = (-2.4246, 3.3425, 1.5359, -0.5936)
 
 
 def check_ranking(ranking: Any) -> str:
@@ -70,7 +76,8 @@ def check_ranking(ranking: Any) -> str:
     return ranking
 
 
-def relevance(cosine: np.ndarray, fused: np.ndarray, coef: tuple[float, float, float] = RELEVANCE) -> np.ndarray:
+def relevance(cosine: np.ndarray, fused: np.ndarray, n: np.ndarray,
+              coef: tuple[float, float, float, float] = RELEVANCE) -> np.ndarray:
     """Calibrated relevance of ranked hits, non-increasing along each row.
 
     Parameters
@@ -79,7 +86,9 @@ def relevance(cosine: np.ndarray, fused: np.ndarray, coef: tuple[float, float, f
         Each hit's cosine with the question (NaN at padding).
     fused : ndarray, shape (B, k), float
         Each hit's fused score, rows in rank order (NaN at padding).
-    coef : (b0, b1, b2)
+    n : ndarray, shape (B,), int or float
+        How many records each question may see (>= 1).
+    coef : (b0, b1, b2, b3)
         Logistic coefficients (:data:`RELEVANCE`).
 
     Returns
@@ -87,8 +96,9 @@ def relevance(cosine: np.ndarray, fused: np.ndarray, coef: tuple[float, float, f
     ndarray, shape (B, k), float64
         In (0, 1); NaN at padding; each row's running minimum of the logistic map.
     """
-    b0, b1, b2 = (float(c) for c in coef)
-    z = b0 + b1 * np.asarray(cosine, np.float64) + b2 * np.asarray(fused, np.float64)
+    b0, b1, b2, b3 = (float(c) for c in coef)
+    logn = np.log(np.maximum(np.asarray(n, np.float64), 1.0)).reshape(-1, 1)
+    z = b0 + b1 * np.asarray(cosine, np.float64) + b2 * np.asarray(fused, np.float64) + b3 * logn
     p = 1.0 / (1.0 + np.exp(-np.clip(z, -500.0, 500.0)))
     pad = np.isnan(p)
     out = np.minimum.accumulate(np.where(pad, np.inf, p), axis=1)
@@ -170,7 +180,9 @@ def hybrid_search(mem: Any, emb: Any, queries: list[str], k: int, where: Any, ba
                 vec = np.asarray(snap.views[v].seg.vectors(emb.name)[r], np.float64)
                 c = float(np.float32(vec @ q64[b]))
             cos[b, j] = c
-    rel = relevance(cos, fsc).astype(np.float32)  # the scores returned; min_score compares with them
+    wl = where if isinstance(where, list) else [where] * B
+    seen = np.array([mem.count(x, time_unit=time_unit) for x in wl], np.float64)  # what each question may see
+    rel = relevance(cos, fsc, seen).astype(np.float32)  # the scores returned; min_score compares with them
     keep = ~np.isnan(rel)
     if min_score is not None:
         keep &= rel.astype(np.float64) >= min_score

@@ -159,8 +159,8 @@ def ranked_relevance(X: np.ndarray, lists: np.ndarray, w: np.ndarray) -> np.ndar
     out = np.empty(X.shape[0])
     for q in np.unique(lists):
         at = np.flatnonzero(lists == q)
-        out[at] = relevance(X[at, 0][None, :], X[at, 1][None, :], np.exp(X[at[:1], 2]), tuple(w))[0].astype(
-            np.float32)
+        out[at] = relevance(X[at, 0][None, :], X[at, 1][None, :], np.exp(X[at[:1], 2]), tuple(w),
+                            (1.0, np.inf))[0].astype(np.float32)
     return out
 
 
@@ -322,17 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     conv_rows: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
         conv_rows.setdefault(r["tenant"], []).append(i)
-    feats, labels, qidx, sizes = [], [], [], []
+    feats, labels, qidx, sizes, holding = [], [], [], [], []
     t_cal = time.time()
-    for size in CAL_SIZES:
+    for size, holds in [(s_, h_) for s_ in CAL_SIZES for h_ in ((True, False) if s_ else (True,))]:
         for i, q in enumerate(qs):
             pool = conv_rows[q.group]
-            if size is None or size >= len(pool):
+            others = [r for r in pool if r not in gold_rows[i]]
+            if size is None:
                 sub = pool
-            else:
-                first = min(gold_rows[i])
-                others = [r for r in pool if r not in gold_rows[i]]
-                sub = sorted({first, *rng.choice(others, size - 1, replace=False).tolist()})
+            elif holds:  # one evidence turn and others
+                sub = sorted({min(gold_rows[i]), *rng.choice(others, size - 1, replace=False).tolist()})
+            else:  # the question's answer is not in this memory
+                sub = sorted(rng.choice(others, size, replace=False).tolist())
             mq = Memory(embeddings={"minilm": None})
             mq.add([recs[r] for r in sub], vectors={"minilm": P[sub]})
             lq = mq.search(q.text, k=d, ranking="bm25")
@@ -349,10 +350,15 @@ def main(argv: list[str] | None = None) -> int:
                 labels.append(float(r in gold_rows[i]))
                 qidx.append(i)
                 sizes.append(len(sub) if size is not None else 0)
-        print(f"calibration: memories of {size or 'a whole conversation'}: {time.time() - t_cal:.0f} s",
+                holding.append(holds)
+        print(f"calibration: memories of {size or 'a whole conversation'} ({'with' if holds else 'without'} "
+              f"evidence): {time.time() - t_cal:.0f} s",
               file=sys.stderr, flush=True)
-    X, y, qidx, sizes = np.array(feats), np.array(labels), np.array(qidx), np.array(sizes)
-    lists = qidx * 10 + np.searchsorted(np.array(CAL_SIZES[:-1] + (10**9,)), np.where(sizes == 0, 10**9, sizes))
+    X, y, qidx, sizes, holding = (np.array(feats), np.array(labels), np.array(qidx), np.array(sizes),
+                                  np.array(holding))
+    n_range = [float(np.exp(X[:, 2].min())), float(np.exp(X[:, 2].max()))]
+    lists = (qidx * 10 + np.searchsorted(np.array(CAL_SIZES[:-1] + (10**9,)), np.where(sizes == 0, 10**9, sizes))) \
+        * 2 + holding
     pred = np.zeros(y.size)
     for c in convs:
         te = groups[qidx] == c
@@ -375,7 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     cal = {"all_sizes": at_thresholds(everything)}
     for size in CAL_SIZES:
         key = "whole_conversation" if size is None else f"{size}_records"
-        cal[key] = at_thresholds(sizes == (0 if size is None else size))
+        cal[key] = at_thresholds((sizes == (0 if size is None else size)) & holding)
+        if size is not None:
+            sel_ = (sizes == size) & ~holding
+            cal[key + "_without_the_answer"] = {
+                str(t): {"hits_kept": int((sel_ & (pred >= t)).sum()),
+                         "lists_with_a_kept_hit": int(np.unique(lists[sel_ & (pred >= t)]).size),
+                         "lists": int(np.unique(lists[sel_]).size)} for t in THRESHOLDS}
     cal_in = {str(t): round(float(y[pred_in >= t].mean()), 4) if (pred_in >= t).any() else None
               for t in THRESHOLDS}
     # the library's own search on the shipped setting (its constants as they are now) against the grid's
@@ -419,8 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         "calibration": {
             "setting": [kind, w, d], "features": ["cosine (MiniLM)", "fused score", "log(records the question may see)"],
             "label": "the hit is one of the question's evidence turns",
-            "population": "each question's top 10 hybrid hits in memories of its conversation's turns (all of them, "
-                          "and random subsets of 3, 10, 30 and 100 holding one evidence turn, each its own memory)",
+            "population": "each question's top 10 hybrid hits in memories of its conversation's turns: all of them, "
+                          "and random subsets of 3, 10, 30 and 100 turns, each its own memory, once holding one "
+                          "evidence turn and once holding none (the answer not in the memory)",
+            "n_range (records the question may see; the library clamps n to it)": n_range,
             "fit": "logistic regression (Newton, l2 1e-3); relevance = running minimum down each list",
             "heldout_leave_one_conversation_out": {"thresholds": cal, "brier": round(brier, 5),
                                                    "base_rate": round(float(y.mean()), 4), "reliability": rel},

@@ -121,7 +121,9 @@ def test_relevance_map_by_hand():
     n = np.array([5, 5000])
     b0, b1, b2, b3 = hybrid.RELEVANCE
     got = hybrid.relevance(cos, fused, n)
+    lo, hi = hybrid.N_RANGE
     for row, size in enumerate(n):
+        size = min(max(size, lo), hi)  # the sizes calibrated
         p = [1 / (1 + np.exp(-(b0 + b1 * c + b2 * f + b3 * np.log(size)))) for c, f in zip(cos[row, :3], fused[row, :3])]
         want = [p[0], min(p[0], p[1]), min(p[0], p[1], p[2])]
         np.testing.assert_allclose(got[row, :3], want, rtol=1e-12)
@@ -146,7 +148,8 @@ def test_relevance_counts_what_the_question_may_see():
     b0, b1, b2, b3 = hybrid.RELEVANCE
     cos_x = float(BagEncoder()._enc(["zebra quokka"])[0] @ BagEncoder()._enc(["zebra quokka"])[0])
     # x: alone in the BM25 list (z 0), first of two in the cosine list (z +1); n = 2
-    want = 1 / (1 + np.exp(-(b0 + b1 * cos_x + b2 * (1 - hybrid.ALPHA) + b3 * np.log(2))))
+    n = max(2, hybrid.N_RANGE[0])  # two records, clamped to the sizes calibrated
+    want = 1 / (1 + np.exp(-(b0 + b1 * cos_x + b2 * (1 - hybrid.ALPHA) + b3 * np.log(n))))
     assert a[0]["score"] == pytest.approx(want, abs=1e-6)
 
 
@@ -192,6 +195,8 @@ def test_shipped_settings_are_the_selected_ones():
     np.testing.assert_allclose(hybrid.RELEVANCE, res["calibration"]["coefficients_all_ten_conversations"],
                                rtol=0, atol=5e-4)
     assert res["calibration"]["library_search_vs_grid"]["questions_with_identical_top10"] == res["data"]["questions"]
+    key = next(k for k in res["calibration"] if k.startswith("n_range"))
+    np.testing.assert_allclose(hybrid.N_RANGE, res["calibration"][key], rtol=1e-6)
 
 
 def test_minilm_answers_the_paraphrase():

@@ -33,9 +33,11 @@ def retriever():
     return Retriever(m)
 
 
-def _by_hand(score: float) -> float:
-    b0, b1 = relevance.CALIBRATED["session"]
-    return 1.0 / (1.0 + math.exp(-(b0 + b1 * score)))
+def _by_hand(score: float, n: int = len(TURNS)) -> float:
+    b0, b1, b2 = relevance.CALIBRATED["session"]
+    lo, hi = relevance.N_RANGE["session"]
+    n = min(max(n, lo), hi)  # the sizes calibrated
+    return 1.0 / (1.0 + math.exp(-(b0 + b1 * score + b2 * math.log(n))))
 
 
 def test_default_sessions_carry_relevance_and_min_score_keeps_the_relevant(retriever):
@@ -74,6 +76,8 @@ def test_shipped_coefficients_are_the_fitted_ones():
     res = json.loads((ROOT / "bench" / "results" / "retriever_calibrate_locomo.json").read_text())
     np.testing.assert_allclose(relevance.CALIBRATED["session"], res["coefficients_all_ten_conversations"],
                                rtol=0, atol=5e-4)
+    key = next(k for k in res if k.startswith("n_range"))
+    np.testing.assert_allclose(relevance.N_RANGE["session"], res[key], rtol=1e-6)
     fitted = {k: v for k, v in res["configuration"].items() if k != "parallel"}
     shipped = {k: v for k, v in default_config().to_config().items() if k != "parallel"}
     assert fitted == shipped  # calibrated on the configuration that is the default now

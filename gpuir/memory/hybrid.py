@@ -29,9 +29,9 @@ no more than 0.01 of BM25's overall record and session Hit@1 on the training
 conversations, the best on the training questions that share no content word
 with their evidence turns. The relevance map was fitted on the top 10 hits
 of that setting in memories of several sizes (each question's whole
-conversation, 300 to 700 turns, and random subsets of 3, 10, 30 and 100 of
-them holding one of its evidence turns, each a memory of its own), label "the
-hit is one of the question's evidence turns";
+conversation, 369 to 689 turns, and random subsets of 3, 10, 30 and 100 of
+them, each a memory of its own, once holding one of its evidence turns and
+once none), label "the hit is one of the question's evidence turns";
 its precision at the documented thresholds, measured on held-out
 conversations, is in ``docs/memory.md``. It is calibrated for the shipped
 all-MiniLM-L6-v2 (:class:`gpuir.dense.encoder.Encoder`) on conversational
@@ -51,7 +51,7 @@ import numpy as np
 from ..fusion import fuse
 from ..results import SearchResults
 
-__all__ = ["ALPHA", "DEFAULT_EMBEDDING", "DEPTH", "FUSION", "RANKINGS", "RELEVANCE", "check_ranking",
+__all__ = ["ALPHA", "DEFAULT_EMBEDDING", "DEPTH", "FUSION", "N_RANGE", "RANKINGS", "RELEVANCE", "check_ranking",
            "hybrid_search", "relevance"]
 
 #: What :meth:`gpuir.Memory.search` ranks by: BM25 alone, or BM25 and the embedding fused.
@@ -66,7 +66,9 @@ ALPHA = 0.6
 DEPTH = 20
 #: Logistic map to relevance: ``1 / (1 + exp(-(b0 + b1 * cosine + b2 * fused + b3 * log(n))))``, ``n`` the
 #: records the question may see (its ``where``), fitted on LoCoMo (module docstring).
-RELEVANCE = (-2.4246, 3.3425, 1.5359, -0.5936)
+RELEVANCE = (-3.9651, 4.7936, 1.2616, -0.4858)
+#: The memory sizes the map was fitted on: ``n`` is clamped to this range (the nearest size calibrated).
+N_RANGE = (3.0, 689.0)
 
 
 def check_ranking(ranking: Any) -> str:
@@ -77,7 +79,8 @@ def check_ranking(ranking: Any) -> str:
 
 
 def relevance(cosine: np.ndarray, fused: np.ndarray, n: np.ndarray,
-              coef: tuple[float, float, float, float] = RELEVANCE) -> np.ndarray:
+              coef: tuple[float, float, float, float] = RELEVANCE,
+              n_range: tuple[float, float] = N_RANGE) -> np.ndarray:
     """Calibrated relevance of ranked hits, non-increasing along each row.
 
     Parameters
@@ -87,9 +90,11 @@ def relevance(cosine: np.ndarray, fused: np.ndarray, n: np.ndarray,
     fused : ndarray, shape (B, k), float
         Each hit's fused score, rows in rank order (NaN at padding).
     n : ndarray, shape (B,), int or float
-        How many records each question may see (>= 1).
+        How many records each question may see, clamped to ``n_range``.
     coef : (b0, b1, b2, b3)
         Logistic coefficients (:data:`RELEVANCE`).
+    n_range : (low, high)
+        The sizes calibrated (:data:`N_RANGE`).
 
     Returns
     -------
@@ -97,7 +102,7 @@ def relevance(cosine: np.ndarray, fused: np.ndarray, n: np.ndarray,
         In (0, 1); NaN at padding; each row's running minimum of the logistic map.
     """
     b0, b1, b2, b3 = (float(c) for c in coef)
-    logn = np.log(np.maximum(np.asarray(n, np.float64), 1.0)).reshape(-1, 1)
+    logn = np.log(np.clip(np.asarray(n, np.float64), *n_range)).reshape(-1, 1)
     z = b0 + b1 * np.asarray(cosine, np.float64) + b2 * np.asarray(fused, np.float64) + b3 * logn
     p = 1.0 / (1.0 + np.exp(-np.clip(z, -500.0, 500.0)))
     pad = np.isnan(p)

@@ -12,9 +12,11 @@ Calibrated (:data:`CALIBRATED`):
 
 * the default configuration (:func:`gpuir.retrieve.config.default_config`:
   session BM25 + turn BM25 pooled by log-sum-exp + the temporal channel, z-score
-  fusion), ``unit="session"``: label "the session holds one of the question's
-  evidence turns", LoCoMo's 1,982 questions with evidence, top 10 sessions each,
-  fitted leave-one-conversation-out (``bench/retriever_calibrate.py``,
+  fusion), ``unit="session"``: a logistic map of the fused score and the log of
+  the number of records the question may see; label "the session holds one of
+  the question's evidence turns", LoCoMo's 1,982 questions with evidence, top 10
+  sessions each, asked of their whole conversation and of memories of 2 and 5 of
+  its sessions (one holding an evidence session), fitted leave-one-conversation-out (``bench/retriever_calibrate.py``,
   ``bench/results/retriever_calibrate_locomo.json``; held-out precision in
   ``docs/retriever.md``).
 
@@ -34,10 +36,13 @@ import numpy as np
 
 from .config import RetrieverConfig, default_config
 
-__all__ = ["CALIBRATED", "calibration", "check_min_relevance", "relevance_of"]
+__all__ = ["CALIBRATED", "N_RANGE", "calibration", "check_min_relevance", "relevance_of"]
 
-#: unit -> logistic coefficients (b0, b1) of ``1 / (1 + exp(-(b0 + b1 * fused)))`` for the default configuration.
-CALIBRATED: dict[str, tuple[float, float]] = {"session": (-4.5819, 1.7426)}
+#: unit -> logistic coefficients (b0, b1, b2) of ``1 / (1 + exp(-(b0 + b1 * fused + b2 * log(n))))`` for the
+#: default configuration, ``n`` the records the question may see (the memory's, or its ``where``'s).
+CALIBRATED: dict[str, tuple[float, float, float]] = {"session": (1.8054, 1.8711, -1.0521)}
+#: unit -> the memory sizes (records) the map was fitted on: ``n`` is clamped to this range.
+N_RANGE: dict[str, tuple[float, float]] = {"session": (23.0, 689.0)}
 
 
 def _scoring(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +50,7 @@ def _scoring(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k != "parallel"}
 
 
-def calibration(config: RetrieverConfig, unit: str) -> tuple[float, float] | None:
+def calibration(config: RetrieverConfig, unit: str) -> tuple[float, float, float] | None:
     """The relevance map of ``config`` at ``unit``, or None where it was not calibrated."""
     if unit not in CALIBRATED:
         return None
@@ -64,12 +69,24 @@ def check_min_relevance(min_score: Any) -> float | None:
     return float(min_score)
 
 
-def relevance_of(scores: np.ndarray, coef: tuple[float, float]) -> np.ndarray:
-    """Relevance of fused scores: ndarray (B, k) float32, NaN at padding (-inf scores).
+def relevance_of(scores: np.ndarray, n: np.ndarray, coef: tuple[float, float, float],
+                 n_range: tuple[float, float] = (1.0, np.inf)) -> np.ndarray:
+    """Relevance of fused scores.
 
-    Increasing in the score (``b1 > 0``), so each row stays in order.
+    Parameters
+    ----------
+    scores : ndarray, shape (B, k), float; -inf pads
+    n : ndarray, shape (B,): the records each question may see, clamped to ``n_range``
+    coef : (b0, b1, b2), :data:`CALIBRATED`
+    n_range : (low, high), :data:`N_RANGE`
+
+    Returns
+    -------
+    ndarray, shape (B, k), float32, NaN at padding; increasing in the score (``b1 > 0``), so each row
+    stays in order.
     """
-    b0, b1 = coef
+    b0, b1, b2 = coef
     s = np.asarray(scores, np.float64)
-    z = np.clip(b0 + b1 * np.where(np.isfinite(s), s, 0.0), -500.0, 500.0)
+    logn = np.log(np.clip(np.asarray(n, np.float64), *n_range)).reshape(-1, 1)
+    z = np.clip(b0 + b1 * np.where(np.isfinite(s), s, 0.0) + b2 * logn, -500.0, 500.0)
     return np.where(np.isfinite(s), 1.0 / (1.0 + np.exp(-z)), np.nan).astype(np.float32)

@@ -34,6 +34,7 @@ from .config import ChannelConfig, RetrieverConfig, default_config
 from .fanout import run_jobs, stage_names
 from .optimiser import applies, fuse_ran
 from .registry import UNITS, Change, ChannelContext, ChannelRequest, channel_kind
+from .relevance import N_RANGE as RELEVANCE_N_RANGE
 from .relevance import calibration, check_min_relevance, relevance_of
 from .results import RetrieverResults
 from .router import Router
@@ -439,7 +440,9 @@ class Retriever:
         if res.meta.get("config") is None:
             res.meta["config"] = self.to_config()
         if coef is not None:
-            res = with_relevance(res, coef, min_score)
+            wl = where if isinstance(where, list) else [where] * len(queries)
+            seen = np.array([self.memory.count(w) for w in wl], np.float64)  # what each question may see
+            res = with_relevance(res, relevance_of(res.scores, seen, coef, RELEVANCE_N_RANGE[unit]), min_score)
         return res
 
     def search_fused(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
@@ -546,10 +549,9 @@ class Retriever:
         return res, {i: j for j, i in enumerate(rows)}
 
 
-def with_relevance(res: RetrieverResults, coef: tuple[float, float], min_score: float | None) -> RetrieverResults:
-    """``res`` with each hit's relevance in ``meta["relevance"]`` (B, k) float32 (NaN pads), and without the hits
-    below ``min_score`` (a suffix of each row: relevance increases with the score)."""
-    rel = relevance_of(res.scores, coef)
+def with_relevance(res: RetrieverResults, rel: np.ndarray, min_score: float | None) -> RetrieverResults:
+    """``res`` with each hit's relevance ``rel`` (B, k) float32 (NaN pads) as ``meta["relevance"]``, and without
+    the hits below ``min_score`` (a suffix of each row: relevance increases with the score)."""
     if min_score is not None:
         for i in range(len(res.keys)):
             m = int(np.count_nonzero(rel[i] >= min_score))

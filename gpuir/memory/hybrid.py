@@ -144,13 +144,13 @@ def hybrid_search(mem: Any, emb: Any, queries: list[str], k: int, where: Any, ba
     if min_score is not None and not 0.0 <= min_score <= 1.0:
         raise ValueError(f"min_score is a relevance between 0 and 1 with ranking='hybrid', got {min_score}")
     B = len(queries)
-    depth = max(DEPTH, k)
+    kk = min(k, max(snap.n_docs, 1))  # nothing is sized by a huge k
+    depth = max(DEPTH, kk)
     lex = mem.search(queries, k=depth, where=where, backend=backend, snapshot=snap, time_unit=time_unit,
                      ranking="bm25")
     qv = emb.encode_queries(queries)  # (B, dim) float32, normalised
     den = mem.search_vectors(qv, k=depth, where=where, embedding=emb.name, backend=backend, snapshot=snap,
                              time_unit=time_unit)
-    kk = min(k, max(snap.n_docs, 1))
     seqs = np.full((B, kk), -1, np.int64)
     scores = np.full((B, kk), -np.inf, np.float32)
     vidx = np.full((B, kk), -1, np.int64)

@@ -14,7 +14,7 @@ the library::
 Figures of one such run are in ``bench/results/hybrid_default_flip_tests_vm.json``.
 """
 
-import gpuir.memory.store as store
+from gpuir.memory import store
 
 _defaults = list(store.Memory.__init__.__defaults__)
 if _defaults[-1] != "bm25":  # the last parameter is ranking

@@ -107,11 +107,12 @@ def _open_or_create(args: argparse.Namespace):
 
     root = Path(args.memory_dir)
     asked = {"analyzer": args.analyzer, "method": args.method, "k1": args.k1, "b": args.b, "delta": args.delta,
-             "partition_days": args.partition_days}
+             "partition_days": args.partition_days, "ranking": args.ranking}
     if (root / CURRENT).exists():
         mem = Memory.open(root, writer=True, lock_timeout=args.lock_timeout)
         have = mem.config()
-        now = {"analyzer": have["analyzer"].get("name"), **have["bm25"], "partition_days": have["partition_days"]}
+        now = {"analyzer": have["analyzer"].get("name"), **have["bm25"], "partition_days": have["partition_days"],
+               "ranking": have.get("ranking", "bm25")}
         clash = [f"--{k.replace('_', '-')} {v} (the memory has {now[k]})" for k, v in asked.items()
                  if v is not None and v != now[k]]
         if clash:
@@ -258,12 +259,15 @@ def _cmd_search(args: argparse.Namespace) -> int:
     opts: dict[str, Any] = {"mode": args.mode}
     if args.max_partitions is not None:
         opts["max_partitions"] = args.max_partitions
+    if args.ranking is not None:
+        opts["ranking"] = args.ranking
     search = mem.search
     if args.config is not None or args.unit == "session":  # a Retriever configuration (gpuir.retrieve)
         from ..retrieve import Retriever
 
-        if args.mode != "exhaustive" or args.max_partitions is not None:
-            raise InputError("--mode/--max-partitions apply to plain BM25 search, not with --config or --unit session")
+        if args.mode != "exhaustive" or args.max_partitions is not None or args.ranking is not None:
+            raise InputError("--mode/--max-partitions/--ranking apply to the memory's own search, not with --config "
+                             "or --unit session")
         saved = Retriever.folder_of(args.memory_dir)
         if args.config is None and (saved / "retriever.json").exists():  # saved beside the memory: reuse it
             retriever = Retriever.open(mem, saved)
@@ -394,6 +398,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     pa.add_argument("--b", type=float, default=None, help="BM25 b, on creation only (default: 0.75)")
     pa.add_argument("--delta", type=float, default=None,
                     help="BM25 delta, bm25l and bm25+ only, on creation only (default: 0.5)")
+    pa.add_argument("--ranking", default=None, choices=("bm25", "hybrid"),
+                    help="what searches rank by, on creation only (default: bm25; hybrid: BM25 + all-MiniLM-L6-v2 "
+                         "vectors stored per record, scores a 0-1 relevance; docs/memory.md)")
     pa.add_argument("--partition-days", type=float, default=None,
                     help="width of the time partitions in days, 0 turns them off, on creation only (default: 7)")
     pa.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
@@ -452,6 +459,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                          "(default: %(default)s)")
     ps.add_argument("--max-partitions", type=int, default=None, metavar="K",
                     help="partitions to scan with --mode budgeted (default: no limit)")
+    ps.add_argument("--ranking", default=None, choices=("bm25", "hybrid"),
+                    help="bm25 or hybrid (default: the memory's own, set when it was created)")
     ps.add_argument("--config", metavar="CONFIG.json", default=None,
                     help="search with a Retriever configuration (channels and fusion, docs/retriever.md; "
                          "- reads standard input) instead of plain BM25 (default: plain BM25, or the retriever saved beside the memory "

@@ -86,6 +86,7 @@ from .export import check_config as check_export_config
 from .export import read_export, write_export
 from .history import History, canonical_entries
 from .hitorder import by_time, newest_ties, threshold
+from .hybrid import DEFAULT_EMBEDDING, check_ranking, hybrid_search
 from .idmap import IdMap
 from .intake import canonical_records, fold_expiry, to_batch
 from .merger import MergeCancelled, Merger, MergeTask
@@ -152,6 +153,12 @@ class Memory:
         Keep each record's ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`): returned
         with hits, ``get`` and ``list``, usable in ``where`` and ``list(order_by=...)``. Saved with
         the memory. (A record added without an id gets a UUIDv7 either way.)
+    ranking : {"bm25", "hybrid"}
+        What :meth:`search` ranks by unless told otherwise: exact BM25 ("bm25", the default), or
+        BM25 and the cosine of an embedding's stored vectors fused, hits scored by a calibrated
+        relevance between 0 and 1 ("hybrid", :mod:`gpuir.memory.hybrid`: answers paraphrased
+        questions). "hybrid" without ``embeddings`` stores an all-MiniLM-L6-v2 vector per record
+        (``embeddings={"minilm": Encoder()}``, torch-free). Saved with the memory.
 
     Examples
     --------
@@ -171,8 +178,13 @@ class Memory:
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
                  embeddings: Mapping[str, Any] | None = None, require_scope: bool = False,
-                 record_times: bool = False, durability: str = "fsync"):
+                 record_times: bool = False, durability: str = "fsync", ranking: str = "bm25"):
         self._durability = check_durability(durability)
+        self._ranking = check_ranking(ranking)
+        if ranking == "hybrid" and not embeddings:
+            from ..dense.encoder import Encoder
+
+            embeddings = {DEFAULT_EMBEDDING: Encoder(cache=False)}  # the memory keeps the vectors
         if not isinstance(require_scope, bool):
             raise TypeError(f"require_scope must be True or False, got {require_scope!r}")
         if not isinstance(record_times, bool):
@@ -255,7 +267,7 @@ class Memory:
                 "partition_days": None if self.window_ms is None else self.window_ms / DAY_MS,
                 "window_ms": self.window_ms, "merge_factor": self.merge_factor, "merge_min": self.merge_min,
                 "history_limit": self._history.limit, "require_scope": self._require_scope,
-                "record_times": self._record_times}
+                "record_times": self._record_times, **({"ranking": self._ranking} if self._ranking != "bm25" else {})}
 
     def _snapshot(self) -> Snapshot:
         self._version += 1
@@ -1307,8 +1319,8 @@ class Memory:
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
                decay: float = 0.5, snapshot: Snapshot | None = None, min_score: float | None = None,
                ties: str | None = None, order_by: str = "score", time_unit: str | None = None,
-               stats: TermStats | None = None) -> MemoryResults:
-        """Top-k records of each query, with exact global BM25.
+               stats: TermStats | None = None, ranking: str | None = None) -> MemoryResults:
+        """Top-k records of each query, with exact global BM25 (or hybrid: ``ranking``).
 
         Parameters
         ----------
@@ -1332,7 +1344,8 @@ class Memory:
         snapshot : Snapshot, optional
             Search this snapshot instead of the current one.
         min_score : float, optional
-            Drop hits scoring below it (see :mod:`gpuir.memory.hitorder`).
+            Drop hits scoring below it (see :mod:`gpuir.memory.hitorder`): a BM25 score, or with
+            ``ranking="hybrid"`` a relevance between 0 and 1 (0.5: as likely relevant as not).
         ties : {"oldest", "newest"}, optional
             Order of equal scores: add order ("oldest", the default of "exhaustive"), or
             newest first by time, then add order ("newest", the default of "newest" and "budgeted").
@@ -1344,6 +1357,11 @@ class Memory:
             Score with these statistics (N, total length, df of every query
             term) instead of the memory's own: this memory is one shard of a
             larger collection (:mod:`gpuir.memory.termstats`).
+        ranking : {"bm25", "hybrid"}, optional
+            Default: the memory's (``Memory(ranking=...)``, "bm25" unless set). "hybrid": BM25 and
+            the cosine of the memory's embedding fused, each hit's score a calibrated relevance
+            in [0, 1] (:mod:`gpuir.memory.hybrid`); it takes the exhaustive mode, score order and
+            the default ties only.
 
         Returns
         -------
@@ -1352,8 +1370,20 @@ class Memory:
         """
         if self._guard_scope:
             scope.require("search")
+        ranking = self._ranking if ranking is None else check_ranking(ranking)
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)
+        if ranking == "hybrid":
+            if mode != "exhaustive" or ties != "oldest" or order_by != "score" or stats is not None:
+                raise ValueError("ranking='hybrid' searches every partition in score order (mode='exhaustive', "
+                                 "ties='oldest', order_by='score', no stats); pass ranking='bm25' for the others")
+            if len(self._emb) > 1 and DEFAULT_EMBEDDING not in self._emb:
+                raise VectorError(f"ranking='hybrid' fuses BM25 with the embedding {DEFAULT_EMBEDDING!r}, or the "
+                                  f"memory's only one; this memory has {', '.join(sorted(self._emb))}")
+            snap = snapshot if snapshot is not None else self._snap
+            return hybrid_search(self, self._embedding(None if DEFAULT_EMBEDDING not in self._emb
+                                                       else DEFAULT_EMBEDDING), queries, k, where, backend, snap,
+                                 min_score, time_unit, MemoryResults)
         tiered = warmup.tiered(backend)  # (the compiled engine still starting in this process: NumPy now)
         name, reason = ("numpy", warmup.REASON) if tiered else resolve_memory_backend(backend)
         snap = snapshot if snapshot is not None else self._snap
@@ -1899,7 +1929,7 @@ class Memory:
                       partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
                       merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
                       background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)),
-                      record_times=bool(cfg.get("record_times", False)))
+                      record_times=bool(cfg.get("record_times", False)), ranking=cfg.get("ranking", "bm25"))
         except (TypeError, ValueError) as e:
             raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None
         mem.window_ms = cfg.get("window_ms", mem.window_ms)

@@ -34,6 +34,8 @@ from .config import ChannelConfig, RetrieverConfig, default_config
 from .fanout import run_jobs, stage_names
 from .optimiser import applies, fuse_ran
 from .registry import UNITS, Change, ChannelContext, ChannelRequest, channel_kind
+from .relevance import N_RANGE as RELEVANCE_N_RANGE
+from .relevance import calibration, check_min_relevance, relevance_of
 from .results import RetrieverResults
 from .router import Router
 from .temporal import may_name_time, parse_time_window
@@ -386,7 +388,7 @@ class Retriever:
         return out
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, unit: str = "record",
-               backend: str = "auto", at: Any = None) -> RetrieverResults:
+               backend: str = "auto", at: Any = None, min_score: float | None = None) -> RetrieverResults:
         """Top-k records or sessions of each query.
 
         Parameters
@@ -399,11 +401,23 @@ class Retriever:
             BM25 scoring device (as :meth:`Memory.search`).
         at : None, int (epoch ms), ISO-8601 str, datetime, or a list of B of them
             When each question is asked (the temporal channel's anchor); None: now.
+        min_score : float in [0, 1], optional
+            Keep the hits whose calibrated relevance is at least this (:mod:`gpuir.retrieve.relevance`:
+            the default configuration's sessions; refused where the configuration is not calibrated).
 
         Returns
         -------
         RetrieverResults
+            With a calibrated configuration, ``meta["relevance"]``: (B, k) float32, each hit's
+            relevance (NaN pads).
         """
+        min_score = check_min_relevance(min_score)
+        coef = calibration(self.config, unit) if unit in UNITS else None
+        if min_score is not None and coef is None:
+            raise ValueError(f"min_score is a calibrated relevance (0 to 1), and this configuration has none at "
+                             f"unit={unit!r} (calibrated: the default configuration's sessions, "
+                             "gpuir.retrieve.relevance); filter channels with ChannelConfig(min_score=...), or use "
+                             "Memory.search(ranking='hybrid', min_score=...) for records")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         k = min(int(k), max(len(self.memory), 1))  # nothing is sized by a huge k (at most one hit per record)
@@ -425,6 +439,10 @@ class Retriever:
                   res.meta["timings"]["total"], {s: round(v, 4) for s, v in res.meta["timings"].items()})
         if res.meta.get("config") is None:
             res.meta["config"] = self.to_config()
+        if coef is not None:
+            wl = where if isinstance(where, list) else [where] * len(queries)
+            seen = np.array([self.memory.count(w) for w in wl], np.float64)  # what each question may see
+            res = with_relevance(res, relevance_of(res.scores, seen, coef, RELEVANCE_N_RANGE[unit]), min_score)
         return res
 
     def search_fused(self, queries: list[str], k: int, where: Any, unit: str, backend: str,
@@ -529,6 +547,20 @@ class Retriever:
                                  where=[_row_where(where, i) for i in rows] if where is not None else None,
                                  backend=ran["backend"], snapshot=ran["snapshot"])
         return res, {i: j for j, i in enumerate(rows)}
+
+
+def with_relevance(res: RetrieverResults, rel: np.ndarray, min_score: float | None) -> RetrieverResults:
+    """``res`` with each hit's relevance ``rel`` (B, k) float32 (NaN pads) as ``meta["relevance"]``, and without
+    the hits below ``min_score`` (a suffix of each row: relevance increases with the score)."""
+    if min_score is not None:
+        for i in range(len(res.keys)):
+            m = int(np.count_nonzero(rel[i] >= min_score))
+            res.keys[i] = res.keys[i][:m]  # hits(i) reads keys[i]: the dropped hits are gone there too
+            res.scores[i, m:] = -np.inf
+            res.numbers[i, m:] = -1
+            rel[i, m:] = np.nan
+    res.meta["relevance"] = rel
+    return res
 
 
 def _row_where(where: Any, i: int) -> Any:

@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from _bag_encoder import BagEncoder
 
 from gpuir.compat.mem0 import AsyncMemory, InferNotSupported, Memory, translate_filters
 from gpuir.memory import WhereError
@@ -13,26 +14,9 @@ from gpuir.memory import WhereError
 ITEM_KEYS = {"id", "memory", "hash", "metadata", "score", "created_at", "updated_at"}
 
 
-class BagEncoder:
-    """A tiny deterministic encoder (hashed words), so that hybrid tests need no model."""
-
-    def __init__(self, dim: int = 64):
-        self.dim = dim
-
-    def _enc(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().split():
-                out[i, sum(map(ord, w.strip("?.!,"))) % self.dim] += 1.0
-        out[:, 0] += 1e-3
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    encode_passages = encode_queries = _enc
-
-
 @pytest.fixture
 def m():
-    mem = Memory(encoder=BagEncoder())
+    mem = Memory(encoder=BagEncoder(64))
     mem.add("I moved to Berlin last year", user_id="alice", metadata={"category": "Home", "stars": 3})
     mem.add([{"role": "user", "content": "I adopted a puppy named Max"},
              {"role": "assistant", "content": "Max is a great NAME for a dog", "name": "bot1"},
@@ -203,7 +187,7 @@ def test_hybrid_over_a_memory_the_user_holds():
     """A gpuir.Memory with its own embedding (the query encoded by the memory): same answers as the default."""
     import gpuir
 
-    enc = BagEncoder()
+    enc = BagEncoder(64)
     core = gpuir.Memory(embeddings={"bag": {"encoder": lambda texts: enc.encode_passages(list(texts))}})
     held = Memory(memory=core)
     ours = Memory(encoder=enc)

@@ -12,28 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _bag_encoder import BagEncoder
 
 import gpuir
 from gpuir.memory import hybrid
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class BagEncoder:
-    """A tiny deterministic encoder (hashed words), so that these tests need no model."""
-
-    def __init__(self, dim: int = 32):
-        self.dim = dim
-
-    def _enc(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in t.lower().split():
-                out[i, sum(map(ord, w.strip("?.!,"))) % self.dim] += 1.0
-        out[:, 0] += 1e-3
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    encode_passages = encode_queries = _enc
 
 
 WORDS = ["alpha", "beta", "gamma", "delta", "puppy", "park", "berlin", "moved", "lake", "river", "sunrise", "paint", "group", "support", "dog", "cat", "hiking", "alps", "coffee", "tea", "music", "guitar", "piano"]

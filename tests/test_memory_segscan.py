@@ -666,3 +666,34 @@ def test_small_segments_are_scored_without_setup_and_equal_the_block_path(method
     assert not made, "a one-record add rebuilt the large segments' layout"
     assert not any(key[0] == "scorer" for v in m2.snapshot().views if v.seg.n_docs <= 40 for key in v.seg.cache
                    if isinstance(key, tuple)), "a small segment got a scorer"
+
+
+def test_new_segments_are_prepared_for_the_engine_before_any_search_meets_them(monkeypatch):
+    """After a compiled search, a one-record add's segment has its small-segment row made in the add, and a
+    merged segment its scorer, block index and tf keys made in the merge -- before a search meets them; a
+    batch's large segment is left to its first search (an add's latency is a write's)."""
+    monkeypatch.setattr(segscan, "SMALL_ROWS", 8)
+    m = Memory(partition_days=None, merge_factor=4, merge_min=2, background_merges=False)
+    m.add([{"id": f"b{i}", "text": f"w{i % 7} w{i % 3} common"} for i in range(40)])
+    big = m.snapshot().views[-1].seg
+    assert not any(k[0] == "scorer" for k in big.cache), "not laid out before a search was served"
+    m.search("common w1", k=3, backend="numba")
+    seen = set()
+    for i in range(20):
+        m.add([{"id": f"a{i}", "text": f"w{i % 5} agent turn {i}"}])
+        for v in m.snapshot().views:
+            if v.seg.uid in seen:
+                continue
+            seen.add(v.seg.uid)
+            if v.seg.n_docs <= 8:
+                assert ("numba", "small") in v.seg.cache, f"add {i}: small segment {v.seg.uid} not prepared"
+            else:
+                assert ("numba", "tf_keys") in v.seg.cache, f"add {i}: merged segment {v.seg.uid} not prepared"
+    assert any(v.seg.n_docs > 8 and v.seg is not big for v in m.snapshot().views), "a merge made a large segment"
+    m.add([{"id": f"c{i}", "text": "a batch of twenty"} for i in range(20)])
+    newest = max(m.snapshot().views, key=lambda v: v.seg.uid).seg
+    assert newest.n_docs == 20 and ("numba", "tf_keys") not in newest.cache, "a batch's layout waits for a search"
+    r = m.search(["agent turn", "common w1"], k=5, backend="numba")
+    ref = m.search(["agent turn", "common w1"], k=5, backend="numpy")
+    np.testing.assert_array_equal(r.seqs, ref.seqs)
+    np.testing.assert_array_equal(r.scores, ref.scores)

@@ -291,14 +291,15 @@ class SegmentEngine(ABC):
             (B, k) arrays on the host, -1 / -inf padded.
         """
 
-    def prepare(self, seg: SegmentSource, params: BM25Params) -> None:
+    def prepare(self, seg: SegmentSource, params: BM25Params, cheap: bool = False) -> None:
         """Make now what this engine derives from a new sealed segment (a layout, a device copy), so that
         the first search meeting the segment pays nothing for it.
 
-        The memory calls it off the search path for the segments its merges make (in the merge's thread,
-        before the merged segment is published), with the engine that served its latest search. It must
-        not change any result: it only fills ``seg.cache`` earlier than the first search would. The default
-        makes nothing.
+        The memory calls it off the search path, with the engine that served its latest search, before the
+        segment is published: for the segments its merges make in the merge's thread, for those its adds
+        make in the writer's call, with ``cheap`` (only what costs the writer little: an add's latency
+        is a write's). It must not change any result: it only fills ``seg.cache`` earlier than the first
+        search would. The default makes nothing.
 
         Parameters
         ----------
@@ -306,6 +307,8 @@ class SegmentEngine(ABC):
             A sealed segment not yet in any published segment set.
         params : BM25Params
             The BM25 parameters of the sets that will hold it.
+        cheap : bool
+            Make only what is cheap to make (the writer's call): the rest is made by the first search.
         """
         return
 

@@ -236,9 +236,10 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
 
         return cupy
 
-    def prepare(self, seg: Any, params: Any) -> None:
+    def prepare(self, seg: Any, params: Any, cheap: bool = False) -> None:
         """Upload ``seg`` now (:func:`device_segment`): a segment is copied to the device when it appears
-        (the memory calls this for the segments of its adds and merges), not by the first search to meet it."""
+        (the memory calls this for the segments of its adds and merges), not by the first search to meet it;
+        ``cheap`` or not (a copy of a batch's postings costs its add little)."""
         device_segment(self._cp(), seg)
 
     def search(self, segset: Any, view_ids: tuple[int, ...], batch: Any, k: int) -> SegmentHits:

@@ -378,11 +378,14 @@ class NumbaSegmentsEngine(SegmentEngine):
         out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=default_threads())
         return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
 
-    def prepare(self, seg, params) -> None:
+    def prepare(self, seg, params, cheap: bool = False) -> None:
         """What searches read of a new segment, made before any of them meets it: a large segment's scorer
         and block layout (:func:`~gpuir.backends.segment_engines.segment_scorer`), its postings' tf keys
-        (:func:`keyed_ix`) and its sorted term codes; a small one's (:data:`SMALL_ROWS`) table row."""
+        (:func:`keyed_ix`) and its sorted term codes, unless ``cheap`` (a batch's segment, in the writer's
+        call: a layout costs about a tenth of the add); a small one's (:data:`SMALL_ROWS`) table row."""
         if seg.n_docs > SMALL_ROWS:
+            if cheap:
+                return
             _ = seg.g_sorted  # (the sorted term codes every search of the segment looks terms up in)
             keyed_ix(seg, segment_scorer(seg, "numba", params))
         else:

@@ -816,7 +816,7 @@ class Memory:
             seg = self._builder.build(self._next_uid, key, batch.take(r) if len(groups) > 1 else batch, seqs[r],
                                       self._dicts, part_vecs)
             self._next_uid += 1
-            self._prepare(seg)
+            self._prepare(seg, cheap=True)
             self._dflog.add(seg.l2g, seg.df, unique=True)
             self._n += seg.n_docs
             self._total_len += seg.length
@@ -968,17 +968,18 @@ class Memory:
                 self._write_lock.release()
         self._merging.difference_update(task.uids)  # abandoned: the inputs stay as they are
 
-    def _prepare(self, seg) -> None:
+    def _prepare(self, seg, cheap: bool = False) -> None:
         """Lay ``seg`` out for the engine of the latest search (its scorer, a device copy) before it is
         published -- in the merge's thread for a merged segment, in the writer's call for an added one --
         so that the first search meeting it pays nothing for it (an agent adds a record, then asks: every
-        add makes a segment, and every few adds a merge). Changes no result; a failure is logged and left
-        to the first search (which would meet and report it)."""
+        add makes a segment, and every few adds a merge); ``cheap``: only what costs the writer little (a
+        small segment's setup, not a batch's layout). Changes no result; a failure is logged and left to
+        the first search (which would meet and report it)."""
         name = self._served_by
         if name is None:
             return
         try:
-            engine_for(name).prepare(seg, self.params)
+            engine_for(name).prepare(seg, self.params, cheap=cheap)
         except Exception:  # (a search repeats the work and reports what fails)
             log.debug("preparing merged segment %d for %s failed", seg.uid, name, exc_info=True)
 

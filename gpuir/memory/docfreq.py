@@ -76,19 +76,30 @@ class DfTable:
             return np.asarray(self)[idx]
         scalar = np.ndim(idx) == 0
         g = np.asarray(idx, dtype=np.int64).reshape(-1)
-        if g.size and (int(g.min()) < -self.size or int(g.max()) >= self.size):
-            raise IndexError(f"term code out of range [0, {self.size})")
-        g = np.where(g < 0, g + self.size, g)
+        hi = -1
+        if g.size:  # (few numpy calls: a question's terms are looked up once per snapshot, on its search path)
+            lo, hi = int(g.min()), int(g.max())
+            if lo < -self.size or hi >= self.size:
+                raise IndexError(f"term code out of range [0, {self.size})")
+            if lo < 0:
+                g = np.where(g < 0, g + self.size, g)
+                hi = int(g.max())
         B = self.base.size
-        inb = g < B
-        out = np.zeros(g.size, dtype=np.int64)
-        out[inb] = self.base[g[inb]]
+        if hi < B:  # every code in the base (the common case)
+            out = self.base[g]
+        else:
+            inb = g < B
+            out = np.zeros(g.size, dtype=np.int64)
+            out[inb] = self.base[g[inb]]
         for keys, vals in self.runs:
-            if keys.size == 0:
+            m = keys.size
+            if m == 0:
                 continue
-            pos = np.minimum(np.searchsorted(keys, g), keys.size - 1)
+            pos = keys.searchsorted(g)
+            np.minimum(pos, m - 1, out=pos)
             hit = keys[pos] == g
-            out[hit] += vals[pos[hit]]
+            if hit.any():
+                out[hit] += vals[pos[hit]]
         if scalar:
             return int(out[0])
         return out.reshape(np.shape(idx))

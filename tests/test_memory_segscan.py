@@ -670,8 +670,9 @@ def test_small_segments_are_scored_without_setup_and_equal_the_block_path(method
 
 def test_new_segments_are_prepared_for_the_engine_before_any_search_meets_them(monkeypatch):
     """After a compiled search, a one-record add's segment has its small-segment row made in the add, and a
-    merged segment its scorer, block index and tf keys made in the merge -- before a search meets them; a
-    batch's large segment is left to its first search (an add's latency is a write's)."""
+    merged segment its scorer, block index and tf keys made in the merge, with the layout of the merge's
+    set of large segments -- before a search meets them; a batch's large segment is left to its first
+    search (an add's latency is a write's)."""
     monkeypatch.setattr(segscan, "SMALL_ROWS", 8)
     m = Memory(partition_days=None, merge_factor=4, merge_min=2, background_merges=False)
     m.add([{"id": f"b{i}", "text": f"w{i % 7} w{i % 3} common"} for i in range(40)])
@@ -690,6 +691,11 @@ def test_new_segments_are_prepared_for_the_engine_before_any_search_meets_them(m
             else:
                 assert ("numba", "tf_keys") in v.seg.cache, f"add {i}: merged segment {v.seg.uid} not prepared"
     assert any(v.seg.n_docs > 8 and v.seg is not big for v in m.snapshot().views), "a merge made a large segment"
+    snap = m.snapshot()  # the merge's new set of large segments: its shared layout made by the merge, too
+    order = segscan._large_first(snap, tuple(range(len(snap.views))))
+    held = snap.views[order[0]].seg.cache.get(("numba", "layout"))
+    assert held is not None and held[0] == tuple((id(snap.views[v].seg), id(snap.views[v].live)) for v in order)
+    assert held[1].ptrs is not None, "and the segments' addresses for the union"
     m.add([{"id": f"c{i}", "text": "a batch of twenty"} for i in range(20)])
     newest = max(m.snapshot().views, key=lambda v: v.seg.uid).seg
     assert newest.n_docs == 20 and ("numba", "tf_keys") not in newest.cache, "a batch's layout waits for a search"

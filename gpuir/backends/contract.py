@@ -310,6 +310,18 @@ class SegmentEngine(ABC):
         cheap : bool
             Make only what is cheap to make (the writer's call): the rest is made by the first search.
         """
+
+    def warm(self, segset: SegmentSet) -> None:
+        """Make now what searches of every view of ``segset`` will share across its segments (a layout of
+        several segments), off the search path: the memory calls it in a merge's thread once the merge's
+        segment set is published (later sets holding the same segments reuse it). It must not change any
+        result. The default makes nothing.
+
+        Parameters
+        ----------
+        segset : SegmentSet
+            A published segment set.
+        """
         return
 
 

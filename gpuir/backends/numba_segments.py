@@ -378,6 +378,16 @@ class NumbaSegmentsEngine(SegmentEngine):
         out_i, out_f, counts = search_compiled(segset, view_ids, batch, k, threads=default_threads())
         return SegmentHits(out_i[0], out_f, out_i[1], out_i[2], counts[:, 0].copy())
 
+    def warm(self, segset: SegmentSet) -> None:
+        """The shared layout of the set's large segments (:func:`_shared_layout`) and their addresses for
+        the union, as a search of every view makes them: a merge's new set of large segments costs the
+        question after it no typed-list build (about a millisecond)."""
+        big = _large_first(segset, tuple(range(len(segset.views))))
+        if len(big) > 0:
+            layout = _shared_layout(segset, big)
+            if len(big) > 1 and layout.ptrs is None:
+                layout.ptrs = cpu_segments.pointer_rows(layout.segs)
+
     def prepare(self, seg, params, cheap: bool = False) -> None:
         """What searches read of a new segment, made before any of them meets it: a large segment's scorer
         and block layout (:func:`~gpuir.backends.segment_engines.segment_scorer`), its postings' tf keys
@@ -390,6 +400,14 @@ class NumbaSegmentsEngine(SegmentEngine):
             keyed_ix(seg, segment_scorer(seg, "numba", params))
         else:
             _small_row(seg, None)
+
+
+def _large_first(snap: SegmentSet, view_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The large segments (more than :data:`SMALL_ROWS` rows) of ``view_ids``, largest first (the order a
+    layout is keyed by)."""
+    views = snap.views
+    return tuple(sorted((v for v in view_ids if views[v].seg.n_docs > SMALL_ROWS),
+                        key=lambda v: (-views[v].n_live, v)))
 
 
 def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int,
@@ -411,8 +429,7 @@ def search_compiled(snap: SegmentSet, view_ids: tuple[int, ...], batch: QueryBat
     B = batch.size
     params = snap.params
     views = snap.views
-    big = tuple(sorted((v for v in view_ids if views[v].seg.n_docs > SMALL_ROWS),
-                       key=lambda v: (-views[v].n_live, v)))  # largest first
+    big = _large_first(snap, view_ids)
     small = tuple(v for v in view_ids if views[v].seg.n_docs <= SMALL_ROWS)
     state: SnapshotWeights = snap.cached(("compiled",), SnapshotWeights)
     with state.lock:

@@ -938,6 +938,7 @@ class Memory:
     def _run_merge(self, task: MergeTask) -> None:
         """One merge (a background thread, or the writer inline): merge outside every lock, then commit."""
         hook = self._merger.hook
+        published = None
         if hook is not None:
             hook("start", task)
         t0 = time.perf_counter()
@@ -963,9 +964,12 @@ class Memory:
                     self._commit_merge(task, seg)
                     self.merge_log.append((seg.n_docs, dt))
                     self._merge_policy({task.key})  # the merged segment may complete a group of the next tier
+                    published = self._snap
                     return
             finally:
                 self._write_lock.release()
+                if published is not None:
+                    self._warm(published)
         self._merging.difference_update(task.uids)  # abandoned: the inputs stay as they are
 
     def _prepare(self, seg, cheap: bool = False) -> None:
@@ -982,6 +986,18 @@ class Memory:
             engine_for(name).prepare(seg, self.params, cheap=cheap)
         except Exception:  # (a search repeats the work and reports what fails)
             log.debug("preparing merged segment %d for %s failed", seg.uid, name, exc_info=True)
+
+    def _warm(self, snap: Snapshot) -> None:
+        """What the searches of a merge's new snapshot share across its segments (the compiled engine's
+        layout of its large segments), made here in the merge's thread, outside the writer's lock, with
+        the engine of the latest search (:meth:`gpuir.backends.contract.SegmentEngine.warm`)."""
+        name = self._served_by
+        if name is None:
+            return
+        try:
+            engine_for(name).warm(snap)
+        except Exception:  # (a search repeats the work and reports what fails)
+            log.debug("warming snapshot %d for %s failed", snap.version, name, exc_info=True)
 
     def _commit_merge(self, task: MergeTask, seg) -> None:
         """Replace the task's inputs by ``seg`` and publish (caller holds the write lock).

@@ -134,21 +134,27 @@ def idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
     """
     df = np.asarray(df, dtype=np.float64)
     n = float(n_docs)
+    if df.size and df.min() > 0:  # (a search's terms, looked up per snapshot: nothing to guard, the same values)
+        return _idf_expr(df, n, method)
     with np.errstate(divide="ignore"):
-        if method == "lucene":
-            out = np.log1p((n - df + 0.5) / (df + 0.5))
-        elif method == "robertson":
-            out = np.log(np.maximum(1.0, (n - df + 0.5) / (df + 0.5)))
-        elif method == "atire":
-            out = np.log(n / df)
-        elif method == "bm25l":
-            out = np.log((n + 1.0) / (df + 0.5))
-        elif method == "bm25+":
-            out = np.log((n + 1.0) / df)
-        else:
-            raise ValueError(f"unknown BM25 method {method!r}")
+        out = _idf_expr(df, n, method)
     # bm25s leaves idf = 0 for a term with df = 0 (it cannot occur in an index).
     return np.where(df > 0, out, 0.0)
+
+
+def _idf_expr(df: np.ndarray, n: float, method: str) -> np.ndarray:
+    """:func:`idf`'s formula per method: ``df`` (V,) float64 -> (V,) float64 (host), df = 0 unguarded."""
+    if method == "lucene":
+        return np.log1p((n - df + 0.5) / (df + 0.5))
+    if method == "robertson":
+        return np.log(np.maximum(1.0, (n - df + 0.5) / (df + 0.5)))
+    if method == "atire":
+        return np.log(n / df)
+    if method == "bm25l":
+        return np.log((n + 1.0) / (df + 0.5))
+    if method == "bm25+":
+        return np.log((n + 1.0) / df)
+    raise ValueError(f"unknown BM25 method {method!r}")
 
 
 def tfc(tf: np.ndarray, doc_len: np.ndarray, avgdl: float, params: BM25Params) -> np.ndarray:

@@ -40,7 +40,7 @@ def compiled_ready() -> bool:
 def mark_ready() -> None:
     """The compiled engine has run in this process (a search asked for it by name): nothing left to warm,
     unless the warm-up is running (its own searches ask for it by name): it marks ready when it is done."""
-    if _thread is None:
+    if _thread is None and not _ready.is_set():  # (every search calls this: setting an Event takes its lock)
         _ready.set()
 
 

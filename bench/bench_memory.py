@@ -268,8 +268,8 @@ def _records(texts: list[str]) -> list[dict[str, str]]:
     return [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
 
 
-def _grow(recs: list[dict[str, str]], batch: int, merge_factor: int = 8) -> tuple[Memory, dict[str, Any]]:
-    mem = Memory(partition_days=7.0, merge_factor=merge_factor)
+def _grow(recs: list[dict[str, str]], batch: int, merge_factor: int = 8, **kw) -> tuple[Memory, dict[str, Any]]:
+    mem = Memory(partition_days=7.0, merge_factor=merge_factor, **kw)
     lat, segs, cpu_lat = [], [], []
     c0, w0 = time.process_time(), time.perf_counter()
     for a in range(0, len(recs), batch):
@@ -468,7 +468,7 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "config": {"batch": args.batch, "k": args.k, "one_core": args.one_core, "rounds": args.rounds,
-                   "loop_docs": args.loop_docs, "merge_factor": args.merge_factor},
+                   "loop_docs": args.loop_docs, "merge_factor": args.merge_factor, "think_ms": args.think_ms},
         "note": args.note,
     }
     corpus = _lme_corpus()
@@ -511,6 +511,8 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
         t = time.perf_counter()
         mem.add([rec])
         add_lat.append(time.perf_counter() - t)
+        if args.think_ms:  # the agent's own work between its add and its question (an LLM call)
+            time.sleep(args.think_ms / 1e3)
         t, c = time.perf_counter(), time.thread_time()
         mem.search(q, k=args.k)
         cpu.append(time.thread_time() - c)
@@ -1090,6 +1092,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "also measured alone (issue 34)")
     p.add_argument("--note", default="", help="agent loop: a note kept in the results (e.g. the machine's load)")
     p.add_argument("--rounds", type=int, default=499, help="agent loop: rounds (default 499, every question)")
+    p.add_argument("--think-ms", type=float, default=0.0,
+                   help="agent loop: pause between each add and its question (an agent's LLM call; default 0: "
+                        "the question right after the add, the merges it started sharing the core with it)")
     p.add_argument("--loop-docs", type=int, default=None,
                    help="agent loop: use the first N turns only (a short run)")
     p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")

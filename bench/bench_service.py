@@ -41,7 +41,9 @@ second" on, so it polls ``GET /v1/tenants/{tenant}/overview`` once a second
 (re-opened on the new port after the restart); ``--page both`` runs the whole
 benchmark ``--repeat`` times without and with the page, alternately, and
 writes both series and their ratios (``--out``, default
-``bench/results/service_page_MACHINE.json``). The browser runs on the same
+``bench/results/service_page_MACHINE.json``), among them the server process's CPU
+time per agent request (the page's polls' work included): on a machine whose
+load moves requests/s by 2x from run to run, the figure that can resolve 5%. The browser runs on the same
 machine as the server and the agents, so its own CPU is part of what it costs.
 
 Usage::
@@ -551,6 +553,7 @@ def _page_both(args, argv) -> int:
             row = {"throughput_rps": res["throughput_rps"],
                    "search_p50_ms": res["latency_ms"]["search"]["p50"], "search_p99_ms": res["latency_ms"]["search"]["p99"],
                    "add_p50_ms": res["latency_ms"]["add"]["p50"], "add_p99_ms": res["latency_ms"]["add"]["p99"],
+                   "server_cpu_ms_per_request": res["cpu_ms_per_request"]["server"],
                    "errors": res["errors"], "lost_at_end": res["lost_at_end"], "wall_s": res["wall_s"],
                    "load_average_1_5_15": res["load_average_1_5_15"],
                    **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
@@ -558,7 +561,8 @@ def _page_both(args, argv) -> int:
             runs[name].append(row)
             print(f"run {r + 1} {name}: {json.dumps(row)}", file=sys.stderr)
     med = {name: {k: float(np.median([x[k] for x in rows])) for k in
-                  ("throughput_rps", "search_p50_ms", "search_p99_ms", "add_p50_ms", "add_p99_ms")}
+                  ("throughput_rps", "search_p50_ms", "search_p99_ms", "add_p50_ms", "add_p99_ms",
+                   "server_cpu_ms_per_request")}
            for name, rows in runs.items()}
     out = {"runs": runs, "median": med,
            "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},

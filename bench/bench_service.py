@@ -225,6 +225,7 @@ class InspectorPage:
         self.jobs: queue.Queue = queue.Queue()
         self.polls = {"ok": 0, "failed": 0}
         self.error: str | None = None
+        self.cpu0, self.cpu_s = 0.0, 0.0  # the browser's and Playwright driver's CPU while a page is open
         self.opened = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -256,8 +257,12 @@ class InspectorPage:
                     pg.click("button[data-tab=memory-tab]")
                     pg.check("#memory-poll")
                     self.opened.set()
+                    self.cpu0 = browser_cpu()
                     while self.jobs.empty():
-                        pg.wait_for_timeout(100)  # the page's own timer polls; this thread only waits
+                        # the page's own timer polls; this thread only hands Playwright's events over, once a
+                        # second (each hand-over takes the GIL from the agents' event loop in this process)
+                        pg.wait_for_timeout(1000)
+                    self.cpu_s += browser_cpu() - self.cpu0
                 b.close()
         except Exception as e:  # noqa: BLE001 - reported in the result, not raised in the benchmark's loop
             self.error = f"{type(e).__name__}: {e}"
@@ -271,7 +276,24 @@ class InspectorPage:
     def close(self) -> dict[str, Any]:
         self.jobs.put(None)
         self.thread.join(60)
-        return {"overview_polls": dict(self.polls), "error": self.error}
+        return {"overview_polls": dict(self.polls), "error": self.error, "browser_cpu_s": self.cpu_s}
+
+
+def browser_cpu() -> float:
+    """CPU seconds (user + system) of this process's child processes now alive: Playwright's driver and the
+    Chromium it started (the page's cost to a machine that runs it beside the server)."""
+    import psutil
+
+    total = 0.0
+    for ch in psutil.Process().children(recursive=True):
+        try:
+            name = ch.name().lower()
+            if "chrom" in name or "node" in name or "playwright" in name:  # (not the server, also a child)
+                t = ch.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[str, Any]:
@@ -554,6 +576,7 @@ def _page_both(args, argv) -> int:
                    "search_p50_ms": res["latency_ms"]["search"]["p50"], "search_p99_ms": res["latency_ms"]["search"]["p99"],
                    "add_p50_ms": res["latency_ms"]["add"]["p50"], "add_p99_ms": res["latency_ms"]["add"]["p99"],
                    "server_cpu_ms_per_request": res["cpu_ms_per_request"]["server"],
+                   "client_cpu_ms_per_request": res["cpu_ms_per_request"]["client"],
                    "errors": res["errors"], "lost_at_end": res["lost_at_end"], "wall_s": res["wall_s"],
                    "load_average_1_5_15": res["load_average_1_5_15"],
                    **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(

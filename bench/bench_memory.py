@@ -498,6 +498,8 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
     def one_by_one(fn) -> dict[str, Any]:
         lat, cpu = [], []
         for q in qs:
+            if args.think_ms:  # the same pause before each question as in the loop: caches as cold as there
+                time.sleep(args.think_ms / 1e3)
             t, c = time.perf_counter(), time.thread_time()
             fn(q)
             cpu.append(time.thread_time() - c)
@@ -1094,7 +1096,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=499, help="agent loop: rounds (default 499, every question)")
     p.add_argument("--think-ms", type=float, default=0.0,
                    help="agent loop: pause between each add and its question (an agent's LLM call; default 0: "
-                        "the question right after the add, the merges it started sharing the core with it)")
+                        "the question right after the add, the merges it started sharing the core with it); "
+                        "each engine timed alone pauses as long before each of its questions")
     p.add_argument("--loop-docs", type=int, default=None,
                    help="agent loop: use the first N turns only (a short run)")
     p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")

@@ -117,3 +117,66 @@ def test_concurrent_callers_each_get_their_own_answer():
         assert wrong == [] and not c.broken and 1 <= len(c._idle) <= 8
     finally:
         srv.close()
+
+
+_OWNER_SCRIPT = """
+import sys, time
+from gpuir.cluster.fastpath import FastServer
+srv = FastServer(lambda name, args: None, base=sys.argv[1])
+print(srv.path, flush=True)
+time.sleep(600)
+"""
+
+
+def _owner_process(base):
+    """A process that opens a channel under ``base`` and waits (as a shard does); returns (process, dir)."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+    p = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT, str(base)], stdout=subprocess.PIPE, text=True,
+                         env=env)
+    return p, os.path.dirname(p.stdout.readline().strip())
+
+
+def test_a_killed_shards_directory_is_removed_by_the_next_channel(tmp_path):
+    """A SIGKILLed shard closes nothing: its socket's directory stays until the next channel opened on the
+    machine sweeps it. Only directories whose marker names a dead process are removed: a live shard's, a
+    directory without a marker (not ours), one holding another file, and one whose pid now belongs to
+    another process (a reused pid) stay or go as their owner says."""
+    import signal
+
+    dead, dead_dir = _owner_process(tmp_path)
+    live, live_dir = _owner_process(tmp_path)
+    srv = None
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait(30)
+        assert os.path.exists(os.path.join(dead_dir, "s")), "nothing cleans up after a SIGKILL by itself"
+        foreign = tmp_path / "gpuir-shard-notours"  # no marker: made by someone else
+        foreign.mkdir()
+        (foreign / "s").write_text("")
+        extra = tmp_path / "gpuir-shard-extra"  # a dead owner, but a file gpuir did not make
+        extra.mkdir()
+        (extra / "owner").write_text(f"{dead.pid} 1\n")
+        (extra / "notes.txt").write_text("keep me")
+        reused = tmp_path / "gpuir-shard-reused"  # a live pid with another start time: its owner is dead
+        reused.mkdir()
+        (reused / "owner").write_text(f"{os.getpid()} 1\n")
+        garbled = tmp_path / "gpuir-shard-garbled"
+        garbled.mkdir()
+        (garbled / "owner").write_text("not a pid\n")
+
+        srv = FastServer(lambda name, args: None, base=str(tmp_path))
+        assert sorted(srv.swept) == sorted([dead_dir, str(reused)])
+        assert not os.path.exists(dead_dir) and not reused.exists()
+        assert os.path.exists(os.path.join(live_dir, "s")), "a live shard's channel stays"
+        assert (foreign / "s").exists() and (extra / "notes.txt").exists() and (garbled / "owner").exists()
+        assert os.path.exists(srv.path)
+    finally:
+        live.kill()
+        live.wait(30)
+        if srv is not None:
+            srv.close()
+            assert not os.path.exists(os.path.dirname(srv.path)), "a closed channel removes its own directory"

@@ -520,8 +520,12 @@ def test_reads_take_the_direct_channel_and_survive_a_killed_shard(rt, tmp_path):
         same(ties="newest")
         sm.fast_path = True
         old = chans[1]
+        assert os.path.exists(old.path)
         sm.kill_shard(1)
         same(order_by="time")  # the channel breaks; asked over Ray, which waits for the restart
         assert old.broken
         same()
         assert isinstance(sm._fast[1], FastClient) and sm._fast[1] is not old and not sm._fast[1].broken
+        # the killed shard closed nothing; the restarted shard's new channel swept its directory
+        assert not os.path.exists(os.path.dirname(old.path)) and os.path.exists(sm._fast[1].path)
+        assert os.path.exists(chans[0].path), "the live shard's channel stays"

@@ -19,6 +19,15 @@ token: the same trust as Ray's own calls, which are pickles too.
 
 Replies are ``(True, value)`` or ``(False, exception)``: an exception raised by the shard's method is
 raised again in the coordinator, as Ray raises it.
+
+**Its directory is cleaned up after a kill.** A shard removes its socket's directory when it is closed,
+but a SIGKILLed shard (or one whose coordinator was SIGKILLed, which takes its actors with it) closes
+nothing. Each directory therefore holds a marker, ``owner``: the pid of the process that made it and
+that process's start time (``/proc/PID/stat``; a reused pid is not taken for the owner). Every new
+channel first sweeps its base directory (the system's temporary directory unless given) and removes
+the ``gpuir-shard-*`` directories whose owner is dead -- only directories of this user that hold
+nothing but the marker and the socket, file by file, never a whole tree; a directory without a
+marker (made by someone else, or by a gpuir before this rule) is left as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +35,6 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
-import shutil
 import socket
 import struct
 import tempfile
@@ -34,11 +42,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ChannelBroken", "FastClient", "FastServer"]
+__all__ = ["ChannelBroken", "FastClient", "FastServer", "sweep"]
 
 _LEN = struct.Struct(">I")
 #: The methods a shard serves on the channel (reads of its current snapshot only).
 METHODS = ("search", "fetch")
+#: A channel's directory: PREFIX + mkdtemp's random part, holding SOCKET and OWNER (nothing else).
+PREFIX = "gpuir-shard-"
+SOCKET = "s"
+OWNER = "owner"
 
 
 class ChannelBroken(ConnectionError):
@@ -68,6 +80,77 @@ def _recv(sock: socket.socket, most: int | None = None) -> bytes:
     return _recv_exact(sock, n)
 
 
+def _start_time(pid: int) -> str | None:
+    """Process ``pid``'s start time in clock ticks since boot (``/proc/PID/stat``, field 22), as text;
+    None when there is no such process or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_line() -> str:
+    pid = os.getpid()
+    return f"{pid} {_start_time(pid) or '-'}\n"
+
+
+def _alive(pid: int, started: str) -> bool:
+    """Whether the process that wrote the marker ``pid started`` still runs (a new process on a reused pid
+    does not count where ``/proc`` tells start times apart)."""
+    if os.path.isdir("/proc/self"):
+        now = _start_time(pid)
+        return now is not None and (started == "-" or now == started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(base: str | None = None) -> list[str]:
+    """Remove the channel directories under ``base`` (default: the system's temporary directory) whose
+    owner process is dead; returns the paths removed.
+
+    Only what a channel made is removed: a ``gpuir-shard-*`` directory (not a link) of this user whose
+    marker names a dead process and which holds nothing but the marker and the socket. Anything else --
+    no marker, a marker that does not parse, a live owner, another file inside -- is left alone.
+    """
+    base = base or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for e in entries:
+        if not e.name.startswith(PREFIX):
+            continue
+        try:
+            if not e.is_dir(follow_symlinks=False) or e.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            names = set(os.listdir(e.path))
+            if OWNER not in names or not names <= {OWNER, SOCKET}:
+                continue
+            with open(os.path.join(e.path, OWNER)) as f:
+                pid_text, started = f.read().split()
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            continue
+        if pid <= 0 or _alive(pid, started):
+            continue
+        try:
+            if SOCKET in names:
+                os.unlink(os.path.join(e.path, SOCKET))
+            os.unlink(os.path.join(e.path, OWNER))
+            os.rmdir(e.path)
+        except OSError:  # another sweeper got there first, or a file appeared: leave the rest
+            continue
+        removed.append(e.path)
+    return removed
+
+
 class FastServer:
     """The shard's end: a listening Unix socket, one thread per connection, calling ``handler(name, args)``.
 
@@ -75,12 +158,18 @@ class FastServer:
     ----------
     handler : callable (method name, tuple of arguments) -> the answer
         Called for ``name`` in :data:`METHODS` only.
+    base : str, optional
+        Where its directory is made (default: the system's temporary directory); the stale directories
+        there are swept first (:func:`sweep`).
     """
 
-    def __init__(self, handler: Callable[[str, tuple], Any]):
+    def __init__(self, handler: Callable[[str, tuple], Any], base: str | None = None):
         self._handler = handler
-        self._dir = tempfile.mkdtemp(prefix="gpuir-shard-")  # mode 0700
-        self.path = os.path.join(self._dir, "s")
+        self.swept = sweep(base)
+        self._dir = tempfile.mkdtemp(prefix=PREFIX, dir=base)  # mode 0700
+        with open(os.path.join(self._dir, OWNER), "x") as f:
+            f.write(_owner_line())
+        self.path = os.path.join(self._dir, SOCKET)
         self.token = secrets.token_bytes(32)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.path)
@@ -140,7 +229,15 @@ class FastServer:
                 pass
             self._sock.close()
         finally:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            for name in (SOCKET, OWNER):
+                try:
+                    os.unlink(os.path.join(self._dir, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self._dir)
+            except OSError:
+                pass
 
 
 class FastClient:

@@ -655,3 +655,40 @@ def test_log_segments_and_keys_are_0600_and_the_directory_0700_whatever_the_umas
     assert {n.split("-")[0] for n in private} >= {"memory", "seg", "del", "manifest", "CURRENT"}
     assert {n: mode[n] for n in private} == {n: 0o600 for n in private}
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def test_a_writer_thread_that_dies_fails_the_waiting_writes_instead_of_hanging(tmp_path):
+    """Before: an unexpected error in the writer thread (the sharded store's first checkpoint read an
+    attribute it lacked) ended the thread, and every later write waited for ever. Now the store stops
+    accepting writes and answers each waiting or new one with StoreFailedError (HTTP 503), saying why."""
+    import concurrent.futures as cf
+
+    from gpuir.service.errors import StoreFailedError
+
+    s = ServiceStore(tmp_path / "mem", checkpoint_every=1, checkpoint_seconds=3600)
+    gate = threading.Event()
+
+    def broken():  # the bug: raised outside _checkpoint_safely's own try
+        gate.wait(30)
+        raise AttributeError("'ShardedStore' object has no attribute '_ckpt'")
+
+    s._checkpoint_safely = broken
+    try:
+        assert s.add("t", [{"id": "a", "text": "acknowledged before the failure"}]).result(30) == 1
+        waiting = s.add("t", [{"id": "b", "text": "queued while the writer fails"}])  # queued behind it
+        gate.set()
+        with pytest.raises(StoreFailedError, match="internal error in its writer thread.*AttributeError"):
+            waiting.result(30)
+        s._thread.join(30)
+        assert not s._thread.is_alive()
+        with pytest.raises(StoreFailedError, match="restart it"):
+            s.add("t", [{"id": "c", "text": "after"}]).result(30)
+    except cf.TimeoutError:  # pragma: no cover - the failure this test is about
+        pytest.fail("a write waited for a writer thread that had died")
+    finally:
+        s.close(checkpoint=False)
+    s2 = ServiceStore(tmp_path / "mem")
+    try:
+        assert sorted(s2.memory._ids) == ["t/a"], "the acknowledged write survived; the refused ones are not there"
+    finally:
+        s2.close()

@@ -97,11 +97,15 @@ class ShardedStore(ServiceStore):
         self.recovery = None
         self._pending = 0  # records written since the last checkpoint of the shards
         self.checkpoints = 0
+        # the single store's background save (ServiceStore._checkpoint_safely reads it): a sharded checkpoint
+        # runs in the writer thread, each shard writing its files outside its own lock, so there is none
+        self._ckpt = None
         warm_up()
         self.last_checkpoint = time.monotonic()
         self.on_group = None
         self._q: queue.Queue[StoreOp | None] = queue.Queue()
         self._closed = False
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
         self._thread.start()
 

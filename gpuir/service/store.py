@@ -253,6 +253,7 @@ class ServiceStore:
         self.on_group: Callable[[int, float], None] | None = None  # (ops, fsync seconds), for metrics
         self._q: queue.Queue[StoreOp | None] = queue.Queue()
         self._closed = False
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._writer, name="gpuir-service-writer", daemon=True)
         self._thread.start()
 
@@ -405,12 +406,31 @@ class ServiceStore:
     def _submit(self, op: StoreOp) -> cf.Future:
         if self._closed:
             raise RuntimeError("the store is closed")
-        if self.failed is not None:
-            raise StoreFailedError(self.failed)
-        self._q.put(op)
+        with self._submit_lock:  # a writer thread that fails drains the queue under it: no op is left behind
+            if self.failed is not None:
+                raise StoreFailedError(self.failed)
+            self._q.put(op)
         return op.future
 
     def _writer(self) -> None:
+        """The writer thread. Should it ever end on an unexpected error, the store stops accepting writes and
+        answers every queued one with that error (an HTTP 503), instead of leaving them waiting for ever."""
+        try:
+            self._write_loop()
+        except BaseException as e:
+            with self._submit_lock:
+                self.failed = (f"the server stopped accepting writes after an internal error in its writer thread "
+                               f"({type(e).__name__}: {e}); restart it (every acknowledged write is in the log)")
+                log.exception("%s", self.failed)
+                while True:
+                    try:
+                        op = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if op is not None and not op.future.done():
+                        op.future.set_exception(StoreFailedError(self.failed))
+
+    def _write_loop(self) -> None:
         while True:
             timeout = max(0.05, self.checkpoint_seconds - (time.monotonic() - self.last_checkpoint))
             try:

@@ -19,6 +19,14 @@ every acknowledged record -- before and after the kill -- is checked: a search
 for its unique word must return it first (a hit is the stored record, so found
 means present and searchable).
 
+With ``--shards N`` the server serves a sharded memory (``ShardedMemory.create(route="tenant")``, N
+shard actors on a local Ray runtime on loopback, ``--statistics pooled``), and ``--kill shard`` sends the
+SIGKILL to one shard actor's process (its pid from ``/healthz``) instead of the server: the server stays
+up, Ray restarts the shard, which replays its memory's log, and the requests that meet the dead shard
+wait for it (nothing is retried by the client: an answer other than 2xx is an error). The run then
+records how long the shard took to answer again (``shard_recovery_s``) and the latencies of the requests
+started after the kill apart; every acknowledged record is checked at the end as above.
+
 Recorded: throughput (requests/s over the whole run, outage excluded), p50/p99
 latency per operation as the client sees it (requests interrupted by the
 crash excluded; they are counted as ``outage_retries``), errors (a non-2xx
@@ -54,6 +62,8 @@ Usage::
         --out bench/results/service_vm_after_think5s.json --plot docs/img/service_latency_think5s.png
     python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
     python bench/bench_service.py --agents 200 --steps 6 --page both --repeat 3   # with and without the page
+    python bench/bench_service.py --agents 200 --steps 4 --shards 2 --kill shard --no-docs
+        # a 2-shard memory behind the server; one shard actor SIGKILLed mid-stream
 
 Writes ``--out`` (default ``bench/results/service_<machine>.json``) and ``--plot``
 (default ``docs/img/service_latency.png``).
@@ -69,6 +79,7 @@ import math
 import os
 import random
 import resource
+import signal
 import socket
 import ssl
 import sys
@@ -300,8 +311,11 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
     from tqdm.auto import tqdm
 
     run = Run(args)
-    server = ServerProcess(root, ["--batch-window-ms", str(args.batch_window_ms), "--max-batch", str(args.max_batch),
-                                  "--checkpoint-every", str(args.checkpoint_every)]).start()
+    options = ["--batch-window-ms", str(args.batch_window_ms), "--max-batch", str(args.max_batch),
+               "--checkpoint-every", str(args.checkpoint_every)]
+    if args.shards:
+        options += ["--statistics", "pooled"]  # a sharded memory's statistics are global (gpuir.service.sharded)
+    server = ServerProcess(root, options).start(timeout=args.timeout)
     out: dict[str, Any] = {}
     bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=True if args.no_progress else None)
     tls = ssl.create_default_context()  # unused on http://, but httpx builds one per client unless given
@@ -332,36 +346,53 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
             scraped: list[str] = []
             op = {"Authorization": f"Bearer {operator}"}  # /metrics and the counts of /healthz
             scraper = asyncio.create_task(scrape(server.url, tls, scraped, op))
+            if args.kill == "shard":  # the shards' pids, asked before the load (/healthz asks every shard)
+                shards_before = (await http.get(server.url + "/healthz", headers=op)).json()["shards"]
             tasks = [asyncio.create_task(agent(run, i, clients[i], bar)) for i in range(args.agents)]
             # the crash: once --kill-at of all adds are acknowledged (others are in flight then)
             kill_at = math.ceil(args.kill_at * run.total_steps)
             while sum(map(len, run.acked.values())) < kill_at and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.01)
-            run.crashed = True
-            run.up.clear()
-            t_kill = time.perf_counter()
-            run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
-            n_before = sum(run.acked_before_kill.values())
-            scraper.cancel()
-            metrics_before = scraped[-1] if scraped else ""
-            cpu["server_s"] += server_cpu(server) - s0
-            await asyncio.to_thread(server.kill9)
-            t_restart0 = time.perf_counter()
-            server2 = ServerProcess(root, server.options, log=server.log)
-            await asyncio.to_thread(server2.start)
-            t_up = time.perf_counter()
-            if server2.port != server.port:  # the clients share one base URL: point them at the new port
-                for c in clients.values():
-                    c.base_url = server2.url
-            server = server2
-            if page is not None:
-                await asyncio.to_thread(page.open, server.url)
-            health = (await http.get(server.url + "/healthz", headers=op)).json()
-            s0 = server_cpu(server)
-            t_verified = time.perf_counter()
-            run.restarted = True
-            run.up.set()
-            await asyncio.gather(*tasks)
+            if args.kill == "shard":
+                victim = shards_before[args.kill_shard]
+                t_kill = time.perf_counter()
+                run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
+                n_before = sum(run.acked_before_kill.values())
+                scraper.cancel()
+                metrics_before = scraped[-1] if scraped else ""
+                os.kill(victim["pid"], signal.SIGKILL)  # the server stays up; Ray restarts the shard
+                run.restarted = True  # latencies of requests started from here on are also kept apart
+                back = asyncio.create_task(shard_back(server.url, tls, op, args.kill_shard, victim["pid"]))
+                await asyncio.gather(*tasks)
+                t_up = await back
+                t_restart0 = t_verified = t_kill  # no outage of the server: the run's time is all counted
+                health = (await http.get(server.url + "/healthz", headers=op)).json()
+            else:
+                run.crashed = True
+                run.up.clear()
+                t_kill = time.perf_counter()
+                run.acked_before_kill = {i: len(v) for i, v in run.acked.items()}
+                n_before = sum(run.acked_before_kill.values())
+                scraper.cancel()
+                metrics_before = scraped[-1] if scraped else ""
+                cpu["server_s"] += server_cpu(server) - s0
+                await asyncio.to_thread(server.kill9)
+                t_restart0 = time.perf_counter()
+                server2 = ServerProcess(root, server.options, log=server.log)
+                await asyncio.to_thread(server2.start, args.timeout)
+                t_up = time.perf_counter()
+                if server2.port != server.port:  # the clients share one base URL: point them at the new port
+                    for c in clients.values():
+                        c.base_url = server2.url
+                server = server2
+                if page is not None:
+                    await asyncio.to_thread(page.open, server.url)
+                health = (await http.get(server.url + "/healthz", headers=op)).json()
+                s0 = server_cpu(server)
+                t_verified = time.perf_counter()
+                run.restarted = True
+                run.up.set()
+                await asyncio.gather(*tasks)
             t_end = time.perf_counter()
             n_requests = run.requests  # the verification below is not part of the measured run
             cpu["client_s"] = process_cpu() - c0
@@ -372,6 +403,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
             lost_at_end, lost_before_kill = await verify(run, clients, asyncio.Semaphore(args.connections or 100))
             n_acked = sum(map(len, run.acked.values()))
             outage = t_verified - t_kill
+            final = (await http.get(server.url + "/healthz", headers=op)).json()
             out = {
                 "agents": args.agents, "steps": args.steps, "requests": n_requests,
                 "acknowledged_records": n_acked, "acknowledged_before_kill": n_before,
@@ -389,9 +421,17 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                 "outage_retries": run.outage_retries,
                 "lost_acknowledged_before_kill": lost_before_kill, "lost_at_end": lost_at_end,
                 "records_after_restart_ge_acknowledged_before_kill": health.get("records", -1) >= n_before,
+                "records_at_end": final.get("records"),
+                "records_at_end_ge_acknowledged": final.get("records", -1) >= n_acked,
                 "cpu_ms_per_request": {k.replace("_s", ""): v * 1e3 / max(1, n_requests) for k, v in cpu.items()},
                 "load_average_1_5_15": {"start": list(load_start), "end": list(load_end)},
-                "settings": {"statistics": "tenant (the server's default)",
+                "killed": ({"what": "shard", "shard": args.kill_shard, "pid": victim["pid"],
+                            "shard_recovery_s": t_up - t_kill,
+                            "shards_before": shards_before, "shards_after": final.get("shards")}
+                           if args.kill == "shard" else {"what": "server"}),
+                "settings": {"statistics": "pooled (global over the shards)" if args.shards else
+                             "tenant (the server's default)",
+                             "shards": args.shards or None, "route": "tenant" if args.shards else None,
                              "batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
                              "checkpoint_every": args.checkpoint_every,
                              "connections": args.connections or "one per agent", "think_ms": args.think_ms},
@@ -404,6 +444,20 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
             out["page"] = await asyncio.to_thread(page.close)
         server.stop()
     return out
+
+
+async def shard_back(url: str, tls, headers: dict[str, str], shard: int, old_pid: int) -> float:
+    """When shard ``shard`` answered again after its SIGKILL: ``/healthz`` (which asks every shard) names a
+    new pid for it. Polled every 0.1 s on a connection of its own; returns the perf_counter time."""
+    async with httpx.AsyncClient(timeout=300, verify=tls) as http:
+        while True:
+            try:
+                shards = (await http.get(url + "/healthz", headers=headers)).json().get("shards", [])
+                if shards and shards[shard]["pid"] not in (None, old_pid):
+                    return time.perf_counter()
+            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                pass
+            await asyncio.sleep(0.1)
 
 
 async def scrape(url: str, tls, out: list[str], headers: dict[str, str]) -> None:
@@ -511,6 +565,13 @@ def main(argv=None) -> int:
                         "the restart replays it, a checkpoint follows under load)")
     p.add_argument("--kill-at", type=float, default=0.4, help="send SIGKILL once this fraction of all adds is "
                                                              "acknowledged (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=0, help="serve a sharded memory of this many shards (route "
+                                                         "tenant, on a local Ray runtime); 0: one memory "
+                                                         "(default: %(default)s)")
+    p.add_argument("--kill", choices=("server", "shard"), default="server",
+                   help="what the SIGKILL hits: the server process, or (with --shards) one shard actor's process "
+                        "(default: %(default)s)")
+    p.add_argument("--kill-shard", type=int, default=0, help="which shard --kill shard hits (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default: %(default)s)")
     p.add_argument("--machine", default="vm", help="name in the result file (default: %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/service_MACHINE.json)")
@@ -532,6 +593,10 @@ def main(argv=None) -> int:
         p.error("--connections and --think-ms must be >= 0")
     if not 0 < args.kill_at < 1:
         p.error("--kill-at must be between 0 and 1")
+    if args.shards < 0:
+        p.error("--shards must be >= 0")
+    if args.kill == "shard" and not 0 <= args.kill_shard < args.shards:
+        p.error("--kill shard needs --shards N and 0 <= --kill-shard < N")
     if args.checkpoint_every is None:
         args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
     res = _one_run(args)
@@ -545,14 +610,20 @@ def main(argv=None) -> int:
         plot(res, lat, args.plot)
         print(f"wrote {out} and {args.plot}", file=sys.stderr)
     ok = (res["errors"] == 0 and res["lost_at_end"] == 0 and res["lost_acknowledged_before_kill"] == 0
-          and res["records_after_restart_ge_acknowledged_before_kill"])
+          and res["records_after_restart_ge_acknowledged_before_kill"] and res["records_at_end_ge_acknowledged"])
     return 0 if ok else 1
 
 
 def _one_run(args) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpuir-bench-service-") as tmp:
         root = Path(tmp) / "memory"
-        claim_dir(root, "memory")
+        if args.shards:
+            from gpuir.cluster import ShardedMemory
+
+            # made in a Ray runtime of this process, which close() ends; the server starts its own
+            ShardedMemory.create(root, shards=args.shards, route="tenant", device="cpu").close()
+        else:
+            claim_dir(root, "memory")
         keys = KeyStore(root).add_many([f"agent-{i:04d}" for i in range(args.agents)])
         operator = KeyStore(root).add_operator()
         return asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))

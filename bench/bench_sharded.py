@@ -14,7 +14,8 @@ adds/s (``add`` calls of ``--batch`` records; a sharded add returns once every o
 it with ``fsync`` and applied it -- the single Memory writes nothing to disk), one-question latency
 p50/p99 (``--one`` queries one at a time, k=10), batch queries/s (all queries in calls of
 ``--batch-queries``), resident memory of each process, the statistics exchange (bytes per write and per
-query batch), and whether every batch result equals the single Memory's (ids and float32 scores).
+query batch), the bytes per question per asked shard on the wire (``wire_bytes``: request, query-phase
+answer, fetch), and whether every batch result equals the single Memory's (ids and float32 scores).
 Ray's own cost: the round trip of an empty actor call, and the 1-shard minus single p50.
 
 Usage::
@@ -236,12 +237,47 @@ def run(corpus: dict, shards: int | None, args, workdir: Path, want=None) -> dic
             out["one_query_timings_ms"] = {key: round(v * 1e3, 3) for key, v in r.meta["timings"].items()}
             out["one_query_shards_asked"] = len(r.meta["shards_asked"][0])
             out["one_query_fetch_calls"] = r.meta.get("fetch_calls")  # query-then-fetch: 0 when one shard is asked
+            out["wire_bytes"] = wire_bytes(mem, queries, wheres, k)
         return out if want is not None else (out, (seqs, scores))
     finally:
         if shards is not None:
             mem.close()
         del mem
         gc.collect()
+
+
+def wire_bytes(mem, queries, wheres, k: int, n: int = 50) -> dict[str, Any]:
+    """Bytes per question per asked shard, pickled as the shard calls send them (both transports pickle):
+    the request (queries, where, the statistics of their terms), the query-phase answer and the fetch.
+
+    ``n`` questions one at a time, as given (a tenant's ``where``: one shard asked, its records in the
+    answer) and without ``where`` (every shard holding a term asked: arrays only, then a fetch of the final
+    k). The coordinator's reads are wrapped for the probe only (``ShardedMemory._read``).
+    """
+    import pickle
+
+    sizes: dict[str, list[int]] = {}
+    orig = mem._read
+
+    def spy(method, args_of, what=None):
+        got = orig(method, args_of, what)
+        for s_, a in args_of.items():
+            sizes.setdefault(f"{method}_request", []).append(len(pickle.dumps((method, a), protocol=5)))
+            sizes.setdefault(f"{method}_answer", []).append(len(pickle.dumps((True, got[s_]), protocol=5)))
+        return got
+
+    out: dict[str, Any] = {"questions": n, "k": k}
+    mem._read = spy
+    try:
+        for label, ws in (("as_given", wheres), ("no_where", None)):
+            sizes.clear()
+            for i in range(min(n, len(queries))):
+                mem.search(queries[i], k=k, where=None if ws is None else ws[i])
+            out[label] = {key: {"calls": len(v), "mean_bytes": round(float(np.mean(v)), 1)}
+                          for key, v in sorted(sizes.items())}
+    finally:
+        del mem._read  # the instance attribute: the class's method again
+    return out
 
 
 def main(argv=None) -> int:

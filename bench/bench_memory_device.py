@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from gpuir import BM25Index, Memory
     from gpuir.backends import devicesearch
     from gpuir.gpu_info import gpu_report
-    from gpuir.memory import store as memory_store
+    from gpuir.memory import searcher as memory_searcher
     from gpuir.synthetic import generate
 
     res: dict[str, Any] = {"benchmark": "bench_memory_device", "command": " ".join(sys.argv),
@@ -121,13 +121,13 @@ def main(argv=None) -> int:
     save("one_at_a_time")
 
     def per_query(q):  # the general path: the engine per query (partitions.scan) and per segment (one pass off)
-        real = memory_store.scan_unfiltered
-        memory_store.scan_unfiltered = lambda *args: None
+        real = memory_searcher.scan_unfiltered
+        memory_searcher.scan_unfiltered = lambda *args: None
         devicesearch.ONE_PASS = False
         try:
             return mem.search(q, k=a.k, backend="cupy")
         finally:
-            memory_store.scan_unfiltered = real
+            memory_searcher.scan_unfiltered = real
             devicesearch.ONE_PASS = True
 
     batch_fns = {**fns, "memory_cupy_per_query": per_query}

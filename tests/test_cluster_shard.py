@@ -188,10 +188,10 @@ def shard_at(tmp_path, **kw) -> ShardServer:
 def crash(s: ShardServer) -> None:
     """What a SIGKILL leaves: no checkpoint, the lock released by the OS."""
     mem = s.memory
-    mem._stop_merges()
-    mem._log.close()
-    mem._log = None
-    mem._release_lock(discard_unsaved=True)
+    mem._writer._stop_merges()
+    mem._writer._log.close()
+    mem._writer._log = None
+    mem._writer._release_lock(discard_unsaved=True)
 
 
 def add_payload(recs, wid, start):
@@ -227,14 +227,14 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
 def test_shard_refuses_without_logging(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(5), 1, 0))
-    size = s.memory._log.wal.bytes
+    size = s.memory._writer._log.wal.bytes
     ans = s.write(add_payload(corpus(2), 2, 5))  # ids r00000, r00001 exist
     assert ans["error"][0] == "exists"
     assert s.write(write_payload("delete", 3, ids=["nope"]))["error"][:2] == ("unknown", "delete")
     assert s.write(write_payload("delete", 4, ids=["nope"], missing_ok=True))["n"] == 0
     upd = normalize_records([{"id": "nope", "text": "x"}])
     assert s.write(write_payload("update", 5, batch=upd, seqs=np.array([9])))["error"][0] == "unknown"
-    assert s.memory._log.wal.bytes == size and len(s.memory) == 5
+    assert s.memory._writer._log.wal.bytes == size and len(s.memory) == 5
     s.close()
 
 

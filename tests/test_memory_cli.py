@@ -82,7 +82,7 @@ def test_add_again_delete_and_info(mem_dir, tmp_path, capsys):
     code, _, err = _run(capsys, "memory", "delete", mem_dir, "--ids", ids)
     assert code == 0 and "deleted 2 records" in err
     m = Memory.open(mem_dir, writer=False)
-    assert sorted(m._ids) == ["c2", "j1", "n1"]
+    assert sorted(m._writer._ids) == ["c2", "j1", "n1"]
     code, out, _ = _run(capsys, "memory", "info", mem_dir)
     assert code == 0
     for want in ("records     3", "tenants     3", "segments", "partitions", "time span   2023-01-20T00:00:00+00:00",

@@ -71,7 +71,7 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
     from gpuir import backends
     from gpuir.backends import cupy_backend as cb
     from gpuir.backends import devicesearch
-    from gpuir.memory import store
+    from gpuir.memory import searcher
 
     monkeypatch.setattr(devicesearch, "ONE_PASS", False)
     rng = np.random.default_rng([23, len(method)])
@@ -94,7 +94,7 @@ def test_a_plain_batch_on_the_real_kernels_is_one_device_search_per_segment(meth
             assert calls and max(calls) > 1 and len(calls) <= n_views, (calls, n_views)
             same(res, ids, scores, f"{method} step {step}")
             with monkeypatch.context() as mp:
-                mp.setattr(store, "scan_unfiltered", lambda *a: None)  # the general path: hits per query
+                mp.setattr(searcher, "scan_unfiltered", lambda *a: None)  # the general path: hits per query
                 general = m.search(qs, k=10, backend="cupy")
             for a in ("seqs", "scores", "vidx", "rows"):
                 np.testing.assert_array_equal(getattr(res, a), getattr(general, a), err_msg=a)

@@ -19,6 +19,7 @@ from gpuir.memory.docfreq import DfLog, DfTable
 from gpuir.memory.records import STRING_FIELDS, normalize_records
 from gpuir.memory.segments import SegView, build_segment, merge_segments
 from gpuir.memory.termorder import TermOrder
+from gpuir.memory.writer import IndexWriter
 
 TEXTS = [
     "Caroline went to the LGBTQ support group yesterday",
@@ -215,16 +216,16 @@ def test_adds_copy_no_whole_df_and_plan_merges_only_where_they_wrote(monkeypatch
         real_fold(self, base, runs, size)
 
     tiers = []
-    real_tier = Memory._tier
+    real_tier = IndexWriter._tier
 
     def count_tier(self, n):
         tiers.append(n)
         return real_tier(self, n)
 
     monkeypatch.setattr(docfreq.DfTable, "__init__", watch)
-    monkeypatch.setattr(Memory, "_tier", count_tier)
+    monkeypatch.setattr(IndexWriter, "_tier", count_tier)
     newest = t0 + 29 * day + 5000
-    folds0 = m._dflog.folds
+    folds0 = m._writer._dflog.folds
     bases = set()
     for _ in range(20):
         recs = [random_record(rng, f"r{nid + i}") for i in range(5)]
@@ -233,9 +234,9 @@ def test_adds_copy_no_whole_df_and_plan_merges_only_where_they_wrote(monkeypatch
         nid += len(recs)
         m.add(recs, time_unit="ms")
         bases.add(id(m.snapshot().df.base))
-    newest_segments = len(m._parts[max(k for k in m._parts if k is not None)])
+    newest_segments = len(m._writer._parts[max(k for k in m._writer._parts if k is not None)])
     assert len(tiers) <= 20 * (newest_segments + 4), "only the touched partition's segments are looked at"
-    assert m._dflog.folds - folds0 <= 3 and len(bases) <= 4, "snapshots share the df base; no per-add copy"
+    assert m._writer._dflog.folds - folds0 <= 3 and len(bases) <= 4, "snapshots share the df base; no per-add copy"
 
 
 def test_an_opened_memory_ranks_its_vocabulary_off_the_open_path(tmp_path):
@@ -255,20 +256,20 @@ def test_an_opened_memory_ranks_its_vocabulary_off_the_open_path(tmp_path):
     qs = [random_query(rng) for _ in range(20)]
     for simulate_building in (True, False):
         r = Memory.open(tmp_path / "mem", background_merges=False)
-        assert r._order.wait(60), "the background build finished"
-        codes = np.arange(len(r._terms))
-        assert r._order.sort_codes(codes).tolist() == sorted(codes.tolist(), key=r._terms.values.__getitem__)
+        assert r._writer._order.wait(60), "the background build finished"
+        codes = np.arange(len(r._writer._terms))
+        assert r._writer._order.sort_codes(codes).tolist() == sorted(codes.tolist(), key=r._writer._terms.values.__getitem__)
         if simulate_building:
-            r._order.ready = False  # as while the build runs: string sorts, no ranks
+            r._writer._order.ready = False  # as while the build runs: string sorts, no ranks
         more = [random_record(rng, f"s{i}-{simulate_building}") for i in range(30)]
         for a in range(0, 30, 10):
             r.add(more[a: a + 10])  # new segments, and merges of old and new ones
         model.add(more)
         ids, scores = model.search(qs, 10)
         assert_same(r.search(qs, k=10), ids, scores, f"building={simulate_building}")
-        r._order.ready = True
-        r._order.update()  # what the installation does for terms added meanwhile
-        assert r._order.n == len(r._terms)
+        r._writer._order.ready = True
+        r._writer._order.update()  # what the installation does for terms added meanwhile
+        assert r._writer._order.n == len(r._writer._terms)
         r.merge()
         assert_same(r.search(qs, k=10), ids, scores, f"building={simulate_building}, merged")
         r.save()

@@ -49,7 +49,7 @@ def test_segment_files_are_npz_with_aligned_arrays(tmp_path):
         assert info and all(v["data_offset"] % ALIGN == 0 for v in info.values()), "every array aligned"
         with np.load(seg) as z:  # an ordinary .npz: numpy (and older gpuir) read it
             uid = int(seg.stem.split("-")[1])
-            want = segment_arrays(next(v.seg for v in m.snapshot().views if v.seg.uid == uid), m._dicts)
+            want = segment_arrays(next(v.seg for v in m.snapshot().views if v.seg.uid == uid), m._writer._dicts)
             assert set(z.files) == set(want)
             for k, a in want.items():
                 np.testing.assert_array_equal(z[k], a, err_msg=k)
@@ -185,7 +185,7 @@ def test_ids_of_an_opened_memory_are_found_without_a_dict_and_collisions_are_tol
     del recs["r3"]
     model.add(list(recs.values()))
     r = Memory.open(d)
-    assert r._ids.nbytes() > 0 and not r._ids._recent, "loaded ids are in the arrays, not a dict"
+    assert r._writer._ids.nbytes() > 0 and not r._writer._ids._recent, "loaded ids are in the arrays, not a dict"
     assert len(r) == 119 and "r7" in r and "r3" not in r and "r999" not in r and 7 not in r
     assert [x["id"] for x in r.get(["r10", "r1", "r100"])] == ["r10", "r1", "r100"]
     with pytest.raises(RecordError, match="already exists"):
@@ -199,7 +199,7 @@ def test_ids_of_an_opened_memory_are_found_without_a_dict_and_collisions_are_tol
     new = [{"id": "r100", "text": "w5 w6 w7"}, {"id": "n3", "text": "w2"}, {"id": "r11", "text": "w9 w9"}]
     r.update(new)
     model.update(new)
-    assert sorted(r._ids) == sorted(model.live)
+    assert sorted(r._writer._ids) == sorted(model.live)
     assert r.get(["r10", "r1"], missing_ok=True) == [None, None]
     qs = [random_query(rng) for _ in range(20)]
     ids, scores = model.search(qs, 10)
@@ -207,7 +207,7 @@ def test_ids_of_an_opened_memory_are_found_without_a_dict_and_collisions_are_tol
     r.save()
     r.close()
     again = Memory.open(d, writer=False)
-    assert sorted(again._ids) == sorted(model.live)
+    assert sorted(again._writer._ids) == sorted(model.live)
     assert_same(again.search(qs, k=10), ids, scores)
 
 

@@ -60,7 +60,7 @@ def test_adds_and_searches_never_wait_for_a_merge():
     model = Model()
     rng = np.random.default_rng(1)
     gate = Gate("start")
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     nid = _grow(m, model, rng, 0, 2, 3)  # two tier-0 segments: a merge is chosen
     assert gate.arrived.wait(TIMEOUT), "the merge started in the background"
     blocked = gate.tasks[0]
@@ -69,7 +69,7 @@ def test_adds_and_searches_never_wait_for_a_merge():
         nid = _grow(m, model, rng, nid, 1, 3)
         _check(m, model, rng, "while a merge is held")
     assert m.merge_status()["pending"] >= 1 and not m.merge_log, "nothing merged while the gate is shut"
-    assert all(uid in m._merging for uid in blocked.uids)
+    assert all(uid in m._writer._merging for uid in blocked.uids)
     gate.open.set()
     assert m.wait_merges(TIMEOUT)
     assert m.merge_log, "the held merge and the ones it made possible ran"
@@ -84,7 +84,7 @@ def test_deletes_and_updates_racing_a_merge_are_not_lost(method):
     model = Model(method=method)
     rng = np.random.default_rng(2)
     gate = Gate("merged")  # the merged segment is computed, not yet committed
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     nid = _grow(m, model, rng, 0, 4, 10)
     assert gate.arrived.wait(TIMEOUT)
     task = gate.tasks[0]
@@ -120,7 +120,7 @@ def test_a_record_wholly_deleted_segment_during_a_merge():
     model = Model()
     rng = np.random.default_rng(3)
     gate = Gate("merged")
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     _grow(m, model, rng, 0, 2, 6)
     assert gate.arrived.wait(TIMEOUT)
     first = gate.tasks[0].views[0].seg.ids.tolist()
@@ -138,7 +138,7 @@ def test_a_search_keeps_its_snapshot_across_a_merge_commit():
     model = Model()
     rng = np.random.default_rng(4)
     gate = Gate("merged")
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     _grow(m, model, rng, 0, 2, 8)
     assert gate.arrived.wait(TIMEOUT)
     qs = [random_query(rng) for _ in range(20)]
@@ -161,24 +161,24 @@ def test_close_stops_the_merger_cleanly():
     model = Model()
     rng = np.random.default_rng(5)
     gate = Gate("start")
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     nid = _grow(m, model, rng, 0, 2, 3)
     assert gate.arrived.wait(TIMEOUT)
     nid = _grow(m, model, rng, nid, 2, 3)  # a second merge queued behind the held one
     views_before = [v.seg.uid for v in m.snapshot().views]
     closer = threading.Thread(target=m.close)
     closer.start()
-    assert m._merger.stop_requested.wait(TIMEOUT), "close() cancelled the merges"
+    assert m._writer._merger.stop_requested.wait(TIMEOUT), "close() cancelled the merges"
     gate.open.set()  # the held merge goes on, sees it was cancelled, abandons its result
     closer.join(TIMEOUT)
     assert not closer.is_alive(), "close() returned"
     st = m.merge_status()
     assert st["threads"] == 0 and st["pending"] == 0, "no merge thread is left"
     assert not m.merge_log and [v.seg.uid for v in m.snapshot().views] == views_before, "nothing was published"
-    assert not m._merging
+    assert not m._writer._merging
     assert not any(t.name == "gpuir-merge" and t.is_alive() for t in threading.enumerate())
     _check(m, model, rng, "after close")
-    m._merger.hook = None
+    m._writer._merger.hook = None
     with pytest.raises(MemoryClosedError):  # after close every write is refused (issue 36); reads go on
         _grow(m, model, rng, nid, 1, 3)
     _check(m, model, rng, "after a refused write")
@@ -203,12 +203,12 @@ def test_small_merges_run_beside_a_large_one():
                 changed.notify_all()
 
     def only_large_left():
-        mg = m._merger
+        mg = m._writer._merger
         with mg._cv:
             tasks = [t for t in mg._workers.values() if t is not None] + [e[2] for e in mg._heap]
         return all(t.n_records > 8 for t in tasks)
 
-    m._merger.hook = hook
+    m._writer._merger.hook = hook
     nid = _grow(m, model, rng, 0, 8, 2)  # 16 records: merges up to a large one (16 > 8)
     assert gate.arrived.wait(TIMEOUT), "a large merge started"
     for _ in range(12):
@@ -219,7 +219,7 @@ def test_small_merges_run_beside_a_large_one():
     assert m.merge_status()["threads"] <= 2
     # what is left unmerged: the held merge's inputs, large tasks waiting their turn, and at most one
     # segment per small tier
-    n_large_inputs = 2 * (m._merger.pending())
+    n_large_inputs = 2 * (m._writer._merger.pending())
     assert len(m.snapshot().views) <= n_large_inputs + 3
     _check(m, model, rng, "while the large merge is held")
     gate.open.set()
@@ -238,18 +238,18 @@ def test_a_failing_merge_is_logged_and_its_segments_stay(caplog):
         if event == "start":
             raise MemoryError("simulated")
 
-    m._merger.hook = boom
+    m._writer._merger.hook = boom
     with caplog.at_level("ERROR", logger="gpuir.memory"):
         _grow(m, model, rng, 0, 2, 3)
         assert m.wait_merges(TIMEOUT)
     st = m.merge_status()
     assert st["failed"] == 1 and "MemoryError: simulated" in st["errors"][0]
     assert "background merge failed" in caplog.text
-    assert len(m.snapshot().views) == 2 and not m._merging, "the inputs stay; not retried automatically"
+    assert len(m.snapshot().views) == 2 and not m._writer._merging, "the inputs stay; not retried automatically"
     _grow(m, model, rng, 6, 1, 3)
     assert m.wait_merges(TIMEOUT) and m.merge_status()["failed"] == 1
     _check(m, model, rng, "after a failed merge")
-    m._merger.hook = None
+    m._writer._merger.hook = None
     assert m.merge() == 1  # an explicit merge still works
     _check(m, model, rng, "after an explicit merge")
     m.close()
@@ -260,7 +260,7 @@ def test_a_save_while_a_merge_runs_commits_the_state_without_it(tmp_path):
     model = Model()
     rng = np.random.default_rng(8)
     gate = Gate("merged")
-    m._merger.hook = gate
+    m._writer._merger.hook = gate
     nid = _grow(m, model, rng, 0, 2, 7)
     assert gate.arrived.wait(TIMEOUT)
     m.save(tmp_path / "mem")  # the merge's output is not part of this commit
@@ -292,7 +292,7 @@ m.save({d!r})
 def die(event, task):
     if event == {event!r}:
         os._exit(17)  # killed in the middle of the merge: no cleanup, nothing flushed
-m._merger.hook = die
+m._writer._merger.hook = die
 m.add(recs[8:16])  # starts a merge in the background; the add itself returns
 m.save()
 print(json.dumps(recs[:16]), flush=True)

@@ -13,7 +13,7 @@ from gpuir import Memory
 from gpuir.backends import cpu_segments, use_engine
 from gpuir.backends import numba_segments as segscan
 from gpuir.bm25 import METHODS
-from gpuir.memory import partitions, store
+from gpuir.memory import partitions, searcher
 
 pytest.importorskip("numba")
 
@@ -511,7 +511,7 @@ def test_a_plain_question_is_one_call_whose_arrays_are_the_results(method, monke
     qs = [random_query(rng) for _ in range(12)] + ["zzzunseen qqqnothing"]
     seen = []
     real = partitions.scan_unfiltered
-    monkeypatch.setattr(store, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(searcher, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
     calls = _calls(monkeypatch)
     for k in (3, 10, 10_000):
         m.search(qs, k=k, backend="numba")  # (a snapshot's first search: weights per posting; then cached)
@@ -519,7 +519,7 @@ def test_a_plain_question_is_one_call_whose_arrays_are_the_results(method, monke
         fast = m.search(qs, k=k, backend="numba")
         assert calls[n:] == [len(qs)], "one compiled call for the whole batch"
         with monkeypatch.context() as mp:
-            mp.setattr(store, "scan_unfiltered", lambda *a: None)  # the general path: partitions.scan, hits per query
+            mp.setattr(searcher, "scan_unfiltered", lambda *a: None)  # the general path: partitions.scan, hits per query
             general = m.search(qs, k=k, backend="numba")
         for a in ("seqs", "scores", "vidx", "rows"):
             np.testing.assert_array_equal(getattr(fast, a), getattr(general, a), err_msg=f"{a} k={k}")
@@ -554,7 +554,7 @@ def test_a_plain_batch_on_numpy_is_one_scorer_call_per_segment(method, monkeypat
         fast = m.search(qs, k=k, backend="numpy")
         assert calls and max(calls) > 1 and len(calls) <= len(snap.views), calls
         with monkeypatch.context() as mp:
-            mp.setattr(store, "scan_unfiltered", lambda *a: None)  # the general path: partitions.scan, hits per query
+            mp.setattr(searcher, "scan_unfiltered", lambda *a: None)  # the general path: partitions.scan, hits per query
             general = m.search(qs, k=k, backend="numpy")
         for a in ("seqs", "scores", "vidx", "rows"):
             np.testing.assert_array_equal(getattr(fast, a), getattr(general, a), err_msg=f"{a} k={k}")
@@ -583,11 +583,11 @@ def test_a_filter_every_record_passes_is_the_plain_question(monkeypatch):
     qs = [random_query(rng) for _ in range(8)]
     seen = []
     real = partitions.scan_unfiltered
-    monkeypatch.setattr(store, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(searcher, "scan_unfiltered", lambda *a: seen.append(1) or real(*a))
 
     def forced(where):  # the filter applied: the general path with allow-lists
         with monkeypatch.context() as mp:
-            mp.setattr(store, "_vacuous_dropped", lambda snap, ws: ws)
+            mp.setattr(searcher, "_vacuous_dropped", lambda snap, ws: ws)
             return m.search(qs, k=10, where=where, backend="numba")
 
     for where in ({"tenant": "acme"}, None):

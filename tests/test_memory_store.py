@@ -185,7 +185,7 @@ def _state(d):
     r = Memory.open(d, writer=False)
     qs = ["w0 w1", "w2 w5 w5", "w9"]
     res = r.search(qs, k=50)
-    return sorted(r._ids), [res.ids(i) for i in range(3)], res.scores.tobytes()
+    return sorted(r._writer._ids), [res.ids(i) for i in range(3)], res.scores.tobytes()
 
 
 @pytest.mark.parametrize("fail_at", range(10))
@@ -298,11 +298,11 @@ def test_killed_writer_leaves_the_last_commit(tmp_path):
         pending = {int(x[1]): x[2:] for x in lines if x and x[0] == "pending"}
         last = max(committed)
         r = Memory.open(d, writer=False)
-        gen = r._gen
+        gen = r._writer._gen
         assert gen in (last, last + 1), f"trial {trial}: reopened generation {gen}, last committed {last}"
         seen_mid += gen != last
         ids = pending[gen]
-        assert sorted(r._ids) == sorted(ids)
+        assert sorted(r._writer._ids) == sorted(ids)
         model = _expected(trial, ids)
         qs = [random_query(rng) for _ in range(15)]
         for w in (None, random_where(rng)):

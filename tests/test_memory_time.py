@@ -113,7 +113,8 @@ def test_min_score_drops_weak_hits():
 def test_expired_records_are_hidden_at_once_and_purged_by_writes(monkeypatch, tmp_path):
     now = [1_800_000_000_000]
     monkeypatch.setattr(expiry_mod, "now_ms", lambda: now[0])
-    monkeypatch.setattr("gpuir.memory.store.now_ms", lambda: now[0])
+    monkeypatch.setattr("gpuir.memory.writer.now_ms", lambda: now[0])
+    monkeypatch.setattr("gpuir.memory.searcher.now_ms", lambda: now[0])
     rng = np.random.default_rng(8)
     m = Memory(partition_days=1, merge_factor=2, merge_min=3)
     model = Model(analyzer="default", method="lucene", k1=1.2, b=0.75)
@@ -208,7 +209,8 @@ def test_expiry_survives_save_and_open_and_costs_nothing_when_unused(monkeypatch
     m.close()
     now = [4_102_444_800_000 + 1]  # just after 2100-01-01
     monkeypatch.setattr(expiry_mod, "now_ms", lambda: now[0])
-    monkeypatch.setattr("gpuir.memory.store.now_ms", lambda: now[0])
+    monkeypatch.setattr("gpuir.memory.writer.now_ms", lambda: now[0])
+    monkeypatch.setattr("gpuir.memory.searcher.now_ms", lambda: now[0])
     m = Memory.open(tmp_path / "m")
     assert m.search("plain").ids(0) == ["a"] and m.count() == 2
     assert m.purge_expired() == 1 and len(m) == 2

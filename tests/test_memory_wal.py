@@ -43,7 +43,7 @@ def _recs(n, start=0, tenant="t"):
 
 def _state(m: Memory):
     """Everything a user can see: records, histories, and a search's ids and float32 scores."""
-    ids = sorted(m._ids)
+    ids = sorted(m._writer._ids)
     res = m.search(["record topic1", "w3 number", "topic2 w5 w5"], k=20)
     return (ids, m.get(ids), {i: m.history(i) for i in ids}, [res.ids(i) for i in range(3)], res.scores.tobytes(),
             m.next_seq)
@@ -71,9 +71,9 @@ def test_every_kind_of_write_is_replayed_bit_for_bit(tmp_path):
     assert m.unsaved > 0
     r = Memory.open(d, writer=False)
     assert _state(r) == want, "a reader opened before any save sees every acknowledged write"
-    m._log.close()  # simulate the process ending without close(): the lock file stays, the log is as written
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()  # simulate the process ending without close(): the lock file stays, the log is as written
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     m2 = Memory.open(d)
     assert _state(m2) == want
     assert m2.history("r5")[-1]["text"].startswith("record number 5")
@@ -111,14 +111,14 @@ def test_old_json_frames_still_replay_beside_binary_ones(tmp_path, monkeypatch):
     m.add(_recs(3, 20), seqs=[40, 41, 45], vectors={"e": rng.standard_normal((3, 4)).astype(np.float32)})
     m.upsert([{"id": "r2", "importance": 0.125, "role": "user"}])
     m.delete(["r3"], keep_history=True)
-    want, vecs = _state(m), m.vectors(sorted(m._ids), embedding="e")
+    want, vecs = _state(m), m.vectors(sorted(m._writer._ids), embedding="e")
     assert _frame_kinds(_logs(d)[-1]) == [b"{", b"{", b"{", b"\x00", b"\x00", b"{"]  # header, 2 JSON, 2 binary, delete
-    m._log.close()  # a crash
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()  # a crash
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     m2 = Memory.open(d)
     assert _state(m2) == want
-    assert np.array_equal(m2.vectors(sorted(m2._ids), embedding="e"), vecs)
+    assert np.array_equal(m2.vectors(sorted(m2._writer._ids), embedding="e"), vecs)
     m2.close()
 
 
@@ -150,7 +150,7 @@ def test_a_binary_frame_cut_short_is_a_torn_tail(tmp_path, cut):
         else:
             f.write(tail[:cut] if cut > 0 else tail[:len(tail) + cut])
     m = Memory.open(d)
-    assert sorted(m._ids) == ["r0", "r1", "r2", "r3"]
+    assert sorted(m._writer._ids) == ["r0", "r1", "r2", "r3"]
     assert p.stat().st_size == size
     m.close()
 
@@ -175,9 +175,9 @@ def test_vectors_are_logged_not_reencoded(tmp_path):
     m.save(d)
     w = rng.standard_normal((2, 8)).astype(np.float32)
     m.add(_recs(2, 4), vectors={"e": w})
-    m._log.close()  # a crash: the vectors are in the log only
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()  # a crash: the vectors are in the log only
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     m2 = Memory.open(d)  # no encoder: replay needs none
     got = m2.vectors(["r4", "r5", "r0"], embedding="e")
     assert np.array_equal(got[:2], m.vectors(["r4", "r5"], embedding="e"))
@@ -260,9 +260,9 @@ def test_a_checkpoint_that_fails_after_the_log_rotated_loses_nothing(tmp_path, m
     monkeypatch.undo()
     m.delete(["r1"])
     want = _state(m)
-    m._log.close()  # a crash: no close, no save
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()  # a crash: no close, no save
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     m2 = Memory.open(d)
     assert _state(m2) == want
     m2.save()  # and a later save succeeds, folding everything
@@ -363,9 +363,9 @@ def _two_writes(tmp_path):
     m.save(d)
     m.add(_recs(2))
     m.add(_recs(2, 2))
-    m._log.close()
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     return d, _logs(d)[-1]
 
 
@@ -378,7 +378,7 @@ def test_a_flipped_byte_in_the_last_complete_frame_is_damage_not_a_torn_tail(tmp
         Memory.open(d)
     assert p.read_bytes() == bytes(data), "a refusal changes nothing"
     m = Memory.open(d, salvage=True)  # keeps the intact frames
-    assert sorted(m._ids) == ["r0", "r1"]
+    assert sorted(m._writer._ids) == ["r0", "r1"]
     m.close()
 
 
@@ -388,7 +388,7 @@ def test_a_torn_tail_is_dropped_with_a_warning(tmp_path, caplog):
     with open(p, "ab") as f:
         f.write(walmod.frame_bytes(99, b'{"op":"add"}')[:30])  # an append cut short
     m = Memory.open(d)
-    assert sorted(m._ids) == ["r0", "r1", "r2", "r3"]
+    assert sorted(m._writer._ids) == ["r0", "r1", "r2", "r3"]
     assert "torn tail" in caplog.text
     assert p.stat().st_size == size
     m.close()
@@ -440,7 +440,7 @@ def test_a_power_cut_keeps_every_write_that_fsync_acknowledged(tmp_path, monkeyp
         m.save(d)
         io = PowerCutIO()
         monkeypatch.setattr(walmod, "io", io)
-        acked = set(m._ids)
+        acked = set(m._writer._ids)
         for i in range(int(rng.integers(3, 12))):
             m.add(_recs(1, 100 + i))
             acked.add(f"r{100 + i}")
@@ -449,11 +449,11 @@ def test_a_power_cut_keeps_every_write_that_fsync_acknowledged(tmp_path, monkeyp
             io.synced.update({str(p): len(walmod.frame_bytes(1, walmod.encode_payload(
                 {"format": walmod.FORMATS["memory"], "version": 2, "base_generation": 1}))) for p in _logs(d)})
         io.cut(rng)  # the power goes: the process is gone, the disk holds what was synced
-        m._log.wal._fd = None  # (the process is gone: nothing more is written or closed)
-        m._log = None
-        m._release_lock(discard_unsaved=True)
+        m._writer._log.wal._fd = None  # (the process is gone: nothing more is written or closed)
+        m._writer._log = None
+        m._writer._release_lock(discard_unsaved=True)
         r = Memory.open(d)
-        missing = acked - set(r._ids)
+        missing = acked - set(r._writer._ids)
         r.close()
         if level == "fsync":
             assert not missing, f"trial {trial}: acknowledged writes lost: {sorted(missing)}"
@@ -576,9 +576,9 @@ def test_scoped_writes_times_and_history_events_replay_exactly(tmp_path):
     b.delete(["x"])
     want_a = (a.get(["x"]), a.history("x"), [r for r in a.list(limit=10).records])
     want_b = b.history("x")
-    m._log.close()
-    m._log = None
-    m._release_lock(discard_unsaved=True)
+    m._writer._log.close()
+    m._writer._log = None
+    m._writer._release_lock(discard_unsaved=True)
     time.sleep(0.01)
     m2 = Memory.open(d)
     a2, b2 = m2.scope(tenant="alice"), m2.scope(tenant="bob")

@@ -335,7 +335,7 @@ def test_enospc_in_process_leaves_no_partial_frame_and_no_duplicate(tmp_path, mo
     s.add("t", [{"id": "b", "text": "second"}]).result(30)
     s.close(checkpoint=False)  # as a kill: the log only
     s2 = ServiceStore(root)
-    assert sorted(s2.memory._ids) == ["t/a", "t/b"]
+    assert sorted(s2.memory._writer._ids) == ["t/a", "t/b"]
     s2.close()
 
 
@@ -358,7 +358,7 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
         return real(self, *a, **k)
 
     monkeypatch.setattr(PendingSave, "finish", finish)
-    monkeypatch.setattr(s.memory._log, "drop", lambda paths: None)  # the crash comes before the old log is deleted
+    monkeypatch.setattr(s.memory._writer._log, "drop", lambda paths: None)  # the crash comes before the old log is deleted
     s.add("t", [{"id": "a", "text": "x"}]).result(30)  # acknowledged; the checkpoint after it fails
     s.add("t", [{"id": "b", "text": "y"}]).result(30)  # its checkpoint succeeds
     t0 = time.monotonic()
@@ -368,7 +368,7 @@ def test_a_failed_checkpoint_changes_nothing_and_a_crash_after_the_next_one_repl
     s.close(checkpoint=False)  # the process dies here
     monkeypatch.setattr(PendingSave, "finish", real)
     s2 = ServiceStore(root)
-    assert sorted(s2.memory._ids) == ["t/a", "t/b"] and s2.replayed == 0
+    assert sorted(s2.memory._writer._ids) == ["t/a", "t/b"] and s2.replayed == 0
     s2.close()
 
 
@@ -459,14 +459,14 @@ def test_a_bad_record_never_joins_a_group_commit(tmp_path):
     """Deterministic: the writer is held while a bad add and good adds of another tenant queue."""
     s = ServiceStore(tmp_path / "mem", checkpoint_seconds=3600)
     hold, entered = threading.Event(), threading.Event()
-    real = s.memory._log.write
+    real = s.memory._writer._log.write
 
     def held(op, n):  # the memory's log append, in the service's writer thread
         entered.set()
         assert hold.wait(60)
         return real(op, n)
 
-    s.memory._log.write = held
+    s.memory._writer._log.write = held
     first = s.add("bob", [{"id": "warm", "text": "x"}])
     assert entered.wait(60)
     good = [s.add("bob", [{"id": f"b{i}", "text": f"ok {i}"}]) for i in range(5)]
@@ -497,7 +497,7 @@ def test_a_failed_append_in_a_group_fails_only_it_and_what_follows(tmp_path):
 
     s = ServiceStore(tmp_path / "mem", checkpoint_seconds=3600)
     hold, entered = threading.Event(), threading.Event()
-    real = s.memory._log.write
+    real = s.memory._writer._log.write
     calls = []
 
     def write(op, n):
@@ -509,7 +509,7 @@ def test_a_failed_append_in_a_group_fails_only_it_and_what_follows(tmp_path):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(op, n)
 
-    s.memory._log.write = write
+    s.memory._writer._log.write = write
     warm = s.add("t", [{"id": "warm", "text": "x"}])
     assert entered.wait(60)
     x = s.add("t", [{"id": "x", "text": "first"}])
@@ -524,7 +524,7 @@ def test_a_failed_append_in_a_group_fails_only_it_and_what_follows(tmp_path):
     assert s.get("t", "y") is None and s.get("t", "x") is not None
     s.close(checkpoint=False)  # a crash: the memory's log only
     s2 = ServiceStore(tmp_path / "mem")
-    assert sorted(s2.memory._ids) == ["t/x"]
+    assert sorted(s2.memory._writer._ids) == ["t/x"]
     s2.close()
 
 
@@ -564,13 +564,13 @@ def test_a_version_1_log_is_upgraded_and_folded(tmp_path):
     ops = [{"op": "add", "records": [{"id": f"t/r{i}", "text": f"w{i}", "tenant": "t"}]} for i in range(3)]
     _v1_segment(root / "service-wal-00000005.log", 1, ops + [{"op": "delete", "ids": ["t/r1"]}])
     s = ServiceStore(root)
-    assert sorted(s.memory._ids) == ["t/r0", "t/r2"] and s.replayed == 4
+    assert sorted(s.memory._writer._ids) == ["t/r0", "t/r2"] and s.replayed == 4
     assert _old_files(root) == []  # folded into a save, then deleted: the memory's log is the one log now
     assert [p.read_bytes()[:4] for p in _wal_files(root)] == [b"gWAL"]
     s.add("t", [{"id": "x", "text": "new"}]).result(30)
     s.close(checkpoint=False)
     s2 = ServiceStore(root)
-    assert sorted(s2.memory._ids) == ["t/r0", "t/r2", "t/x"]
+    assert sorted(s2.memory._writer._ids) == ["t/r0", "t/r2", "t/x"]
     s2.close()
 
 
@@ -604,13 +604,13 @@ def test_an_older_service_log_is_replayed_once_then_retired(tmp_path, monkeypatc
     assert old.read_bytes() == data  # untouched until a save holds its operations
     monkeypatch.setattr(PendingSave, "finish", real)
     s = ServiceStore(root)
-    assert s.replayed == 5 and sorted(s.memory._ids) == ["t/r0", "t/r2"]
+    assert s.replayed == 5 and sorted(s.memory._writer._ids) == ["t/r0", "t/r2"]
     assert s.get("t", "r2")["text"] == "changed words"
     assert _old_files(root) == [] and len(_wal_files(root)) == 1
     s.add("t", [{"id": "r9", "text": "after the upgrade"}]).result(30)
     s.close(checkpoint=False)  # a crash: the new write is in the memory's log only
     s2 = ServiceStore(root)
-    assert sorted(s2.memory._ids) == ["t/r0", "t/r2", "t/r9"] and s2.replayed == 1
+    assert sorted(s2.memory._writer._ids) == ["t/r0", "t/r2", "t/r9"] and s2.replayed == 1
     assert s2.search(["changed"], k=5, wheres=[{"tenant": "t"}])[0][0]["id"] == "r2"
     s2.close()
 
@@ -625,7 +625,7 @@ def test_a_torn_version_1_log_is_refused_and_salvaged(tmp_path):
     with pytest.raises(WALCorruptError, match="version-1 log"):
         ServiceStore(root)
     s = ServiceStore(root, salvage=True)
-    assert sorted(s.memory._ids) == ["t/r0", "t/r1"]
+    assert sorted(s.memory._writer._ids) == ["t/r0", "t/r1"]
     s.close()
     assert (root / "service-wal-00000002.log.damaged").exists()
 

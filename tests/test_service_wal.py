@@ -121,16 +121,16 @@ def _add(store, ids, tenant="t"):
 
 def _state(root):
     m = Memory.open(root, writer=False)
-    return sorted(m._ids)
+    return sorted(m._writer._ids)
 
 
 def _crash(store):
     """What a kill leaves of a store whose writer is stopped: no close, no save, the lock released."""
     mem = store.memory
-    mem._stop_merges()
-    mem._log.close()
-    mem._log = None
-    mem._release_lock(discard_unsaved=True)
+    mem._writer._stop_merges()
+    mem._writer._log.close()
+    mem._writer._log = None
+    mem._writer._release_lock(discard_unsaved=True)
 
 
 @pytest.mark.parametrize("crash", ["rotated_before_save", "after_save_before_drop", "none"])
@@ -146,13 +146,13 @@ def test_checkpoint_crash_points_replay_to_the_acknowledged_state(tmp_path, cras
     if crash == "rotated_before_save":  # the memory's log rotated for the save, the save never committed
         s.memory.begin_save()
     elif crash == "after_save_before_drop":
-        monkeypatch.setattr(s.memory._log, "drop", lambda paths: None)
+        monkeypatch.setattr(s.memory._writer._log, "drop", lambda paths: None)
         s.checkpoint()
     else:
         s.checkpoint()
     _crash(s)  # the process is gone: no further save
     s2 = ServiceStore(root)
-    assert sorted(s2.memory._ids) == ["t/a", "t/b"]
+    assert sorted(s2.memory._writer._ids) == ["t/a", "t/b"]
     assert s2.get("t", "a")["text"] == "a shared"
     _add(s2, ["c"])
     s2.close()
@@ -188,7 +188,7 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     entered, release = threading.Event(), threading.Event()
     appends, fsyncs, mem_adds = [], [], []
-    real_append, real_fsync, real_add = s.memory._log.write, os.fsync, s.memory.add
+    real_append, real_fsync, real_add = s.memory._writer._log.write, os.fsync, s.memory.add
 
     def append(op, n_records):  # the memory's log append (one frame per Memory.add)
         appends.append(n_records)
@@ -205,7 +205,7 @@ def test_group_commit_one_fsync_and_one_memory_add_per_group(tmp_path, monkeypat
         mem_adds.append(len(records))
         return real_add(records)
 
-    monkeypatch.setattr(s.memory._log, "write", append)
+    monkeypatch.setattr(s.memory._writer._log, "write", append)
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(s.memory, "add", mem_add)
     first = s.add("t0", [{"id": "r0", "text": "first"}])
@@ -228,8 +228,8 @@ def test_group_commit_keeps_the_order_of_deletes_and_adds(tmp_path):
     """A group holding add, delete, re-add of one id applies them in order (runs of adds are joined)."""
     s = ServiceStore(tmp_path / "mem", checkpoint_every=10_000, checkpoint_seconds=3600)
     hold = threading.Event()
-    real_append = s.memory._log.write
-    s.memory._log.write = lambda op, n: (hold.wait(60), real_append(op, n))[1]
+    real_append = s.memory._writer._log.write
+    s.memory._writer._log.write = lambda op, n: (hold.wait(60), real_append(op, n))[1]
     f0 = s.add("t", [{"id": "warm", "text": "x"}])
     f1 = s.add("t", [{"id": "a", "text": "old version"}])
     f2 = s.delete("t", ["a"])
@@ -351,7 +351,7 @@ def test_the_services_durability_is_its_memorys(tmp_path, level):
     assert s.pending_records == 2
     s.close()
     s = ServiceStore(root, durability=level)
-    assert sorted(s.memory._ids) == ["t/a", "t/b"]
+    assert sorted(s.memory._writer._ids) == ["t/a", "t/b"]
     s.close()
     with pytest.raises(ValueError, match="durability"):
         ServiceStore(root, durability="sometimes")

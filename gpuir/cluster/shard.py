@@ -206,9 +206,9 @@ class ShardServer:
         self.memory = mem
         try:
             self.last_wid = max(self._read_state(), self._memory_wid())
-            self.replayed = mem._replayed
+            self.replayed = mem._writer._replayed
             if gen is not None:  # an older gpuir's own shard log: applied once, saved, then deleted
-                self.replayed += fold_service_log(mem, gen, lambda ops, _salvaged: self._replay(ops))
+                self.replayed += fold_service_log(mem._writer, gen, lambda ops, _salvaged: self._replay(ops))
         except BaseException:
             mem.close(discard_unsaved=True)
             raise
@@ -219,7 +219,7 @@ class ShardServer:
     # ------------------------------------------------------------------ state
     def _memory_wid(self) -> int:
         """The last write id the memory holds (logged with its write, kept in each save's manifest)."""
-        tag = self.memory._last_tag
+        tag = self.memory._writer._last_tag
         return int(tag.get("wid", 0)) if isinstance(tag, dict) else 0
 
     def _read_state(self) -> int:
@@ -261,7 +261,7 @@ class ShardServer:
             else:
                 raise persist.MemoryFormatError(f"{self.root}: unknown operation in the shard's log: {kind!r}")
         flush()
-        mem._last_tag = {"wid": self.last_wid}  # saved by the fold's commit, with the operations
+        mem._writer._last_tag = {"wid": self.last_wid}  # saved by the fold's commit, with the operations
         return len(ops)
 
     # ------------------------------------------------------------------ writes
@@ -311,7 +311,7 @@ class ShardServer:
                 return {"error": ("invalid", f"unknown operation {kind!r}", None)}
             before = mem.snapshot()
             try:
-                with mem._tagged({"wid": wid}):  # logged with the write: a resent wid is known after a restart
+                with mem._writer._tagged({"wid": wid}):  # logged with the write: a resent wid is known after a restart
                     if kind == "add":
                         mem.add(batch, seqs=seqs)
                     elif kind == "update":
@@ -321,7 +321,7 @@ class ShardServer:
                     else:
                         mem.delete(ids, keep_history=bool(op.get("keep_history", False)))
             except BaseException as e:  # validated above, so an internal failure (or a failed log): stop writing
-                why = mem._log.failed if mem._log is not None else None
+                why = mem._writer._log.failed if mem._writer._log is not None else None
                 if why is None and isinstance(e, OSError):
                     # the log's append failed and was rolled back: nothing of this write is stored
                     return {"error": ("failed", (f"shard {self.index} could not log the write ({e}): nothing of "
@@ -349,7 +349,7 @@ class ShardServer:
     @property
     def pending_records(self) -> int:
         """Records in the memory's log not yet folded by a save (durability "none": records not yet saved)."""
-        mlog = self.memory._log
+        mlog = self.memory._writer._log
         return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
     def checkpoint(self, force: bool = False) -> int:
@@ -442,9 +442,9 @@ class ShardServer:
         (the log holds records, not histories). Returns how many records' histories were dropped."""
         with self._lock:
             with self.memory._write_lock:
-                ids = self.memory._history.ids()
-                self.memory._history.drop(ids)
-                self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+                ids = self.memory._writer._history.ids()
+                self.memory._writer._history.drop(ids)
+                self.memory._writer._unsaved += 1  # the checkpoint below saves even when the log is empty
             self.checkpoint(force=True)
             return len(ids)
 
@@ -489,8 +489,8 @@ class ShardServer:
         with self._lock:
             with self.memory._write_lock:
                 for rid, versions in hists:
-                    self.memory._history.restore(rid, versions)
-                self.memory._unsaved += 1  # the checkpoint below saves even when the log is empty
+                    self.memory._writer._history.restore(rid, versions)
+                self.memory._writer._unsaved += 1  # the checkpoint below saves even when the log is empty
             self.checkpoint(force=True)  # (outside the memory's writer lock: a save takes its own locks first)
             return len(hists)
 

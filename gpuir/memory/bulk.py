@@ -70,7 +70,7 @@ def delete_where(mem: Memory, ids: Iterable[str] | None, where: Any, keep_histor
     """:meth:`Memory.delete` given ``where`` (``ids`` must be None): the ids passing it, deleted as ids."""
     check_delete_where(ids, where)
     with mem._write_lock:
-        mem._check_writable()
+        mem._writer._check_writable()
         snap = mem.snapshot()
         w = compile_wheres(where, 1, snap.dicts, time_unit, cutoff(snap))[0]
         found = ids_matching(snap, w)
@@ -85,8 +85,8 @@ def reset(mem: Memory, confirm: bool) -> int:
     from .scope import inside_scope
 
     with mem._write_lock, inside_scope():  # a reset is of the whole memory (require_scope lets it through)
-        mem._check_writable()
+        mem._writer._check_writable()
         found = ids_matching(mem.snapshot(), None)
         n = mem.delete(found, missing_ok=True) if found else 0
-        mem._history.drop(mem._history.ids())
+        mem._writer._history.drop(mem._writer._history.ids())
         return n

@@ -398,8 +398,9 @@ def fold_service_log(mem: Any, generation: int, apply: Any, salvage: bool = Fals
 
     Parameters
     ----------
-    mem : Memory
-        Opened as the writer of its directory.
+    mem : IndexWriter
+        The writer (:class:`~gpuir.memory.writer.IndexWriter`, a ``Memory``'s ``_writer``) of a memory
+        opened as the writer of its directory.
     generation : int
         The memory's committed generation read before it was opened.
     apply : callable (ops: list of dict, salvaged: bool) -> Any

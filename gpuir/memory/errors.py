@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UnknownIdError"]
+__all__ = ["ReadOnlyError", "UnknownIdError", "UnsavedWritesWarning"]
 
 
 class UnknownIdError(KeyError, ValueError):
@@ -15,3 +15,11 @@ class UnknownIdError(KeyError, ValueError):
 
     def __str__(self) -> str:  # KeyError would print the repr
         return str(self.args[0])
+
+
+class UnsavedWritesWarning(UserWarning):
+    """A memory bound to a directory was closed, or left a ``with`` block by an exception, with unsaved writes."""
+
+
+class ReadOnlyError(ValueError):
+    """A memory opened for reading was asked to change."""

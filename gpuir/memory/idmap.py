@@ -200,3 +200,33 @@ class IdMap:
         """Bytes of the arrays (the dict's entries are Python objects)."""
         self._settle()
         return int(self._h.nbytes + self._s.nbytes + self._live.nbytes)
+
+
+def locate(views: Iterable, seqs: np.ndarray) -> list[tuple]:
+    """(view, live rows) of the records with sequence numbers ``seqs`` (sorted) in ``views``.
+
+    Where the writer and the searcher find a record once its id is resolved to a sequence number.
+
+    Parameters
+    ----------
+    views : iterable of :class:`~gpuir.memory.segments.SegView`
+    seqs : ndarray (n,), int64, host, sorted ascending, non-empty
+
+    Returns
+    -------
+    list of (SegView, ndarray (m,), int64 rows of its live records among ``seqs``), views without one left out.
+    """
+    out = []
+    for v in views:
+        s = v.seg.seqs
+        if not s.size or seqs[-1] < s[0] or seqs[0] > s[-1]:
+            continue
+        pos = np.minimum(np.searchsorted(s, seqs), s.size - 1)
+        hit = s[pos] == seqs
+        if hit.any():
+            rows = pos[hit]
+            if v.live is not None:
+                rows = rows[v.live[rows]]
+            if rows.size:
+                out.append((v, rows))
+    return out

@@ -1,6 +1,6 @@
 """Merges off the writer's path: a small scheduler of background merge threads.
 
-The memory's merge policy (:mod:`gpuir.memory.store`) decides *what* to merge
+The memory's merge policy (:mod:`gpuir.memory.merging`) decides *what* to merge
 and hands each decision to a :class:`Merger` as a :class:`MergeTask`; nobody
 waits for it. The merger runs tasks in background threads, smallest first:
 

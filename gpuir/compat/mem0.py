@@ -22,12 +22,15 @@ What maps to what (docs/from-mem0.md has the whole table):
   the metadata under :data:`UPDATED_KEY` (hidden from what mem0's calls return).
 * ids are generated (UUID4 strings, as mem0's).
 * search: the default memory stores a MiniLM vector per record on add and ranks by
-  a z-score fusion (:func:`gpuir.fusion.fuse`, ``alpha`` the BM25 weight, 0.5) of
-  the BM25 top list and the cosine top list, each ``max(4 * top_k, 60)`` deep (the
-  over-fetch of mem0's own search); ``hybrid=False`` keeps BM25 alone. A result's
-  ``score`` is its cosine similarity to the query (hybrid) or its BM25 score
-  (``hybrid=False``), and ``threshold`` drops results scoring below it (mem0's
-  default 0.1; on BM25 scores, whose scale varies by question, pass ``threshold=None``).
+  the hybrid ranking of :class:`gpuir.Memory` itself (``Memory(ranking="hybrid")``,
+  :mod:`gpuir.memory.hybrid`: the same code path and the same settings, chosen held
+  out on LoCoMo); ``hybrid=False`` keeps BM25 alone. A result's ``score`` is the
+  hybrid's calibrated relevance, a probability from 0 to 1 that the memory is one
+  the question needs (or its BM25 score with ``hybrid=False``), and ``threshold``
+  drops results scoring below it -- on the relevance scale, ``threshold=0.5``: at
+  least as likely relevant as not. The default is no threshold (mem0's default 0.1
+  is a cosine, which drops almost nothing; a relevance of 0.1 would drop most hits
+  of a large memory).
 * filters: mem0's words, translated to :mod:`gpuir.memory.where` (:func:`translate_filters`):
   ``AND`` / ``OR`` / ``NOT`` (a list: none of them holds), ``eq ne gt gte lt lte
   in nin contains icontains``, ``"*"`` (the field is present). ``user_id`` names
@@ -51,12 +54,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..fusion import fuse
 from ..memory import Memory as CoreMemory
+from ..memory.hybrid import DEFAULT_EMBEDDING
 from ..memory.where import WhereError
-from ..results import SearchResults
 
 __all__ = ["UPDATED_KEY", "AsyncMemory", "InferNotSupported", "Memory", "translate_filters"]
 
@@ -67,7 +67,6 @@ UPDATED_KEY = "_mem0_updated_at"
 _ENTITY = {"user_id": "tenant", "agent_id": "agent", "run_id": "session"}
 _FIELD_OF_KEY = {"role": "role", "memory": "text", "data": "text", "created_at": "time"}
 _OPS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains")
-_EMBEDDING = "minilm"
 
 
 class InferNotSupported(ValueError):
@@ -192,37 +191,30 @@ class Memory:
         A folder: opened when it holds a memory, else created there; every write
         call saves it before returning.
     hybrid : bool, default True
-        Store a MiniLM vector per record on add and search by BM25 + cosine fusion;
-        False: BM25 alone, no encoder loaded.
+        Store a MiniLM vector per record on add and search with the memory's hybrid
+        ranking (``gpuir.Memory.search(ranking="hybrid")``: one fusion, one set of
+        settings, for every object); False: BM25 alone, no encoder loaded.
     encoder : object, optional
         The embedding's encoder (default :class:`gpuir.dense.encoder.Encoder`, the
-        torch-free all-MiniLM-L6-v2).
-    alpha : float, default 0.5
-        The BM25 weight of the z-score fusion (the cosine's is ``1 - alpha``).
+        torch-free all-MiniLM-L6-v2; the relevance is calibrated for that one).
     """
 
     def __init__(self, memory: CoreMemory | None = None, *, path: str | Path | None = None, hybrid: bool = True,
-                 encoder: Any = None, alpha: float = 0.5):
-        if not 0.0 <= float(alpha) <= 1.0:
-            raise ValueError(f"alpha is the BM25 weight in [0, 1], got {alpha!r}")
-        self.alpha = float(alpha)
+                 encoder: Any = None):
         self.hybrid = bool(hybrid)
         self._path = Path(path) if path is not None else None
         emb = None
-        self._emb_name: str | None = None  # the memory's only embedding
         if self.hybrid and memory is None:
             if encoder is None:
                 from ..dense.encoder import Encoder
 
                 encoder = Encoder(cache=False)  # the memory keeps the vectors: no second copy in the cache
-            emb = {_EMBEDDING: encoder}
-            self._emb_name = _EMBEDDING
-        self._encoder = encoder
+            emb = {DEFAULT_EMBEDDING: encoder}
         if memory is None:
             if self._path is not None and self._path.is_dir() and any(self._path.iterdir()):
                 memory = CoreMemory.open(self._path, embeddings=emb)
             else:
-                memory = CoreMemory(embeddings=emb)
+                memory = CoreMemory(embeddings=emb, ranking="hybrid" if self.hybrid else "bm25")
                 if self._path is not None:
                     memory.save(self._path)
         elif self.hybrid and not memory.embeddings:
@@ -348,7 +340,7 @@ class Memory:
         return {"results": out}
 
     def search(self, query: str, *, top_k: int = 20, filters: Mapping[str, Any] | None = None,
-               threshold: float | None = 0.1, limit: int | None = None, user_id: str | None = None,
+               threshold: float | None = None, limit: int | None = None, user_id: str | None = None,
                agent_id: str | None = None, run_id: str | None = None, rerank: bool = False,
                **kwargs: Any) -> dict[str, Any]:
         """The memories best matching ``query`` within the scope.
@@ -361,8 +353,9 @@ class Memory:
         filters : dict, optional
             mem0's filters (:func:`translate_filters`); with ``user_id`` / ``agent_id`` /
             ``run_id`` (here or as arguments, as older mem0 took them) at least one.
-        threshold : float or None, default 0.1
-            Drop results whose ``score`` is below it.
+        threshold : float or None, default None
+            Drop results whose ``score`` is below it: a relevance between 0 and 1 (hybrid), or a
+            BM25 score (``hybrid=False``). None keeps every result.
 
         Returns
         -------
@@ -377,57 +370,15 @@ class Memory:
         k = int(limit if limit is not None else top_k)
         if k < 1:
             raise ValueError(f"top_k must be a positive integer, got {k}")
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+            raise TypeError(f"threshold must be a number or None, got {threshold!r}")
+        if threshold is not None and self.hybrid and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold is a relevance between 0 and 1 (the hybrid score), got {threshold!r}")
         where = self._where(filters, self._scope(user_id, agent_id, run_id, "search", need=False), "search")
-        depth = max(4 * k, 60)
-        hits = self._ranked(query, where, k, depth)
-        results = []
-        for rec, score in hits:
-            if threshold is not None and score < threshold:
-                continue
-            results.append(self._item(rec, score))
-        return {"results": results}
-
-    def _ranked(self, query: str, where: dict[str, Any], k: int, depth: int) -> list[tuple[dict, float]]:
-        if not self.hybrid:
-            return [(h, float(h["score"])) for h in self.memory.search(query, k=k, where=where).hits(0)]
-        lex = self.memory.search(query, k=depth, where=where)
-        qv: Any = query
-        if self._encoder is not None and hasattr(self._encoder, "encode_queries"):
-            qv = np.asarray(self._encoder.encode_queries([query]), dtype=np.float32)[0]
-        dense = self.memory.search_vectors(qv, k=depth, where=where, embedding=self._emb_name)
-        # one fusion for every gpuir object (gpuir.fusion), over the records' sequence numbers (add order:
-        # the tie rule); records are read for the final top k only
-        id_of: dict[int, str] = {}
-        chans = []
-        for res in (lex, dense):
-            ok = res.seqs[0] >= 0
-            seqs, scores = res.seqs[0][ok], res.scores[0][ok]
-            id_of.update(zip(seqs.tolist(), res.ids(0)))
-            if seqs.size == 0:
-                chans.append(SearchResults(np.full((1, 1), -1, np.int64), np.full((1, 1), -np.inf, np.float32)))
-            else:
-                chans.append(SearchResults(seqs[None, :].astype(np.int64), scores[None, :].astype(np.float32)))
-        if not id_of:
-            return []
-        dseqs = dense.seqs[0][dense.seqs[0] >= 0].tolist()
-        cos = dict(zip(dseqs, dense.scores[0][: len(dseqs)].tolist()))
-        fused = fuse(chans, k, method="z", alpha=self.alpha)
-        top = [int(s) for s in fused.ids[0].tolist() if s >= 0]
-        ids = [id_of[s] for s in top]
-        missing = [i for i, s in enumerate(top) if s not in cos]  # BM25 hits outside the cosine list
-        if missing and isinstance(qv, str):  # the memory's own encoder: ask it for just those records
-            got = self.memory.search_vectors(qv, k=len(missing), embedding=self._emb_name,
-                                             where={**where, "id": {"in": [ids[i] for i in missing]}})
-            gs = got.seqs[0][got.seqs[0] >= 0].tolist()
-            cos.update(zip(gs, got.scores[0][: len(gs)].tolist()))
-        elif missing:
-            v = np.asarray(self.memory.vectors([ids[i] for i in missing], embedding=self._emb_name), np.float64)
-            q = np.asarray(qv, dtype=np.float64).reshape(-1)
-            q = q / max(float(np.linalg.norm(q)), 1e-12)
-            for i, c in zip(missing, (v @ q).tolist()):
-                cos[top[i]] = float(np.float32(c))
-        recs = self.memory.get(ids)
-        return [(r, float(cos[s])) for r, s in zip(recs, top)]
+        # the memory's own ranking: Memory.search(ranking="hybrid") is the one hybrid search of gpuir
+        res = self.memory.search(query, k=k, where=where, ranking="hybrid" if self.hybrid else "bm25",
+                                 min_score=None if threshold is None else float(threshold))
+        return {"results": [self._item(h, float(h["score"])) for h in res.hits(0)]}  # hits: public records
 
     def get(self, memory_id: str) -> dict[str, Any] | None:
         """The memory ``memory_id`` as mem0's MemoryItem dict, or None."""

@@ -104,7 +104,9 @@ class Embedding:
 
             log.info("embedding %r: loading the gpuir encoder of %s (recorded in the manifest)", self.name,
                      self.gpuir_model)
-            self.encoder = Encoder(None if self.gpuir_model == "default" else self.gpuir_model)
+            # no disk cache: the memory keeps its records' vectors, and a question is encoded as it is asked (a
+            # cached vector, encoded in another batch, can differ in the last bits: scores would change on reopen)
+            self.encoder = Encoder(None if self.gpuir_model == "default" else self.gpuir_model, cache=False)
         return self.encoder
 
     def to_dict(self) -> dict[str, Any]:

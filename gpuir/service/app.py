@@ -25,8 +25,12 @@ limit is 429 with ``Retry-After``; a search over the work limits is 422.
 
 ``config`` in a search names a retriever configuration saved as
 ``<MEMORY_DIR>.configs/NAME.json`` (``RetrieverConfig.save``); without it a
-search is plain exact BM25 (:meth:`gpuir.Memory.search`), micro-batched with
-other requests (:mod:`gpuir.service.batcher`).
+search is :meth:`gpuir.Memory.search` with the memory's ranking (exact BM25, or
+hybrid for a memory served with ``gpuir serve --ranking hybrid``; ``"ranking"``
+in the request overrides it), micro-batched with other requests
+(:mod:`gpuir.service.batcher`). ``min_score`` compares with the scores returned,
+as :meth:`gpuir.Memory.search` does: with the hybrid ranking a calibrated
+relevance, which must lie in [0, 1] (422 otherwise).
 """
 
 from __future__ import annotations
@@ -143,7 +147,12 @@ class SearchRequest(BaseModel):
         None, description="a filter for every query, or one per query (see gpuir.memory.where); the tenant is forced")
     config: str | None = Field(None, description="a retriever configuration saved as <MEMORY_DIR>.configs/NAME.json; "
                                                  "default: exact BM25 (Memory.search)")
-    min_score: float | None = Field(None, description="drop hits scoring below it")
+    min_score: float | None = Field(
+        None, description="drop hits scoring below it: with the hybrid ranking a calibrated relevance in [0, 1] "
+                          "(0.5: as likely relevant as not), with bm25 a BM25 score, with config the fused score")
+    ranking: Literal["bm25", "hybrid"] | None = Field(
+        None, description="without config: bm25 (exact BM25) or hybrid (BM25 + MiniLM, scores a relevance in [0, 1]; "
+                          "a memory served with --ranking hybrid); default: the memory's")
     time_unit: Literal["s", "ms", "us", "ns"] | None = Field(
         None, description="unit of times given as bare numbers in where")
     explain: bool = Field(False, description="with config: each hit carries channels, {kind: {rank, contribution}} "
@@ -259,18 +268,28 @@ class Measure:
 
 
 # ---------------------------------------------------------------------- the app
+class FieldError(ValueError):
+    """A request's field that cannot be honoured (a 422 naming ``field``, with ``msg`` saying what to do)."""
+
+    def __init__(self, field: str, msg: str):
+        super().__init__(f"{field}: {msg}")
+        self.field, self.msg = field, msg
+
+
 class Service:
     """Everything one running server holds: the store, keys, batcher, retrievers and metrics."""
 
     def __init__(self, memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                  checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, backend: str = "auto",
                  salvage: bool = False, statistics: str = "tenant", limits: Limits | None = None,
-                 operator_reads: bool = False, durability: str | None = None):
+                 operator_reads: bool = False, durability: str | None = None, ranking: str | None = None):
         self.root = Path(memory_dir)
         #: whether an operator key may read (never write) every tenant's records (search, list, history, overview)
         self.operator_reads = bool(operator_reads)
         self.options = {"checkpoint_every": checkpoint_every, "checkpoint_seconds": checkpoint_seconds,
                         "salvage": salvage, "statistics": statistics, "durability": durability}
+        if ranking is not None:  # (a sharded memory takes no ranking: it is chosen by ShardedMemory.create)
+            self.options["ranking"] = ranking
         self.backend = backend
         self.limits = limits or Limits()
         self.max_batch = max_batch
@@ -314,6 +333,8 @@ class Service:
         if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
             from .sharded import ShardedStore
 
+            if "ranking" in self.options:
+                raise ValueError(f"{self.root} is a sharded memory, which ranks by BM25 only: omit --ranking")
             self.store = ShardedStore(self.root, **self.options)
         else:
             self.store = ServiceStore(self.root, **self.options)
@@ -326,6 +347,37 @@ class Service:
     # ------------------------------------------------------------------ search functions
     def bm25(self, queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
         return self.store.search(queries, k, wheres, backend=self.backend)
+
+    @property
+    def ranking(self) -> str:
+        """The memory's ranking, the default of a search without config: "bm25" or "hybrid"."""
+        return getattr(self.store, "ranking", "bm25")
+
+    def hybrid(self, queries: list[str], k: int, wheres: list[Any]) -> list[list[dict[str, Any]]]:
+        """:meth:`gpuir.Memory.search` with ``ranking="hybrid"`` (a hybrid memory only: see :meth:`search_fn`)."""
+        return self.store.search(queries, k, wheres, backend=self.backend, ranking="hybrid")
+
+    def search_fn(self, ranking: str | None, min_score: float | None):
+        """(batch key, function, inline) of a search without config; :class:`FieldError` names the field to fix.
+
+        ``ranking``: the request's (None: the memory's). ``min_score`` is checked against the ranking's scale:
+        a relevance in [0, 1] with "hybrid" (:mod:`gpuir.memory.hybrid`), a BM25 score otherwise.
+        """
+        ranking = self.ranking if ranking is None else ranking
+        if ranking == "hybrid" and self.ranking != "hybrid":
+            raise FieldError("ranking", "this memory stores no vectors, so it cannot rank hybrid: serve a new "
+                                        "memory directory with `gpuir serve DIR --ranking hybrid`, or omit ranking "
+                                        "(exact BM25)")
+        if min_score is not None and ranking == "hybrid" and not 0.0 <= min_score <= 1.0:
+            raise FieldError("min_score", f"with the hybrid ranking a hit's score is a calibrated relevance, so "
+                                          f"min_score must lie in [0, 1] (0.5: as likely relevant as not), got "
+                                          f"{min_score}")
+        if ranking == "hybrid":
+            return "hybrid", self.hybrid, False  # encodes each question: off the event loop, batched apart
+        if self.ranking == "hybrid":
+            return "bm25", lambda q, k, w: self.store.search(q, k, w, backend=self.backend, ranking="bm25"), \
+                self.bm25_inline
+        return None, self.bm25, self.bm25_inline
 
     def configs_dir(self) -> Path:
         return self.root.with_name(self.root.name + ".configs")
@@ -391,19 +443,21 @@ class Service:
 def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: int = 256,
                checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0, max_body_bytes: int = 4 << 20,
                backend: str = "auto", salvage: bool = False, statistics: str = "tenant",
-               limits: Limits | None = None, operator_reads: bool = False, durability: str | None = None):
+               limits: Limits | None = None, operator_reads: bool = False, durability: str | None = None,
+               ranking: str | None = None):
     """The ASGI application serving ``memory_dir`` (opened now, checkpointed and released at shutdown).
 
     ``salvage``: start although the write-ahead log is damaged (see :class:`~gpuir.service.store.ServiceStore`).
     ``durability``: the memory's durability level, "fsync" (default), "flush" or "none" (:mod:`gpuir.memory.durable`;
     a sharded memory's is chosen by ``ShardedMemory.create``).
     ``statistics``: "tenant" (default: each tenant's BM25 statistics are its own records') or "pooled".
+    ``ranking``: a new memory's ranking, "bm25" (default) or "hybrid" (:class:`~gpuir.service.store.ServiceStore`).
     ``limits``: bounds on each request's work and the per-key rate (:class:`Limits`).
     ``operator_reads``: an operator key may read every tenant's records (search, list, count, get, history,
     overview; never a write), as the memory inspector page at ``/ui`` does for operators; default: it may not.
     """
     svc = Service(memory_dir, batch_window_ms, max_batch, checkpoint_every, checkpoint_seconds, backend, salvage,
-                  statistics, limits, operator_reads, durability)
+                  statistics, limits, operator_reads, durability, ranking)
 
     svc.open()  # here, not at startup: a locked or damaged directory is an error before listening
 
@@ -539,8 +593,16 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
             raise HTTPException(403, str(e)) from None
         except (WhereError, RecordError) as e:
             return field_error(["where"], str(e))
+        if body.min_score is not None and not math.isfinite(body.min_score):
+            return field_error(["min_score"], "min_score must be a finite number")
         if body.config is None:
-            key, fn, inline = None, svc.bm25, svc.bm25_inline
+            try:
+                key, fn, inline = svc.search_fn(body.ranking, body.min_score)
+            except FieldError as e:
+                return field_error([e.field], e.msg)
+        elif body.ranking is not None:
+            return field_error(["ranking"], "ranking applies to searches without config (a retriever configuration "
+                                            "ranks by its own channels): omit one of them")
         else:
             try:
                 key = (body.config, "explain") if body.explain else body.config  # batched apart: other replies

@@ -2,7 +2,7 @@
 
 ::
 
-    gpuir serve MEMORY_DIR [--host 127.0.0.1] [--port 8080] [--statistics tenant|pooled]
+    gpuir serve MEMORY_DIR [--host 127.0.0.1] [--port 8080] [--statistics tenant|pooled] [--ranking bm25|hybrid]
                            [--batch-window-ms 2] [--max-batch 256]
                            [--checkpoint-every 10000] [--checkpoint-seconds 60] [--max-body-bytes 4194304]
                            [--keep-alive-seconds 75] [--header-timeout-seconds 10] [--body-timeout-seconds 30]
@@ -89,7 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,
                      statistics=args.statistics, limits=limits, operator_reads=args.operator_reads,
-                     durability=args.durability)
+                     durability=args.durability, ranking=args.ranking)
     print(f"gpuir serve: {args.memory_dir} on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops, after a "
           f"checkpoint); the memory inspector: http://{args.host}:{args.port}/ui", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -193,6 +193,10 @@ def add_parsers(subparsers) -> None:
                          "a search memory per tenant in RAM beside the shared one) or pooled over all tenants "
                          "(one copy in RAM; a tenant's scores then change with other tenants' records and can "
                          "reveal their words) (default: %(default)s)")
+    ps.add_argument("--ranking", default=None, choices=("bm25", "hybrid"),
+                    help="a new memory's ranking: bm25 (the default) or hybrid (BM25 + all-MiniLM-L6-v2, a vector "
+                         "stored per record, each hit scored by a calibrated relevance from 0 to 1 that a search's "
+                         "min_score compares with); a directory holding a memory keeps its own")
     ps.add_argument("--batch-window-ms", type=float, default=2.0, metavar="MS",
                     help="how long a search waits for others to share its scorer call (default: %(default)s)")
     ps.add_argument("--max-batch", type=int, default=256, metavar="N",

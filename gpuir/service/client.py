@@ -73,11 +73,12 @@ def _records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for r in records]
 
 
-def _search_body(queries, k, where, config, min_score=None, time_unit=None) -> dict[str, Any]:
+def _search_body(queries, k, where, config, min_score=None, time_unit=None, ranking=None) -> dict[str, Any]:
     if isinstance(queries, str):
         queries = [queries]
     body: dict[str, Any] = {"queries": list(queries), "k": int(k)}
-    for key, v in (("where", where), ("config", config), ("min_score", min_score), ("time_unit", time_unit)):
+    for key, v in (("where", where), ("config", config), ("min_score", min_score), ("time_unit", time_unit),
+                   ("ranking", ranking)):
         if v is not None:
             body[key] = v
     return body
@@ -167,12 +168,34 @@ class MemoryClient(_Base):
         return int(_check(self._http.post(f"{self._prefix}/records", json=_add_body(records, time_unit)))["added"])
 
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
-               min_score: float | None = None, time_unit: str | None = None) -> HitLists:
+               min_score: float | None = None, time_unit: str | None = None,
+               ranking: str | None = None) -> HitLists:
         """One list of hits per query (dicts with ``id``, ``score``, ``text`` and the record's fields).
 
-        A :class:`~gpuir.results.HitLists`: ``res[i]`` / ``res.hits(i)`` and ``res.ids(i)``, as every search of gpuir.
+        Parameters
+        ----------
+        queries : str or sequence of str
+        k : int
+        where : dict or list of (dict or None), optional
+            As :meth:`gpuir.Memory.search` takes it (the key's tenant is forced).
+        config : str, optional
+            A retriever configuration saved beside the memory (``<MEMORY_DIR>.configs/NAME.json``).
+        min_score : float, optional
+            Drop hits scoring below it, as :meth:`gpuir.Memory.search` does: with the hybrid
+            ranking a calibrated relevance in [0, 1] (0.5: as likely relevant as not; outside
+            [0, 1] the server answers 422, :class:`ServiceError`), with BM25 a BM25 score.
+        time_unit : {"s", "ms", "us", "ns"}, optional
+            The unit of bare numbers given as times in ``where``.
+        ranking : {"bm25", "hybrid"}, optional
+            Without ``config``: default the memory's (``gpuir serve --ranking``); "bm25" asks a
+            hybrid memory for exact BM25.
+
+        Returns
+        -------
+        HitLists
+            ``res[i]`` / ``res.hits(i)`` and ``res.ids(i)``, as every search of gpuir.
         """
-        body = _search_body(queries, k, where, config, min_score, time_unit)
+        body = _search_body(queries, k, where, config, min_score, time_unit, ranking)
         out = _check(self._http.post(f"{self._prefix}/search", json=body))
         return HitLists(r["hits"] for r in out["results"])
 
@@ -296,8 +319,11 @@ class AsyncMemoryClient(_Base):
         return int(_check(r)["added"])
 
     async def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, config: str | None = None,
-                     min_score: float | None = None, time_unit: str | None = None) -> HitLists:
-        body = _search_body(queries, k, where, config, min_score, time_unit)
+                     min_score: float | None = None, time_unit: str | None = None,
+                     ranking: str | None = None) -> HitLists:
+        """:meth:`MemoryClient.search` as a coroutine (the same arguments: ``min_score`` is a relevance in
+        [0, 1] with the hybrid ranking, a BM25 score with BM25)."""
+        body = _search_body(queries, k, where, config, min_score, time_unit, ranking)
         r = await self._http.post(self._url(f"{self._prefix}/search"), json=body, headers=self._headers)
         return HitLists(x["hits"] for x in _check(r)["results"])
 

@@ -37,6 +37,17 @@ for bit: another tenant's adds never change them. ``statistics="pooled"``
 searches the shared memory instead (statistics over every tenant; one copy of
 the records in RAM). Nothing on disk differs between the two: the choice can
 change at any restart.
+
+**Hybrid ranking** (``ranking="hybrid"``, ``gpuir serve --ranking hybrid``: a
+new memory created as ``Memory(ranking="hybrid")``, or a directory that holds
+one). The shared memory stores an all-MiniLM-L6-v2 vector per record (encoded
+once, when the write is applied); each tenant's search memory is hybrid too and
+takes its records' vectors from the shared memory (:class:`SharedVectors`:
+copied on add and at start, never encoded twice; an update's changed text is
+encoded again for the tenant, in the same batch, so its vector is the same).
+A search then ranks as :meth:`gpuir.Memory.search` with ``ranking="hybrid"``
+(:mod:`gpuir.memory.hybrid`) and every hit's score is a calibrated relevance
+from 0 to 1; ``ranking="bm25"`` per search keeps exact BM25.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ import numpy as np
 
 from ..memory import Memory, RecordError
 from ..memory.durable import check_durability, fold_service_log, log_holds_writes
+from ..memory.hybrid import DEFAULT_EMBEDDING, check_ranking
 from ..memory.intake import canonical_records, fold_expiry
 from ..memory.persist import CURRENT, MemoryFormatError, check_not_orphaned, read_manifest
 from ..memory.records import RecordBatch, normalize_records
@@ -87,6 +99,33 @@ log = logging.getLogger("gpuir.service.store")
 
 #: The ways a store can compute BM25 statistics (see the module docstring).
 STATISTICS = ("tenant", "pooled")
+
+class SharedVectors:
+    """The encoder of a hybrid store's tenant search memories: the shared memory's embedding.
+
+    One model in RAM, and the same vectors as the shared memory's: a tenant memory
+    is given its records' stored vectors on add (``vectors=``), and what it must
+    encode itself (an update's changed text, a question) goes through the shared
+    memory's embedding, which returns exactly what it stores.
+
+    Parameters
+    ----------
+    emb : gpuir.memory.embeddings.Embedding
+        The shared memory's embedding that the hybrid ranking searches.
+    """
+
+    def __init__(self, emb: Any):
+        self.emb = emb
+        self.model_name = emb.model
+
+    def encode_passages(self, texts: list[str]) -> np.ndarray:
+        """(n, dim) vectors of the embedding's dtype, normalised, host: as the shared memory stores them."""
+        return self.emb.encode(texts, "a tenant's search memory")
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """(B, dim) float32 query vectors, normalised, host."""
+        return self.emb.encode_queries(queries)
+
 
 def warm_up() -> None:
     """Run one add and one search on a scratch memory, so that the first request does not pay
@@ -189,6 +228,10 @@ class ServiceStore:
         The memory's durability (:mod:`gpuir.memory.durable`): what a write has
         done when it is acknowledged. Default ``"fsync"``: a write acknowledged
         survives a crash of the process and a power cut.
+    ranking : {"bm25", "hybrid"}, optional
+        A new memory's ranking (default "bm25"; "hybrid" stores a MiniLM vector per
+        record, see the module docstring). A directory that holds a memory keeps its
+        own; naming another one is a ValueError.
 
     Raises
     ------
@@ -202,8 +245,10 @@ class ServiceStore:
     def __init__(self, root: str | Path, checkpoint_every: int = 10_000, checkpoint_seconds: float = 60.0,
                  lock_timeout: float = 10.0, memory_options: dict[str, Any] | None = None,
                  max_group: int = 1024, salvage: bool = False, statistics: str = "tenant",
-                 durability: str | None = None):
+                 durability: str | None = None, ranking: str | None = None):
         self.durability = check_durability("fsync" if durability is None else durability)
+        if ranking is not None:
+            check_ranking(ranking)
         if statistics not in STATISTICS:
             raise ValueError(f"statistics must be one of {', '.join(STATISTICS)}, got {statistics!r}")
         self.statistics = statistics
@@ -232,9 +277,18 @@ class ServiceStore:
                 check_not_orphaned(self.root, extra=[p.name for _, p in segments(self.root, "service")]
                                    + [p.name for _, p in segments(self.root, "memory") if log_holds_writes(p)])
             gen = None
-            self.memory = Memory(**{**(memory_options or {}), "durability": self.durability})
+            opts = {**(memory_options or {}), "durability": self.durability}
+            if ranking is not None:
+                opts["ranking"] = ranking
+            self.memory = Memory(**opts)
             self.memory.save(self.root, lock_timeout=lock_timeout)
-        self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
+        #: the memory's ranking ("bm25" or "hybrid"), the default of every search
+        self.ranking = self.memory.config().get("ranking", "bm25")
+        if ranking is not None and ranking != self.ranking:
+            self.memory.close(discard_unsaved=True)
+            raise ValueError(f"{self.root} holds a memory ranked {self.ranking!r}; it cannot be served as "
+                             f"{ranking!r} (a memory's ranking is chosen when it is created): omit --ranking, or "
+                             "serve a new directory")  # every request is confined to its key's tenant here (require_scope memories)
         try:
             self.replayed = self.memory._writer._replayed  # operations the memory's log replayed
             if gen is not None:  # an older gpuir's own service log: applied once, saved, then deleted
@@ -258,12 +312,24 @@ class ServiceStore:
         self._thread.start()
 
     # ------------------------------------------------------------------ per-tenant search memories
+    def hybrid_embedding(self) -> str | None:
+        """The name of the shared memory's embedding that the hybrid ranking searches, or None (no vectors)."""
+        names = sorted(self.memory.embeddings)
+        if DEFAULT_EMBEDDING in names:
+            return DEFAULT_EMBEDDING
+        return names[0] if len(names) == 1 else None
+
     def _new_tenant_memory(self) -> Memory:
         cfg = self.memory.config()
         bm = cfg["bm25"]
+        extra: dict[str, Any] = {}
+        name = self.hybrid_embedding() if self.ranking == "hybrid" else None
+        if name is not None:  # the shared memory's vectors and encoder (SharedVectors)
+            emb = self.memory._embedding(name)
+            extra = {"ranking": "hybrid", "embeddings": {name: {"encoder": SharedVectors(emb), "dtype": emb.dtype}}}
         m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
                    partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],
-                   history_limit=0)  # histories live in the shared memory (one copy)
+                   history_limit=0, **extra)  # histories live in the shared memory (one copy)
         m.window_ms = self.memory.window_ms  # the same time partitions as the shared memory
         return m
 
@@ -287,11 +353,18 @@ class ServiceStore:
                                         "be TENANT/ID, with its tenant): serve a memory the service created")
             rec["id"] = rid[len(tenant) + 1:]
             by_tenant.setdefault(tenant, []).append(rec)
+        name = self.hybrid_embedding() if self.ranking == "hybrid" else None
         for tenant, recs in by_tenant.items():
-            self._tenant_memory(tenant).add(recs, time_unit="ms")  # read back: times are epoch ms
+            self._tenant_memory(tenant).add(recs, time_unit="ms",  # read back: times are epoch ms
+                                            vectors=self._stored_vectors(name, [internal_id(tenant, r["id"])
+                                                                                for r in recs]))
         if by_tenant:
             log.info("built %d tenant search memories (%d records) in %.2f s", len(by_tenant), len(snap),
                      time.perf_counter() - t0)
+
+    def _stored_vectors(self, name: str | None, ids: list[str]) -> dict[str, np.ndarray] | None:
+        """``vectors=`` for a tenant memory's add: the shared memory's stored vectors of ``ids`` (internal)."""
+        return None if name is None else {name: self.memory.vectors(ids, embedding=name)}
 
     # ------------------------------------------------------------------ replay
     def _replay_all(self, ops: list[dict[str, Any]], salvage: bool) -> int:
@@ -533,10 +606,11 @@ class ServiceStore:
             return self.write_error(e)
         try:
             if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
+                name = self.hybrid_embedding() if self.ranking == "hybrid" else None
                 for op in run:
                     tm = self._tenant_memory(op.tenant)
                     if op.kind == "add":
-                        tm.add(tenant_batch(op.batch, op.tenant))
+                        tm.add(tenant_batch(op.batch, op.tenant), vectors=self._stored_vectors(name, op.batch.ids))
                     else:
                         cut = len(op.tenant) + len(SEP)
                         tm.delete([rid[cut:] for rid in op.ids], missing_ok=True)
@@ -684,8 +758,11 @@ class ServiceStore:
         return int(self.memory.info()["tenants"])
 
     def search(self, queries: list[str], k: int, wheres: list[dict[str, Any]], backend: str = "auto",
-               tenants: list[str] | None = None) -> list[list[dict[str, Any]]]:
+               tenants: list[str] | None = None, ranking: str | None = None) -> list[list[dict[str, Any]]]:
         """Hits (the tenant's own ids) of each query; ``wheres[i]`` names query i's tenant (``"tenant"``).
+
+        ``ranking``: "bm25" or "hybrid" (None: the memory's own, :attr:`ranking`), as
+        :meth:`gpuir.Memory.search` takes it; "hybrid" scores each hit by a relevance in [0, 1].
 
         With statistics per tenant, the queries of each tenant go to its search
         memory (one ``Memory.search`` per tenant of the batch; the tenant
@@ -700,7 +777,7 @@ class ServiceStore:
             tenants = [w["tenant"] for w in wheres]
         if self.statistics == "pooled":
             ws = [pooled_where(w, t) for w, t in zip(wheres, tenants)]
-            res = self.memory.search(queries, k=k, where=ws, backend=backend)
+            res = self.memory.search(queries, k=k, where=ws, backend=backend, ranking=ranking)
             return [[external_hit(h) for h in res.hits(i)] for i in range(len(queries))]
         out: list[list[dict[str, Any]]] = [[] for _ in queries]
         groups: dict[str, list[int]] = {}
@@ -714,7 +791,8 @@ class ServiceStore:
             for i in idx:
                 w = {f: v for f, v in wheres[i].items() if f != "tenant"} if wheres[i] else None
                 ws.append(w or None)
-            res = m.search([queries[i] for i in idx], k=max(1, min(k, len(m))), where=ws, backend=backend)
+            res = m.search([queries[i] for i in idx], k=max(1, min(k, len(m))), where=ws, backend=backend,
+                           ranking=ranking)
             for j, i in enumerate(idx):
                 out[i] = res.hits(j)
         return out

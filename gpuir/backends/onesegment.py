@@ -27,6 +27,7 @@ scorer.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -214,4 +215,12 @@ class IndexSegmentSet:
                 if got is None:
                     got = seen[id(a)] = [a]
                 lists.append(got)
-        return QueryBatch(wq.off, wq.terms, wq.mult, wq.idf, wq.w0, wq.const, wq.has_w0, np.full(B, -np.inf), lists)
+        return QueryBatch(wq.off, wq.terms, wq.mult, wq.idf, wq.w0, wq.const, wq.has_w0, _no_bound(B), lists)
+
+
+@functools.lru_cache(maxsize=64)
+def _no_bound(B: int) -> np.ndarray:
+    """(B,) float64 of -inf, read-only and shared (no query of a static index's batch has a bound)."""
+    out = np.full(B, -np.inf)
+    out.flags.writeable = False
+    return out

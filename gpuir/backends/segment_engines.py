@@ -127,11 +127,11 @@ def search_own(backend: str, segset: SegmentSet, view_ids: tuple[int, ...], batc
 def _term_lists(batch: QueryBatch) -> list[np.ndarray]:
     """Each query's term ids with repeats, ascending: ``repeat(gids, mult)`` cut at the queries."""
     gids, mult = batch.gids, batch.mult
-    once = bool((mult == 1).all())
-    if batch.off.size == 2:  # one query (an agent's question)
-        return [gids if once else np.repeat(gids, mult)]
+    if batch.off.size == 2:  # one query (an agent's question): a few terms, compared in Python
+        m = mult.tolist()
+        return [gids if not m or max(m) == 1 else np.repeat(gids, mult)]
     off = batch.off.tolist()
-    if once:
+    if bool((mult == 1).all()):
         return [gids[a:b] for a, b in pairwise(off)]
     flat = np.repeat(gids, mult)
     at = [0, *np.cumsum(mult).tolist()]

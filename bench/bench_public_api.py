@@ -37,10 +37,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _one_core() -> None:
+def _one_core(core: int = 0) -> None:
     for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[v] = "1"
-    os.sched_setaffinity(0, {0})
+    os.sched_setaffinity(0, {core})
 
 
 def _records(tenant: str, max_records: int | None, max_questions: int | None) -> tuple[list[dict[str, str]], list[str]]:
@@ -63,13 +63,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "public_api_vm.json")
     ap.add_argument("--one-core", action="store_true", help="pin this process to CPU 0, thread pools at 1")
+    ap.add_argument("--core", type=int, default=None,
+                    help="with --one-core: pin this process and the service to this CPU instead (CPU 0 and 1 "
+                         "by default): a shared machine whose CPU 0 runs another benchmark")
+    ap.add_argument("--no-service", action="store_true",
+                    help="leave the HTTP service out (a machine too busy to start it within its timeout)")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--passes", type=int, default=2, help="interleaved passes over the questions")
     ap.add_argument("--records", type=int, default=None, help="only the first N turns (a quick check)")
     ap.add_argument("--questions", type=int, default=None, help="only the first N questions (a quick check)")
     args = ap.parse_args(argv)
+    load_start = os.getloadavg()
     if args.one_core:
-        _one_core()
+        _one_core(0 if args.core is None else args.core)
+    service_core = 1 if args.core is None else args.core
     os.environ.setdefault("GPUIR_TIERED_START", "0")  # steady state: the compiled engine from the first search
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "bench"))
@@ -109,12 +116,13 @@ def main(argv=None) -> int:
         fns["bm25s-numba"] = lambda q: lib.search(q, k)
     except ImportError as e:
         print(f"bm25s-numba skipped: {e}", flush=True)
-    server = ServerProcess(root, env={"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "GPUIR_TIERED_START": "0"},
-                           launcher=(["taskset", "-c", "1"] if args.one_core else []) + [sys.executable, "-m",
-                                                                                        "gpuir.service"])
-    server.start()
-    client = MemoryClient(server.url, key, tenant)
-    fns["HTTP service"] = lambda q: client.search(q, k=k)
+    server = None if args.no_service else ServerProcess(
+        root, env={"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "GPUIR_TIERED_START": "0"},
+        launcher=(["taskset", "-c", str(service_core)] if args.one_core else []) + [sys.executable, "-m", "gpuir.service"])
+    if server is not None:
+        server.start()
+        client = MemoryClient(server.url, key, tenant)
+        fns["HTTP service"] = lambda q: client.search(q, k=k)
     try:
         for fn in fns.values():  # untimed: weights filled, kernels loaded, the server's first search done
             fn(questions)
@@ -122,7 +130,8 @@ def main(argv=None) -> int:
         def bare(ids):
             return [i.split("/", 1)[-1] for i in ids]
 
-        same = all(bare(client.search([q], k=k).ids(0)) == bare(mem.search([q], k=k).ids(0)) for q in questions[:100])  # (first 100)
+        same = None if server is None else all(bare(client.search([q], k=k).ids(0)) == bare(mem.search([q], k=k).ids(0))
+                                               for q in questions[:100])  # (first 100)
         gc.collect()
         gc.freeze()
         lat: dict[str, list[float]] = {n: [] for n in fns}
@@ -142,7 +151,8 @@ def main(argv=None) -> int:
             print(f"  {n:30s} p50 {out[n]['one_p50_ms']:7.3f} ms  p99 {out[n]['one_p99_ms']:7.3f} ms  "
                   f"batch {out[n]['batch_qps']:8,.0f} q/s", flush=True)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     import bench_memory
 
     res = {"benchmark": "bench_public_api", "machine": bench_memory.machine(),
@@ -151,8 +161,13 @@ def main(argv=None) -> int:
                                     text=True, check=False).stdout.strip(),
            "records": len(recs), "questions": len(questions), "k": k, "passes": args.passes,
            "segments": len(mem.snapshot().views), "one_core": args.one_core,
-           "service": "gpuir serve on 127.0.0.1, its own process" + (" pinned to CPU 1" if args.one_core else ""),
-           "service_top10_equals_memory_first_100": bool(same), "search": out,
+           "loadavg_run_start": load_start, "loadavg_run_end": os.getloadavg(),
+           # one core of two is this run's: a load average above 1 means other jobs ran beside it
+           "under_load": max(*load_start, *os.getloadavg()) > 1.0,
+           "service": "gpuir serve on 127.0.0.1, its own process" + (f" pinned to CPU {service_core}" if args.one_core
+                                                                                     else ""),
+           "core": (0 if args.core is None else args.core) if args.one_core else None,
+           "service_top10_equals_memory_first_100": None if same is None else bool(same), "search": out,
            "ratios_to_bm25s_numba_p50": ({n: v["one_p50_ms"] / out["bm25s-numba"]["one_p50_ms"] for n, v in out.items()}
                                          if "bm25s-numba" in out else None)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,13 @@
 """`BM25Index`: the user-facing sparse engine (analyse, index, search, save, load).
 
-A `BM25Index` is one sealed segment served by the one engine (:mod:`gpuir.backends`):
-its scorer lays the index out once and searches it with the index's own
-collection statistics (the scorer's default, served from its cache of
-precomputed weights), exactly as a :class:`gpuir.Memory` searches each of its
-segments with the whole memory's statistics.
+A `BM25Index` is a snapshot of one sealed segment searched through the segment-set
+contract (:mod:`gpuir.backends.contract`), as a :class:`gpuir.Memory` snapshot of
+many is: :meth:`BM25Index.search` hands the engine serving the backend
+(:func:`gpuir.backends.engine_for`) the index as an
+:class:`~gpuir.backends.onesegment.IndexSegmentSet` -- its CSR as the one segment,
+no tombstones, its own statistics -- and the batch weighed under them. The
+engines serve such a set through the segment's scorer and its cache of posting
+weights computed once (:func:`gpuir.backends.segment_engines.search_own`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from .analysis import Analyzer
-from .backends import make_scorer, resolve_backend
+from .backends import engine_for, make_scorer, resolve_backend
 from .backends.base import Scorer
+from .backends.onesegment import IndexSegmentSet
 from .bm25 import BM25Params
 from .filters import is_where, normalize_filters, where_to_filters
 from .index.build import DEFAULT_CHUNK_SIZE, build_csr
@@ -60,8 +64,9 @@ class BM25Index:
         self.csr = csr
         self.params = params or BM25Params()
         self.analyzer = Analyzer(csr.analyzer or "default")
-        self._scorers: dict[tuple[str, BM25Params], Scorer] = {}
-        self._scorers_lock = threading.Lock()  # one scorer per key, even when threads race to make it
+        self._scorers: dict[tuple, Scorer] = {}  # scorers made with options (scorer(backend, **opts))
+        self._scorers_lock = threading.Lock()  # one per key (and one segment set), even when threads race
+        self._segset: IndexSegmentSet | None = None
         self._id_to_num: dict[str, int] | None = None
 
     # -- construction ------------------------------------------------------------
@@ -146,10 +151,32 @@ class BM25Index:
         return self._id_to_num
 
     # -- search --------------------------------------------------------------------
+    def segment_set(self) -> IndexSegmentSet:
+        """The index as the contract's segment set (one segment, its own statistics; made once): what
+        :meth:`search` hands the engine."""
+        ss = self._segset
+        if ss is None:
+            with self._scorers_lock:
+                if self._segset is None:
+                    self._segset = IndexSegmentSet(self.csr, self.params)
+                ss = self._segset
+        return ss
+
     def scorer(self, backend: str = "auto", **opts: Any) -> Scorer:
-        """The cached :class:`Scorer` for a backend ("auto" resolves first)."""
+        """The cached :class:`Scorer` for a backend ("auto" resolves first).
+
+        Without ``opts``: the scorer the engines search the index with
+        (:meth:`gpuir.backends.onesegment.IndexSegmentSet.scorer`). With ``opts``
+        (:func:`gpuir.backends.make_scorer`'s): a scorer of its own, made once per options.
+        """
         name, _ = resolve_backend(backend)
-        key = (name, self.params)
+        if not opts:
+            return self.segment_set().scorer(name)
+        try:
+            key = (name, self.params, tuple(sorted(opts.items())))
+            hash(key)
+        except TypeError:  # (an unhashable option: a scorer made for this call)
+            return make_scorer(name, self.csr, self.params, **opts)
         sc = self._scorers.get(key)
         if sc is None:
             with self._scorers_lock:
@@ -233,8 +260,10 @@ class BM25Index:
         k = min(int(k), max(self.n_docs, 1))  # nothing anywhere is sized by a huge k
         if not queries:
             res = empty_results(0, k)
-        else:
-            res = self.scorer(name).search(terms, k, allow)
+        else:  # through the contract: a snapshot of one segment under its own statistics
+            segset = self.segment_set()
+            hits = engine_for(name).search(segset, (0,), segset.batch(terms, allow), k)
+            res = SearchResults(hits.rows, hits.scores, hits.meta)
         res.meta.setdefault("timings", {})["analyze_s"] = t_an
         res.meta.update(backend=name, backend_reason=reason)
         res.set_doc_ids(self.ids)

@@ -142,6 +142,39 @@ def weigh_queries(queries: Sequence[object], stats: CollectionStats, params: BM2
     return WeightedQueries(off, pterm.astype(np.int64), mult, idf, w0, const, has_w0, float(stats.avgdl))
 
 
+class OwnWeighted(list):
+    """A batch of queries (B term-id arrays, as :meth:`Scorer.search` takes them) with its weighing under
+    the default statistics of ``index`` and ``params`` attached.
+
+    A static index's segment set weighs its batch once, for the contract
+    (:meth:`gpuir.backends.onesegment.IndexSegmentSet.batch`), and its engine hands its scorer the batch
+    this way (:func:`gpuir.backends.segment_engines.search_own`): a scorer of that index and those
+    parameters searching with its default statistics takes ``wq`` (:func:`own_weighing`) instead of
+    weighing the terms again. Anything else reads it as the list of term arrays it is.
+
+    Attributes
+    ----------
+    wq : WeightedQueries
+        What :func:`weigh_queries` makes of the batch under the index's own statistics.
+    index : CSRIndex
+    params : BM25Params
+    """
+
+    def __init__(self, queries: Sequence[np.ndarray], wq: WeightedQueries, index: CSRIndex, params: BM25Params):
+        super().__init__(queries)
+        self.wq, self.index, self.params = wq, index, params
+
+
+def own_weighing(queries: Sequence[object], scorer: Scorer, consts: np.ndarray | None) -> WeightedQueries | None:
+    """The weighing an :class:`OwnWeighted` batch carries, when it is ``scorer``'s under its default
+    statistics (the same index and parameters, no ``consts`` given); None otherwise."""
+    if type(queries) is not OwnWeighted or consts is not None or queries.index is not scorer.index:
+        return None
+    if queries.params is not scorer.params and queries.params != scorer.params:
+        return None
+    return queries.wq
+
+
 class Scorer(ABC):
     """BM25 over one sealed segment with fixed parameters, on one device; statistics per search.
 

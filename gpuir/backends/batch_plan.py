@@ -28,7 +28,8 @@ from ..index.csr import CSRIndex
 from .base import CollectionStats, WeightedQueries, check_queries, weigh_queries
 from .weights import PostingWeights, has_absent_weight, posting_weights, row_consts, weight_bound, weight_floor
 
-__all__ = ["BatchPlan", "StaticWeights", "TermSummaries", "check_live", "plan_batch", "plan_weighted", "weigh_static"]
+__all__ = ["BatchPlan", "StaticWeights", "TermSummaries", "check_live", "plan_batch", "plan_weighted", "weigh_static",
+           "weigh_with_table"]
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,31 @@ def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25P
     so the host work around the kernel counts. The result equals
     ``weigh_queries(queries, static.stats, params, consts)`` field for field.
     """
-    df_all = np.asarray(static.stats.df)
+    return weigh_with_table(queries, np.asarray(static.stats.df), static.pw.idf, static.pw.w0,
+                            float(static.stats.avgdl), params, consts)
+
+
+def weigh_with_table(queries: Sequence[object], df_all: np.ndarray, idf_all: np.ndarray, w0_all: np.ndarray,
+                     avgdl: float, params: BM25Params, consts: np.ndarray | None = None) -> WeightedQueries:
+    """:func:`weigh_static` with the terms' weights read from tables of the whole vocabulary.
+
+    Parameters
+    ----------
+    queries : sequence of B ndarrays (n_i,), integer, host
+        Term ids, repeats kept.
+    df_all : ndarray (V,), int64, host
+        Each term's df under the statistics (terms with df 0 are dropped).
+    idf_all, w0_all : ndarray (V,), float32, host
+        :func:`~gpuir.backends.weights.term_weights` of ``df_all`` (the whole vocabulary at once).
+    avgdl : float
+    params : BM25Params
+    consts : ndarray (B,), float32, optional
+
+    Returns
+    -------
+    WeightedQueries
+        Equal, field for field, to ``weigh_queries`` under the same statistics.
+    """
     V = df_all.size
     one = _one_query(queries, V)
     if one is not None:  # the common case, without the batch machinery's fixed costs
@@ -226,8 +251,7 @@ def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25P
         np.cumsum(np.bincount(prow, minlength=B), out=off[1:])
     terms = terms.astype(np.int64, copy=False)
     mult = mult.astype(np.int64, copy=False)
-    pw = static.pw
-    idf, w0 = pw.idf[terms], pw.w0[terms]
+    idf, w0 = idf_all[terms], w0_all[terms]
     has_w0 = has_absent_weight(params)
     if consts is not None:
         const = np.asarray(consts, dtype=np.float32).reshape(-1)
@@ -239,7 +263,7 @@ def weigh_static(queries: Sequence[object], static: StaticWeights, params: BM25P
         const = np.array([(w0 * mult).sum(dtype=np.float32)], dtype=np.float32)
     else:
         const = row_consts(w0, mult, off)
-    return WeightedQueries(off, terms, mult, idf, w0, const, has_w0, float(static.stats.avgdl))
+    return WeightedQueries(off, terms, mult, idf, w0, const, has_w0, avgdl)
 
 
 def check_live(live: np.ndarray | None, n_docs: int) -> np.ndarray | None:

@@ -81,7 +81,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -165,6 +165,11 @@ class SegmentSet(Protocol):
         Mean live document length of the statistics.
     df : (G,) int64 array-like, host
         Document frequency of each global term code under the statistics (indexable by an int64 array).
+    own_stats : bool, optional (absent: False)
+        True for a static index's set (:class:`gpuir.backends.onesegment.IndexSegmentSet`): one segment,
+        no tombstones, under the segment's own statistics. The built-in engines then serve it through the
+        segment scorer's static path (:func:`gpuir.backends.segment_engines.search_own`: the posting
+        weights computed once under those statistics); any engine may search it as any other set.
     """
 
     views: Sequence[SegmentViewLike]
@@ -249,6 +254,9 @@ class SegmentHits:
         Row of the hit in its segment; -1 pads.
     postings : ndarray (B,), int64, host
         Postings read for each query (an engine's own count: a measure of work, not part of the result).
+    meta : dict
+        What the engine says of its work (timings, counters; a static index's search passes its scorer's
+        on to the user's ``SearchResults.meta``); empty by default, never part of the result.
     """
 
     seqs: np.ndarray
@@ -256,6 +264,7 @@ class SegmentHits:
     views: np.ndarray
     rows: np.ndarray
     postings: np.ndarray
+    meta: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, B: int, k: int) -> SegmentHits:
@@ -327,7 +336,7 @@ class SegmentEngine(ABC):
 
 _registry: dict[str, Callable[[], SegmentEngine]] = {}
 _instances: dict[str, SegmentEngine] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # (a factory may ask for another engine: one wrapping a built-in)
 
 
 def register_engine(name: str, factory: Callable[[], SegmentEngine]) -> None:

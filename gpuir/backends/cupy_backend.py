@@ -74,7 +74,7 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex, check_postings_sorted
 from ..results import SearchResults, empty_results
 from . import kernels as K
-from .base import CollectionStats, Scorer, WeightedQueries, check_queries, weigh_queries
+from .base import CollectionStats, Scorer, WeightedQueries, check_queries, own_weighing, weigh_queries
 from .batch_plan import weigh_static
 from .weights import has_absent_weight, numpy_row_sums, term_weights
 
@@ -1177,7 +1177,9 @@ class CupyScorer(Scorer):
         """Validate and prepare a batch on the host (no device call)."""
         st = self.search_stats(stats)
         if st is self.stats:  # the scorer's own statistics: idf and w0 from the cache, no batch machinery
-            wq = weigh_static(queries, self._term_cache(), self.params, consts)
+            wq = own_weighing(queries, self, consts)  # (a static index's batch, weighed once for the contract)
+            if wq is None:
+                wq = weigh_static(queries, self._term_cache(), self.params, consts)
         else:
             wq = weigh_queries(queries, st, self.params, consts)
         filtered, allow_off, allow_docs = check_allow(allow, wq.n_rows, self.index.n_docs)

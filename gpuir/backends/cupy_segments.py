@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .cupy_scatter import ScatterStats, Spans, default_budget, scatter_topk
+from .segment_engines import search_own
 
 try:  # the segment-set contract (gpuir/backends/contract.py), where present
     from .contract import SegmentEngine as _EngineBase  # type: ignore[import-not-found]
@@ -250,6 +251,8 @@ class CupySegmentsEngine(_EngineBase):  # type: ignore[misc,valid-type]
         """
         from .cupy_backend import search_consts
 
+        if getattr(segset, "own_stats", False):  # a static index: its tile scorer (graphs, cached weights)
+            return search_own("cupy", segset, view_ids, batch, k)
         cp = self._cp()
         B = int(batch.off.size - 1)
         view_ids = tuple(view_ids)

@@ -62,7 +62,7 @@ import numpy as np
 from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
-from .base import CollectionStats, Scorer, WeightedQueries, weigh_queries
+from .base import CollectionStats, Scorer, WeightedQueries, own_weighing, weigh_queries
 from .batch_plan import StaticWeights, check_live, weigh_static
 from .block_layout import BlockLayout, lay_out_segment
 from .block_layout import read_only as _ro
@@ -297,7 +297,8 @@ class NumbaScorer(Scorer):
         st = self.search_stats(stats)
         if st is self.stats:
             layout = self._static_layout()
-            return weigh_static(queries, layout.sw, self.params, consts), layout
+            wq = own_weighing(queries, self, consts)  # (a static index's batch, weighed once for the contract)
+            return (weigh_static(queries, layout.sw, self.params, consts) if wq is None else wq), layout
         return weigh_queries(queries, st, self.params, consts), None
 
     def _kernel_args(self, wq: WeightedQueries, layout: _StaticLayout | None) -> tuple:

@@ -63,7 +63,7 @@ from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet
 from .cpu_kernels import tf_keys, tfc_table
 from .numba_backend import default_threads, shared_pool
 from .raw_views import check_dtypes
-from .segment_engines import segment_scorer
+from .segment_engines import search_own, segment_scorer
 from .weights import BOUND_SLACK, has_absent_weight
 
 #: Batches of at least this many queries fill the snapshot's weight cache on their first search.
@@ -377,6 +377,8 @@ class NumbaSegmentsEngine(SegmentEngine):
     backend = "numba"
 
     def search(self, segset: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int) -> SegmentHits:
+        if getattr(segset, "own_stats", False):  # a static index: its scorer's cached weights and MaxScore
+            return search_own("numba", segset, view_ids, batch, k)
         B = batch.size
         if not view_ids or not batch.gids.size:
             return SegmentHits.empty(B, k)

@@ -70,7 +70,7 @@ from ..bm25 import BM25Params
 from ..index.csr import CSRIndex
 from ..results import SearchResults, padded_arrays
 from ..topk import kth_largest, topk_pairs
-from .base import CollectionStats, Scorer, WeightedQueries
+from .base import CollectionStats, Scorer, WeightedQueries, own_weighing
 from .batch_plan import BatchPlan, StaticWeights, TermSummaries, check_live, plan_batch, plan_weighted
 from .weights import weights_of
 
@@ -207,6 +207,9 @@ class NumpyScorer(Scorer):
               consts: np.ndarray | None) -> BatchPlan:
         st = self.search_stats(stats)
         static = self.static_weights() if st is self.stats else None
+        wq = None if static is None else own_weighing(queries, self, consts)
+        if wq is not None:  # (a static index's batch, weighed once for the contract)
+            return plan_weighted(wq, self.params, self.summaries, static)
         return plan_batch(queries, st, self.params, self.summaries, static, consts)
 
     def _scratch(self) -> _Scratch:

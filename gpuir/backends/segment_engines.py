@@ -22,12 +22,13 @@ the same numbers, so the same bits (tested).
 from __future__ import annotations
 
 import threading
+from itertools import pairwise
 
 import numpy as np
 
 from ..bm25 import BM25Params
 from ..topk import topk_rows_by_id
-from .base import CollectionStats, Scorer, WeightedQueries
+from .base import CollectionStats, OwnWeighted, Scorer, WeightedQueries
 from .contract import QueryBatch, SegmentEngine, SegmentHits, SegmentSet, SegmentSource
 from .scorers import make_scorer
 
@@ -70,6 +71,73 @@ def segment_stats(segset: SegmentSet, vi: int) -> CollectionStats:
     return segset.cached(("stats", vi), make)
 
 
+def search_own(backend: str, segset: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch,
+               k: int) -> SegmentHits:
+    """A set of one segment under the segment's own statistics (``segset.own_stats``: a static index,
+    :class:`gpuir.backends.onesegment.IndexSegmentSet`) through its scorer's static path.
+
+    The segment's scorer of the concrete ``backend`` (:func:`segment_scorer`) searches with its default
+    statistics -- the set's -- so it reads what it computed once under them: every posting's weight and
+    the exact per-term and per-block bounds (NumPy's pruned search, numba's MaxScore and block-max
+    kernels), the device scorer's tiles and graphs (CuPy). The batch reaches it as an
+    :class:`~gpuir.backends.base.OwnWeighted` list (each query's terms, with the batch's weighing
+    attached: nothing is weighed twice). The engines ``"numpy"``, ``"numba"`` and ``"cupy"`` (and the
+    ``-each`` ones) call it for such a set; the result is the bits of the generic path (tested), with the
+    scorer's ``meta`` (timings, counters) in :attr:`SegmentHits.meta`.
+
+    Parameters
+    ----------
+    backend : {"numpy", "numba", "cupy"}
+    segset : SegmentSet
+        One view, no tombstones, ``own_stats`` True; ``batch.gids`` are the segment's term ids.
+    view_ids : () or (0,)
+    batch : QueryBatch
+    k : int
+
+    Returns
+    -------
+    SegmentHits
+        (B, k) host arrays; ``seqs`` and ``rows`` are the document numbers (one array).
+    """
+    B = batch.size
+    if not view_ids:
+        return SegmentHits.empty(B, k)
+    seg = segset.views[0].seg
+    scorer = segment_scorer(seg, backend, segset.params)
+    allow = None if batch.allow is None else [None if a is None else a[0] for a in batch.allow]
+    wq = WeightedQueries(batch.off, batch.gids, batch.mult, batch.idf, batch.w0, batch.const, batch.has_w0,
+                         float(segset.avgdl))
+    queries = OwnWeighted(_term_lists(batch), wq, seg.csr, segset.params)
+    theta = batch.theta
+    if getattr(scorer, "supports_theta", False) and (theta[0] > -np.inf if B == 1 else bool((theta > -np.inf).any())):
+        res = scorer.search(queries, k, allow, theta=theta)
+    else:
+        res = scorer.search(queries, k, allow)
+    ids = np.asarray(res.ids)
+    postings = res.meta.get("postings_rows")
+    if postings is None:
+        offsets = seg.csr.offsets
+        g = batch.gids
+        per_term = offsets[g + 1] - offsets[g] if g.size else np.zeros(0, np.int64)
+        postings = np.bincount(np.repeat(np.arange(B), np.diff(batch.off)), weights=per_term, minlength=B)
+    # (ids >> 63: 0 for a hit, -1 for a pad -- the view position of each hit: the set's one view)
+    return SegmentHits(ids, res.scores, ids >> 63, ids, np.asarray(postings, np.int64), res.meta)
+
+
+def _term_lists(batch: QueryBatch) -> list[np.ndarray]:
+    """Each query's term ids with repeats, ascending: ``repeat(gids, mult)`` cut at the queries."""
+    gids, mult = batch.gids, batch.mult
+    if batch.off.size == 2:  # one query (an agent's question): a few terms, compared in Python
+        m = mult.tolist()
+        return [gids if not m or max(m) == 1 else np.repeat(gids, mult)]
+    off = batch.off.tolist()
+    if bool((mult == 1).all()):
+        return [gids[a:b] for a, b in pairwise(off)]
+    flat = np.repeat(gids, mult)
+    at = [0, *np.cumsum(mult).tolist()]
+    return [flat[at[a]:at[b]] for a, b in pairwise(off)]
+
+
 class PerSegmentEngine(SegmentEngine):
     """The contract through one scorer call per segment (see the module docstring)."""
 
@@ -82,6 +150,8 @@ class PerSegmentEngine(SegmentEngine):
         self.weighted = weighted
 
     def search(self, segset: SegmentSet, view_ids: tuple[int, ...], batch: QueryBatch, k: int) -> SegmentHits:
+        if self.weighted and getattr(segset, "own_stats", False):  # a static index (search_own)
+            return search_own(self.backend, segset, view_ids, batch, k)
         B = batch.size
         out = SegmentHits.empty(B, k)
         if not view_ids or not batch.gids.size:

@@ -44,12 +44,8 @@ class Commits:
 
     def begin_save(self, path: str | os.PathLike | None = None, lock_timeout: float = 10.0,
                    on_snapshot: Any = None) -> PendingSave:
-        """The first half of :meth:`save`, for a writer that keeps a log of its own (a shard, the service):
-        under the writer's lock, take the snapshot to save and start the memory's next log segment, and
-        call ``on_snapshot(generation)`` there (e.g. to rotate the caller's own log). Returns a
-        :class:`PendingSave` whose ``finish()`` writes the files and commits, outside the writer's lock
-        (writes go on meanwhile); no other save starts before it finishes. The arguments and errors are
-        :meth:`save`'s."""
+        """See :meth:`gpuir.memory.Memory.begin_save` (the snapshot and the log's rotation under the writer's
+        lock; the files written by the returned :class:`PendingSave`, outside it)."""
         self._save_lock.acquire()  # one save at a time; released by PendingSave.finish
         try:
             with self._write_lock:

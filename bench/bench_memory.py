@@ -468,7 +468,8 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "config": {"batch": args.batch, "k": args.k, "one_core": args.one_core, "rounds": args.rounds,
-                   "loop_docs": args.loop_docs, "merge_factor": args.merge_factor, "think_ms": args.think_ms},
+                   "loop_docs": args.loop_docs, "merge_factor": args.merge_factor, "think_ms": args.think_ms,
+                   "settle": args.settle},
         "note": args.note,
     }
     corpus = _lme_corpus()
@@ -515,6 +516,8 @@ def run_agent_loop(args, log=print) -> dict[str, Any]:
         add_lat.append(time.perf_counter() - t)
         if args.think_ms:  # the agent's own work between its add and its question (an LLM call)
             time.sleep(args.think_ms / 1e3)
+        if args.settle:  # (the merges the add started, done before the question: what they cost it)
+            mem.wait_merges()
         t, c = time.perf_counter(), time.thread_time()
         mem.search(q, k=args.k)
         cpu.append(time.thread_time() - c)
@@ -1098,6 +1101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="agent loop: pause between each add and its question (an agent's LLM call; default 0: "
                         "the question right after the add, the merges it started sharing the core with it); "
                         "each engine timed alone pauses as long before each of its questions")
+    p.add_argument("--settle", action="store_true",
+                   help="agent loop: wait for the merges each add started before its question (what the merge "
+                        "thread costs a question on one core)")
     p.add_argument("--loop-docs", type=int, default=None,
                    help="agent loop: use the first N turns only (a short run)")
     p.add_argument("--reps", type=int, default=3, help="longmemeval: build/growth repetitions (default 3)")

@@ -348,8 +348,10 @@ def test_sealed_segment_scorer_is_built_once_and_never_reweighted(monkeypatch):
         segs = [v.seg for v in m.snapshot().views]
         seg_csrs |= {id(sg.csr) for sg in segs}
         assert len(segs) == step + 1
-        # one construction per (segment, backend), ever
-        assert sorted(built) == sorted((b, id(s.csr)) for s in segs for b in ("numba", "numpy"))
+        # one construction per (segment, backend), ever (the reference model's own indexes build scorers too,
+        # through the same contract since BM25Index searches through it: counted apart)
+        mine = {id(s.csr) for s in segs}
+        assert sorted(x for x in built if x[1] in mine) == sorted((b, id(s.csr)) for s in segs for b in ("numba", "numpy"))
     assert weighed and not seg_csrs & set(weighed), \
         "no segment's postings were weighted as a whole: statistics apply per search"
     # the statistics did change under the first segment's scorer: its records' scores moved

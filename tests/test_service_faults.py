@@ -689,6 +689,6 @@ def test_a_writer_thread_that_dies_fails_the_waiting_writes_instead_of_hanging(t
         s.close(checkpoint=False)
     s2 = ServiceStore(tmp_path / "mem")
     try:
-        assert sorted(s2.memory._ids) == ["t/a"], "the acknowledged write survived; the refused ones are not there"
+        assert sorted(s2.memory._writer._ids) == ["t/a"], "the acknowledged write survived; the refused ones are not there"
     finally:
         s2.close()

@@ -288,7 +288,8 @@ class ServiceStore:
             self.memory.close(discard_unsaved=True)
             raise ValueError(f"{self.root} holds a memory ranked {self.ranking!r}; it cannot be served as "
                              f"{ranking!r} (a memory's ranking is chosen when it is created): omit --ranking, or "
-                             "serve a new directory")  # every request is confined to its key's tenant here (require_scope memories)
+                             "serve a new directory")
+        self.memory.allow_unscoped()  # every request is confined to its key's tenant here (require_scope memories)
         try:
             self.replayed = self.memory._writer._replayed  # operations the memory's log replayed
             if gen is not None:  # an older gpuir's own service log: applied once, saved, then deleted

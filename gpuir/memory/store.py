@@ -233,7 +233,8 @@ class Memory:
         return self._writer.add(records, time_unit, vectors, seqs)
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Change existing records (matched by id), keeping what the records given do not name; atomic.
 
         Each record given is an ``id`` and the fields to change: fields given
@@ -243,6 +244,10 @@ class Memory:
         records instead (as :meth:`replace`). The versions replaced are kept in
         the record's history (:meth:`history`). ``seqs``: the sequence numbers
         of the records given, as in :meth:`add` (a record left as it was uses none).
+        ``vectors``: the new versions' vectors of named embeddings, as in
+        :meth:`add` (a row per record given, in order; a record left as it was
+        ignores its row); without them a changed text is encoded by the
+        embedding's encoder and an unchanged one keeps its stored vector.
 
         Returns
         -------
@@ -258,7 +263,7 @@ class Memory:
         """
         if self._guard_scope:
             scope.require("update")
-        return self._writer.update(records, replace, time_unit, seqs)
+        return self._writer.update(records, replace, time_unit, seqs, vectors)
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
@@ -267,10 +272,11 @@ class Memory:
         return self._writer.replace(records, time_unit)
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
 
-        ``seqs``: the sequence numbers of the records given, as in :meth:`update`.
+        ``seqs`` and ``vectors``: the sequence numbers and the vectors of the records given, as in :meth:`update`.
 
         Returns
         -------
@@ -278,7 +284,7 @@ class Memory:
         """
         if self._guard_scope:
             scope.require("upsert")
-        return self._writer.upsert(records, replace, time_unit, seqs)
+        return self._writer.upsert(records, replace, time_unit, seqs, vectors)
 
     def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
         """(ids, their records as stored) of live ids: the canonical form of :mod:`gpuir.memory.intake`

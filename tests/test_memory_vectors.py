@@ -202,6 +202,32 @@ def test_updates_take_given_vectors():
     assert np.array_equal(m.vectors(["r9"], "h"), _norm(given[:1]))
 
 
+def test_the_embedding_is_public(tmp_path):
+    enc = HashEncoder()
+    m = Memory(embeddings={"h": enc}, background_merges=False)
+    m.add(_records(4))
+    enc.calls.clear()
+    emb = m.embedding()  # the memory's own: its encodings are the stored vectors, bit for bit
+    assert emb is m.embedding("h") and (emb.name, emb.dim, emb.dtype) == ("h", DIM, "float32")
+    assert np.array_equal(emb.encode([_records(1)[0]["text"]], "test"), m.vectors(["r0"], "h"))
+    assert np.array_equal(emb.encode_queries(["omega zeta"]), _norm(enc._enc(["omega zeta"])))
+    m.save(tmp_path / "m")
+    m.close()
+    with Memory.open(tmp_path / "m", writer=False) as r:  # reopened without an encoder
+        assert r.embedding().to_dict() == {"dim": DIM, "dtype": "float32", "model": "HashEncoder"}
+        assert r.embedding().encoder is None
+        with pytest.raises(VectorError, match="no encoder"):
+            r.embedding().encode(["x"], "test")
+    bare = Memory()
+    with pytest.raises(VectorError, match="stores no vectors"):
+        bare.embedding()
+    bare.add(_records(1), vectors={"a": np.ones((1, 2)), "b": np.ones((1, 2))})
+    with pytest.raises(VectorError, match="several embeddings"):
+        bare.embedding()
+    with pytest.raises(VectorError, match="no embedding 'c'"):
+        bare.embedding("c")
+
+
 def test_save_open_mapped_and_equal(grown, tmp_path):
     m, _ = grown
     m.delete(["r10", "r11"])

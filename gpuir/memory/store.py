@@ -39,6 +39,7 @@ import numpy as np
 from ..bm25 import BM25Params
 from . import bulk, listing, scope
 from .commit import PendingSave
+from .embeddings import Embedding
 from .errors import ReadOnlyError, UnknownIdError, UnsavedWritesWarning
 from .export import read_export
 from .load import open_memory
@@ -601,6 +602,42 @@ class Memory:
     def embeddings(self) -> dict[str, dict[str, Any]]:
         """The memory's named embeddings: name -> {"dim", "dtype", "model", "encoder" (whether one is attached)}."""
         return self._writer.embeddings
+
+    def embedding(self, name: str | None = None) -> Embedding:
+        """One named embedding of the memory: what encodes its records and text queries.
+
+        The memory's own object (not a copy): an encoder attached later with
+        :meth:`add_embedding` is the one it uses. A writer that keeps a second
+        index of the same records (the service's per-tenant search memories)
+        encodes through it, so that its vectors are exactly the memory's.
+
+        Parameters
+        ----------
+        name : str, optional
+            Which named embedding (default: the memory's only one).
+
+        Returns
+        -------
+        gpuir.memory.embeddings.Embedding
+            With ``name``, ``dim``, ``dtype`` and ``model``; ``encode(texts, what)`` gives passage
+            vectors as the memory stores them ((n, dim), normalised, the storage dtype) and
+            ``encode_queries(queries)`` query vectors as its searches use them ((B, dim) float32,
+            normalised). Both load the recorded encoder (offline) when none is attached, and raise
+            :class:`~gpuir.memory.embeddings.VectorError` when there is none.
+
+        Raises
+        ------
+        VectorError
+            The memory stores no vectors, has several and ``name`` is None, or has no embedding ``name``.
+
+        Examples
+        --------
+        >>> m = Memory(embeddings={"bag": lambda texts: [[1.0, float(len(t))] for t in texts]})
+        >>> emb = m.embedding()
+        >>> emb.name, emb.encode(["four"], "example").shape
+        ('bag', (1, 2))
+        """
+        return self._searcher.embedding(name)
 
     def add_embedding(self, name: str, encoder: Any = None, dtype: str = "float32") -> int:
         """Add a named embedding (or attach an encoder to an existing one).

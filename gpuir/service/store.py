@@ -329,7 +329,7 @@ class ServiceStore:
         extra: dict[str, Any] = {}
         name = self.hybrid_embedding()
         if name is not None:  # the shared memory's vectors and encoder (SharedVectors)
-            emb = self.memory._searcher._embedding(name)
+            emb = self.memory.embedding(name)
             extra = {"ranking": "hybrid", "embeddings": {name: {"encoder": SharedVectors(emb), "dtype": emb.dtype}}}
         m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
                    partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],

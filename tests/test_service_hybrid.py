@@ -147,6 +147,32 @@ def test_a_bm25_service_refuses_hybrid_and_keeps_bm25_min_score(tmp_path):
     assert p.returncode == 2 and "cannot be served as 'hybrid'" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_a_sharded_memory_is_refused_hybrid_with_the_reason(tmp_path):
+    """``gpuir serve SHARDED_DIR --ranking hybrid`` fails at start (exit 2 in the CLI) and says why: the shards
+    store no vectors. Only the directory's manifest is read before the refusal (no Ray runtime is started)."""
+    from gpuir.cluster.layout import write_manifest
+    from gpuir.service.app import create_app
+
+    root = tmp_path / "sm"
+    root.mkdir()
+    write_manifest(root, 2, "tenant", Memory().config(), {})
+    with pytest.raises(ValueError) as e:
+        create_app(root, ranking="hybrid")
+    for hint in ("is a sharded memory", "shards store no vectors", "Omit --ranking", "--ranking hybrid"):
+        assert hint in str(e.value), hint
+    # a search's "ranking": "hybrid" on a served sharded memory: the 422's reason (the store stood in for)
+    from types import SimpleNamespace
+
+    from gpuir.service.app import FieldError, Service
+
+    svc = Service(root)
+    svc.store = SimpleNamespace(memory=SimpleNamespace(sharded=True), ranking="bm25")
+    with pytest.raises(FieldError) as fe:
+        svc.search_fn("hybrid", None)
+    assert fe.value.field == "ranking" and "shards store no vectors" in fe.value.msg
+    assert svc.search_fn("bm25", 3.0)[0] is None  # exact BM25 as before
+
+
 class CountingEncoder(BagEncoder):
     """:class:`BagEncoder` that records each passage text it is asked to encode."""
 

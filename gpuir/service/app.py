@@ -349,8 +349,13 @@ class Service:
         if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
             from .sharded import ShardedStore
 
-            if "ranking" in self.options:
-                raise ValueError(f"{self.root} is a sharded memory, which ranks by BM25 only: omit --ranking")
+            from ..cluster.sharded import NO_HYBRID
+
+            if self.options.get("ranking", "bm25") != "bm25":
+                raise ValueError(f"{self.root} is a sharded memory, which cannot be served --ranking hybrid: "
+                                 f"{NO_HYBRID}. Omit --ranking (exact BM25), or serve one memory created with "
+                                 "`gpuir serve NEW_DIR --ranking hybrid`")
+            self.options.pop("ranking", None)
             self.store = ShardedStore(self.root, **self.options)
         else:
             self.store = ServiceStore(self.root, **self.options)
@@ -380,6 +385,12 @@ class Service:
         a relevance in [0, 1] with "hybrid" (:mod:`gpuir.memory.hybrid`), a BM25 score otherwise.
         """
         ranking = self.ranking if ranking is None else ranking
+        if ranking == "hybrid" and self.store.memory.sharded:
+            from ..cluster.sharded import NO_HYBRID
+
+            raise FieldError("ranking", f"this server's memory is sharded: {NO_HYBRID}. Omit ranking (exact "
+                                        "BM25), or serve one memory created with `gpuir serve NEW_DIR --ranking "
+                                        "hybrid`")
         if ranking == "hybrid" and self.ranking != "hybrid":
             raise FieldError("ranking", "this memory stores no vectors, so it cannot rank hybrid: serve a new "
                                         "memory directory with `gpuir serve DIR --ranking hybrid`, or omit ranking "

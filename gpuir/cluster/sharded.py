@@ -81,8 +81,8 @@ from ..memory import Memory, RecordError, UnknownIdError, bulk, updates
 from ..memory import scope as _scope
 from ..memory.durable import check_durability
 from ..memory.history import canonical_entries
-from ..memory.hybrid import check_ranking
 from ..memory.hitorder import merge_topk
+from ..memory.hybrid import check_ranking
 from ..memory.intake import canonical_records, fold_expiry, to_batch
 from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args

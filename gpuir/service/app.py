@@ -347,8 +347,6 @@ class Service:
         from ..cluster.layout import is_sharded
 
         if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
-            from .sharded import ShardedStore
-
             from ..cluster.sharded import NO_HYBRID
 
             if self.options.get("ranking", "bm25") != "bm25":
@@ -356,6 +354,8 @@ class Service:
                                  f"{NO_HYBRID}. Omit --ranking (exact BM25), or serve one memory created with "
                                  "`gpuir serve NEW_DIR --ranking hybrid`")
             self.options.pop("ranking", None)
+            from .sharded import ShardedStore
+
             self.store = ShardedStore(self.root, **self.options)
         else:
             self.store = ServiceStore(self.root, **self.options)

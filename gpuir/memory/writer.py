@@ -86,6 +86,28 @@ DAY_MS = 86_400_000
 log = logging.getLogger("gpuir.memory")
 
 
+def _rows_of_new(vectors: Mapping[str, Any] | None, ids: list[str], new: list[dict[str, Any]], what: str
+                 ) -> dict[str, Any] | None:
+    """``vectors`` given a row per record of a put (``ids``, in order), cut to the records it writes (``new``,
+    in order: a record left as it was is not written, and its row is dropped)."""
+    if vectors is None:
+        return None
+    if not isinstance(vectors, Mapping):
+        raise VectorError(f"{what}: vectors must be a dict embedding name -> array (n, dim)")
+    if len(new) == len(ids):
+        return dict(vectors)
+    row_of = {rid: i for i, rid in enumerate(ids)}
+    rows = np.asarray([row_of[r["id"]] for r in new], dtype=np.int64)
+    out = {}
+    for name, a in vectors.items():
+        a = np.asarray(a.get() if hasattr(a, "get") else a)
+        if a.ndim != 2 or a.shape[0] != len(ids):
+            raise VectorError(f"{what}: vectors of embedding {name!r} must have shape ({len(ids)}, dim), one row "
+                              f"per record, got {a.shape}")
+        out[name] = a[rows]
+    return out
+
+
 class IndexWriter(WriteLog, MergeScheduling, Commits):
     """A memory's writer: its state, the writer's lock (``_write_lock``, re-entrant) and the commit lock
     (``_commit_lock``: the current snapshot and the id map change together under it), and every change.
@@ -283,24 +305,26 @@ class IndexWriter(WriteLog, MergeScheduling, Commits):
         return n
 
     def update(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Change existing records (matched by id), keeping what the records given do not name; atomic.
 
         See :meth:`gpuir.memory.Memory.update`.
         """
-        return self._write(records, replace, time_unit, "update", seqs)
+        return self._write(records, replace, time_unit, "update", seqs, vectors)
 
     def replace(self, records: Iterable[Mapping[str, Any]], time_unit: str | None = None) -> int:
         """Replace existing records (matched by id) by the records given, whole; atomic. See :meth:`update`."""
         return self._write(records, True, time_unit, "replace")
 
     def upsert(self, records: Iterable[Mapping[str, Any]], replace: bool = False,
-               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None) -> int:
+               time_unit: str | None = None, seqs: Sequence[int] | np.ndarray | None = None,
+               vectors: Mapping[str, Any] | None = None) -> int:
         """Update the records whose ids exist (merging, or replacing with ``replace``) and add the others; atomic.
 
         See :meth:`gpuir.memory.Memory.upsert`.
         """
-        return self._write(records, replace, time_unit, "upsert", seqs)
+        return self._write(records, replace, time_unit, "upsert", seqs, vectors)
 
     def _write(self, records: Any, replace: bool, time_unit: str | None, what: str,
                seqs: Sequence[int] | np.ndarray | None = None, vectors: Mapping[str, Any] | None = None) -> int:
@@ -327,6 +351,7 @@ class IndexWriter(WriteLog, MergeScheduling, Commits):
             new, labels, replaced, old = updates.plan(patches, current, replace)
             if not new:
                 return 0
+            vectors = _rows_of_new(vectors, ids, new, what)
             batch = normalize_records(fold_expiry(new), labels=labels)
             self._note_expiry(batch)
             rseqs = [seq_of[rid] for rid in replaced]

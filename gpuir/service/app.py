@@ -30,7 +30,10 @@ hybrid for a memory served with ``gpuir serve --ranking hybrid``; ``"ranking"``
 in the request overrides it), micro-batched with other requests
 (:mod:`gpuir.service.batcher`). ``min_score`` compares with the scores returned,
 as :meth:`gpuir.Memory.search` does: with the hybrid ranking a calibrated
-relevance, which must lie in [0, 1] (422 otherwise).
+relevance, which must lie in [0, 1] (422 otherwise). With ``config`` it is
+refused (422, :data:`CONFIG_MIN_SCORE`): a fused score has no fixed scale, and
+no configuration has a relevance calibrated held out for record hits
+(:mod:`gpuir.retrieve.relevance`).
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ class SearchRequest(BaseModel):
                                                  "default: exact BM25 (Memory.search)")
     min_score: float | None = Field(
         None, description="drop hits scoring below it: with the hybrid ranking a calibrated relevance in [0, 1] "
-                          "(0.5: as likely relevant as not), with bm25 a BM25 score, with config the fused score")
+                          "(0.5: as likely relevant as not), with bm25 a BM25 score; refused with config (a fused "
+                          "score has no fixed scale and no calibrated relevance for records)")
     ranking: Literal["bm25", "hybrid"] | None = Field(
         None, description="without config: bm25 (exact BM25) or hybrid (BM25 + MiniLM, scores a relevance in [0, 1]; "
                           "a memory served with --ranking hybrid); default: the memory's")
@@ -268,6 +272,18 @@ class Measure:
 
 
 # ---------------------------------------------------------------------- the app
+#: The 422 of a search naming both ``config`` and ``min_score``. A retriever's fused score has no fixed scale,
+#: and the only relevance calibrated held out for a configuration (:data:`gpuir.retrieve.relevance.CALIBRATED`)
+#: is the default configuration's, for sessions; the service's searches with ``config`` return records.
+CONFIG_MIN_SCORE = (
+    "min_score is not accepted with config: a retriever configuration's fused score has no fixed scale, and no "
+    "configuration has a relevance calibrated for record hits (gpuir.retrieve.relevance calibrates the default "
+    "configuration's sessions only: Retriever.search(unit='session', min_score=...) in Python). Omit min_score "
+    "and cut with k; or filter a channel's raw scores with ChannelConfig(min_score=...) in the saved "
+    "configuration; or omit config on a memory served with --ranking hybrid, whose min_score is a calibrated "
+    "relevance in [0, 1]")
+
+
 class FieldError(ValueError):
     """A request's field that cannot be honoured (a 422 naming ``field``, with ``msg`` saying what to do)."""
 
@@ -331,10 +347,15 @@ class Service:
         from ..cluster.layout import is_sharded
 
         if is_sharded(self.root):  # a directory made by ShardedMemory.create: shards on Ray (gpuir[ray])
+            from ..cluster.sharded import NO_HYBRID
+
+            if self.options.get("ranking", "bm25") != "bm25":
+                raise ValueError(f"{self.root} is a sharded memory, which cannot be served --ranking hybrid: "
+                                 f"{NO_HYBRID}. Omit --ranking (exact BM25), or serve one memory created with "
+                                 "`gpuir serve NEW_DIR --ranking hybrid`")
+            self.options.pop("ranking", None)
             from .sharded import ShardedStore
 
-            if "ranking" in self.options:
-                raise ValueError(f"{self.root} is a sharded memory, which ranks by BM25 only: omit --ranking")
             self.store = ShardedStore(self.root, **self.options)
         else:
             self.store = ServiceStore(self.root, **self.options)
@@ -364,6 +385,12 @@ class Service:
         a relevance in [0, 1] with "hybrid" (:mod:`gpuir.memory.hybrid`), a BM25 score otherwise.
         """
         ranking = self.ranking if ranking is None else ranking
+        if ranking == "hybrid" and self.store.memory.sharded:
+            from ..cluster.sharded import NO_HYBRID
+
+            raise FieldError("ranking", f"this server's memory is sharded: {NO_HYBRID}. Omit ranking (exact "
+                                        "BM25), or serve one memory created with `gpuir serve NEW_DIR --ranking "
+                                        "hybrid`")
         if ranking == "hybrid" and self.ranking != "hybrid":
             raise FieldError("ranking", "this memory stores no vectors, so it cannot rank hybrid: serve a new "
                                         "memory directory with `gpuir serve DIR --ranking hybrid`, or omit ranking "
@@ -603,6 +630,8 @@ def create_app(memory_dir: str | Path, batch_window_ms: float = 2.0, max_batch: 
         elif body.ranking is not None:
             return field_error(["ranking"], "ranking applies to searches without config (a retriever configuration "
                                             "ranks by its own channels): omit one of them")
+        elif body.min_score is not None:
+            return field_error(["min_score"], CONFIG_MIN_SCORE)
         else:
             try:
                 key = (body.config, "explain") if body.explain else body.config  # batched apart: other replies

@@ -183,7 +183,8 @@ class MemoryClient(_Base):
         min_score : float, optional
             Drop hits scoring below it, as :meth:`gpuir.Memory.search` does: with the hybrid
             ranking a calibrated relevance in [0, 1] (0.5: as likely relevant as not; outside
-            [0, 1] the server answers 422, :class:`ServiceError`), with BM25 a BM25 score.
+            [0, 1] the server answers 422, :class:`ServiceError`), with BM25 a BM25 score. Not
+            with ``config`` (422: a fused score has no calibrated scale for records).
         time_unit : {"s", "ms", "us", "ns"}, optional
             The unit of bare numbers given as times in ``where``.
         ranking : {"bm25", "hybrid"}, optional

@@ -314,7 +314,10 @@ class ServiceStore:
 
     # ------------------------------------------------------------------ per-tenant search memories
     def hybrid_embedding(self) -> str | None:
-        """The name of the shared memory's embedding that the hybrid ranking searches, or None (no vectors)."""
+        """The name of the shared memory's embedding that the hybrid ranking searches, or None (a store ranked
+        "bm25", or no vectors): the vectors a tenant's search memory is given."""
+        if self.ranking != "hybrid":
+            return None
         names = sorted(self.memory.embeddings)
         if DEFAULT_EMBEDDING in names:
             return DEFAULT_EMBEDDING
@@ -324,9 +327,9 @@ class ServiceStore:
         cfg = self.memory.config()
         bm = cfg["bm25"]
         extra: dict[str, Any] = {}
-        name = self.hybrid_embedding() if self.ranking == "hybrid" else None
+        name = self.hybrid_embedding()
         if name is not None:  # the shared memory's vectors and encoder (SharedVectors)
-            emb = self.memory._searcher._embedding(name)
+            emb = self.memory.embedding(name)
             extra = {"ranking": "hybrid", "embeddings": {name: {"encoder": SharedVectors(emb), "dtype": emb.dtype}}}
         m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
                    partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],
@@ -354,7 +357,7 @@ class ServiceStore:
                                         "be TENANT/ID, with its tenant): serve a memory the service created")
             rec["id"] = rid[len(tenant) + 1:]
             by_tenant.setdefault(tenant, []).append(rec)
-        name = self.hybrid_embedding() if self.ranking == "hybrid" else None
+        name = self.hybrid_embedding()
         for tenant, recs in by_tenant.items():
             self._tenant_memory(tenant).add(recs, time_unit="ms",  # read back: times are epoch ms
                                             vectors=self._stored_vectors(name, [internal_id(tenant, r["id"])
@@ -607,7 +610,7 @@ class ServiceStore:
             return self.write_error(e)
         try:
             if self.statistics == "tenant":  # then each tenant's search memory, in the log's order
-                name = self.hybrid_embedding() if self.ranking == "hybrid" else None
+                name = self.hybrid_embedding()
                 for op in run:
                     tm = self._tenant_memory(op.tenant)
                     if op.kind == "add":

@@ -112,10 +112,12 @@ def commit_update(store: Any, op: Any) -> None:
     if store.on_group is not None:
         store.on_group(1, time.perf_counter() - t0)
     try:
-        if store.statistics == "tenant":  # then the tenant's search memory (its own ids), as adds do
+        if store.statistics == "tenant":  # then the tenant's search memory (its own ids), as adds do, given
+            # the vectors the shared memory stores now: a changed text is encoded once, by the shared memory
             cut = len(op.tenant) + len(SEP)
+            vecs = store._stored_vectors(store.hybrid_embedding(), [r["id"] for r in new])
             store._tenant_memory(op.tenant).upsert([{**r, "id": r["id"][cut:]} for r in new], replace=True,
-                                                   time_unit="ms")
+                                                   time_unit="ms", vectors=vecs)
     except BaseException as e:  # noqa: BLE001 - checked above, so an internal failure: stop writing
         op.future.set_exception(store._fail(e))
         return

@@ -100,6 +100,23 @@ class StrArray(Sequence):
             raise IndexError(f"string {i} out of range [0, {len(self)})")
         return self._bytes_of(int(self.offsets[i]), int(self.offsets[i + 1])).tobytes().decode("utf-8")
 
+    def get_many(self, rows: np.ndarray) -> list[str]:
+        """The strings at ``rows`` (ndarray (m,), int, each in [0, n)), in that order: ``[self[r] for r in rows]``
+        with two array reads for all of them instead of several NumPy calls per string (a search's hits)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= len(self)):
+            raise IndexError(f"a row of {rows.tolist()} is out of range [0, {len(self)})")
+        a = self.offsets[rows].tolist()
+        b = self.offsets[rows + 1].tolist()
+        ch = self._chunks
+        if ch is None:
+            data = self.data
+            return [data[x:y].tobytes().decode("utf-8") for x, y in zip(a, b)]
+        starts, parts = ch
+        cs = np.minimum(np.searchsorted(starts, np.asarray(a, np.int64), side="right") - 1, len(parts) - 1).tolist()
+        s0 = starts.tolist()
+        return [parts[c][x - s0[c]: y - s0[c]].tobytes().decode("utf-8") for c, x, y in zip(cs, a, b)]
+
     def tolist(self) -> list[str]:
         n = len(self)
         if n == 0:

@@ -110,12 +110,18 @@ class StrArray(Sequence):
         b = self.offsets[rows + 1].tolist()
         ch = self._chunks
         if ch is None:
-            data = self.data
-            return [data[x:y].tobytes().decode("utf-8") for x, y in zip(a, b)]
+            mv = memoryview(self.data)  # (a memoryview's slice decodes without a NumPy view per string)
+            return [str(mv[x:y], "utf-8") for x, y in zip(a, b)]
         starts, parts = ch
-        cs = np.minimum(np.searchsorted(starts, np.asarray(a, np.int64), side="right") - 1, len(parts) - 1).tolist()
-        s0 = starts.tolist()
-        return [parts[c][x - s0[c]: y - s0[c]].tobytes().decode("utf-8") for c, x, y in zip(cs, a, b)]
+        c_arr = np.minimum(np.searchsorted(starts, np.asarray(a, np.int64), side="right") - 1, len(parts) - 1)
+        mvs: dict[int, memoryview] = {}
+        out = []
+        for c, s0, x, y in zip(c_arr.tolist(), starts[c_arr].tolist(), a, b):
+            m = mvs.get(c)
+            if m is None:
+                m = mvs[c] = memoryview(parts[c])
+            out.append(str(m[x - s0: y - s0], "utf-8"))
+        return out
 
     def tolist(self) -> list[str]:
         n = len(self)

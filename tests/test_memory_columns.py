@@ -82,3 +82,22 @@ def test_a_segments_records_are_its_record_of_each_row():
     vis, rows = [pairs[j][0] for j in order], [pairs[j][1] for j in order]
     assert snap.records(vis, rows) == [snap.record(a, b) for a, b in zip(vis, rows)]
     mem.close()
+
+
+def test_a_record_with_every_field_lists_them_in_record_fields_order():
+    """make_record builds its dict in RECORD_FIELDS order (no reordering pass): a record holding every field,
+    expiry and record times included, comes back with its keys in exactly that order."""
+    from gpuir import Memory
+    from gpuir.memory.records import RECORD_FIELDS
+
+    mem = Memory(record_times=True) if "record_times" in Memory.__init__.__code__.co_varnames else Memory()
+    rec = {"id": "a", "text": "every field", "session": "s", "role": "user", "agent": "ag", "tenant": "t",
+           "time": "2024-05-01T10:00:00+00:00", "importance": 0.5, "type": "fact", "metadata": {"k": 1},
+           "expires_at": "2999-01-01T00:00:00+00:00"}
+    mem.add([rec])
+    got = mem.get(["a"])[0]
+    assert [f for f in RECORD_FIELDS if f in got] == list(got), list(got)
+    assert set(rec) <= set(got) and {"created_at", "updated_at"} <= set(got)
+    hit = mem.search("every field", k=1, where={"tenant": "t"}).hits(0)[0]
+    assert [f for f in ("id", "score") + RECORD_FIELDS[1:] if f in hit] == list(hit), list(hit)
+    mem.close()

@@ -105,7 +105,7 @@ class StrArray(Sequence):
         with two array reads for all of them instead of several NumPy calls per string (a search's hits)."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= len(self)):
-            raise IndexError(f"a row of {rows.tolist()} is out of range [0, {len(self)})")
+            raise IndexError(f"rows {int(rows.min())}..{int(rows.max())} out of range [0, {len(self)})")
         a = self.offsets[rows].tolist()
         b = self.offsets[rows + 1].tolist()
         ch = self._chunks

@@ -259,8 +259,6 @@ _CREATED, _UPDATED = STAMP_FIELDS["created_at"], STAMP_FIELDS["updated_at"]
 #: ``importance``), and the fields kept beside the metadata, in that order (see :func:`make_record`).
 _LEADING_STRINGS = tuple(f for f in STRING_FIELDS if RECORD_FIELDS.index(f) < RECORD_FIELDS.index("time"))
 _META_FIELDS = (("expires_at", EXPIRES_KEY), *STAMP_FIELDS.items())
-assert (("id", "text") + _LEADING_STRINGS + ("time", "importance", "type", "metadata")
-        + tuple(f for f, _ in _META_FIELDS)) == RECORD_FIELDS and set(_LEADING_STRINGS) | {"type"} == set(STRING_FIELDS)
 _KNOWN_STORED = frozenset(FIELDS) | frozenset(STAMP_FIELDS)
 
 

@@ -321,11 +321,8 @@ class Segment:
         each column read once for all of them (a search's k hits cost a few array reads, not a few per hit)."""
         rows = np.asarray(rows, dtype=np.int64)
         codes = self.codes
-        cols = []
-        for f in STRING_FIELDS:
-            vals = dicts[f].values
-            cols.append([None if c < 0 else vals[c] for c in codes[f][rows].tolist()])
-        strings = [dict(zip(STRING_FIELDS, got)) for got in zip(*cols)] if cols else [{}] * rows.size
+        cols = [[None if c < 0 else dicts[f].values[c] for c in codes[f][rows].tolist()] for f in STRING_FIELDS]
+        strings = [dict(zip(STRING_FIELDS, got)) for got in zip(*cols)]
         return [make_record(*a) for a in zip(self.ids.get_many(rows), self.texts.get_many(rows), strings,
                                               self.time[rows].tolist(), self.importance[rows].tolist(),
                                               self.meta.get_many(rows))]

@@ -315,7 +315,9 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                "--checkpoint-every", str(args.checkpoint_every)]
     if args.shards:
         options += ["--statistics", "pooled"]  # a sharded memory's statistics are global (gpuir.service.sharded)
-    server = ServerProcess(root, options).start(timeout=args.timeout)
+    launcher = (["taskset", "-c", args.server_cpus, sys.executable, "-m", "gpuir.service"] if args.server_cpus
+                else None)  # (the restart after the kill reuses it: the server stays on its cores)
+    server = ServerProcess(root, options, launcher=launcher).start(timeout=args.timeout)
     out: dict[str, Any] = {}
     bar = tqdm(total=run.total_steps, unit="step", desc="agents", mininterval=1, disable=True if args.no_progress else None)
     tls = ssl.create_default_context()  # unused on http://, but httpx builds one per client unless given
@@ -378,7 +380,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                 cpu["server_s"] += server_cpu(server) - s0
                 await asyncio.to_thread(server.kill9)
                 t_restart0 = time.perf_counter()
-                server2 = ServerProcess(root, server.options, log=server.log)
+                server2 = ServerProcess(root, server.options, log=server.log, launcher=server.launcher)
                 await asyncio.to_thread(server2.start, args.timeout)
                 t_up = time.perf_counter()
                 if server2.port != server.port:  # the clients share one base URL: point them at the new port
@@ -583,7 +585,15 @@ def main(argv=None) -> int:
                    help="the memory inspector page open and polling every second during the run; both: runs "
                         "without and with it, alternately, --repeat times each (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each kind with --page both (default: %(default)s)")
+    p.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset's list, e.g. 0); "
+                                                      "default: where this process runs")
+    p.add_argument("--client-cpus", default=None, help="pin this process (the agents' load, and the browser it "
+                                                      "starts) to these CPUs (e.g. 1): with --server-cpus, the "
+                                                      "page's browser does not take the server's core")
     args = p.parse_args(argv)
+    if args.client_cpus:
+        os.sched_setaffinity(0, {int(c) for part in args.client_cpus.split(",") for c in (
+            range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))})
     if args.page == "both":
         return _page_both(args, argv)
     args.page_open = args.page == "on"
@@ -661,6 +671,7 @@ def _page_both(args, argv) -> int:
     out = {"runs": runs, "median": med,
            "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},
            "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
+                        "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
                         "connections": args.connections or "one per agent", "think_ms": args.think_ms},
            "machine": {"host": socket.gethostname(), **machine_info()},
            "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -100,6 +100,29 @@ class StrArray(Sequence):
             raise IndexError(f"string {i} out of range [0, {len(self)})")
         return self._bytes_of(int(self.offsets[i]), int(self.offsets[i + 1])).tobytes().decode("utf-8")
 
+    def get_many(self, rows: np.ndarray) -> list[str]:
+        """The strings at ``rows`` (ndarray (m,), int, each in [0, n)), in that order: ``[self[r] for r in rows]``
+        with two array reads for all of them instead of several NumPy calls per string (a search's hits)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= len(self)):
+            raise IndexError(f"rows {int(rows.min())}..{int(rows.max())} out of range [0, {len(self)})")
+        a = self.offsets[rows].tolist()
+        b = self.offsets[rows + 1].tolist()
+        ch = self._chunks
+        if ch is None:
+            mv = memoryview(self.data)  # (a memoryview's slice decodes without a NumPy view per string)
+            return [str(mv[x:y], "utf-8") for x, y in zip(a, b)]
+        starts, parts = ch
+        c_arr = np.minimum(np.searchsorted(starts, np.asarray(a, np.int64), side="right") - 1, len(parts) - 1)
+        mvs: dict[int, memoryview] = {}
+        out = []
+        for c, s0, x, y in zip(c_arr.tolist(), starts[c_arr].tolist(), a, b):
+            m = mvs.get(c)
+            if m is None:
+                m = mvs[c] = memoryview(parts[c])
+            out.append(str(m[x - s0: y - s0], "utf-8"))
+        return out
+
     def tolist(self) -> list[str]:
         n = len(self)
         if n == 0:

@@ -206,12 +206,12 @@ def list_page(snap: Snapshot, where: Where | None, fp: str, order_by: str = "seq
     take = order[: int(limit)]
     tenant = where.tenant if where is not None else None
     want = snap.dicts["tenant"].lookup(tenant) if tenant is not None else None
-    recs = []
-    for vi, r in zip(vis[take].tolist(), rows[take].tolist()):
+    t_vis, t_rows = vis[take].tolist(), rows[take].tolist()
+    for vi, r in zip(t_vis, t_rows):
         if want is not None and int(snap.views[vi].seg.codes["tenant"][r]) != want:
             raise RuntimeError(f"internal error: a listing confined to tenant {tenant!r} found another tenant's "
                                "record; refusing to return it")
-        recs.append(public_record(snap.record(vi, r)))
+    recs = [public_record(rec) for rec in snap.records(t_vis, t_rows)]
     nxt = None
     if order.size > take.size:
         last = int(take[-1])

@@ -255,6 +255,10 @@ def id_list(ids: Iterable[str], what: str) -> list[str]:
 
 
 _CREATED, _UPDATED = STAMP_FIELDS["created_at"], STAMP_FIELDS["updated_at"]
+#: The string fields that come before ``time`` in :data:`RECORD_FIELDS` (``type`` comes after
+#: ``importance``), and the fields kept beside the metadata, in that order (see :func:`make_record`).
+_LEADING_STRINGS = tuple(f for f in STRING_FIELDS if RECORD_FIELDS.index(f) < RECORD_FIELDS.index("time"))
+_META_FIELDS = (("expires_at", EXPIRES_KEY), *STAMP_FIELDS.items())
 _KNOWN_STORED = frozenset(FIELDS) | frozenset(STAMP_FIELDS)
 
 
@@ -266,27 +270,29 @@ _STAMPS_JSON = '{"\\u0000created_at":%d,"\\u0000updated_at":%d}'
 def make_record(
     rid: str, text: str, strings: Mapping[str, str | None], time_ms: int, importance: float, meta: str
 ) -> dict[str, Any]:
-    """A record dict in the output form from its stored columns (absent fields left out)."""
+    """A record dict in the output form from its stored columns (absent fields left out), its keys in the
+    order of :data:`RECORD_FIELDS` (built in that order: a search's every hit is made here)."""
     out: dict[str, Any] = {"id": rid, "text": text}
-    for f in STRING_FIELDS:
-        v = strings.get(f)
+    get = strings.get
+    for f in _LEADING_STRINGS:
+        v = get(f)
         if v is not None:
             out[f] = v
     if time_ms != MISSING_TIME:
         out["time"] = int(time_ms)
     if not math.isnan(importance):
         out["importance"] = float(importance)
+    v = get("type")
+    if v is not None:
+        out["type"] = v
     if meta:
         obj = json.loads(meta)
-        if EXPIRES_KEY in obj:  # expires_at is kept beside the metadata (gpuir.memory.expiry)
-            out["expires_at"] = obj.pop(EXPIRES_KEY)
-        for f, key in STAMP_FIELDS.items():  # so are created_at and updated_at (gpuir.memory.stamps)
-            if key in obj:
-                out[f] = obj.pop(key)
+        # expires_at, created_at and updated_at are kept beside the metadata (gpuir.memory.expiry, .stamps)
+        tail = [(f, obj.pop(key)) for f, key in _META_FIELDS if key in obj]
         if obj:
             out["metadata"] = obj
-    # output order: RECORD_FIELDS
-    return {f: out[f] for f in RECORD_FIELDS if f in out}
+        out.update(tail)
+    return out
 
 
 def _name(where: str, rec: Any) -> str:

@@ -348,8 +348,9 @@ class MemoryResults:
         from .timeutil import public_record
 
         ok = self.seqs[i] >= 0
+        recs = self.snapshot.records(self.vidx[i][ok].tolist(), self.rows[i][ok].tolist())
         out = []
-        for v, r, s in zip(self.vidx[i][ok].tolist(), self.rows[i][ok].tolist(), self.scores[i][ok].tolist()):
-            rec = public_record(self.snapshot.record(v, r))
+        for rec, s in zip(recs, self.scores[i][ok].tolist()):
+            rec = public_record(rec)
             out.append({"id": rec.pop("id"), "score": float(s), **rec})
         return out

@@ -82,7 +82,9 @@ class SnapshotSearcher:
                 vi = pos_of[id(v)]
                 for r in rows.tolist():
                     where[int(v.seg.seqs[r])] = (vi, r)
-        recs = [None if s is None else snap.record(*where[s]) for s in seq_of]
+        found = [where[s] for s in seq_of if s is not None]
+        got = iter(snap.records([v for v, _ in found], [r for _, r in found]))
+        recs = [None if s is None else next(got) for s in seq_of]
         now = now_ms()
         recs = [None if r is None or r.get("expires_at", now + 1) <= now else r for r in recs]
         unknown = [i for i, r in zip(ids, recs) if r is None]

@@ -15,6 +15,7 @@ an index built over those records.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,19 @@ class Snapshot:
 
     def record(self, vi: int, row: int) -> dict:
         return self.views[vi].seg.record(row, self.dicts)
+
+    def records(self, vis: Sequence[int], rows: Sequence[int]) -> list[dict]:
+        """The records at (view position, row) pairs, in that order: :meth:`record` of each, fetched segment
+        by segment (:meth:`gpuir.memory.segments.Segment.records`)."""
+        out: list[dict] = [None] * len(rows)  # type: ignore[list-item]
+        by_view: dict[int, list[int]] = {}
+        for j, v in enumerate(vis):
+            by_view.setdefault(int(v), []).append(j)
+        for v, js in by_view.items():
+            got = self.views[v].seg.records(np.fromiter((rows[j] for j in js), np.int64, len(js)), self.dicts)
+            for j, rec in zip(js, got):
+                out[j] = rec
+        return out
 
     # ------------------------------------------------------------------ columns by sequence number
     def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

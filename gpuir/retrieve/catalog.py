@@ -239,7 +239,7 @@ class Catalog:
             self._type_code[new] = codes
         if self.records is not self.memory:
             vi, rows = snap.locate(new)
-            copies = [snap.record(a, b) for a, b in zip(vi.tolist(), rows.tolist())]
+            copies = snap.records(vi.tolist(), rows.tolist())
             if self._enrich_fn is not None:
                 copies = [{**rec, "text": self._enrich_fn(rec["text"])} for rec in copies]
             self.records.add(copies, time_unit="ms")  # read back from the memory: times in epoch ms

@@ -73,7 +73,7 @@ def test_created_and_updated_times_come_back_and_an_update_moves_only_updated_at
 
 
 def test_without_record_times_records_are_as_before():
-    m = Memory()
+    m = Memory(record_times=False)
     m.add([{"id": "a", "text": "plain"}])
     assert m.get(["a"])[0] == {"id": "a", "text": "plain"}
     assert m.update([{"id": "a", "text": "plain"}]) == 0 and m.update([{"id": "a", "text": "new"}]) == 1

@@ -93,3 +93,14 @@ def random_corpus(n_docs: int, vocab: int, seed: int, max_len: int = 30) -> list
     p = 1.0 / np.arange(1, vocab + 1)
     p /= p.sum()
     return [" ".join(rng.choice(words, size=rng.integers(0, max_len), p=p)) for _ in range(n_docs)]
+
+
+def without_times(rec, required: bool = True):
+    """A record (dict, or None) without the ``created_at`` / ``updated_at`` a memory keeps by default (checked
+    present and ISO 8601 first, unless not ``required``: a sharded memory keeps none): for tests of a record's
+    other fields."""
+    if rec is None:
+        return None
+    if required:
+        assert isinstance(rec.get("created_at"), str) and isinstance(rec.get("updated_at"), str), rec
+    return {k: v for k, v in rec.items() if k not in ("created_at", "updated_at")}

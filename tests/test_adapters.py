@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import without_times
 
 from gpuir import Memory
 from gpuir.adapters import as_backend, hit_metadata
@@ -193,6 +194,9 @@ def test_mcp_revise_and_browse_keep_fields_and_the_tenant():
             r = await c.call_tool("browse", {"limit": 1})
             page = r.structured_content
             assert [x["id"] for x in page["records"]] == ["a2"] and page["cursor"]
+            assert page["records"][0]["created_at"] == m.get(["ann/a2"])[0]["created_at"], "with the record's times"
+            r = await c.call_tool("recall", {"query": "later note"})
+            assert r.structured_content["hits"][0]["updated_at"] == page["records"][0]["updated_at"]
             r = await c.call_tool("browse", {"limit": 5, "where": {"tenant": "bob"}})
             assert r.is_error and "another tenant" in r.content[0].text, "a where naming another tenant is refused"
             r = await c.call_tool("browse", {"limit": 5, "where": {"tenant": "ann"}})
@@ -201,8 +205,10 @@ def test_mcp_revise_and_browse_keep_fields_and_the_tenant():
             assert [x["id"] for x in r.structured_content["records"]] == ["a1"]
 
     anyio.run(go)
-    assert m.get(["a1"])[0] == {"id": "a1", "text": "Rex loves the park", "session": "s1", "tenant": "ann",
-                                "time": "2024-01-01T00:00:00+00:00", "metadata": {"speaker": "Ann"}}
+    a1 = m.get(["a1"])[0]
+    assert without_times(a1) == {"id": "a1", "text": "Rex loves the park", "session": "s1", "tenant": "ann",
+                                 "time": "2024-01-01T00:00:00+00:00", "metadata": {"speaker": "Ann"}}
+    assert a1["updated_at"] >= a1["created_at"], "the memory's own times: revise moved updated_at"
     assert m.get(["b1"])[0]["text"] == "Bob's note"
 
 

@@ -28,7 +28,7 @@ def test_cupy_shards_on_the_kernel_model_equal_one_memory(tmp_path, monkeypatch,
 
     rng = np.random.default_rng(24)
     recs = records(240, rng)
-    one = Memory(partition_days=14)
+    one = Memory(record_times=False, partition_days=14)
     sm, _ = in_process(tmp_path, monkeypatch, 2, route, backend="cupy", partition_days=14)
     from gpuir.backends import cupy_segments as cs
 

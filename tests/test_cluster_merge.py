@@ -191,7 +191,7 @@ def same(one, sm, queries, **kw):
 def test_query_then_fetch_over_in_process_shards_equals_one_memory(tmp_path, monkeypatch, route):
     rng = np.random.default_rng(len(route))
     recs = records(400, rng)
-    one = Memory(partition_days=7)
+    one = Memory(record_times=False, partition_days=7)
     sm, calls = in_process(tmp_path, monkeypatch, 3, route, partition_days=7)
     try:
         qs = ["walk lake", "paint group support", "dog", "music trip camp book", "nothing here"]
@@ -260,7 +260,7 @@ def test_a_write_that_keeps_n_and_length_still_changes_the_scores(tmp_path, monk
     were, the df are not; the shards' searches must use the new state's statistics (a new version)."""
     sm, _ = in_process(tmp_path, monkeypatch, 2, "id")
     assert [shard_of(f"r{i}", 2) for i in (1, 2, 3, 4, 5, 9)] == [1, 0, 1, 1, 1, 0]
-    one = Memory()
+    one = Memory(record_times=False)
     recs = [{"id": f"r{i}", "text": t} for i, t in enumerate(
         ["walk lake", "walk dog", "lake camp", "music book", "dog trip", "walk camp"])]
     try:
@@ -283,7 +283,7 @@ def test_a_listing_over_several_shards_equals_one_memory(tmp_path, monkeypatch, 
     (cursors interchangeable), in every order and direction; bad arguments refused as one Memory refuses them."""
     rng = np.random.default_rng(11)
     recs = records(300, rng)
-    one = Memory()
+    one = Memory(record_times=False)
     sm, calls = in_process(tmp_path, monkeypatch, 3, route)
     try:
         sm.add(recs)

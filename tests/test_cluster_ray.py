@@ -106,7 +106,7 @@ def test_every_search_equals_one_memory(rt, tmp_path, records, questions, method
     queries, convs = questions
     # 4-week partitions: fewer segments to search on two busy cores (the equality holds for any settings)
     opts = {"method": method, "partition_days": 28}
-    one = Memory(**opts)
+    one = Memory(record_times=False, **opts)
     sm = ShardedMemory.create(tmp_path / "sm", shards=2, route=route, **opts)
     try:
         for i in range(0, len(records), 2000):
@@ -229,7 +229,7 @@ def test_sigkill_during_a_write_stream_loses_no_acknowledged_record(rt, tmp_path
         assert [g["text"] for g in got] == [r["text"] for r in acked]
         for r in acked[::60]:  # ... and searchable
             assert sm.search(r["text"], k=1, where={"id": r["id"]}).ids(0) == [r["id"]]
-        one = Memory()
+        one = Memory(record_times=False)
         one.add(acked)
         assert len(sm) == len(one)
         assert_same(one, sm, [r["text"] for r in acked[::40]], k=10)
@@ -264,7 +264,7 @@ def test_a_sigkilled_shard_replays_its_memory_log(rt, tmp_path, records):
         info = sm.info()["shard_list"]
         assert not {s["pid"] for s in info} & set(pids)
         assert sum(s["replayed_operations"] for s in info) >= 11  # replayed from the memories' logs
-        one = Memory()
+        one = Memory(record_times=False)
         one.add(acked)
         one.delete([r["id"] for r in acked[:5]])
         assert len(sm) == len(one)
@@ -276,7 +276,7 @@ def test_a_sigkilled_shard_replays_its_memory_log(rt, tmp_path, records):
 @pytest.mark.parametrize("fault", ["kill_after_log", "kill_after_apply"])
 def test_a_shard_killed_inside_a_write_counts_it_once(rt, tmp_path, records, fault):
     sm = ShardedMemory.create(tmp_path / "sm", shards=2, route="tenant")
-    one = Memory()
+    one = Memory(record_times=False)
     try:
         sm.add(records[:500])
         one.add(records[:500])
@@ -309,7 +309,7 @@ def test_open_in_a_new_runtime(rt, tmp_path, records, questions, saved):
     queries, convs = questions
     path = tmp_path / "sm"
     sm = ShardedMemory.create(path, shards=2, route="tenant", method="bm25+")
-    one = Memory(method="bm25+")
+    one = Memory(record_times=False, method="bm25+")
     for i in range(0, 2500, 500):
         sm.add(records[i:i + 500])
         one.add(records[i:i + 500])

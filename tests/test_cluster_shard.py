@@ -58,7 +58,7 @@ class Parts:
     """Records split over several memories by a hash of their id, numbered in one global add order."""
 
     def __init__(self, n: int, route: str = "id", **options):
-        self.mems = [Memory(**options) for _ in range(n)]
+        self.mems = [Memory(**options, record_times=False) for _ in range(n)]  # (as a sharded memory's)
         self.route = route
         self.next = 0
         self.where_is: dict[str, int] = {}
@@ -112,7 +112,7 @@ def same(one: Memory, parts: Parts, queries, k, **kw) -> bool:
 @pytest.mark.parametrize("method", METHODS)
 def test_parts_under_global_statistics_equal_one_memory(method, route):
     recs = corpus(600)
-    one, parts = Memory(method=method), Parts(3, route=route, method=method)
+    one, parts = Memory(record_times=False, method=method), Parts(3, route=route, method=method)
     for i in range(0, 600, 150):
         one.add(recs[i:i + 150])
         parts.add(recs[i:i + 150])
@@ -138,7 +138,7 @@ def test_parts_under_global_statistics_equal_one_memory(method, route):
 
 def test_absent_term_counts_in_the_constant():
     """bm25l/bm25+: a query term a part never saw still adds its w0 to every candidate there (as one memory)."""
-    one, parts = Memory(method="bm25l"), Parts(2, method="bm25l")
+    one, parts = Memory(record_times=False, method="bm25l"), Parts(2, method="bm25l")
     recs = [{"id": "x1", "text": "alpha"}, {"id": "x2", "text": "beta"}, {"id": "x3", "text": "alpha alpha"}]
     one.add(recs)
     parts.add(recs)
@@ -215,7 +215,7 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
     crash(s)  # the log is folded: the last write id comes from the memory's manifest
     s = ShardServer(tmp_path / "s0", 0)
     assert s.replayed == 0 and s.last_wid == 3 and s.write(p2) == {"replayed": True}
-    one = Memory(method="bm25+")
+    one = Memory(record_times=False, method="bm25+")
     one.add(recs)
     one.delete(["r00001", "r00002"])
     got = s.memory.search(QUERIES, k=20, backend="numpy")
@@ -419,7 +419,7 @@ def test_an_older_shard_log_is_replayed_once_then_retired(tmp_path, monkeypatch)
     crash(s)
     s = ShardServer(d, 0)  # replays its memory's log only: the old log is applied once
     assert s.last_wid == 5 and len(s.memory) == 30 and s.replayed == 1
-    one = Memory(method="bm25+")
+    one = Memory(record_times=False, method="bm25+")
     one.add(corpus(31))
     one.delete(["r00001"])
     got, want = s.memory.search(QUERIES, k=10, backend="numpy"), one.search(QUERIES, k=10, backend="numpy")

@@ -234,3 +234,43 @@ def test_search_is_the_memorys_own_hybrid_ranking():
             face.search("puppy", user_id="a", threshold=bad)
     with pytest.raises(TypeError, match="alpha"):
         Memory(encoder=enc, alpha=0.5)  # no fusion settings of its own
+
+
+def test_created_and_updated_at_are_the_records_own_times():
+    """mem0 returns created_at / updated_at on every memory: the face gives the times gpuir.Memory keeps
+    (its default), updated_at None until the memory changes (as mem0's), and filters on them."""
+    import time
+
+    m = Memory(hybrid=False)
+    assert m.memory.config()["record_times"] is True
+    mid = m.add("I moved to Berlin", user_id="alice")["results"][0]["id"]
+    rec = m.memory.get([mid])[0]
+    got = m.get(mid)
+    assert got["created_at"] == rec["created_at"] and got["updated_at"] is None, "as mem0: None until changed"
+    assert "_mem0_updated_at" not in (rec.get("metadata") or {}), "the memory keeps the time, not the metadata"
+    time.sleep(0.005)
+    m.update(mid, data="I moved to Munich")
+    rec2, got2 = m.memory.get([mid])[0], m.get(mid)
+    assert got2["created_at"] == got["created_at"] and got2["updated_at"] == rec2["updated_at"] > got["created_at"]
+    hit = m.search("Munich", filters={"user_id": "alice"})["results"][0]
+    assert (hit["created_at"], hit["updated_at"]) == (got2["created_at"], got2["updated_at"])
+    assert m.get_all(filters={"user_id": "alice"})["results"][0]["updated_at"] == got2["updated_at"]
+    m.add("I like tea", user_id="alice")
+    after = {"user_id": "alice", "updated_at": {"gt": got["created_at"]}}
+    assert sorted(r["memory"] for r in m.get_all(filters=after)["results"]) == ["I like tea", "I moved to Munich"]
+    newer = {"user_id": "alice", "created_at": {"gt": got["created_at"]}}
+    assert [r["memory"] for r in m.get_all(filters=newer)["results"]] == ["I like tea"]
+
+
+def test_over_a_memory_without_record_times_the_older_mapping_stays():
+    import gpuir
+
+    m = Memory(memory=gpuir.Memory(record_times=False), hybrid=False)
+    mid = m.add("I moved to Berlin", user_id="alice")["results"][0]["id"]
+    got = m.get(mid)
+    assert got["created_at"] == m.memory.get([mid])[0]["time"] and got["updated_at"] is None
+    m.update(mid, data="I moved to Munich")
+    got2 = m.get(mid)
+    assert got2["created_at"] == got["created_at"] and got2["updated_at"] is not None
+    assert "_mem0_updated_at" not in (got2["metadata"] or {}), "hidden from results"
+    assert len(m.get_all(filters={"user_id": "alice", "created_at": {"gte": got["created_at"]}})["results"]) == 1

@@ -93,6 +93,26 @@ def test_add_again_delete_and_info(mem_dir, tmp_path, capsys):
     assert info["records"] == 3 and info["tenants"] == 3 and info["partition_days"] == 30
 
 
+def test_record_times_kept_by_default_and_no_record_times_on_creation(mem_dir, tmp_path, capsys):
+    code, out, _ = _run(capsys, "memory", "info", mem_dir)
+    assert code == 0 and "record times created_at / updated_at kept" in out
+    code, out, _ = _run(capsys, "memory", "get", mem_dir, "c1")
+    assert code == 0 and "created_at" in json.loads(out) and "updated_at" in json.loads(out)
+    code, out, _ = _run(capsys, "memory", "list", mem_dir, "--order-by", "created_at", "--descending")
+    assert code == 0 and len([json.loads(x) for x in out.splitlines() if x.strip()]) >= 1
+    code, _, err = _run(capsys, "memory", "add", mem_dir, _jsonl(tmp_path / "x.jsonl", [{"id": "z", "text": "z"}]),
+                        "--no-record-times")
+    assert code == 2 and "--no-record-times (the memory keeps record times)" in err
+    plain = tmp_path / "plain"
+    assert _run(capsys, "memory", "add", plain, _jsonl(tmp_path / "p.jsonl", RECORDS), "--no-record-times")[0] == 0
+    with Memory.open(plain, writer=False) as m:
+        assert m.config()["record_times"] is False and "created_at" not in m.get(["c1"])[0]
+    code, out, _ = _run(capsys, "memory", "info", plain)
+    assert code == 0 and "record times none kept" in out
+    assert _run(capsys, "memory", "add", plain, _jsonl(tmp_path / "q.jsonl", [{"id": "q", "text": "q"}]),
+                "--no-record-times")[0] == 0, "naming the memory's own setting is no clash"
+
+
 @pytest.mark.parametrize("rows, message", [
     (['{"id": "x1", "text": "ok"}', '{"id": "x2", "text": 5}'], "line 2 (id 'x2'): 'text' must be a string, got int"),
     (['{"id": "x1", "text": "ok"}', "{not json"], "line 2: invalid JSON"),

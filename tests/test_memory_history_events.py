@@ -9,13 +9,15 @@ import uuid
 
 import pytest
 
-from gpuir.memory import Memory, RecordError, WhereError
+from gpuir.memory import Memory, RecordError, WhereError, stamps
 from gpuir.memory.intake import canonical_records, to_batch
 from gpuir.memory.records import format_time
 from gpuir.memory.stamps import uuid7
 
 
-def test_uuid7_is_a_version_7_uuid_of_the_time_and_ordered():
+def test_uuid7_is_a_version_7_uuid_of_the_time_and_ordered(monkeypatch):
+    # a fresh clock state: an id made earlier in this process (at today's time) would hold the 2024 ms below back
+    monkeypatch.setattr(stamps, "_last", [0, 0])
     ms = 1_717_171_717_171
     u = uuid.UUID(uuid7(ms))
     assert u.version == 7 and u.variant == uuid.RFC_4122
@@ -73,7 +75,7 @@ def test_created_and_updated_times_come_back_and_an_update_moves_only_updated_at
 
 
 def test_without_record_times_records_are_as_before():
-    m = Memory()
+    m = Memory(record_times=False)
     m.add([{"id": "a", "text": "plain"}])
     assert m.get(["a"])[0] == {"id": "a", "text": "plain"}
     assert m.update([{"id": "a", "text": "plain"}]) == 0 and m.update([{"id": "a", "text": "new"}]) == 1

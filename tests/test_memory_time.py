@@ -9,6 +9,7 @@ from datetime import date, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from _helpers import without_times
 from _memory_oracle import Model, assert_same, random_query, random_record
 
 from gpuir import Memory
@@ -58,9 +59,12 @@ def test_times_come_back_as_iso_8601_everywhere(tmp_path):
     m = Memory()
     m.add([{"id": "a", "text": "alpha", "time": 1715176560.123, "expires_at": 4102444800}], time_unit="s")
     want = {"id": "a", "text": "alpha", "time": "2024-05-08T13:56:00.123+00:00", "expires_at": "2100-01-01T00:00:00+00:00"}
-    assert m.get(["a"])[0] == want
+    assert without_times(m.get(["a"])[0]) == want
+    want = m.get(["a"])[0]  # with created_at and updated_at, the memory's own times: ISO 8601 too
+    assert want["created_at"].endswith("+00:00") and want["updated_at"] == want["created_at"]
     hit = m.search("alpha").hits(0)[0]
     assert hit["time"] == want["time"] and hit["expires_at"] == want["expires_at"]
+    assert hit["created_at"] == want["created_at"]
     assert m.list().records == [want]
     # what comes back goes back in unchanged (no unit needed): the same instant, to the millisecond
     m2 = Memory()

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from _helpers import without_times
+
 from gpuir.memory import Memory
 from gpuir.service.client import MemoryClient, ServiceError
 from gpuir.service.keys import KeyStore
@@ -40,7 +42,15 @@ def test_patch_put_list_count_history_export(served, tmp_path):
         before = a.get("t2")
         # PATCH: only the text changes; the tenant, session, time and metadata stay
         assert a.update({"id": "t2", "text": "Melanie painted a sunset"}) == 1
-        assert a.get("t2") == {**before, "text": "Melanie painted a sunset"}
+        after = a.get("t2")
+        assert without_times(after) == {**without_times(before), "text": "Melanie painted a sunset"}
+        # the record's times (the memory keeps them by default): created_at stays, updated_at moves
+        assert after["created_at"] == before["created_at"] and after["updated_at"] >= before["updated_at"]
+        assert a.search("sunset")[0][0]["created_at"] == before["created_at"], "hits carry them"
+        pages = [a.list(order_by=o).records for o in ("created_at", "updated_at")]
+        assert sorted(r["id"] for r in pages[0]) == ["t2", "x1"] and [r["id"] for r in pages[1]][-1] == "t2"
+        assert a.count(where={"created_at": {"lte": before["created_at"]}}) == 2, "both added by one request"
+        assert a.count(where={"updated_at": {"gt": before["updated_at"]}}) == 1
         hits = a.search("sunset", where={"session": "S1", "metadata.speaker": "Melanie"})[0]
         assert [h["id"] for h in hits] == ["t2"] and hits[0]["tenant"] == "alice"
         r = httpx.patch(srv.url + "/v1/tenants/alice/records/t2", json={"metadata": {"mood": None, "year": 2023}},
@@ -49,7 +59,8 @@ def test_patch_put_list_count_history_export(served, tmp_path):
         assert b.get("t2")["text"] == "bob's own t2", "tenants are walls: bob's t2 is another record"
         # PUT replaces (or creates)
         assert a.update({"id": "t2", "text": "whole new"}, replace=True) == 1
-        assert a.get("t2") == {"id": "t2", "text": "whole new", "tenant": "alice"}
+        assert without_times(a.get("t2")) == {"id": "t2", "text": "whole new", "tenant": "alice"}
+        assert a.get("t2")["created_at"] == before["created_at"], "a replace keeps created_at"
         assert a.upsert({"id": "n9", "text": "created by upsert"}) == 1 and a.get("n9")["text"] == "created by upsert"
         assert [h["text"] for h in a.history("t2")] == ["Melanie painted a sunrise over the lake",
                                                         "Melanie painted a sunset", "Melanie painted a sunset"]

@@ -15,6 +15,7 @@ import pytest
 
 from gpuir import Memory
 from gpuir.memory.records import MISSING_TIME
+from gpuir.memory.stamps import STAMP_FIELDS
 
 DAY = 86_400_000
 
@@ -64,7 +65,10 @@ def test_columns_by_seq_equal_the_records():
             for f in ("session", "tenant"):
                 assert snap.strings(f, asked) == [None if r is None else r.get(f) for r in recs]
             meta = [None if s is None else (json.loads(s) if s else {}) for s in snap.strings("metadata", asked)]
+            # (the stored metadata text also holds the record's created_at / updated_at, under reserved keys)
+            stamps = [None if d is None else {k: d.pop(v) for k, v in STAMP_FIELDS.items()} for d in meta]
             assert meta == [None if r is None else r.get("metadata", {}) for r in recs]
+            assert stamps == [None if r is None else {k: r[k] for k in STAMP_FIELDS} for r in recs]
             want_t = [MISSING_TIME if r is None else r.get("time", MISSING_TIME) for r in recs]
             assert snap.times(asked).tolist() == want_t
             # ids -> seqs, at the current snapshot and at an older one

@@ -3,7 +3,7 @@
 ::
 
     gpuir memory add MEMORY_DIR RECORDS.jsonl [--analyzer NAME] [--method M] [--k1 X] [--b X] [--delta X]
-                                              [--partition-days D] [--lock-timeout S]
+                                              [--partition-days D] [--no-record-times] [--lock-timeout S]
     gpuir memory delete MEMORY_DIR (--ids IDS.txt | --where JSON | --all) [--tenant T] [--missing-ok]
                                    [--drop-history] [--lock-timeout S]
     gpuir memory reset MEMORY_DIR --yes
@@ -85,7 +85,8 @@ An agent memory in a directory: add, delete and search records; describe it.
   gpuir memory search MEMORY_DIR --query TEXT [-k 10] [--where JSON] [--config CONFIG.json] [--unit session]
   gpuir memory info MEMORY_DIR [--json]
   gpuir memory get MEMORY_DIR ID...                 records by id (JSON lines)
-  gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time] [--limit N] [--cursor C | --all]
+  gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time|created_at|updated_at] [--limit N]
+                                                    [--cursor C | --all]
   gpuir memory count MEMORY_DIR [--where JSON]
   gpuir memory update MEMORY_DIR PATCHES.jsonl [--replace | --upsert]
   gpuir memory history MEMORY_DIR ID
@@ -107,13 +108,15 @@ def _open_or_create(args: argparse.Namespace):
 
     root = Path(args.memory_dir)
     asked = {"analyzer": args.analyzer, "method": args.method, "k1": args.k1, "b": args.b, "delta": args.delta,
-             "partition_days": args.partition_days, "ranking": args.ranking}
+             "partition_days": args.partition_days, "ranking": args.ranking,
+             "record_times": False if args.no_record_times else None}
     if (root / CURRENT).exists():
         mem = Memory.open(root, writer=True, lock_timeout=args.lock_timeout)
         have = mem.config()
         now = {"analyzer": have["analyzer"].get("name"), **have["bm25"], "partition_days": have["partition_days"],
-               "ranking": have.get("ranking", "bm25")}
-        clash = [f"--{k.replace('_', '-')} {v} (the memory has {now[k]})" for k, v in asked.items()
+               "ranking": have.get("ranking", "bm25"), "record_times": have.get("record_times", False)}
+        clash = [("--no-record-times (the memory keeps record times)" if k == "record_times" else
+                  f"--{k.replace('_', '-')} {v} (the memory has {now[k]})") for k, v in asked.items()
                  if v is not None and v != now[k]]
         if clash:
             mem.close()
@@ -350,6 +353,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     an = info["analyzer"].get("name") or json.dumps(info["analyzer"])
     bm = info["bm25"]
     print(f"  bm25        {bm['method']} k1={bm['k1']:g} b={bm['b']:g} delta={bm['delta']:g}, analyzer {an}")
+    print("  record times " + ("created_at / updated_at kept" if info.get("record_times") else
+                              "none kept (made with record_times=False, or saved before they were the default)"))
     return 0
 
 
@@ -403,6 +408,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                          "vectors stored per record, scores a 0-1 relevance; docs/memory.md)")
     pa.add_argument("--partition-days", type=float, default=None,
                     help="width of the time partitions in days, 0 turns them off, on creation only (default: 7)")
+    pa.add_argument("--no-record-times", action="store_true",
+                    help="keep no created_at / updated_at per record, on creation only (default: kept; "
+                         "docs/memory.md, Record times and history)")
     pa.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns"),
                     help="unit of times given as bare numbers (default: none; a bare number is an error: give ISO "
                          "8601 strings, or name the unit)")

@@ -3,7 +3,7 @@
 ::
 
     gpuir memory get MEMORY_DIR ID [ID ...] [--missing-ok]
-    gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time] [--descending] [--limit N]
+    gpuir memory list MEMORY_DIR [--where JSON] [--order-by seq|time|created_at|updated_at] [--descending] [--limit N]
                                  [--cursor CURSOR | --all] [--time-unit U]
     gpuir memory count MEMORY_DIR [--where JSON] [--time-unit U]
     gpuir memory update MEMORY_DIR PATCHES.jsonl [--replace | --upsert] [--time-unit U]
@@ -208,8 +208,9 @@ def register_records(sub: Any, lock_timeout) -> None:
                                    "page's cursor goes to stderr ('next: --cursor C'), or --all writes every page.")
     memory_dir(p)
     where(p)
-    p.add_argument("--order-by", default="seq", choices=("seq", "time"),
-                   help="add order, or time (records without a time last) (default: %(default)s)")
+    p.add_argument("--order-by", default="seq", choices=("seq", "time", "created_at", "updated_at"),
+                   help="add order, or time (records without a time last), or the times the memory keeps "
+                        "(default: %(default)s)")
     p.add_argument("--descending", action="store_true", help="newest first (default: oldest first)")
     p.add_argument("--limit", type=int, default=100, help="records per page (default: %(default)s)")
     g = p.add_mutually_exclusive_group()

@@ -120,7 +120,7 @@ def memory_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     bm = config["bm25"]
     return {"analyzer": config["analyzer"], "method": bm["method"], "k1": bm["k1"], "b": bm["b"],
             "delta": bm["delta"], "partition_days": config["partition_days"], "merge_factor": config["merge_factor"],
-            "merge_min": config["merge_min"]}
+            "merge_min": config["merge_min"], "record_times": False}  # (a sharded memory keeps no record times)
 
 
 class _RWLock:
@@ -388,7 +388,8 @@ class ShardedMemory:
             raise TypeError(f"unknown option {bad[0]!r}: the memory options are {', '.join(MEMORY_OPTIONS)}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
-        config = Memory(**memory_options, require_scope=require_scope).config()  # checks the settings
+        config = Memory(**memory_options, require_scope=require_scope,
+                        record_times=False).config()  # checks the settings (no record times: see ``stamp``)
         check_durability(durability)
         runtime.require_ray()
         root = claim_dir(check_path(path), layout.KIND, mode=0o700)

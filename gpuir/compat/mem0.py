@@ -18,8 +18,15 @@ What maps to what (docs/from-mem0.md has the whole table):
 * ``user_id`` -> the record's ``tenant`` (a hard boundary: a search names one user
   or none), ``agent_id`` -> ``agent``, ``run_id`` -> ``session``, the message's
   role -> ``role``, its ``name`` -> ``metadata.actor_id``, ``metadata`` ->
-  ``metadata``; created_at -> the record's ``time``; ``updated_at`` is kept in
-  the metadata under :data:`UPDATED_KEY` (hidden from what mem0's calls return).
+  ``metadata``.
+* ``created_at`` / ``updated_at``: the record times the memory keeps itself
+  (``gpuir.Memory``'s default, ``record_times=True``: :mod:`gpuir.memory.stamps`),
+  and filters on them are filters on those times. ``updated_at`` is None until
+  the memory is changed, as mem0's (a record whose ``updated_at`` equals its
+  ``created_at`` was never changed). A memory made with ``record_times=False``
+  (or saved before times were the default) keeps the older mapping: created_at ->
+  the record's ``time`` (written on add), ``updated_at`` kept in the metadata
+  under :data:`UPDATED_KEY` (hidden from what mem0's calls return).
 * ids are generated (UUID4 strings, as mem0's).
 * search: the default memory stores a MiniLM vector per record on add and ranks by
   the hybrid ranking of :class:`gpuir.Memory` itself (``Memory(ranking="hybrid")``,
@@ -39,7 +46,7 @@ What maps to what (docs/from-mem0.md has the whole table):
   (in memory, for the life of the process).
 
 Not yet in :class:`gpuir.Memory` itself, so done here (issue 37): generated ids,
-``delete_all`` by scope, ``reset``, created/updated times, the event history.
+``delete_all`` by scope, ``reset``, the event history (mem0's shape).
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ log = logging.getLogger(__name__)  # gpuir.compat.mem0
 UPDATED_KEY = "_mem0_updated_at"
 _ENTITY = {"user_id": "tenant", "agent_id": "agent", "run_id": "session"}
 _FIELD_OF_KEY = {"role": "role", "memory": "text", "data": "text", "created_at": "time"}
+#: ... over a memory that keeps record times (``gpuir.Memory(record_times=True)``, the default).
+_FIELD_OF_KEY_TIMES = {**_FIELD_OF_KEY, "created_at": "created_at", "updated_at": "updated_at"}
 _OPS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains")
 
 
@@ -85,12 +94,13 @@ def _check_id(name: str, v: Any) -> str | None:
     return v.strip()
 
 
-def _cond(key: str, value: Any, what: str) -> dict[str, Any]:
-    """One mem0 condition ``key: value`` as a gpuir clause."""
+def _cond(key: str, value: Any, what: str, times: bool = False) -> dict[str, Any]:
+    """One mem0 condition ``key: value`` as a gpuir clause (``times``: the memory keeps record times)."""
+    fields = _FIELD_OF_KEY_TIMES if times else _FIELD_OF_KEY
     if key in _ENTITY:
         field = _ENTITY[key]
-    elif key in _FIELD_OF_KEY:
-        field = _FIELD_OF_KEY[key]
+    elif key in fields:
+        field = fields[key]
     else:
         field = "metadata." + key
     if field == "tenant":
@@ -111,13 +121,17 @@ def _cond(key: str, value: Any, what: str) -> dict[str, Any]:
     return {field: {"eq": value}}
 
 
-def translate_filters(filters: Mapping[str, Any] | None, what: str = "filters") -> dict[str, Any] | None:
+def translate_filters(filters: Mapping[str, Any] | None, what: str = "filters",
+                      times: bool = False) -> dict[str, Any] | None:
     """mem0's filter dict as a :mod:`gpuir.memory.where` filter.
 
     Parameters
     ----------
     filters : dict or None
         ``{"user_id": "u", "category": {"in": [...]}, "OR": [...], ...}`` as mem0 takes them.
+    times : bool
+        The memory keeps record times (``gpuir.Memory(record_times=True)``, the default): ``created_at``
+        and ``updated_at`` filter on them. False: ``created_at`` filters on the record's ``time``.
 
     Returns
     -------
@@ -141,7 +155,7 @@ def translate_filters(filters: Mapping[str, Any] | None, what: str = "filters") 
                 value = [value]
             if not isinstance(value, (list, tuple)) or not value:
                 raise WhereError(f"{what}: {key} takes a non-empty list of filters (dicts)")
-            kids = [translate_filters(v, f"{what}.{key}[{i}]") for i, v in enumerate(value)]
+            kids = [translate_filters(v, f"{what}.{key}[{i}]", times) for i, v in enumerate(value)]
             kids = [k for k in kids if k]
             if not kids:
                 continue
@@ -152,7 +166,7 @@ def translate_filters(filters: Mapping[str, Any] | None, what: str = "filters") 
             else:  # NOT [a, b]: none of them holds
                 parts.append({"$not": kids[0] if len(kids) == 1 else {"$or": kids}})
         else:
-            c = _cond(str(key), value, what)
+            c = _cond(str(key), value, what, times)
             if "tenant" in c:
                 tenant = c
             else:
@@ -221,6 +235,8 @@ class Memory:
             raise ValueError("hybrid=True needs a memory with an embedding: give gpuir.Memory(embeddings="
                              "{'minilm': Encoder()}), or hybrid=False")
         self.memory = memory
+        #: The memory keeps record times (created_at / updated_at come from them); else the older mapping.
+        self._times = getattr(memory, "stamp", "id") == "add"
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._lock = threading.RLock()
 
@@ -249,13 +265,17 @@ class Memory:
     def _item(rec: Mapping[str, Any], score: float | None = None) -> dict[str, Any]:
         """A gpuir record as mem0's MemoryItem dict."""
         meta = dict(rec.get("metadata") or {})
-        updated = meta.pop(UPDATED_KEY, None)
+        updated = meta.pop(UPDATED_KEY, None)  # (a memory without record times)
+        created = rec.get("created_at")
+        if created is None:  # a memory without record times: created_at is the time written on add
+            created = rec.get("time")
+        elif rec.get("updated_at") != created:  # the record's own times; None until changed, as mem0's
+            updated = rec.get("updated_at")
         actor = meta.pop("actor_id", None)
         text = rec.get("text", "")
         out: dict[str, Any] = {
             "id": rec["id"], "memory": text, "hash": hashlib.md5(text.encode("utf-8")).hexdigest(),
-            "metadata": meta or None, "score": score, "created_at": rec.get("time"),
-            "updated_at": updated,
+            "metadata": meta or None, "score": score, "created_at": created, "updated_at": updated,
         }
         for key, fld in _ENTITY.items():
             if rec.get(fld) is not None:
@@ -284,7 +304,7 @@ class Memory:
         if not any(k in merged for k in _ENTITY):
             raise ValueError(f"{what}: filters must contain at least one of user_id, agent_id, run_id, "
                              "e.g. filters={'user_id': 'u1'}")
-        return translate_filters(merged, "filters") or {}
+        return translate_filters(merged, "filters", self._times) or {}
 
     # ------------------------------------------------------------------ mem0's calls
     def add(self, messages: Any, *, user_id: str | None = None, agent_id: str | None = None,
@@ -409,7 +429,8 @@ class Memory:
             if old is None:
                 raise ValueError(f"Memory with id {memory_id} not found")
             meta = {k: v for k, v in dict(metadata or {}).items() if k not in _ENTITY}
-            meta[UPDATED_KEY] = _now()
+            if not self._times:  # (else the memory moves the record's updated_at itself)
+                meta[UPDATED_KEY] = _now()
             rec: dict[str, Any] = {"id": memory_id, "metadata": meta}
             if text is not None:
                 rec["text"] = str(text)
@@ -434,7 +455,7 @@ class Memory:
         """Delete every memory of the scope (at least one of user_id, agent_id, run_id; :meth:`reset` for all)."""
         scope = self._scope(user_id, agent_id, run_id, "delete_all (reset() deletes every memory)")
         with self._lock:
-            self._delete_where(translate_filters(scope))
+            self._delete_where(translate_filters(scope, times=self._times))
             self._saved()
         return {"message": "Memories deleted successfully!"}
 

@@ -98,6 +98,8 @@ def load_commit(cls: type, root: Path, manifest: dict[str, Any], verify: bool | 
                   partition_days=cfg.get("partition_days"), merge_factor=cfg.get("merge_factor", 8),
                   merge_min=cfg.get("merge_min", 1024), history_limit=cfg.get("history_limit", 10),
                   background_merges=background_merges, require_scope=bool(cfg.get("require_scope", False)),
+                  # a manifest without record_times was saved before times were the default: its records
+                  # have none, and its new writes get none either (no record "added now" beside untimed ones)
                   record_times=bool(cfg.get("record_times", False)), ranking=cfg.get("ranking", "bm25"))
     except (TypeError, ValueError) as e:
         raise MemoryFormatError(f"{root}: invalid settings in the manifest ({e})") from None

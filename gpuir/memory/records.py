@@ -391,6 +391,7 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                 opt_imps.append((j, float(imp)))
             meta = rec.get("metadata")
             c, u = rec.get("created_at"), rec.get("updated_at")
+            stamps = None  # the times' JSON, spliced into the metadata's below (no merged dict checked and dumped)
             if c is not None or u is not None:  # the memory's own times: stored in the metadata text
                 for f, v in (("created_at", c), ("updated_at", u)):
                     if v is not None and not (v.__class__ is int and MISSING_TIME < v <= _INT64_MAX):
@@ -401,7 +402,9 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                     ids.append(rid)
                     texts.append(text)
                     continue
-                if meta is None or isinstance(meta, Mapping):
+                if c is not None and u is not None and meta.__class__ is dict:
+                    stamps = _STAMPS_JSON % (c, u)
+                elif meta is None or isinstance(meta, Mapping):
                     meta = {**(meta or {}), **{k: v for k, v in ((_CREATED, c), (_UPDATED, u)) if v is not None}}
             if meta is not None:
                 if not isinstance(meta, Mapping):
@@ -422,6 +425,13 @@ def normalize_records(records: Iterable[Mapping[str, Any]], start: int = 0,
                     bad = [k for k in meta if not isinstance(k, str)]
                     raise RecordError(f"{who(j, rec)}: metadata keys must be strings, got {type(bad[0]).__name__} "
                                       f"{bad[0]!r}")
+                if stamps is not None:  # the text of the merged dict: sorted keys put the reserved ones first
+                    if not mj:
+                        mj = stamps
+                    elif mj.startswith('{"\\u0000'):  # (a key of the caller's sorts among them: merge and dump)
+                        mj = metadata_json({**meta, _CREATED: c, _UPDATED: u})
+                    else:
+                        mj = stamps[:-1] + "," + mj[1:]
                 if mj:
                     opt_metas.append((j, mj))
         ids.append(rid)

@@ -4,8 +4,9 @@
   (RFC 9562) as its 36-character string, time-ordered (the first 48 bits are
   the epoch milliseconds; ids made later in this process sort after those made
   before, also within one millisecond: :func:`uuid7`).
-* **created_at / updated_at** (a memory made with ``record_times=True``; saved
-  with it). Every record added gets ``created_at`` (when it
+* **created_at / updated_at** (unless the memory was made with ``record_times=False``;
+  the setting is saved with it, and a directory saved before times were the default
+  opens without them: :func:`gpuir.memory.load.load_commit`). Every record added gets ``created_at`` (when it
   was added) and ``updated_at`` (when its current version was written; equal
   to ``created_at`` until an update changes it). An update that changes the
   record sets ``updated_at`` and keeps ``created_at``; an update that changes

@@ -86,9 +86,11 @@ class Memory:
         Refuse every unscoped read and write of records (:class:`~gpuir.memory.scope.ScopeError`):
         a memory holding several tenants, used only through :meth:`scope`. Saved with the memory.
     record_times : bool
-        Keep each record's ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`): returned
-        with hits, ``get`` and ``list``, usable in ``where`` and ``list(order_by=...)``. Saved with
-        the memory. (A record added without an id gets a UUIDv7 either way.)
+        Keep each record's ``created_at`` and ``updated_at`` (:mod:`gpuir.memory.stamps`; default True):
+        returned with hits, ``get`` and ``list``, usable in ``where`` and ``list(order_by=...)``. Saved
+        with the memory; a directory saved without the setting (before it was the default) opens with
+        False, as it was saved, and stamps none of its new writes either. (A record added without an id
+        gets a UUIDv7 either way.)
     ranking : {"bm25", "hybrid"}
         What :meth:`search` ranks by unless told otherwise: exact BM25 ("bm25", the default), or
         BM25 and the cosine of an embedding's stored vectors fused, hits scored by a calibrated
@@ -114,7 +116,7 @@ class Memory:
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
                  embeddings: Mapping[str, Any] | None = None, require_scope: bool = False,
-                 record_times: bool = False, durability: str = "fsync", ranking: str = "bm25"):
+                 record_times: bool = True, durability: str = "fsync", ranking: str = "bm25"):
         self._writer = IndexWriter(
             analyzer=analyzer, method=method, k1=k1, b=b, delta=delta, partition_days=partition_days,
             merge_factor=merge_factor, merge_min=merge_min, history_limit=history_limit,

@@ -122,7 +122,7 @@ class IndexWriter(WriteLog, MergeScheduling, Commits):
                  delta: float = 0.5, partition_days: float | None = 7.0, merge_factor: int = 8,
                  merge_min: int = 1024, history_limit: int = 10, background_merges: bool = True,
                  embeddings: Mapping[str, Any] | None = None, require_scope: bool = False,
-                 record_times: bool = False, durability: str = "fsync", ranking: str = "bm25"):
+                 record_times: bool = True, durability: str = "fsync", ranking: str = "bm25"):
         self._durability = check_durability(durability)
         self._ranking = check_ranking(ranking)
         if ranking == "hybrid" and not embeddings:

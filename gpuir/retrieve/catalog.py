@@ -288,7 +288,8 @@ class Catalog:
     def _new_memory(self) -> Memory:
         p = self.memory.params
         return Memory(analyzer=self.analyzer_config, method=p.method, k1=p.k1, b=p.b, delta=p.delta,
-                      partition_days=None, history_limit=0)  # derived documents: rewritten, never looked back on
+                      partition_days=None, history_limit=0,  # derived documents: rewritten, never looked back on
+                      record_times=False)  # (a record's times, where it has them, are the memory's: copied as given)
 
     def record_seqs(self, res) -> np.ndarray:
         """Memory sequence numbers of a search of :attr:`records` (``(B, k)`` int64, -1 pads)."""

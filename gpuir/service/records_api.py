@@ -2,7 +2,7 @@
 
 ::
 
-    GET    /v1/tenants/{tenant}/records?where=JSON&order_by=seq|time&descending=false&limit=100&cursor=C
+    GET    /v1/tenants/{tenant}/records?where=JSON&order_by=seq|time|created_at|updated_at&descending=false&limit=100&cursor=C
                                         -> {"records": [...], "cursor": "..." | null}
     GET    /v1/tenants/{tenant}/count?where=JSON            -> {"count": n}
     PATCH  /v1/tenants/{tenant}/records/{id}   {fields}     -> {"updated": 1, "record": {...}}  (merge; durable)
@@ -134,7 +134,7 @@ def records_router(svc: Any, authorize: Any, authorize_read: Any = None) -> APIR
     @r.get("/v1/tenants/{tenant}/records", summary="List the tenant's records, a page at a time")
     async def list_records(tenant: str = Depends(authorize_read), where: str | None = Query(
             None, description="a filter as JSON (docs/memory.md, Filters); the tenant is forced"),
-            order_by: Literal["seq", "time"] = "seq", descending: bool = False,
+            order_by: Literal["seq", "time", "created_at", "updated_at"] = "seq", descending: bool = False,
             limit: int = Query(100, ge=1, le=1000), cursor: str | None = None, time_unit: TimeUnit | None = None):
         w = tenant_where(where, tenant)
         try:

@@ -333,7 +333,8 @@ class ServiceStore:
             extra = {"ranking": "hybrid", "embeddings": {name: {"encoder": SharedVectors(emb), "dtype": emb.dtype}}}
         m = Memory(analyzer=cfg["analyzer"], method=bm["method"], k1=bm["k1"], b=bm["b"], delta=bm["delta"],
                    partition_days=None, merge_factor=cfg["merge_factor"], merge_min=cfg["merge_min"],
-                   history_limit=0, **extra)  # histories live in the shared memory (one copy)
+                   history_limit=0, record_times=False,  # histories live in the shared memory (one copy); so do
+                   **extra)  # the records' times: copied as the shared memory holds them, never stamped here
         m.window_ms = self.memory.window_ms  # the same time partitions as the shared memory
         return m
 

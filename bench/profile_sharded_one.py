@@ -8,7 +8,10 @@ shared machine falls on every part alike):
 
 * ``memory``: ``Memory.search`` in this process (the baseline);
 * ``shard_inprocess``: :meth:`ShardServer.search <gpuir.cluster.shard.ShardServer.search>` with the
-  request the coordinator sends, on a shard built here on the same records (no Ray): the shard's work;
+  request the coordinator sends (its statistics versioned by the coordinator's state, as
+  ``ShardedMemory.search`` sends them: the shard reuses one restated snapshot; before session 36 this tool
+  sent them unversioned, which restated the snapshot and emptied its caches on every question, +0.7 ms at
+  1M records), on a shard built here on the same records (no Ray): the shard's work;
 * ``sharded``: ``ShardedMemory.search`` end to end, and its parts (``meta["timings"]``): the
   coordinator's planning, the shard call (round trip + the shard's work), the merge; the shard
   reached over its direct channel (:mod:`gpuir.cluster.fastpath`, the default on one node);
@@ -49,6 +52,7 @@ from gpuir.cluster import ShardedMemory
 from gpuir.cluster.shard import ShardServer, write_payload
 from gpuir.cluster.sharded import memory_kwargs
 from gpuir.memory.intake import to_batch
+from gpuir.memory.termstats import TermStats
 
 
 def pct(xs, q):
@@ -100,7 +104,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             a = mem.search(q, k=k, where=w)
             t["memory"].append((time.perf_counter() - t0) * 1e3)
-            ts = sm.stats([q])
+            ts = sm.stats([q])  # versioned as the coordinator sends them: the shard reuses its restated snapshot
+            ts = TermStats(ts.n_docs, ts.total_len, dict(ts.df), version=sm._next_wid)
             t0 = time.perf_counter()
             shard.search([q], k, [w], "exhaustive", [None], ts, "auto", "oldest", None, None, [True])
             t["shard_inprocess"].append((time.perf_counter() - t0) * 1e3)

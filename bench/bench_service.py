@@ -228,11 +228,11 @@ class InspectorPage:
     ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--no-first-run", "--disable-sync")
 
-    def __init__(self, key: str, chromium: str = "/usr/bin/chromium"):
+    def __init__(self, key: str, chromium: str = "/usr/bin/chromium", nice: int = 0):
         import queue
         import threading
 
-        self.key, self.chromium = key, chromium
+        self.key, self.chromium, self.nice = key, chromium, nice
         self.jobs: queue.Queue = queue.Queue()
         self.polls = {"ok": 0, "failed": 0}
         self.error: str | None = None
@@ -267,6 +267,8 @@ class InspectorPage:
                     pg.wait_for_selector("#app:not([hidden])")
                     pg.click("button[data-tab=memory-tab]")
                     pg.check("#memory-poll")
+                    if self.nice:
+                        renice_browser(self.nice)
                     self.opened.set()
                     self.cpu0 = browser_cpu()
                     while self.jobs.empty():
@@ -290,18 +292,42 @@ class InspectorPage:
         return {"overview_polls": dict(self.polls), "error": self.error, "browser_cpu_s": self.cpu_s}
 
 
+def _browser_processes():
+    """This process's child processes that are Playwright's driver or the Chromium it started (not the server,
+    also a child)."""
+    import psutil
+
+    for ch in psutil.Process().children(recursive=True):
+        try:
+            name = ch.name().lower()
+            if "chrom" in name or "node" in name or "playwright" in name:
+                yield ch
+        except psutil.Error:
+            pass
+
+
+def renice_browser(nice: int) -> None:
+    """Lower the browser's and its driver's priority (``--browser-nice``): on a client core they share with the
+    agents' load, the load comes first, as with a page opened on another machine."""
+    import psutil
+
+    for ch in _browser_processes():
+        try:
+            ch.nice(nice)
+        except psutil.Error:
+            pass
+
+
 def browser_cpu() -> float:
     """CPU seconds (user + system) of this process's child processes now alive: Playwright's driver and the
     Chromium it started (the page's cost to a machine that runs it beside the server)."""
     import psutil
 
     total = 0.0
-    for ch in psutil.Process().children(recursive=True):
+    for ch in _browser_processes():
         try:
-            name = ch.name().lower()
-            if "chrom" in name or "node" in name or "playwright" in name:  # (not the server, also a child)
-                t = ch.cpu_times()
-                total += t.user + t.system
+            t = ch.cpu_times()
+            total += t.user + t.system
         except psutil.Error:
             pass
     return total
@@ -333,7 +359,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
     cpu = {"client_s": 0.0, "server_s": 0.0}
     page = None
     if args.page_open:
-        page = InspectorPage(keys[0])
+        page = InspectorPage(keys[0], nice=args.browser_nice)
         await asyncio.to_thread(page.open, server.url)
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -590,6 +616,9 @@ def main(argv=None) -> int:
     p.add_argument("--client-cpus", default=None, help="pin this process (the agents' load, and the browser it "
                                                       "starts) to these CPUs (e.g. 1): with --server-cpus, the "
                                                       "page's browser does not take the server's core")
+    p.add_argument("--browser-nice", type=int, default=0, help="with --page: run the browser and its driver at "
+                                                             "this niceness (e.g. 19), below the agents' load on "
+                                                             "the cores they share (default: %(default)s)")
     args = p.parse_args(argv)
     if args.client_cpus:
         os.sched_setaffinity(0, {int(c) for part in args.client_cpus.split(",") for c in (
@@ -672,6 +701,7 @@ def _page_both(args, argv) -> int:
            "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},
            "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
                         "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
+                        "browser_nice": args.browser_nice,
                         "connections": args.connections or "one per agent", "think_ms": args.think_ms},
            "machine": {"host": socket.gethostname(), **machine_info()},
            "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -413,14 +413,17 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                     for c in clients.values():
                         c.base_url = server2.url
                 server = server2
-                if page is not None:
-                    await asyncio.to_thread(page.open, server.url)
                 health = (await http.get(server.url + "/healthz", headers=op)).json()
                 s0 = server_cpu(server)
                 t_verified = time.perf_counter()
                 run.restarted = True
                 run.up.set()
+                # the page signs in again on the new server beside the agents, as a user's tab would: opened
+                # before they resumed, its sign-in lengthened the outage that every waiting request's latency holds
+                reopen = asyncio.create_task(asyncio.to_thread(page.open, server.url)) if page is not None else None
                 await asyncio.gather(*tasks)
+                if reopen is not None:
+                    await reopen
             t_end = time.perf_counter()
             n_requests = run.requests  # the verification below is not part of the measured run
             cpu["client_s"] = process_cpu() - c0

@@ -6,17 +6,11 @@ Usage::
     taskset -c 1 python bench/ab_rows_with_codes.py 1000000 [out.json]
 """
 
-import json
 import os
 import sys
 import time
 
-os.environ.setdefault("GPUIR_TIERED_START", "0")
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+import _shard_diag as sd  # (first: the environment and sys.path, before NumPy and gpuir are imported)
 import numpy as np
 from bench_sharded import synthetic
 
@@ -47,8 +41,7 @@ def old(self, field, codes):
 N = int(sys.argv[1])
 c = synthetic(N, 500)
 mem = Memory()
-for b in c["batches"](10000):
-    mem.add(b)
+sd.fill(c, 10000, mem)
 qs, ws = c["queries"], c["wheres"]
 for i in range(10):
     for f in (old, new):
@@ -76,9 +69,7 @@ out = {
     "command": f"taskset -c 1 python bench/ab_rows_with_codes.py {N} (one Memory; the old and new Segment.rows_with_codes swapped in turn, question by question)",
     "identical": same,
     "loadavg": os.getloadavg(),
-    "p50_ms": {k: round(float(np.percentile(v, 50)), 3) for k, v in T.items()},
+    "p50_ms": {k: sd.pct(v) for k, v in T.items()},
     "mean_ms": {k: round(float(np.mean(v)), 3) for k, v in T.items()},
 }
-print(json.dumps(out, indent=1))
-if len(sys.argv) > 2:
-    Path(sys.argv[2]).write_text(json.dumps(out, indent=1) + "\n")
+sd.emit(out, sys.argv[2] if len(sys.argv) > 2 else None)

@@ -19,60 +19,32 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
-import shutil
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-os.environ.setdefault("GPUIR_TIERED_START", "0")
-
+import _shard_diag as sd  # (first: the environment and sys.path, before Ray, NumPy and gpuir are imported)
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from gpuir import Memory
-from gpuir.cluster.shard import ShardServer, write_payload
-from gpuir.cluster.sharded import memory_kwargs
-from gpuir.memory.intake import to_batch
 from gpuir.memory.termstats import TermStats
 
 
-def pct(xs, q=50):
-    return round(float(np.percentile(np.asarray(xs), q)), 3)
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--one", type=int, default=300)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--batch", type=int, default=10_000)
+    p = sd.parser(__doc__)
     p.add_argument("--checkpoint-every", type=int, default=10_000)
     p.add_argument("--variants", default="memory,memory_stats,shard_memory,shard_memory_stats,shard_search")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = sd.parse(p, argv, label=False)
     from bench_sharded import synthetic
 
     corpus = synthetic(args.records, args.queries)
-    work = Path(tempfile.mkdtemp(prefix="gpuir-diag-"))
-    mem = Memory()
-    shard = ShardServer(work / "shard", create=memory_kwargs(mem.config()), checkpoint_every=args.checkpoint_every)
-    t0 = time.perf_counter()
-    seq = 0
-    for wid, b in enumerate(corpus["batches"](args.batch), start=1):
-        mem.add(b)
-        batch = to_batch(b)
-        shard.write(write_payload("add", wid, batch=batch, seqs=np.arange(seq, seq + len(b), dtype=np.int64)))
-        seq += len(b)
-    load_s = time.perf_counter() - t0
+    with sd.rig(corpus, args.batch, "gpuir-diag-", sharded=False, shard="shard",
+                checkpoint_every=args.checkpoint_every) as rig:
+        return _run(args, corpus, rig)
+
+
+def _run(args, corpus, rig) -> int:
+    """Time each variant on the filled memories; print (and write) the results."""
+    mem, shard, load_s = rig.mem, rig.shard, rig.load_s
     smem = shard.memory
     info = {name: {k: m.info()[k] for k in ("records", "segments", "partitions")} for name, m in
             (("memory", mem), ("shard_memory", smem))}
@@ -124,13 +96,8 @@ def main(argv=None) -> int:
     res = {"records": args.records, "questions": len(pick), "load_s": round(load_s, 1), "info": info,
            "gc_counts": gc.get_count(), "same_seqs": same, "loadavg": os.getloadavg(),
            "affinity": sorted(os.sched_getaffinity(0)),
-           "p50_ms": {n: pct(v) for n, v in t.items()}, "p90_ms": {n: pct(v, 90) for n, v in t.items()}}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    shard.close()
-    mem.close()
-    shutil.rmtree(work, ignore_errors=True)
+           "p50_ms": {n: sd.pct(v) for n, v in t.items()}, "p90_ms": {n: sd.pct(v, 90) for n, v in t.items()}}
+    sd.emit(res, args.out)
     return 0
 
 

@@ -23,26 +23,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: loopback only
-os.environ.setdefault("GPUIR_TIERED_START", "0")
-
+import _shard_diag as sd  # (first: the environment and sys.path, before Ray, NumPy and gpuir are imported)
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from gpuir import Memory
-from gpuir.cluster import ShardedMemory
 
 
 def _install(server=None):
@@ -89,36 +76,16 @@ def _take(server=None):
     return out
 
 
-def pct(xs, q=50):
-    return round(float(np.percentile(np.asarray(xs), q)), 3)
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--one", type=int, default=300)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--batch", type=int, default=10_000)
-    p.add_argument("--label", default="")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = sd.parse(sd.parser(__doc__), argv)
     import ray
     from bench_sharded import synthetic
 
     corpus = synthetic(args.records, args.queries)
-    work = Path(tempfile.mkdtemp(prefix="gpuir-fpcall-"))
-    mem = Memory()
-    sm = ShardedMemory.create(work / "sm", shards=1, route="tenant", device="cpu")
-    try:
-        for b in corpus["batches"](args.batch):
-            mem.add(b)
-            sm.add(b)
-        sm.save()
+    with sd.rig(corpus, args.batch, "gpuir-fpcall-") as rig:
+        mem, sm = rig.mem, rig.sm
         queries, wheres, k = corpus["queries"], corpus["wheres"], args.k
-        for i in range(10):  # warm-up (and the channel opened)
-            mem.search(queries[i], k=k, where=wheres[i])
-            sm.search(queries[i], k=k, where=wheres[i])
+        rig.warm_up(corpus, k, 10)  # (and the channel opened)
         actor = sm._actors[0]
         ray.get(actor.__ray_call__.remote(_install))
         _install()
@@ -169,16 +136,10 @@ def main(argv=None) -> int:
                "label": args.label, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "records": args.records, "questions": len(pick), "k": k, "identical_to_memory": same,
                "loadavg": os.getloadavg(), "calls_decomposed": len(t.get("sharded", [])),
-               "p50_ms": {n: pct(v) for n, v in t.items()}, "mean_ms": {n: round(float(np.mean(v)), 3)
+               "p50_ms": {n: sd.pct(v) for n, v in t.items()}, "mean_ms": {n: round(float(np.mean(v)), 3)
                                                                        for n, v in t.items()}}
         res["sharded_minus_memory_p50_ms"] = round(res["p50_ms"]["sharded"] - res["p50_ms"]["memory"], 3)
-        print(json.dumps(res, indent=1))
-        if args.out:
-            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    finally:
-        sm.close()
-        mem.close()
-        shutil.rmtree(work, ignore_errors=True)
+        sd.emit(res, args.out)
     return 0
 
 

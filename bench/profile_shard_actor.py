@@ -24,32 +24,16 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: loopback only
-os.environ.setdefault("GPUIR_TIERED_START", "0")
-
+import _shard_diag as sd  # (first: the environment and sys.path, before Ray, NumPy and gpuir are imported)
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from gpuir import Memory
-from gpuir.cluster import ShardedMemory
 from gpuir.memory.termstats import TermStats
-
-
-def pct(xs, q=50):
-    return round(float(np.percentile(np.asarray(xs), q)), 3)
 
 
 def _proc_info(server=None):
@@ -136,37 +120,20 @@ def _actor_time_memory(server, q, w, k):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--queries", type=int, default=500)
-    p.add_argument("--one", type=int, default=300)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--batch", type=int, default=10_000)
+    p = sd.parser(__doc__)
     p.add_argument("--nice", default="",
                    help="niceness of the shard's process, comma-separated (e.g. '15,0': both, interleaved; the "
                         "actor sets it on every one of its threads, lowering needs root); default: as Ray starts it")
-    p.add_argument("--label", default="")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = sd.parse(p, argv)
     import ray
     from bench_sharded import synthetic
 
     corpus = synthetic(args.records, args.queries)
-    work = Path(tempfile.mkdtemp(prefix="gpuir-actor-"))
-    mem = Memory()
-    sm = ShardedMemory.create(work / "sm", shards=1, route="tenant", device="cpu")
-    try:
-        t0 = time.perf_counter()
-        for b in corpus["batches"](args.batch):
-            mem.add(b)
-            sm.add(b)
-        sm.save()
-        load_s = time.perf_counter() - t0
+    with sd.rig(corpus, args.batch, "gpuir-actor-") as rig:
+        mem, sm, load_s = rig.mem, rig.sm, rig.load_s
         actor = sm._actors[0]
         queries, wheres, k = corpus["queries"], corpus["wheres"], args.k
-        for i in range(10):  # warm-up
-            mem.search(queries[i], k=k, where=wheres[i])
-            sm.search(queries[i], k=k, where=wheres[i])
+        rig.warm_up(corpus, k, 10)
         version = sm._next_wid
 
         def stats(q):  # the request's statistics, as the coordinator sends them
@@ -225,19 +192,13 @@ def main(argv=None) -> int:
                "records": args.records, "questions": len(pick), "k": k, "load_s": round(load_s, 1),
                "identical_to_memory": same, "loadavg": os.getloadavg(),
                "driver": _proc_info(), "actor": ray.get(actor.__ray_call__.remote(_actor_info)),
-               "p50_ms": {n: pct(v) for n, v in t.items()}, "p90_ms": {n: pct(v, 90) for n, v in t.items()},
+               "p50_ms": {n: sd.pct(v) for n, v in t.items()}, "p90_ms": {n: sd.pct(v, 90) for n, v in t.items()},
                "per_search_mean_voluntary_involuntary_switches_minor_major_faults": {
                    n: np.round(np.mean(np.asarray(v), axis=0), 3).tolist() for n, v in ctx.items()}}
         res["minus_memory_p50_ms"] = {lab: round(v - res["p50_ms"]["memory"], 3) for lab, v in res["p50_ms"].items()
                                       if lab.startswith(("actor_search@", "sharded", "actor_search", "actor_memory"))
                                       and "cpu" not in lab and "rtt" not in lab and lab != "memory"}
-        print(json.dumps(res, indent=1))
-        if args.out:
-            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    finally:
-        sm.close()
-        mem.close()
-        shutil.rmtree(work, ignore_errors=True)
+        sd.emit(res, args.out)
     return 0
 
 

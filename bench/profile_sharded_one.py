@@ -29,68 +29,28 @@ Runs a local Ray runtime on loopback.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: loopback only
-os.environ.setdefault("GPUIR_TIERED_START", "0")
-
+import _shard_diag as sd  # (first: the environment and sys.path, before Ray, NumPy and gpuir are imported)
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from gpuir import Memory
-from gpuir.cluster import ShardedMemory
-from gpuir.cluster.shard import ShardServer, write_payload
-from gpuir.cluster.sharded import memory_kwargs
-from gpuir.memory.intake import to_batch
 from gpuir.memory.termstats import TermStats
 
 
-def pct(xs, q):
-    return round(float(np.percentile(np.asarray(xs), q)), 3)
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=50_000)
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--one", type=int, default=300)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--batch", type=int, default=5000)
-    p.add_argument("--label", default="", help="a note saved with the results (e.g. 'under load')")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    sys.path.insert(0, str(REPO / "bench"))
+    args = sd.parse(sd.parser(__doc__, records=50_000, queries=200, batch=5000), argv)
     from bench_sharded import machine, synthetic
 
     mach = machine()  # (its load average: at the start)
     corpus = synthetic(args.records, args.queries)
-    work = Path(tempfile.mkdtemp(prefix="gpuir-prof-"))
-    mem = Memory()
-    sm = ShardedMemory.create(work / "sm", shards=1, route="tenant", device="cpu")
-    shard = ShardServer(work / "inproc", create=memory_kwargs(sm.config()))
-    try:
-        seq = 0
-        for wid, b in enumerate(corpus["batches"](args.batch), start=1):
-            mem.add(b)
-            sm.add(b)
-            batch = to_batch(b)
-            shard.write(write_payload("add", wid, batch=batch, seqs=np.arange(seq, seq + len(b), dtype=np.int64)))
-            seq += len(b)
-        sm.save()
+    with sd.rig(corpus, args.batch, "gpuir-prof-", shard="inproc") as rig:
+        mem, sm, shard = rig.mem, rig.sm, rig.shard
         queries, wheres, k = corpus["queries"], corpus["wheres"], args.k
-        for i in range(8):  # warm-up
-            mem.search(queries[i], k=k, where=wheres[i])
-            sm.search(queries[i], k=k, where=wheres[i])
+        rig.warm_up(corpus, k, 8)
         rng = np.random.default_rng(1)
         pick = rng.choice(len(queries), size=args.one, replace=True).tolist()
         import ray
@@ -132,20 +92,15 @@ def main(argv=None) -> int:
         res = {"benchmark": "profile_sharded_one", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "machine": mach, "label": args.label, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "records": args.records, "questions": len(pick), "k": k, "identical_to_memory": same,
-               "p50_ms": {key: pct(v, 50) for key, v in t.items()},
-               "p99_ms": {key: pct(v, 99) for key, v in t.items()}}
+               "p50_ms": {key: sd.pct(v, 50) for key, v in t.items()},
+               "p99_ms": {key: sd.pct(v, 99) for key, v in t.items()}}
         res["overhead_p50_ms"] = round(res["p50_ms"]["sharded"] - res["p50_ms"]["memory"], 3)
         res["overhead_ray_p50_ms"] = round(res["p50_ms"]["sharded_ray"] - res["p50_ms"]["memory"], 3)
         res["machine"]["loadavg_end"] = os.getloadavg()
-        print(json.dumps({k2: res[k2] for k2 in ("p50_ms", "overhead_p50_ms", "overhead_ray_p50_ms",
-                                                  "identical_to_memory")}, indent=1))
+        sd.emit(res, args.out, {k2: res[k2] for k2 in ("p50_ms", "overhead_p50_ms", "overhead_ray_p50_ms",
+                                                       "identical_to_memory")})
         if args.out:
-            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
             print(f"wrote {args.out} ({socket.gethostname()})", file=sys.stderr)
-    finally:
-        shard.close()
-        sm.close()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

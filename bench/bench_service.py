@@ -228,11 +228,11 @@ class InspectorPage:
     ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--no-first-run", "--disable-sync")
 
-    def __init__(self, key: str, chromium: str = "/usr/bin/chromium", nice: int = 0):
+    def __init__(self, key: str, chromium: str = "/usr/bin/chromium", nice: int = 0, profile: str = "memory"):
         import queue
         import threading
 
-        self.key, self.chromium, self.nice = key, chromium, nice
+        self.key, self.chromium, self.nice, self.profile = key, chromium, nice, profile
         self.jobs: queue.Queue = queue.Queue()
         self.polls = {"ok": 0, "failed": 0}
         self.error: str | None = None
@@ -245,9 +245,14 @@ class InspectorPage:
         from playwright.sync_api import sync_playwright
 
         try:
-            with sync_playwright() as p:
-                b = p.chromium.launch(executable_path=self.chromium, args=list(self.ARGS), headless=True)
-                pg = b.new_page()
+            with sync_playwright() as p, tempfile.TemporaryDirectory(
+                    prefix="gpuir-bench-browser-", dir=browser_profile_parent(self.profile)) as prof:
+                # a profile of our own: on "memory" (/dev/shm) the browser's own fdatasyncs (about 2.5 a second
+                # into its profile's databases, strace) do not queue beside the server's log fsyncs on one disk,
+                # as with a page opened on another machine; "disk": where Playwright puts one by default (/tmp)
+                b = p.chromium.launch_persistent_context(prof, executable_path=self.chromium, args=list(self.ARGS),
+                                                         headless=True)
+                pg = b.pages[0] if b.pages else b.new_page()
                 pg.set_default_timeout(120_000)
 
                 def seen(r):
@@ -290,6 +295,14 @@ class InspectorPage:
         self.jobs.put(None)
         self.thread.join(60)
         return {"overview_polls": dict(self.polls), "error": self.error, "browser_cpu_s": self.cpu_s}
+
+
+def browser_profile_parent(profile: str) -> str | None:
+    """Where the page's browser keeps its profile (``--browser-profile``): ``memory``, a tmpfs (/dev/shm) when
+    this machine has one; ``disk``, the temporary directory (None: tempfile's default, as Playwright's)."""
+    if profile == "memory" and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return None
 
 
 def _browser_processes():
@@ -359,7 +372,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
     cpu = {"client_s": 0.0, "server_s": 0.0}
     page = None
     if args.page_open:
-        page = InspectorPage(keys[0], nice=args.browser_nice)
+        page = InspectorPage(keys[0], nice=args.browser_nice, profile=args.browser_profile)
         await asyncio.to_thread(page.open, server.url)
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -622,6 +635,11 @@ def main(argv=None) -> int:
     p.add_argument("--browser-nice", type=int, default=0, help="with --page: run the browser and its driver at "
                                                              "this niceness (e.g. 19), below the agents' load on "
                                                              "the cores they share (default: %(default)s)")
+    p.add_argument("--browser-profile", choices=("memory", "disk"), default="memory",
+                   help="with --page: the browser's profile on a tmpfs (/dev/shm; memory) or in the temporary "
+                        "directory (disk, Playwright's default): a browser on the server's disk adds its "
+                        "profile's fdatasyncs beside the server's log fsyncs, which a page opened on another "
+                        "machine does not (default: %(default)s)")
     args = p.parse_args(argv)
     if args.client_cpus:
         os.sched_setaffinity(0, {int(c) for part in args.client_cpus.split(",") for c in (
@@ -692,6 +710,11 @@ def _page_both(args, argv) -> int:
                    "client_cpu_ms_per_request": res["cpu_ms_per_request"]["client"],
                    "errors": res["errors"], "lost_at_end": res["lost_at_end"], "wall_s": res["wall_s"],
                    "load_average_1_5_15": res["load_average_1_5_15"],
+                   # the server's log: mean append+fsync time and operations per fsync, before the kill and after
+                   "fsync_ms_mean": [res[h].get("append_fsync_ms_mean") for h in ("server_before_kill",
+                                                                                  "server_after_restart")],
+                   "ops_per_fsync": [res[h].get("operations_per_fsync") for h in ("server_before_kill",
+                                                                                  "server_after_restart")],
                    **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
                        "overview_server_ms_mean")} if on else {})}
             runs[name].append(row)
@@ -704,7 +727,7 @@ def _page_both(args, argv) -> int:
            "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},
            "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
                         "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
-                        "browser_nice": args.browser_nice,
+                        "browser_nice": args.browser_nice, "browser_profile": args.browser_profile,
                         "connections": args.connections or "one per agent", "think_ms": args.think_ms},
            "machine": {"host": socket.gethostname(), **machine_info()},
            "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}

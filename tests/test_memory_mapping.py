@@ -164,6 +164,24 @@ def test_verify_reads_every_byte(tmp_path, capsys):
     assert seg.name in err and "checksum mismatch" in err and "Traceback" not in err
 
 
+def test_the_recent_ids_fold_into_the_arrays_at_a_capped_size(monkeypatch):
+    """The dict of recent ids folds once it outgrows min(an eighth of the arrays, fold_max) (and fold_min):
+    a large memory's fold, inside one add, copies O(records) and must not wait for an eighth of millions."""
+    from gpuir.memory.idmap import IdMap
+
+    monkeypatch.setattr(IdMap, "fold_min", 4)
+    monkeypatch.setattr(IdMap, "fold_max", 16)
+    names = lambda seqs, views: {int(s): f"b{s}" if s < 1000 else f"n{s - 1000}" for s in seqs}
+    m = IdMap(names)
+    m.load([f"b{i}" for i in range(1000)], np.arange(1000))  # an eighth of the arrays: 125 > fold_max
+    assert m.get_many(["b1"]) == [1]  # (a lookup merges what was loaded into the arrays)
+    m.update({f"n{i}": 1000 + i for i in range(16)})
+    assert len(m._recent) == 16, "at the cap: not yet folded"
+    m.update({"n16": 1016})
+    assert not m._recent, "past the cap: folded into the arrays"
+    assert m.get_many(["n3", "n16", "b999", "zz"]) == [1003, 1016, 999, None]
+
+
 @pytest.mark.parametrize("fold_min", [4, 65_536])
 def test_ids_of_an_opened_memory_are_found_without_a_dict_and_collisions_are_told_apart(tmp_path, monkeypatch,
                                                                                         fold_min):

@@ -10,11 +10,10 @@ import zlib
 
 import numpy as np
 import pytest
+from _helpers import without_times
 
 from gpuir import Memory, Retriever, RetrieverConfig
 from gpuir.retrieve import ChannelConfig, default_config
-
-from _helpers import without_times
 
 TURNS = [
     ("t1", "s1", "ta", "Alice: I adopted a puppy last week"),

@@ -158,6 +158,21 @@ def stats_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the shard
 
 
+def _warm_compiled() -> None:
+    """Load the compiled engine's builder and search in this process (numba's import, its registries, each
+    function from its cache: 1.6-1.8 s on the development VM) through a tiny memory of its own, in a thread
+    started as the shard opens: otherwise the shard's first ``add`` pays it, and at 5M records that was the
+    longest add of the run (``bench/bench_sharded.py``, session 37). A write that comes meanwhile waits only
+    for what is still loading; a failure is logged and left to the first write or search, which meets it."""
+    try:
+        m = Memory(partition_days=None)
+        m.add([{"id": "warm-0", "text": "warm the compiled engine"}, {"id": "warm-1", "text": "of this shard"}])
+        m.search("warm shard", k=1, backend="auto")
+        m.close()
+    except Exception:  # a warm-up: the first real call reports what fails
+        log.debug("warming the compiled engine failed", exc_info=True)
+
+
 class ShardServer:
     """One shard's memory and log (see the module docstring).
 
@@ -215,6 +230,8 @@ class ShardServer:
         self.started_s = time.perf_counter() - t0
         log.info("shard %d: %s opened with %d records (%d logged operations replayed) in %.2f s", self.index,
                  self.root, len(mem), self.replayed, self.started_s)
+        if self.backend in ("auto", "numba"):
+            threading.Thread(target=_warm_compiled, name="gpuir-shard-warm", daemon=True).start()
 
     # ------------------------------------------------------------------ state
     def _memory_wid(self) -> int:

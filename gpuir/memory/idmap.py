@@ -14,7 +14,10 @@ of a large memory. :class:`IdMap` keeps two parts:
 A lookup in the arrays finds the entries with the id's hash and confirms each
 by reading the id of that record back from its segment (``resolve``), so a hash
 collision can never confuse two ids. When the dict grows past an eighth of the arrays
-(and 65,536 entries), it is folded into them (one merge of sorted arrays).
+(and 65,536 entries; at most 131,072), it is folded into them (one merge of sorted arrays, inside
+the ``add`` that crosses the line: O(records) copies, so the cap bounds that add's pause -- at 4.4M
+records an eighth took 0.6 s of one add (``bench/bench_sharded.py``'s 5M run, session 37); 131,072
+entries cost one fold about 0.1 s there, and all the folds of a 5M-record growth about 1 s in all).
 Few Python objects also keep the cyclic garbage collector's full passes short:
 their cost grows with every reference held in a Python container.
 """
@@ -40,6 +43,8 @@ class IdMap:
     """
 
     fold_min = 65_536
+    #: The dict is folded once it holds more than max(fold_min, min(arrays // 8, fold_max)) entries.
+    fold_max = 131_072
     #: The 64-bit hash of an id (tests swap in a colliding one).
     hash = staticmethod(hash)
 
@@ -174,7 +179,7 @@ class IdMap:
     def update(self, added: Mapping[str, int] | Iterable[tuple[str, int]]) -> None:
         """Ids now live (new ones, or the new versions of updated ones)."""
         self._recent.update(added)
-        if len(self._recent) > max(self.fold_min, self._n_base // 8):
+        if len(self._recent) > max(self.fold_min, min(self._n_base // 8, self.fold_max)):
             self._fold()
 
     def remove(self, ids: Sequence[str], seqs: Sequence[int]) -> None:

@@ -538,7 +538,8 @@ def server_figures(text: str) -> dict[str, Any]:
     for ln in text.splitlines():
         if ln.startswith(("gpuir_search_batch_queries_", "gpuir_wal_group_ops_", "gpuir_wal_append_seconds_",
                           "gpuir_request_seconds_sum", "gpuir_request_seconds_count", "gpuir_checkpoints ",
-                          "gpuir_records ")) and not ln.startswith(("gpuir_request_seconds_bucket",)):
+                          "gpuir_records ", "gpuir_gc_pause_seconds_sum", "gpuir_gc_pause_seconds_count")
+                       ) and not ln.startswith(("gpuir_request_seconds_bucket",)):
             name, _, v = ln.rpartition(" ")
             if "_bucket" not in name and "_created" not in name:
                 vals[name] = float(v)
@@ -553,6 +554,11 @@ def server_figures(text: str) -> dict[str, Any]:
         "fsyncs": vals.get("gpuir_wal_group_ops_count"),
         "append_fsync_ms_mean": ratio("gpuir_wal_append_seconds_sum", "gpuir_wal_append_seconds_count", 1e3),
         "checkpoints": vals.get("gpuir_checkpoints"), "records": vals.get("gpuir_records"),
+        # the server's collector passes (each holds every request): count and seconds of full (gen 2) ones,
+        # seconds of all
+        "gc2_passes": vals.get('gpuir_gc_pause_seconds_count{generation="2"}'),
+        "gc2_s": vals.get('gpuir_gc_pause_seconds_sum{generation="2"}'),
+        "gc_s": sum(v for k, v in vals.items() if k.startswith("gpuir_gc_pause_seconds_sum")),
     }
     for route, short in (("/v1/tenants/{tenant}/records", "add"), ("/v1/tenants/{tenant}/search", "search")):
         lab = f'{{method="POST",route="{route}"}}'
@@ -715,6 +721,9 @@ def _page_both(args, argv) -> int:
                                                                                   "server_after_restart")],
                    "ops_per_fsync": [res[h].get("operations_per_fsync") for h in ("server_before_kill",
                                                                                   "server_after_restart")],
+                   "gc2_passes": [res[h].get("gc2_passes") for h in ("server_before_kill", "server_after_restart")],
+                   "gc2_s": [res[h].get("gc2_s") for h in ("server_before_kill", "server_after_restart")],
+                   "gc_s": [res[h].get("gc_s") for h in ("server_before_kill", "server_after_restart")],
                    **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
                        "overview_server_ms_mean")} if on else {})}
             runs[name].append(row)

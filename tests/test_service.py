@@ -71,6 +71,31 @@ def test_health_needs_no_key_and_metrics_an_operator_key(server):
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     assert "# TYPE gpuir_requests_total counter" in m.text
     assert "gpuir_search_batch_queries_bucket" in m.text
+    assert 'gpuir_gc_pause_seconds_count{generation="0"}' in m.text  # a started server has collected by now
+
+
+def test_gc_pauses_are_timed_while_installed_only():
+    """The service's collector-pass histogram: each pass observed under its generation while installed,
+    nothing after removal (a closed service leaves no callback in gc.callbacks)."""
+    import gc
+
+    import prometheus_client as prom
+
+    from gpuir.service.gcpauses import GcPauses
+
+    reg = prom.CollectorRegistry()
+    g = GcPauses(prom.Histogram("t_gc_seconds", "t", ["generation"], registry=reg))
+
+    def count():
+        return reg.get_sample_value("t_gc_seconds_count", {"generation": "2"}) or 0.0
+
+    g.install()
+    g.install()  # idempotent: one callback
+    gc.collect()
+    assert count() == 1.0 and reg.get_sample_value("t_gc_seconds_sum", {"generation": "2"}) >= 0.0
+    g.remove()
+    gc.collect()
+    assert count() == 1.0 and g._callback not in gc.callbacks
 
 
 def test_missing_and_bad_keys_are_401_other_tenant_403(server):

@@ -65,6 +65,7 @@ from ..memory import Memory, persist
 from ..memory.durable import check_durability, fold_service_log
 from ..memory.hitorder import hit_times
 from ..memory.records import MISSING_TIME, STRING_FIELDS, RecordBatch
+from ..memory.searcher import warm_compiled_engine
 from ..memory.snapshot import Snapshot
 from ..memory.termstats import TermStats
 from ..wal import encode_payload
@@ -159,16 +160,14 @@ def stats_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
 
 
 def _warm_compiled() -> None:
-    """Load the compiled engine's builder and search in this process (numba's import, its registries, each
-    function from its cache: 1.6-1.8 s on the development VM) through a tiny memory of its own, in a thread
-    started as the shard opens: otherwise the shard's first ``add`` pays it, and at 5M records that was the
-    longest add of the run (``bench/bench_sharded.py``, session 37). A write that comes meanwhile waits only
-    for what is still loading; a failure is logged and left to the first write or search, which meets it."""
+    """Load the compiled engine's builder and search in this process
+    (:func:`gpuir.memory.searcher.warm_compiled_engine`: numba's import, its registries, each function from
+    its cache; 1.6-1.8 s on the development VM), in a thread started as the shard opens: otherwise the
+    shard's first ``add`` pays it, and at 5M records that was the longest add of the run
+    (``bench/bench_sharded.py``, session 37). A write that comes meanwhile waits only for what is still
+    loading; a failure is logged and left to the first write or search, which meets it."""
     try:
-        m = Memory(partition_days=None)
-        m.add([{"id": "warm-0", "text": "warm the compiled engine"}, {"id": "warm-1", "text": "of this shard"}])
-        m.search("warm shard", k=1, backend="auto")
-        m.close()
+        warm_compiled_engine()
     except Exception:  # a warm-up: the first real call reports what fails
         log.debug("warming the compiled engine failed", exc_info=True)
 

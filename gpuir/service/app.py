@@ -55,6 +55,7 @@ from ..memory.where import with_time_unit
 from .batcher import MicroBatcher
 from .body import BodyError
 from .errors import ConflictError, StoreFailedError, TenantError, WriteFailedError, check_tenant, external_hit
+from .gcpauses import GcPauses
 from .http import detail_422, field_error, force_tenant, openapi_body, read_body, write_failed
 from .keys import OPERATOR, KeyFileError, KeyStore, parse_key
 from .ratelimit import RateLimiter
@@ -331,6 +332,9 @@ class Service:
         self.m_wal_ops = prom.Gauge("gpuir_wal_pending_records", "records in the log not yet folded by a save",
                                     registry=r)
         self.m_wal_ops.set_function(lambda: self.store.pending_records if self.store else 0)
+        self.gc_pauses = GcPauses(prom.Histogram(
+            "gpuir_gc_pause_seconds", "the process's garbage-collector passes (each holds every request)",
+            ["generation"], registry=r, buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)))
         self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch, max_terms=self.limits.batch_terms,
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}
@@ -360,8 +364,10 @@ class Service:
         else:
             self.store = ServiceStore(self.root, **self.options)
         self.store.on_group = lambda n, s: (self.m_group.observe(n), self.m_fsync.observe(s))
+        self.gc_pauses.install()
 
     def close(self) -> None:
+        self.gc_pauses.remove()
         if self.store is not None:
             self.store.close()
 

@@ -1,0 +1,53 @@
+"""The server process's garbage-collector passes, timed, for ``/metrics`` (``gpuir_gc_pause_seconds``).
+
+CPython's cyclic collector runs inside whichever thread allocates when a generation's threshold is
+crossed, and holds the GIL for the whole pass: every request of the process waits for it. A full
+(generation 2) pass walks every tracked container and each reference it holds (the vocabulary of a large
+memory is one Python list of strings: about 70 ms per pass for 1.3M terms on the development VM), so
+its time is one of the tails an operator reads next to the request latencies. Timed with
+:data:`gc.callbacks` (a clock read at each pass's start and stop).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+__all__ = ["GcPauses"]
+
+
+class GcPauses:
+    """Observe each collector pass's seconds into ``histogram`` (labelled by generation) while installed.
+
+    Parameters
+    ----------
+    histogram : prometheus_client.Histogram
+        With one label, ``generation`` ("0", "1" or "2").
+    """
+
+    def __init__(self, histogram: Any):
+        self.histogram = histogram
+        self._t0 = 0.0
+        self._installed = False
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.histogram.labels(generation=str(info.get("generation", "?"))).observe(time.perf_counter() - self._t0)
+
+    def install(self) -> None:
+        """Start timing (idempotent)."""
+        if not self._installed:
+            gc.callbacks.append(self._callback)
+            self._installed = True
+
+    def remove(self) -> None:
+        """Stop timing (idempotent): a closed service leaves no callback behind."""
+        if self._installed:
+            try:
+                gc.callbacks.remove(self._callback)
+            except ValueError:
+                pass
+            self._installed = False

@@ -178,7 +178,13 @@ def run(corpus: dict, shards: int | None, args, workdir: Path, want=None) -> dic
             if args.progress and len(calls) % 10 == 0:
                 print(f"  {name}: {n:,} records, {n / t_add:,.0f} adds/s", file=sys.stderr, flush=True)
         out.update(records=n, add_s=round(t_add, 2), adds_per_s=round(n / t_add, 1),
-                   add_call_p50_ms=pct([c * 1e3 for c in calls], 50), add_call_max_ms=round(max(calls) * 1e3, 1))
+                   add_call_p50_ms=pct([c * 1e3 for c in calls], 50), add_call_max_ms=round(max(calls) * 1e3, 1),
+                   add_call_p99_ms=pct([c * 1e3 for c in calls], 99),
+                   # the writer pauses (issue 38's 0.25 s bound): how many add calls took longer, the 5 longest
+                   # with the records held before each (where in the growth they came)
+                   add_calls=len(calls), add_calls_over_250ms=sum(c > 0.25 for c in calls),
+                   add_calls_longest=[{"ms": round(calls[i] * 1e3, 1), "records_before": i * args.batch}
+                                      for i in sorted(range(len(calls)), key=lambda i: -calls[i])[:5]])
         if shards is not None:
             t0 = time.perf_counter()
             mem.save()

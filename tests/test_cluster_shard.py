@@ -247,6 +247,40 @@ print(plain, "numba" in sys.modules)
     assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
 
 
+def test_a_write_does_not_wait_for_the_checkpoint_it_starts(tmp_path, monkeypatch):
+    """The write that crosses checkpoint_every answers while the save's files are still being written (in a
+    thread of the shard), and so does the next write; the checkpoint then folds the log; close waits for it."""
+    import threading
+
+    from gpuir.memory.commit import PendingSave
+
+    release, started = threading.Event(), threading.Event()
+    finish = PendingSave.finish
+
+    def slow_finish(self):
+        started.set()
+        assert release.wait(60)
+        return finish(self)
+
+    recs = corpus(90)
+    s = shard_at(tmp_path, checkpoint_every=30)
+    monkeypatch.setattr(PendingSave, "finish", slow_finish)
+    answered = []
+    w = threading.Thread(target=lambda: answered.append(s.write(add_payload(recs[:40], 1, 0))))
+    w.start()
+    w.join(30)
+    assert answered and answered[0]["n"] == 40, "the write waited for its checkpoint's files"
+    assert started.wait(30) and s.checkpoints == 0  # the save is under way, not committed
+    assert s.write(add_payload(recs[40:60], 2, 40))["n"] == 20  # a write meanwhile: not held either
+    release.set()
+    assert s.wait_checkpoint(60) and s.checkpoints == 1
+    assert s.pending_records == 20  # the 40 folded by the save; the 20 written during it are in the new log
+    s.close()
+    r = ShardServer(tmp_path / "s0", 0)
+    assert len(r.memory) == 60
+    r.close()
+
+
 def test_shard_refuses_without_logging(tmp_path):
     s = shard_at(tmp_path)
     s.write(add_payload(corpus(5), 1, 0))
@@ -283,6 +317,7 @@ def test_shard_stat_deltas_sum_to_its_statistics(tmp_path):
     for i in range(0, 120, 30):
         wid += 1
         gs.apply(0, s.write(add_payload(recs[i:i + 30], wid, i)))
+        assert s.wait_checkpoint(60)  # (each write crossed checkpoint_every: its checkpoint runs in a thread)
     wid += 1
     gs.apply(0, s.write(write_payload("delete", wid, ids=[r["id"] for r in recs[::4]])))
     wid += 1

@@ -150,6 +150,19 @@ def test_cupy_without_device_raises_device_unavailable(monkeypatch):
         segment_reduce(np.ones((1, 2)), np.array([0, 2]), backend="cupy")
 
 
+def same_but_rounding(got, ref) -> None:
+    """``got``'s ids are ``ref``'s, except that documents whose scores agree to float32 rounding may change
+    places: a matrix product may round a last bit differently for two equal vectors (OpenBLAS does, by
+    their rows' places in its blocks: doc 0 against its duplicates 600-609 in ``data``) and FAISS's for
+    none (the module docstring's contract)."""
+    np.testing.assert_allclose(got.scores, ref.scores, rtol=1e-5, atol=1e-6)
+    swapped = got.ids != ref.ids
+    if swapped.any():
+        i, j = np.nonzero(swapped)
+        assert np.abs(ref.scores[i, j] - got.scores[i, j]).max() <= 1e-6
+        assert all(sorted(a) == sorted(b) for a, b in zip(got.ids.tolist(), ref.ids.tolist()))
+
+
 @pytest.mark.parametrize("k", [1, 5, 11, 12, 800])
 def test_flat_faiss_same_ids_as_numpy_under_the_tie_rule(data, k):
     """IndexFlatIP (exact) gives the NumPy path's ids, also where many documents tie at the k-th score."""
@@ -157,11 +170,10 @@ def test_flat_faiss_same_ids_as_numpy_under_the_tie_rule(data, k):
     docs, q = data
     ref = DenseIndex(docs, backend="numpy").search(q, k)
     flat = DenseIndex(docs, kind="flat").search(q, k)
-    np.testing.assert_array_equal(flat.ids, ref.ids)
-    np.testing.assert_allclose(flat.scores, ref.scores, rtol=1e-5, atol=1e-6)
+    same_but_rounding(flat, ref)
     if k in (5, 11):  # query 3 equals doc 0, which has 10 duplicates: the lowest numbers win
         assert flat.ids[3, :k].tolist() == ([0] + list(range(600, 610)))[:k]
     # ties also through a filter (IDSelectorBatch, above the exact_below cut)
     allow = [np.arange(0, 700, 1)] + [None] * 10
     got = DenseIndex(docs, kind="flat", exact_below=10).search(q, k, filters=allow)
-    np.testing.assert_array_equal(got.ids, ref.ids)
+    same_but_rounding(got, ref)

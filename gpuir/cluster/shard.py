@@ -35,7 +35,8 @@ folded once: the old log is applied and saved, then deleted
 (:func:`gpuir.memory.durable.fold_service_log`).
 
 **Checkpoints** (every ``checkpoint_every`` logged records, on :meth:`save`, on
-:meth:`close`): a save of the memory, which folds its log.
+:meth:`close`): a save of the memory, which folds its log. The one a write starts runs in a thread of
+the shard, one at a time: that write answers at once.
 
 **Searches** take the global statistics (:class:`~gpuir.memory.termstats.TermStats`)
 and run on the memory's current snapshot, any number at once

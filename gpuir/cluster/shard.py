@@ -406,10 +406,9 @@ class ShardServer:
         starts after it. ``background``: the thread a write started (it does nothing once the shard closes).
         """
         with self._lock:
-            if background and self._closing:
-                return int(persist.read_manifest(self.root)[1]["generation"])
             gen = int(persist.read_manifest(self.root)[1]["generation"])
-            if not force and not self.pending_records and not self.memory.unsaved:
+            if (background and self._closing) or (not force and not self.pending_records
+                                                  and not self.memory.unsaved):
                 return gen
             job = self.memory.begin_save()
         job.finish()  # writes go on meanwhile (into the new segment)

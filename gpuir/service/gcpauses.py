@@ -28,6 +28,8 @@ class GcPauses:
 
     def __init__(self, histogram: Any):
         self.histogram = histogram
+        # each generation's series made once: the callback runs at every pass (young passes: thousands a second)
+        self._series = {g: histogram.labels(generation=str(g)) for g in (0, 1, 2)}
         self._t0 = 0.0
         self._installed = False
 
@@ -35,7 +37,7 @@ class GcPauses:
         if phase == "start":
             self._t0 = time.perf_counter()
         else:
-            self.histogram.labels(generation=str(info.get("generation", "?"))).observe(time.perf_counter() - self._t0)
+            self._series[info["generation"]].observe(time.perf_counter() - self._t0)
 
     def install(self) -> None:
         """Start timing (idempotent)."""

@@ -54,6 +54,12 @@ time per agent request (the page's polls' work included): on a machine whose
 load moves requests/s by 2x from run to run, the figure that can resolve 5%. The browser runs on the same
 machine as the server and the agents, so its own CPU is part of what it costs.
 
+Each run also reports ``phases``: every operation's p50/p99 for the requests started before the kill and
+after the restart, the first wave (each agent's first add, all at once, each opening a new tenant) apart
+from the adds after it, and the slowest requests with their start. With 200 agents x 30 steps the first
+wave is 3.3% of the adds, so it sets the run's add p99; ``--settle-s S`` starts the agents S seconds after
+the server (and the page's sign-in), the same with and without the page.
+
 Usage::
 
     python bench/bench_service.py --agents 1000 --steps 2 --out bench/results/service_vm_after.json
@@ -114,6 +120,7 @@ class Run:
         self.lat: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
         self.restarted = False  # latencies of requests started after the restart are also kept apart
         self.lat_after: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
+        self.samples: list[tuple[float, str, float]] = []  # (start, op, seconds) of every kept latency
         self.errors: list[str] = []
         self.outage_retries = 0
         self.acked: dict[int, list[tuple[str, str]]] = {}  # agent -> [(id, unique word)]
@@ -160,9 +167,11 @@ async def call(run: Run, op: str, fn, *a, **kw):
             return None
         run.requests += 1
         if not interrupted:
-            run.lat[op].append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            run.lat[op].append(dt)
+            run.samples.append((t0, op, dt))
             if run.restarted:
-                run.lat_after[op].append(time.perf_counter() - t0)
+                run.lat_after[op].append(dt)
         return out
 
 
@@ -238,6 +247,7 @@ class InspectorPage:
         self.error: str | None = None
         self.cpu0, self.cpu_s = 0.0, 0.0  # the browser's and Playwright driver's CPU while a page is open
         self.opened = threading.Event()
+        self.opened_at = 0.0  # perf_counter when the page last finished signing in
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -274,6 +284,7 @@ class InspectorPage:
                     pg.check("#memory-poll")
                     if self.nice:
                         renice_browser(self.nice)
+                    self.opened_at = time.perf_counter()
                     self.opened.set()
                     self.cpu0 = browser_cpu()
                     while self.jobs.empty():
@@ -370,10 +381,13 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                                                                               keepalive_expiry=60.0))
                  for _ in range(args.agents)]
     cpu = {"client_s": 0.0, "server_s": 0.0}
+    marks: dict[str, float] = {}  # perf_counter times of the run's events (the kill, the restart, the page)
     page = None
     if args.page_open:
         page = InspectorPage(keys[0], nice=args.browser_nice, profile=args.browser_profile)
         await asyncio.to_thread(page.open, server.url)
+    if args.settle_s > 0:
+        await asyncio.sleep(args.settle_s)
     try:
         async with contextlib.AsyncExitStack() as stack:
             for p in pools:
@@ -437,6 +451,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                 await asyncio.gather(*tasks)
                 if reopen is not None:
                     await reopen
+                    marks["page_reopened"] = page.opened_at
             t_end = time.perf_counter()
             n_requests = run.requests  # the verification below is not part of the measured run
             cpu["client_s"] = process_cpu() - c0
@@ -478,11 +493,13 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
                              "shards": args.shards or None, "route": "tenant" if args.shards else None,
                              "batch_window_ms": args.batch_window_ms, "max_batch": args.max_batch,
                              "checkpoint_every": args.checkpoint_every,
-                             "connections": args.connections or "one per agent", "think_ms": args.think_ms},
+                             "connections": args.connections or "one per agent", "think_ms": args.think_ms, "settle_s": args.settle_s},
                 "server_before_kill": server_figures(metrics_before),
                 "server_after_restart": server_figures((await http.get(server.url + "/metrics", headers=op)).text),
             }
             out["_lat"] = run.lat
+            marks.update(start=t_start, kill=t_kill, verified=t_verified, end=t_end)
+            out["_timeline"] = {"marks": marks, "samples": run.samples, "n_agents": args.agents}
     finally:
         if page is not None:
             out["page"] = await asyncio.to_thread(page.close)
@@ -646,6 +663,9 @@ def main(argv=None) -> int:
                         "directory (disk, Playwright's default): a browser on the server's disk adds its "
                         "profile's fdatasyncs beside the server's log fsyncs, which a page opened on another "
                         "machine does not (default: %(default)s)")
+    p.add_argument("--settle-s", type=float, default=0.0,
+                   help="seconds between the server's start (and the page's sign-in, with a page) and the agents' "
+                        "first requests, the same with and without a page (default: %(default)s)")
     args = p.parse_args(argv)
     if args.client_cpus:
         os.sched_setaffinity(0, {int(c) for part in args.client_cpus.split(",") for c in (
@@ -667,6 +687,7 @@ def main(argv=None) -> int:
         args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
     res = _one_run(args)
     lat = res.pop("_lat")
+    res["phases"] = phases(res.pop("_timeline"))
     res["machine"] = {"host": socket.gethostname(), **machine_info()}
     res["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "machine"}, indent=1))
@@ -695,6 +716,36 @@ def _one_run(args) -> dict[str, Any]:
         return asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))
 
 
+def phases(timeline: dict[str, Any], slowest: int = 8) -> dict[str, Any]:
+    """Where in the run the latencies fell: p50/p99 of each operation for requests started before the kill
+    and after the restart (the server verified up), and the ``slowest`` requests with their start in seconds
+    after the restart (negative: before the kill) -- to tell a steady cost from one event's (the restart,
+    the page signing in again: ``page_reopened_s``)."""
+    m, samples = timeline["marks"], timeline["samples"]
+    out: dict[str, Any] = {"kill_s": m["kill"] - m["start"], "outage_s": m["verified"] - m["kill"],
+                           "after_restart_s": m["end"] - m["verified"]}
+    if "page_reopened" in m:
+        out["page_reopened_s"] = m["page_reopened"] - m["verified"]
+    for name, keep in (("before_kill", lambda t: t < m["kill"]), ("after_restart", lambda t: t >= m["verified"])):
+        for op in ("add", "search"):
+            v = [dt for t, o, dt in samples if o == op and keep(t)]
+            if v:
+                out[f"{op}_{name}_ms"] = {"p50": float(np.percentile(v, 50) * 1e3),
+                                          "p99": float(np.percentile(v, 99) * 1e3), "n": len(v)}
+    adds = sorted((t, dt) for t, o, dt in samples if o == "add")
+    wave = timeline.get("n_agents", 0)  # each agent's first add: the run's first wave, all at once
+    if adds and wave:
+        first, rest = [dt for _, dt in adds[:wave]], [dt for _, dt in adds[wave:]]
+        out["add_first_wave_ms"] = {"p50": float(np.percentile(first, 50) * 1e3), "max": max(first) * 1e3,
+                                    "n": len(first)}
+        if rest:
+            out["add_after_first_wave_ms"] = {"p50": float(np.percentile(rest, 50) * 1e3),
+                                              "p99": float(np.percentile(rest, 99) * 1e3), "n": len(rest)}
+    worst = sorted((x for x in samples if x[1] != "verify"), key=lambda x: -x[2])[:slowest]
+    out["slowest"] = [{"op": o, "ms": dt * 1e3, "start_s_after_restart": t - m["verified"]} for t, o, dt in worst]
+    return out
+
+
 def _page_both(args, argv) -> int:
     """The benchmark without and with the inspector page, alternately; medians and their ratios."""
     if args.repeat < 1:
@@ -708,6 +759,7 @@ def _page_both(args, argv) -> int:
             args.page_open = on
             res = _one_run(args)
             res.pop("_lat")
+            ph = phases(res.pop("_timeline"))
             ok &= res["errors"] == 0 and res["lost_at_end"] == 0
             row = {"throughput_rps": res["throughput_rps"],
                    "search_p50_ms": res["latency_ms"]["search"]["p50"], "search_p99_ms": res["latency_ms"]["search"]["p99"],
@@ -724,6 +776,7 @@ def _page_both(args, argv) -> int:
                    "gc2_passes": [res[h].get("gc2_passes") for h in ("server_before_kill", "server_after_restart")],
                    "gc2_s": [res[h].get("gc2_s") for h in ("server_before_kill", "server_after_restart")],
                    "gc_s": [res[h].get("gc_s") for h in ("server_before_kill", "server_after_restart")],
+                   "phases": ph,
                    **({"page": res["page"], "overview_server_ms_mean": res["server_after_restart"].get(
                        "overview_server_ms_mean")} if on else {})}
             runs[name].append(row)
@@ -737,7 +790,7 @@ def _page_both(args, argv) -> int:
            "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
                         "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
                         "browser_nice": args.browser_nice, "browser_profile": args.browser_profile,
-                        "connections": args.connections or "one per agent", "think_ms": args.think_ms},
+                        "connections": args.connections or "one per agent", "think_ms": args.think_ms, "settle_s": args.settle_s},
            "machine": {"host": socket.gethostname(), **machine_info()},
            "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "runs")}, indent=1))

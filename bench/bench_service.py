@@ -60,6 +60,14 @@ from the adds after it, and the slowest requests with their start. With 200 agen
 wave is 3.3% of the adds, so it sets the run's add p99; ``--settle-s S`` starts the agents S seconds after
 the server (and the page's sign-in), the same with and without the page.
 
+Runs with and without the page differ by more than 5% on a shared machine on their own. ``--page
+toggle`` keeps the page open through each of ``--repeat`` runs, switches its polling off and on every
+``--toggle-s`` seconds and counts each request under the state at its start (the first wave, the outage
+and the ramp-down left out): the same minutes fall on both states, and the results give each
+operation's p50/p99 and requests per second polling over not polling, per run and pooled
+(``bench/results/service_page_toggle_MACHINE.json``). ``--page-client http`` replaces the browser by a
+process that asks the page's route as the page does: the server's share of the page's cost alone.
+
 Usage::
 
     python bench/bench_service.py --agents 1000 --steps 2 --out bench/results/service_vm_after.json
@@ -68,6 +76,8 @@ Usage::
         --out bench/results/service_vm_after_think5s.json --plot docs/img/service_latency_think5s.png
     python bench/bench_service.py --agents 50 --steps 3 --no-docs   # a smoke run
     python bench/bench_service.py --agents 200 --steps 6 --page both --repeat 3   # with and without the page
+    python bench/bench_service.py --agents 200 --steps 100 --page toggle --repeat 6 --settle-s 3
+        # the page's polling switched off and on within each run
     python bench/bench_service.py --agents 200 --steps 4 --shards 2 --kill shard --no-docs
         # a 2-shard memory behind the server; one shard actor SIGKILLed mid-stream
 
@@ -80,6 +90,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -88,6 +99,7 @@ import resource
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,6 +133,7 @@ class Run:
         self.restarted = False  # latencies of requests started after the restart are also kept apart
         self.lat_after: dict[str, list[float]] = {"add": [], "search": [], "verify": []}
         self.samples: list[tuple[float, str, float]] = []  # (start, op, seconds) of every kept latency
+        self.finished: list[float] = []  # when each agent made its last step (the load ramps down after the first)
         self.errors: list[str] = []
         self.outage_retries = 0
         self.acked: dict[int, list[tuple[str, str]]] = {}  # agent -> [(id, unique word)]
@@ -199,6 +212,7 @@ async def agent(run: Run, i: int, client: AsyncMemoryClient, bar) -> None:
                               f"expected {min(10, len(run.acked[i]))}")
         run.done_steps += 1
         bar.update(1)
+    run.finished.append(time.perf_counter())
 
 
 async def verify(run: Run, clients: dict[int, AsyncMemoryClient], sem) -> tuple[int, int]:
@@ -237,11 +251,14 @@ class InspectorPage:
     ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--no-first-run", "--disable-sync")
 
-    def __init__(self, key: str, chromium: str = "/usr/bin/chromium", nice: int = 0, profile: str = "memory"):
+    def __init__(self, key: str, chromium: str = "/usr/bin/chromium", nice: int = 0, profile: str = "memory",
+                 toggle_s: float = 0.0):
         import queue
         import threading
 
         self.key, self.chromium, self.nice, self.profile = key, chromium, nice, profile
+        self.toggle_s = toggle_s  # > 0: the polling switched off and on every toggle_s seconds (--page toggle)
+        self.flips: list[tuple[float, bool]] = []  # (perf_counter, polling on) at each switch
         self.jobs: queue.Queue = queue.Queue()
         self.polls = {"ok": 0, "failed": 0}
         self.error: str | None = None
@@ -285,12 +302,19 @@ class InspectorPage:
                     if self.nice:
                         renice_browser(self.nice)
                     self.opened_at = time.perf_counter()
+                    self.flips.append((self.opened_at, True))
                     self.opened.set()
                     self.cpu0 = browser_cpu()
+                    on, last = True, time.perf_counter()
                     while self.jobs.empty():
                         # the page's own timer polls; this thread only hands Playwright's events over, once a
                         # second (each hand-over takes the GIL from the agents' event loop in this process)
-                        pg.wait_for_timeout(1000)
+                        pg.wait_for_timeout(1000 if not self.toggle_s else min(1000, 250))
+                        if self.toggle_s and time.perf_counter() - last >= self.toggle_s:
+                            on = not on
+                            (pg.check if on else pg.uncheck)("#memory-poll")
+                            last = time.perf_counter()
+                            self.flips.append((last, on))
                     self.cpu_s += browser_cpu() - self.cpu0
                 b.close()
         except Exception as e:  # noqa: BLE001 - reported in the result, not raised in the benchmark's loop
@@ -305,7 +329,71 @@ class InspectorPage:
     def close(self) -> dict[str, Any]:
         self.jobs.put(None)
         self.thread.join(60)
-        return {"overview_polls": dict(self.polls), "error": self.error, "browser_cpu_s": self.cpu_s}
+        return {"overview_polls": dict(self.polls), "error": self.error, "browser_cpu_s": self.cpu_s,
+                "flips": self.flips}
+
+
+class OverviewPoller:
+    """The page's polls without the page (``--page-client http``): a process of its own asks ``GET
+    /v1/tenants/{tenant}/overview`` with the page's key, the next poll a second after the last answer, as
+    the page's timer does; the same interface as :class:`InspectorPage`. What the server does for a page,
+    without a browser on this machine: the two together tell the server's cost from the browser's."""
+
+    SCRIPT = ("import os, sys, time, httpx\n"
+              "url, key = sys.argv[1], sys.argv[2]\n"
+              "os.nice(int(sys.argv[3]))\n"
+              "toggle = float(sys.argv[4])\n"
+              "c = httpx.Client(timeout=120)\n"
+              "ok = failed = 0\n"
+              "on, last = True, time.perf_counter()\n"
+              "print('flip', last, 1, flush=True)\n"
+              "while True:\n"
+              "    if toggle and time.perf_counter() - last >= toggle:\n"
+              "        on, last = not on, time.perf_counter()\n"
+              "        print('flip', last, int(on), flush=True)\n"
+              "    if not on:\n"
+              "        time.sleep(0.05)\n"
+              "        continue\n"
+              "    try:\n"
+              "        r = c.get(url, headers={'Authorization': 'Bearer ' + key})\n"
+              "        ok, failed = ok + (r.status_code == 200), failed + (r.status_code != 200)\n"
+              "    except httpx.HTTPError:\n"
+              "        failed += 1\n"
+              "    print('polls', ok, failed, flush=True)\n"
+              "    time.sleep(1)\n")
+
+    def __init__(self, key: str, tenant: str, nice: int = 0, toggle_s: float = 0.0):
+        self.key, self.tenant, self.nice, self.toggle_s = key, tenant, nice, toggle_s
+        self.flips: list[tuple[float, bool]] = []
+        self.proc: subprocess.Popen | None = None
+        self.polls = {"ok": 0, "failed": 0}
+        self.opened_at = 0.0
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            polls = [0, 0]
+            for line in out.splitlines():
+                w = line.split()
+                if w[:1] == ["flip"]:  # perf_counter is CLOCK_MONOTONIC: one clock for every process
+                    self.flips.append((float(w[1]), w[2] == "1"))
+                elif w[:1] == ["polls"]:
+                    polls = [int(w[1]), int(w[2])]
+            self.polls["ok"] += polls[0]
+            self.polls["failed"] += polls[1]
+            self.proc = None
+
+    def open(self, url: str, timeout: float = 120.0) -> None:
+        self._stop()
+        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT, f"{url}/v1/tenants/{self.tenant}/overview",
+                                      self.key, str(self.nice), str(self.toggle_s)], stdout=subprocess.PIPE,
+                                     text=True)
+        self.opened_at = time.perf_counter()
+
+    def close(self) -> dict[str, Any]:
+        self._stop()
+        return {"overview_polls": dict(self.polls), "error": None, "client": "http", "flips": self.flips}
 
 
 def browser_profile_parent(profile: str) -> str | None:
@@ -384,7 +472,10 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
     marks: dict[str, float] = {}  # perf_counter times of the run's events (the kill, the restart, the page)
     page = None
     if args.page_open:
-        page = InspectorPage(keys[0], nice=args.browser_nice, profile=args.browser_profile)
+        toggle = args.toggle_s if args.page == "toggle" else 0.0
+        page = (InspectorPage(keys[0], nice=args.browser_nice, profile=args.browser_profile, toggle_s=toggle)
+                if args.page_client == "browser" else
+                OverviewPoller(keys[0], "agent-0000", nice=args.browser_nice, toggle_s=toggle))
         await asyncio.to_thread(page.open, server.url)
     if args.settle_s > 0:
         await asyncio.sleep(args.settle_s)
@@ -499,6 +590,7 @@ async def main_async(args, root: Path, keys: list[str], operator: str) -> dict[s
             }
             out["_lat"] = run.lat
             marks.update(start=t_start, kill=t_kill, verified=t_verified, end=t_end)
+            marks["first_agent_done"] = min(run.finished) if run.finished else t_end
             out["_timeline"] = {"marks": marks, "samples": run.samples, "n_agents": args.agents}
     finally:
         if page is not None:
@@ -646,9 +738,13 @@ def main(argv=None) -> int:
                    help="latency plot path (default: docs/img/service_latency.png)")
     p.add_argument("--no-docs", action="store_true", help="write no JSON and no plot (a smoke run)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--page", choices=("off", "on", "both"), default="off",
+    p.add_argument("--page", choices=("off", "on", "both", "toggle"), default="off",
                    help="the memory inspector page open and polling every second during the run; both: runs "
-                        "without and with it, alternately, --repeat times each (default: %(default)s)")
+                        "without and with it, alternately, --repeat times each; toggle: --repeat runs with the page "
+                        "open, its polling switched off and on every --toggle-s seconds, each request counted "
+                        "under the state at its start (default: %(default)s)")
+    p.add_argument("--toggle-s", type=float, default=3.0,
+                   help="with --page toggle: seconds of polling, then as many without (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each kind with --page both (default: %(default)s)")
     p.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset's list, e.g. 0); "
                                                       "default: where this process runs")
@@ -663,6 +759,10 @@ def main(argv=None) -> int:
                         "directory (disk, Playwright's default): a browser on the server's disk adds its "
                         "profile's fdatasyncs beside the server's log fsyncs, which a page opened on another "
                         "machine does not (default: %(default)s)")
+    p.add_argument("--page-client", choices=("browser", "http"), default="browser",
+                   help="with --page: the page in headless Chromium, or its polls alone from a process of their own "
+                        "(http: the server's share of the page's cost, without a browser on this machine; "
+                        "default: %(default)s)")
     p.add_argument("--settle-s", type=float, default=0.0,
                    help="seconds between the server's start (and the page's sign-in, with a page) and the agents' "
                         "first requests, the same with and without a page (default: %(default)s)")
@@ -672,6 +772,8 @@ def main(argv=None) -> int:
             range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))})
     if args.page == "both":
         return _page_both(args, argv)
+    if args.page == "toggle":
+        return _page_toggle(args, argv)
     args.page_open = args.page == "on"
     if args.agents < 1 or args.steps < 2:
         p.error("--agents must be >= 1 and --steps >= 2 (the crash comes mid-run)")
@@ -746,6 +848,98 @@ def phases(timeline: dict[str, Any], slowest: int = 8) -> dict[str, Any]:
     return out
 
 
+def by_polling(timeline: dict[str, Any], flips: list[tuple[float, bool]]) -> dict[str, Any]:
+    """The requests of one ``--page toggle`` run split by whether the page was polling when each started:
+    each operation's p50/p99 and the requests started per second of each state, the first wave (each agent's
+    first add), the outage and the ramp-down (after the first agent is done) left out. Windows of both
+    states alternate every few seconds through the whole run, so a slow drift of the machine (a neighbour's
+    load) falls on both alike."""
+    m, samples = dict(timeline["marks"]), timeline["samples"]
+    m["end"] = m.get("first_agent_done", m["end"])
+    flips = sorted(flips)
+    times = np.array([t for t, _ in flips])
+    states = np.array([on for _, on in flips], bool)
+    n_wave = timeline.get("n_agents", 0)
+    wave = set(sorted((t, i) for i, (t, o, _) in enumerate(samples) if o == "add")[:n_wave])
+    wave_ids = {i for _, i in wave}
+    t_from = max(t for t, _ in wave) if wave else m["start"]  # after the first wave has started
+    # the seconds spent in each state, between the first wave and the end, the outage left out
+    edges = np.concatenate(([t_from], times[(times > t_from) & (times < m["end"])], [m["end"]]))
+    secs = {True: 0.0, False: 0.0}
+    for a, b in itertools.pairwise(edges):
+        for lo, hi in ((a, min(b, m["kill"])), (max(a, m["verified"]), b)):
+            if hi > lo:
+                j = np.searchsorted(times, lo, side="right") - 1
+                secs[bool(states[j]) if j >= 0 else False] += hi - lo
+    out: dict[str, Any] = {"seconds": {"polling": secs[True], "not_polling": secs[False]}}
+    for op in ("add", "search"):
+        v = {True: [], False: []}
+        for i, (t, o, dt) in enumerate(samples):
+            if o != op or i in wave_ids or t < t_from or t >= m["end"] or m["kill"] <= t < m["verified"]:
+                continue
+            j = np.searchsorted(times, t, side="right") - 1
+            v[bool(states[j]) if j >= 0 else False].append(dt)
+        out.setdefault("_lat", {})[op] = v  # for the pooled figures over runs (popped by the caller)
+        if v[True] and v[False]:
+            out[op] = {name: {"p50_ms": float(np.percentile(x, 50) * 1e3), "p99_ms": float(np.percentile(x, 99) * 1e3),
+                              "n": len(x), "per_s": len(x) / max(1e-9, secs[on])}
+                       for name, on, x in (("polling", True, v[True]), ("not_polling", False, v[False]))}
+            a, b = out[op]["polling"], out[op]["not_polling"]
+            out[op]["ratio"] = {k: a[k] / b[k] for k in ("p50_ms", "p99_ms", "per_s")}
+    return out
+
+
+def _page_toggle(args, argv) -> int:
+    """``--repeat`` runs with the page open and its polling switched off and on every ``--toggle-s`` s."""
+    if args.repeat < 1 or not args.toggle_s > 0:
+        raise SystemExit("--repeat must be >= 1 and --toggle-s > 0")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.agents * args.steps * 3 // 4)
+    args.page_open = True
+    runs, ok = [], True
+    pooled: dict[str, dict[bool, list[float]]] = {op: {True: [], False: []} for op in ("add", "search")}
+    seconds = {True: 0.0, False: 0.0}
+    for r in range(args.repeat):
+        res = _one_run(args)
+        res.pop("_lat")
+        tl = res.pop("_timeline")
+        ok &= res["errors"] == 0 and res["lost_at_end"] == 0
+        bp = by_polling(tl, res["page"].pop("flips"))
+        for op, v in bp.pop("_lat").items():
+            for on in (True, False):
+                pooled[op][on] += v[on]
+        seconds[True] += bp["seconds"]["polling"]
+        seconds[False] += bp["seconds"]["not_polling"]
+        row = {"by_polling": bp, "page": res["page"],
+               "throughput_rps": res["throughput_rps"], "errors": res["errors"], "lost_at_end": res["lost_at_end"],
+               "server_cpu_ms_per_request": res["cpu_ms_per_request"]["server"], "wall_s": res["wall_s"]}
+        runs.append(row)
+        print(f"run {r + 1}: {json.dumps(row)}", file=sys.stderr)
+    med = {op: {k: float(np.median([x["by_polling"][op]["ratio"][k] for x in runs if op in x["by_polling"]]))
+                for k in ("p50_ms", "p99_ms", "per_s")} for op in ("add", "search")}
+    pool = {op: {k: (np.percentile(v[True], q) / np.percentile(v[False], q)) if k != "per_s" else
+                     (len(v[True]) / max(1e-9, seconds[True])) / (len(v[False]) / max(1e-9, seconds[False]))
+                 for k, q in (("p50_ms", 50), ("p99_ms", 99), ("per_s", 0))}
+            for op, v in pooled.items() if v[True] and v[False]}
+    pool = {op: {k: float(x) for k, x in d.items()} for op, d in pool.items()}
+    out = {"runs": runs, "median_polling_over_not": med, "pooled_polling_over_not": pool,
+           "pooled_n": {op: {"polling": len(v[True]), "not_polling": len(v[False])} for op, v in pooled.items()},
+           "pooled_seconds": {"polling": seconds[True], "not_polling": seconds[False]},
+           "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat, "toggle_s": args.toggle_s,
+                        "page_client": args.page_client, "server_cpus": args.server_cpus,
+                        "client_cpus": args.client_cpus, "browser_nice": args.browser_nice,
+                        "browser_profile": args.browser_profile, "settle_s": args.settle_s,
+                        "connections": args.connections or "one per agent", "think_ms": args.think_ms},
+           "machine": {"host": socket.gethostname(), **machine_info()},
+           "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "runs")}, indent=1))
+    if not args.no_docs:
+        path = args.out or REPO / "bench" / "results" / f"service_page_toggle_{args.machine}.json"
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def _page_both(args, argv) -> int:
     """The benchmark without and with the inspector page, alternately; medians and their ratios."""
     if args.repeat < 1:
@@ -790,6 +984,7 @@ def _page_both(args, argv) -> int:
            "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
                         "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
                         "browser_nice": args.browser_nice, "browser_profile": args.browser_profile,
+                        "page_client": args.page_client,
                         "connections": args.connections or "one per agent", "think_ms": args.think_ms, "settle_s": args.settle_s},
            "machine": {"host": socket.gethostname(), **machine_info()},
            "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -39,6 +39,7 @@ no configuration has a relevance calibrated held out for record hits
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import re
@@ -335,6 +336,8 @@ class Service:
         self.gc_pauses = GcPauses(prom.Histogram(
             "gpuir_gc_pause_seconds", "the process's garbage-collector passes (each holds every request)",
             ["generation"], registry=r, buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5)))
+        prom.Gauge("gpuir_gc_frozen_objects", "objects out of the collector's passes (gpuir serve freezes what "
+                   "it loaded to start)", registry=r).set_function(gc.get_freeze_count)
         self.batcher = MicroBatcher(batch_window_ms / 1000.0, max_batch, max_terms=self.limits.batch_terms,
                                     on_batch=lambda n, reqs, s: self.m_batch.observe(n))
         self._retrievers: dict[str, tuple[Any, threading.Lock]] = {}

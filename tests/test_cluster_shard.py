@@ -227,24 +227,35 @@ def test_shard_log_replay_and_resent_writes(tmp_path):
 def test_shard_loads_its_compiled_engine_as_it_opens(tmp_path):
     """A shard warms the compiled engine in a thread as it opens (numba's load took 1.6 s of the first add:
     the longest add of a 5M-record run), while a memory opened to be searched imports no compiler. In a
-    fresh process: no numba after opening a plain memory; numba loaded once the shard's warm-up is done."""
+    fresh process: no numba after opening a plain memory; numba loaded once the shard's warm-up is done.
+    Only a shard that owns its process (an actor) then freezes the process's objects out of the
+    collector's passes: one in its caller's process leaves the heap as it was."""
     code = f"""
-import sys, threading
+import gc, sys, threading
 from pathlib import Path
 from gpuir.memory import Memory
 m = Memory(); m.save(Path({str(tmp_path)!r}) / "plain"); m.close()
 Memory.open(Path({str(tmp_path)!r}) / "plain").close()
 plain = "numba" in sys.modules
 from gpuir.cluster.shard import ShardServer
+
+def warmed():
+    for t in threading.enumerate():
+        if t.name == "gpuir-shard-warm":
+            t.join(120)
+
 s = ShardServer(Path({str(tmp_path)!r}) / "shard", create={{}})
-for t in threading.enumerate():
-    if t.name == "gpuir-shard-warm":
-        t.join(120)
-print(plain, "numba" in sys.modules)
+warmed()
+print(plain, "numba" in sys.modules, gc.get_freeze_count())
+s.close()
+s = ShardServer(Path({str(tmp_path)!r}) / "actor", create={{}}, own_process=True)
+warmed()
+print(gc.get_freeze_count() > 50_000, s.info()["gc_frozen_objects"] == gc.get_freeze_count())
+s.close()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+    assert out.stdout.split() == ["False", "True", "0", "True", "True"], out.stdout + out.stderr
 
 
 def test_a_write_does_not_wait_for_the_checkpoint_it_starts(tmp_path, monkeypatch):

@@ -85,7 +85,7 @@ def test_freezing_the_startup_heap_keeps_later_objects_and_the_warm_ups_garbage_
 
     code = """
 import gc, weakref
-from gpuir.service.gcpauses import freeze_startup_heap
+from gpuir.memory.warmup import freeze_startup_heap
 
 class Node:
     pass

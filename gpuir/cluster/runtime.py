@@ -101,7 +101,7 @@ def start_shard(root: Path, index: int, checkpoint_every: int, gpu: bool, num_cp
 
     cls = ray.remote(ShardServer)
     return cls.options(**shard_options(gpu, num_cpus, max_restarts)).remote(
-        str(root), index, None, checkpoint_every, lock_timeout, "cupy" if gpu else "auto", durability)
+        str(root), index, None, checkpoint_every, lock_timeout, "cupy" if gpu else "auto", durability, True)
 
 
 def shard_options(gpu: bool, num_cpus: float, max_restarts: int) -> dict[str, Any]:

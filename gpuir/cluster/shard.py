@@ -50,6 +50,7 @@ search's answer (its top k is the answer: no fetch call).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -69,6 +70,7 @@ from ..memory.records import MISSING_TIME, STRING_FIELDS, RecordBatch
 from ..memory.searcher import warm_compiled_engine
 from ..memory.snapshot import Snapshot
 from ..memory.termstats import TermStats
+from ..memory.warmup import freeze_startup_heap
 from ..wal import encode_payload
 
 log = logging.getLogger("gpuir.cluster.shard")
@@ -160,17 +162,21 @@ def stats_delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the shard
 
 
-def _warm_compiled() -> None:
+def _warm_compiled(freeze: bool = False) -> None:
     """Load the compiled engine's builder and search in this process
     (:func:`gpuir.memory.searcher.warm_compiled_engine`: numba's import, its registries, each function from
     its cache; 1.6-1.8 s on the development VM), in a thread started as the shard opens: otherwise the
     shard's first ``add`` pays it, and at 5M records that was the longest add of the run
     (``bench/bench_sharded.py``, session 37). A write that comes meanwhile waits only for what is still
-    loading; a failure is logged and left to the first write or search, which meets it."""
+    loading; a failure is logged and left to the first write or search, which meets it. ``freeze``: then
+    move what the process holds out of the collector's passes (a shard actor's own process,
+    :func:`gpuir.memory.warmup.freeze_startup_heap`)."""
     try:
         warm_compiled_engine()
     except Exception:  # a warm-up: the first real call reports what fails
         log.debug("warming the compiled engine failed", exc_info=True)
+    if freeze:
+        freeze_startup_heap()
 
 
 class ShardServer:
@@ -196,11 +202,20 @@ class ShardServer:
     durability : {"fsync", "flush", "none"}
         The memory's durability (:mod:`gpuir.memory.durable`): what a write has done when the
         shard answers it. Default ``"fsync"``.
+    own_process : bool
+        The shard is its process's only tenant (a Ray actor, :func:`gpuir.cluster.runtime.start_shard`):
+        once the compiled engine is loaded, everything the process holds then -- Ray's, NumPy's and
+        numba's objects (about 160,000 containers), and the memory as opened -- leaves the cyclic
+        collector's passes (:func:`gpuir.memory.warmup.freeze_startup_heap`): a full pass of a shard of
+        500,000 records walked 182,000 objects in 80 ms. The memory's objects are still freed when
+        dropped (reference counting); only cyclic garbage among them would stay, and a memory's writes,
+        merges, searches and saves make none but a few closures. Default False: a shard in a process of
+        its caller's (tests) never freezes that process's heap.
     """
 
     def __init__(self, root: str | os.PathLike, index: int = 0, create: dict[str, Any] | None = None,
                  checkpoint_every: int = 10_000, lock_timeout: float = 60.0, backend: str = "auto",
-                 durability: str = "fsync"):
+                 durability: str = "fsync", own_process: bool = False):
         t0 = time.perf_counter()
         self.backend = str(backend)
         self.root = Path(root)
@@ -233,7 +248,10 @@ class ShardServer:
         log.info("shard %d: %s opened with %d records (%d logged operations replayed) in %.2f s", self.index,
                  self.root, len(mem), self.replayed, self.started_s)
         if self.backend in ("auto", "numba"):
-            threading.Thread(target=_warm_compiled, name="gpuir-shard-warm", daemon=True).start()
+            threading.Thread(target=_warm_compiled, args=(own_process,), name="gpuir-shard-warm",
+                             daemon=True).start()
+        elif own_process:
+            freeze_startup_heap()
 
     # ------------------------------------------------------------------ state
     def _memory_wid(self) -> int:
@@ -682,4 +700,5 @@ class ShardServer:
                 "node": node, "pid": os.getpid(), "device": f"cuda:{','.join(gpus)}" if gpus else "cpu",
                 "backend": backend, "backend_reason": reason, "wal_pending_records": self.pending_records,
                 "replayed_operations": self.replayed, "checkpoints": self.checkpoints,
-                "open_s": round(self.started_s, 3), "failed": self.failed}
+                "open_s": round(self.started_s, 3), "failed": self.failed,
+                "gc_frozen_objects": gc.get_freeze_count()}

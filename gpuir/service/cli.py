@@ -85,10 +85,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _log_to_stderr(args.log_level)
     if args.ray_address:
         os.environ["GPUIR_RAY_ADDRESS"] = args.ray_address  # read by gpuir.service.sharded
-    from .gcpauses import freeze_startup_heap
+    from ..memory.warmup import freeze_startup_heap
     from .store import warm_up
 
-    freeze_startup_heap(warm_up)  # this process's startup objects out of every collector pass (gcpauses)
+    freeze_startup_heap(warm_up)  # this process's startup objects out of every collector pass (memory.warmup)
     app = create_app(args.memory_dir, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                      checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
                      max_body_bytes=args.max_body_bytes, backend=args.backend, salvage=args.salvage,

@@ -7,13 +7,9 @@ memory is one Python list of strings: about 70 ms per pass for 1.3M terms on the
 its time is one of the tails an operator reads next to the request latencies. Timed with
 :data:`gc.callbacks` (a clock read at each pass's start and stop).
 
-:func:`freeze_startup_heap` shortens those passes in a process gpuir owns (``gpuir serve``): what the
-process loaded to start -- the modules of the web stack, NumPy and the compiled engine, warmed on a
-scratch memory -- is never garbage, yet every full pass walked it (about 150,000 containers). It is
-moved to the collector's permanent generation (:func:`gc.freeze`) before the memory opens; the
-memory's own objects, made after, stay collectable. Measured with ``bench/bench_service.py`` (200
-agents x 30 steps, session 38): a full pass fell from about 90 to 20 ms. A library call never freezes
-its host's heap: only the server's command line calls it.
+:func:`gpuir.memory.warmup.freeze_startup_heap` shortens those passes in the processes gpuir owns
+(``gpuir serve``, a shard actor): what the process loaded to start is moved out of them before its
+memory opens. A library call never freezes its host's heap.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import gc
 import time
 from typing import Any
 
-__all__ = ["GcPauses", "freeze_startup_heap"]
+__all__ = ["GcPauses"]
 
 
 class GcPauses:
@@ -62,24 +58,3 @@ class GcPauses:
                 pass
             self._installed = False
 
-
-def freeze_startup_heap(warm_up: Any = None) -> int:
-    """Move every object alive now out of the collector's passes, after ``warm_up()`` (see the module
-    docstring); for the start of a process gpuir owns, before its memory opens.
-
-    Parameters
-    ----------
-    warm_up : callable, optional
-        Run first (its garbage collected before the freeze): what it loads lazily -- compiled kernels,
-        caches -- is frozen too.
-
-    Returns
-    -------
-    int
-        The objects now frozen (:func:`gc.get_freeze_count`).
-    """
-    if warm_up is not None:
-        warm_up()
-    gc.collect()  # the warm-up's garbage (its scratch memory) freed, not frozen
-    gc.freeze()
-    return gc.get_freeze_count()

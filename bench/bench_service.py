@@ -925,19 +925,29 @@ def _page_toggle(args, argv) -> int:
     out = {"runs": runs, "median_polling_over_not": med, "pooled_polling_over_not": pool,
            "pooled_n": {op: {"polling": len(v[True]), "not_polling": len(v[False])} for op, v in pooled.items()},
            "pooled_seconds": {"polling": seconds[True], "not_polling": seconds[False]},
-           "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat, "toggle_s": args.toggle_s,
-                        "page_client": args.page_client, "server_cpus": args.server_cpus,
-                        "client_cpus": args.client_cpus, "browser_nice": args.browser_nice,
-                        "browser_profile": args.browser_profile, "settle_s": args.settle_s,
-                        "connections": args.connections or "one per agent", "think_ms": args.think_ms},
-           "machine": {"host": socket.gethostname(), **machine_info()},
-           "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+           "settings": {**page_settings(args), "toggle_s": args.toggle_s}}
+    write_page_result(out, args, argv, "service_page_toggle")
+    return 0 if ok else 1
+
+
+def page_settings(args) -> dict[str, Any]:
+    """The settings a page benchmark's results file names (``--page both`` and ``toggle``)."""
+    return {"agents": args.agents, "steps": args.steps, "repeat": args.repeat, "server_cpus": args.server_cpus,
+            "client_cpus": args.client_cpus, "browser_nice": args.browser_nice,
+            "browser_profile": args.browser_profile, "page_client": args.page_client,
+            "connections": args.connections or "one per agent", "think_ms": args.think_ms, "settle_s": args.settle_s}
+
+
+def write_page_result(out: dict[str, Any], args, argv, stem: str) -> None:
+    """Name the machine and the command in ``out``, print it (without its runs) and write it to ``--out``
+    (default ``bench/results/STEM_MACHINE.json``) unless ``--no-docs``."""
+    out["machine"] = {"host": socket.gethostname(), **machine_info()}
+    out["command"] = "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "runs")}, indent=1))
     if not args.no_docs:
-        path = args.out or REPO / "bench" / "results" / f"service_page_toggle_{args.machine}.json"
+        path = args.out or REPO / "bench" / "results" / f"{stem}_{args.machine}.json"
         path.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)
-    return 0 if ok else 1
 
 
 def _page_both(args, argv) -> int:
@@ -981,18 +991,8 @@ def _page_both(args, argv) -> int:
            for name, rows in runs.items()}
     out = {"runs": runs, "median": med,
            "with_over_without": {k: med["with_page"][k] / med["without_page"][k] for k in med["with_page"]},
-           "settings": {"agents": args.agents, "steps": args.steps, "repeat": args.repeat,
-                        "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
-                        "browser_nice": args.browser_nice, "browser_profile": args.browser_profile,
-                        "page_client": args.page_client,
-                        "connections": args.connections or "one per agent", "think_ms": args.think_ms, "settle_s": args.settle_s},
-           "machine": {"host": socket.gethostname(), **machine_info()},
-           "command": "python bench/bench_service.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "runs")}, indent=1))
-    if not args.no_docs:
-        path = args.out or REPO / "bench" / "results" / f"service_page_{args.machine}.json"
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+           "settings": page_settings(args)}
+    write_page_result(out, args, argv, "service_page")
     return 0 if ok else 1
 
 

@@ -203,7 +203,7 @@ class ShardServer:
         The memory's durability (:mod:`gpuir.memory.durable`): what a write has done when the
         shard answers it. Default ``"fsync"``.
     own_process : bool
-        The shard is its process's only tenant (a Ray actor, :func:`gpuir.cluster.runtime.start_shard`):
+        The shard has its process to itself (a Ray actor, :func:`gpuir.cluster.runtime.start_shard`):
         once the compiled engine is loaded, everything the process holds then -- Ray's, NumPy's and
         numba's objects (about 160,000 containers), and the memory as opened -- leaves the cyclic
         collector's passes (:func:`gpuir.memory.warmup.freeze_startup_heap`): a full pass of a shard of

@@ -4,9 +4,8 @@ CPython's cyclic collector runs inside whichever thread allocates when a generat
 crossed, and holds the GIL for the whole pass: every request of the process waits for it. A full
 (generation 2) pass walks every tracked container and each reference it holds (on the development VM, in a
 process holding a memory of 3M synthetic records: 139 ms for 181,000 containers, 110 ms once the memory
-was closed), so its time is one of the tails an operator reads next to
-the request latencies. Timed with
-:data:`gc.callbacks` (a clock read at each pass's start and stop).
+was closed), so its time is one of the tails an operator reads next to the request latencies. Timed
+with :data:`gc.callbacks` (a clock read at each pass's start and stop).
 
 :func:`gpuir.memory.warmup.freeze_startup_heap` shortens those passes in the processes gpuir owns
 (``gpuir serve``, a shard actor): what the process loaded to start is moved out of them. A library call

@@ -309,7 +309,7 @@ class InspectorPage:
                     while self.jobs.empty():
                         # the page's own timer polls; this thread only hands Playwright's events over, once a
                         # second (each hand-over takes the GIL from the agents' event loop in this process)
-                        pg.wait_for_timeout(1000 if not self.toggle_s else min(1000, 250))
+                        pg.wait_for_timeout(250 if self.toggle_s else 1000)
                         if self.toggle_s and time.perf_counter() - last >= self.toggle_s:
                             on = not on
                             (pg.check if on else pg.uncheck)("#memory-poll")
@@ -818,6 +818,18 @@ def _one_run(args) -> dict[str, Any]:
         return asyncio.run(asyncio.wait_for(main_async(args, root, keys, operator), args.timeout))
 
 
+def first_wave(timeline: dict[str, Any]) -> list[int]:
+    """The positions in ``timeline["samples"]`` of the run's first wave: each agent's first add (the first
+    ``n_agents`` adds to start; the agents start together)."""
+    adds = sorted((t, i) for i, (t, o, _) in enumerate(timeline["samples"]) if o == "add")
+    return [i for _, i in adds[:timeline.get("n_agents", 0)]]
+
+
+def p50_p99(v: list[float]) -> dict[str, Any]:
+    """p50 and p99 of latencies ``v`` (seconds) in ms, and their count."""
+    return {"p50": float(np.percentile(v, 50) * 1e3), "p99": float(np.percentile(v, 99) * 1e3), "n": len(v)}
+
+
 def phases(timeline: dict[str, Any], slowest: int = 8) -> dict[str, Any]:
     """Where in the run the latencies fell: p50/p99 of each operation for requests started before the kill
     and after the restart (the server verified up), and the ``slowest`` requests with their start in seconds
@@ -832,17 +844,15 @@ def phases(timeline: dict[str, Any], slowest: int = 8) -> dict[str, Any]:
         for op in ("add", "search"):
             v = [dt for t, o, dt in samples if o == op and keep(t)]
             if v:
-                out[f"{op}_{name}_ms"] = {"p50": float(np.percentile(v, 50) * 1e3),
-                                          "p99": float(np.percentile(v, 99) * 1e3), "n": len(v)}
-    adds = sorted((t, dt) for t, o, dt in samples if o == "add")
-    wave = timeline.get("n_agents", 0)  # each agent's first add: the run's first wave, all at once
-    if adds and wave:
-        first, rest = [dt for _, dt in adds[:wave]], [dt for _, dt in adds[wave:]]
+                out[f"{op}_{name}_ms"] = p50_p99(v)
+    wave = set(first_wave(timeline))
+    if wave:
+        first = [samples[i][2] for i in wave]
+        rest = [dt for i, (_, o, dt) in enumerate(samples) if o == "add" and i not in wave]
         out["add_first_wave_ms"] = {"p50": float(np.percentile(first, 50) * 1e3), "max": max(first) * 1e3,
                                     "n": len(first)}
         if rest:
-            out["add_after_first_wave_ms"] = {"p50": float(np.percentile(rest, 50) * 1e3),
-                                              "p99": float(np.percentile(rest, 99) * 1e3), "n": len(rest)}
+            out["add_after_first_wave_ms"] = p50_p99(rest)
     worst = sorted((x for x in samples if x[1] != "verify"), key=lambda x: -x[2])[:slowest]
     out["slowest"] = [{"op": o, "ms": dt * 1e3, "start_s_after_restart": t - m["verified"]} for t, o, dt in worst]
     return out
@@ -859,10 +869,8 @@ def by_polling(timeline: dict[str, Any], flips: list[tuple[float, bool]]) -> dic
     flips = sorted(flips)
     times = np.array([t for t, _ in flips])
     states = np.array([on for _, on in flips], bool)
-    n_wave = timeline.get("n_agents", 0)
-    wave = set(sorted((t, i) for i, (t, o, _) in enumerate(samples) if o == "add")[:n_wave])
-    wave_ids = {i for _, i in wave}
-    t_from = max(t for t, _ in wave) if wave else m["start"]  # after the first wave has started
+    wave_ids = set(first_wave(timeline))
+    t_from = max((samples[i][0] for i in wave_ids), default=m["start"])  # after the first wave has started
     # the seconds spent in each state, between the first wave and the end, the outage left out
     edges = np.concatenate(([t_from], times[(times > t_from) & (times < m["end"])], [m["end"]]))
     secs = {True: 0.0, False: 0.0}
